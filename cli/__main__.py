@@ -1,0 +1,3 @@
+from hetrun.cli.app import main
+
+main()

@@ -1,0 +1,94 @@
+"""The ``hetrun`` command line.
+
+Commands live in small modules (``*_cmd.py``), each with ``register(app)``.
+Modules import only typer at the top; anything heavy (torch, mpi4py, the
+Slurm backends) is imported inside the command that needs it, so
+``hetrun --help`` and ``hetrun status`` start fast.
+
+Library code raises ``HetrunError``; this module is the one place that turns
+it into a message on stderr and an exit code. No tracebacks for user errors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from hetrun.dag.errors import HetrunError
+
+app = typer.Typer(
+    name="hetrun",
+    help="Fine-grained training DAGs on Slurm heterogeneous jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# Modules that contribute commands. A module that is not there yet (a layer
+# still being built) is skipped so the rest of the CLI keeps working.
+_COMMAND_MODULES = (
+    "plan_cmd",
+    "submit_cmd",
+    "status_cmd",
+    "cancel_cmd",
+    "report_cmd",
+    "cluster_cmd",
+    "ckpt_cmd",
+)
+
+
+
+@app.callback()
+def _root() -> None:
+    """Fine-grained training DAGs on Slurm heterogeneous jobs."""
+
+
+@app.command()
+def version() -> None:
+    """Print hetrun's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as _pkg_version
+
+    try:
+        typer.echo(_pkg_version("hetrun"))
+    except PackageNotFoundError:
+        typer.echo("unknown (not installed)")
+
+
+for _name in _COMMAND_MODULES:
+    try:
+        _mod = importlib.import_module(f"hetrun.cli.{_name}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"hetrun.cli.{_name}":
+            raise
+        continue
+    _mod.register(app)
+
+
+def print_error(exc: HetrunError) -> None:
+    # Plain stderr write: rich is not needed for one line and costs start-up time.
+    sys.stderr.write(f"hetrun: error: {exc}\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        app(args=argv, prog_name="hetrun", standalone_mode=True)
+    except HetrunError as exc:
+        print_error(exc)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("hetrun: interrupted\n")
+        sys.exit(130)
+    except BrokenPipeError:
+        # `hetrun plan ... | head` closes the pipe early; that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
