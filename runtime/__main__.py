@@ -1,0 +1,38 @@
+"""``python -m hetrun.runtime <run_dir>``: the per-rank entry point.
+
+Started by srun on every rank of every het component (or by the local
+backend's mpirun). Exit codes: 0 done; 85 checkpointed on a time-limit signal
+(the batch script requeues); anything else is a failure whose message is in
+``events.jsonl`` and on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_REQUEUE = 85
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        sys.stderr.write("usage: python -m hetrun.runtime <run_dir>\n")
+        return 2
+    from .entry import run_rank
+
+    try:
+        return run_rank(argv[0])
+    except SystemExit:
+        raise
+    except BaseException:  # last resort: entry.run_rank already reports errors
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILURE)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""One rank's life: plan -> world -> start event -> executor -> exit/error event.
+
+A rank that raises writes ``{"ev": "error", ...}`` with its traceback, prints
+the message on stderr and calls ``MPI_Abort``, which ends every rank of the
+job at once: no peer is left waiting on a dead rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from hetrun.dag.errors import HetrunError, RunDirError
+
+from .events import EventLog
+from .plan_view import PlanView, load_plan
+
+EXIT_OK = 0
+EXIT_REQUEUE = 85
+
+
+def has_work(plan: PlanView) -> bool:
+    return plan.iterations > 0 and bool(plan.actions)
+
+
+def run_rank(run_dir_arg: str) -> int:
+    run_dir = Path(run_dir_arg).resolve()
+    if not run_dir.is_dir():
+        sys.stderr.write(f"hetrun.runtime: error: run directory {run_dir} does not exist\n")
+        return RunDirError.exit_code
+    try:
+        plan = load_plan(run_dir)
+    except HetrunError as exc:
+        sys.stderr.write(f"hetrun.runtime: error: {exc}\n")
+        return exc.exit_code
+    for key, value in plan.env.items():
+        # The batch script exports the job's env already; this covers mpirun/local.
+        os.environ.setdefault(key, value)
+
+    from .world import build_world
+
+    try:
+        world = build_world(plan)
+    except HetrunError as exc:
+        sys.stderr.write(f"hetrun.runtime: error: {exc}\n")
+        _abort_world(exc.exit_code)
+        return exc.exit_code
+
+    log = EventLog(
+        run_dir, rank=world.rank, component=world.component.name, node=world.node,
+    )
+    log.emit(
+        "start",
+        size=world.size,
+        comp_rank=world.comp_rank,
+        comp_size=world.comp_size,
+        node_rank=world.node_rank,
+        node_size=world.node_size,
+        pid=os.getpid(),
+        host=os.uname().nodename,
+        job_id=os.environ.get("SLURM_JOB_ID"),
+        restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        cpus=world.component.cpus_per_task,
+        gpus=world.component.gpus_per_node,
+    )
+    print(
+        f"hetrun.runtime: rank {world.rank}/{world.size} component {world.component.name} "
+        f"(rank {world.comp_rank}/{world.comp_size}) on {world.node}",
+        flush=True,
+    )
+    started = time.time()
+    if not has_work(plan):
+        log.emit("exit", code=EXIT_OK, reason="plan has nothing to execute",
+                 elapsed=time.time() - started)
+        world.comm.Barrier()
+        return EXIT_OK
+
+    from .executor import Executor, RankFailed
+
+    try:
+        executor = Executor(plan, world, log, run_dir)
+        code = executor.run()
+    except RankFailed as exc:
+        _report_failure(log, exc.action, exc.iteration, exc.cause, world)
+        return 1  # unreachable: _report_failure aborts
+    except BaseException as exc:
+        _report_failure(log, None, None, exc, world)
+        return 1
+    log.emit("exit", code=code, elapsed=time.time() - started)
+    world.shutdown()
+    return code
+
+
+def _report_failure(log: EventLog, action: str | None, iteration: int | None,
+                    exc: BaseException, world: object) -> None:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    code = exc.exit_code if isinstance(exc, HetrunError) else 6
+    try:
+        log.emit("error", action=action, iteration=iteration, error=f"{type(exc).__name__}: {exc}",
+                 traceback=tb, code=code)
+    finally:
+        where = f" in action {action} (iteration {iteration})" if action else ""
+        rank = getattr(world, "rank", "?")
+        comp = getattr(getattr(world, "component", None), "name", "?")
+        sys.stderr.write(
+            f"hetrun.runtime: error: rank {rank} ({comp}){where} failed: "
+            f"{type(exc).__name__}: {exc}\n{tb}"
+        )
+        sys.stderr.flush()
+        sys.stdout.flush()
+        _abort_world(code)
+
+
+def _abort_world(code: int) -> None:
+    """MPI_Abort ends every rank of the job now (a peer in a collective would hang)."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)

@@ -1,0 +1,241 @@
+"""Who am I: the MPI world, this rank's component, node and communicators.
+
+Under ``srun --het-group=0,1,... --mpi=pmix`` every het group is in one
+MPI_COMM_WORLD and global ranks are numbered group after group. Under the
+local backend, ``mpirun`` starts one app context per component with
+``HETRUN_COMPONENT`` set. ``detect_component`` is pure (env + plan + rank) so
+it is tested without MPI or Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from hetrun.dag.errors import RuntimeFailure
+
+from .plan_view import ComponentSpec, PlanView
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
+
+
+def node_name(env: Mapping[str, str] | None = None) -> str:
+    """The node this rank runs on; Slurm's name first (emulated nodes share a hostname)."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or env.get("HETRUN_NODE") or socket.gethostname()
+
+
+def _het_group_sizes(env: Mapping[str, str], plan: PlanView) -> list[int]:
+    """Tasks per het group, from Slurm's per-group variables, else from the plan."""
+    size = int(env["SLURM_HET_SIZE"])
+    sizes = []
+    for n in range(size):
+        value = None
+        for key in (f"SLURM_STEP_NUM_TASKS_HET_GROUP_{n}", f"SLURM_NTASKS_HET_GROUP_{n}"):
+            if env.get(key, "").isdigit():
+                value = int(env[key])
+                break
+        if value is None:
+            if n >= len(plan.components):
+                raise RuntimeFailure(
+                    f"SLURM_HET_SIZE={size} but the plan {plan.path} has only "
+                    f"{len(plan.components)} components",
+                    hint="run the sbatch script rendered for this plan (hetjob.sbatch)",
+                )
+            value = plan.components[n].ntasks
+        sizes.append(value)
+    return sizes
+
+
+def detect_component(
+    env: Mapping[str, str], plan: PlanView, global_rank: int, world_size: int
+) -> tuple[ComponentSpec, int]:
+    """Return (component, rank within the component's global rank range start).
+
+    Order of evidence: ``HETRUN_COMPONENT`` (local backend, or an explicit
+    override), then Slurm's het groups (global rank ranges), then a plan with a
+    single component.
+    """
+    forced = env.get("HETRUN_COMPONENT")
+    if forced:
+        if forced.isdigit():
+            idx = int(forced)
+            if idx >= len(plan.components):
+                raise RuntimeFailure(
+                    f"HETRUN_COMPONENT={forced} but the plan has {len(plan.components)} components"
+                )
+            return plan.components[idx], -1
+        return plan.component(forced), -1
+    if env.get("SLURM_HET_SIZE"):
+        sizes = _het_group_sizes(env, plan)
+        rank = int(env.get("SLURM_PROCID", global_rank))
+        start = 0
+        for n, size in enumerate(sizes):
+            if start <= rank < start + size:
+                if n >= len(plan.components):
+                    break
+                return plan.components[n], start
+            start += size
+        raise RuntimeFailure(
+            f"global rank {rank} is outside the het groups' rank ranges (sizes {sizes})",
+            hint="start the runtime with one srun over all het groups: srun --het-group=0,1,...",
+        )
+    if len(plan.components) == 1:
+        return plan.components[0], 0
+    names = [c.name for c in plan.components]
+    raise RuntimeFailure(
+        f"cannot tell which component rank {global_rank}/{world_size} belongs to: "
+        f"neither HETRUN_COMPONENT nor SLURM_HET_SIZE is set and the plan has components {names}",
+        hint="start ranks through `hetrun submit` (Slurm or local backend), or set HETRUN_COMPONENT",
+    )
+
+
+def collective_timeout_s(plan: PlanView | None, env: Mapping[str, str] | None = None) -> float:
+    """``HETRUN_COLLECTIVE_TIMEOUT`` seconds: process env, then the job's ``env:``, then 120."""
+    env = os.environ if env is None else env
+    raw = env.get("HETRUN_COLLECTIVE_TIMEOUT") or (
+        plan.env.get("HETRUN_COLLECTIVE_TIMEOUT") if plan else None
+    )
+    if not raw:
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise RuntimeFailure(
+            f"HETRUN_COLLECTIVE_TIMEOUT={raw!r} is not a number of seconds",
+            hint="set it in the job's env: section, e.g. HETRUN_COLLECTIVE_TIMEOUT: \"60\"",
+        ) from exc
+    if value <= 0:
+        raise RuntimeFailure(f"HETRUN_COLLECTIVE_TIMEOUT={raw!r} must be > 0 seconds")
+    return value
+
+
+@dataclass
+class World:
+    """MPI communicators and torch.distributed groups for one rank."""
+
+    comm: Any  # MPI.COMM_WORLD
+    node_comm: Any  # ranks sharing this node's memory
+    comp_comm: Any  # ranks of this component
+    rank: int
+    size: int
+    component: ComponentSpec
+    comp_rank: int
+    comp_size: int
+    node: str
+    # global ranks of each component, in plan order
+    comp_ranks: dict[str, list[int]]
+    timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+    torch_world: Any = None
+    torch_groups: dict[str, Any] = field(default_factory=dict)
+    torch_leaders: Any = None
+    backend: str = ""
+
+    @property
+    def node_rank(self) -> int:
+        return int(self.node_comm.Get_rank())
+
+    @property
+    def node_size(self) -> int:
+        return int(self.node_comm.Get_size())
+
+    def leader_of(self, component: str) -> int:
+        return self.comp_ranks[component][0]
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+    def init_torch(self, use_cuda: bool = False) -> None:
+        """torch.distributed: a world group, one group per component, one of the leaders.
+
+        Rank 0 opens a TCPStore on a port the OS picks (port 0), so two jobs on
+        one node never collide, and broadcasts host:port over MPI.
+        """
+        import torch.distributed as dist
+
+        if self.torch_world is not None:
+            return
+        timeout = timedelta(seconds=self.timeout_s)
+        nodes = self.comm.allgather(socket.gethostname())
+        same_host = len(set(nodes)) == 1
+        if same_host:
+            # Emulated nodes on one host: loopback is the one interface that works.
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        host = os.environ.get("HETRUN_MASTER_ADDR") or (
+            "127.0.0.1" if same_host else socket.gethostbyname(socket.gethostname())
+        )
+        store = None
+        if self.rank == 0:
+            store = dist.TCPStore(host, 0, self.size, is_master=True, timeout=timeout,
+                                  wait_for_workers=False)
+            addr = (host, int(store.port))
+        else:
+            addr = None
+        host, port = self.comm.bcast(addr, root=0)
+        if store is None:
+            store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
+        self.backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(
+            backend=self.backend, store=store, rank=self.rank, world_size=self.size,
+            timeout=timeout,
+        )
+        self.torch_world = dist.group.WORLD
+        # new_group is collective over the world: every rank creates every group
+        # in the same order.
+        for name, ranks in self.comp_ranks.items():
+            group = dist.new_group(ranks=ranks, timeout=timeout, backend=self.backend)
+            self.torch_groups[name] = group
+        leaders = [r[0] for r in self.comp_ranks.values()]
+        self.torch_leaders = dist.new_group(ranks=leaders, timeout=timeout, backend=self.backend)
+
+    @property
+    def torch_group(self) -> Any:
+        return self.torch_groups.get(self.component.name)
+
+    def shutdown(self) -> None:
+        if self.torch_world is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            self.torch_world = None
+
+
+def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
+    """Initialize MPI (mpi4py) and split the communicators for this rank."""
+    env = os.environ if env is None else env
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    comp, _ = detect_component(env, plan, rank, size)
+    # Every rank tells every other its component: the ranges are then exact
+    # whatever launched us (srun het groups or mpirun app contexts).
+    all_comps: Sequence[str] = comm.allgather(comp.name)
+    comp_ranks = {c.name: [r for r, n in enumerate(all_comps) if n == c.name]
+                  for c in plan.components}
+    missing = [name for name, ranks in comp_ranks.items() if not ranks]
+    if missing:
+        raise RuntimeFailure(
+            f"components {missing} of the plan have no ranks in this MPI world of {size}",
+            hint="start one srun over all het groups (--het-group=0,1,...) or one mpirun "
+                 "app context per component",
+        )
+    comp_ranks = {k: v for k, v in comp_ranks.items() if v}
+    comp_comm = comm.Split(color=comp.index, key=rank)
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    # Emulated Slurm nodes share one host: split further by node name so
+    # "node-local" means what Slurm says, as it will on a real cluster.
+    node = node_name(env)
+    names = sorted(set(shared.allgather(node)))
+    node_comm = shared.Split(color=names.index(node), key=rank)
+    shared.Free()
+    return World(
+        comm=comm, node_comm=node_comm, comp_comm=comp_comm, rank=rank, size=size,
+        component=comp, comp_rank=comp_comm.Get_rank(), comp_size=comp_comm.Get_size(),
+        node=node, comp_ranks=comp_ranks, timeout_s=collective_timeout_s(plan, env),
+    )
