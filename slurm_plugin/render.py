@@ -1,0 +1,292 @@
+"""Render a plan into one sbatch script for a Slurm heterogeneous job.
+
+The script has one ``#SBATCH`` block per het component (separated by
+``#SBATCH hetjob``), then a bash body that starts the runtime on every rank
+with one ``srun`` across all het groups, forwards the preemption signal to it,
+and turns the runtime's exit code 85 ("checkpointed on a time-limit signal")
+into ``scontrol requeue``.
+
+Output is deterministic for a given (plan, spec, run_dir, python): golden
+files compare it byte for byte. Every user value is validated by
+``quoting`` before it is written (see that module for why ``#SBATCH`` lines
+are validated rather than quoted).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import SpecError
+
+from . import quoting
+
+REQUEUE_EXIT_CODE = 85
+# Signals a job may ask to be warned with; USR1 is the convention (submitit, torchx).
+_ALLOWED_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
+
+
+def _field(obj: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a pydantic model, dataclass or mapping alike."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _as_plan_dict(plan: Any) -> Mapping[str, Any]:
+    if isinstance(plan, Mapping):
+        return plan
+    to_json = getattr(plan, "to_json", None)
+    if to_json is None:
+        raise TypeError(f"expected a Plan or its JSON dict, got {type(plan).__name__}")
+    data = to_json()
+    if isinstance(data, str):
+        import json
+
+        data = json.loads(data)
+    return data
+
+
+@dataclass(frozen=True)
+class ComponentLines:
+    """What goes into one het component's ``#SBATCH`` block."""
+
+    name: str
+    nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    gpus_per_node: int
+    mem_mb: int
+
+
+def _positive_int(value: Any, key_path: str, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpecError(f"expected an integer >= {minimum}, got {value!r}", key_path=key_path, value=value)
+    return value
+
+
+def _components(plan: Mapping[str, Any]) -> list[ComponentLines]:
+    comps = plan.get("components") or []
+    if not comps:
+        raise SpecError("the plan has no components", key_path="components",
+                        hint="declare at least one component under components:")
+    out = []
+    for i, c in enumerate(comps):
+        name = quoting.component_name(c["name"], f"components[{i}].name")
+        kp = f"components.{name}"
+        out.append(
+            ComponentLines(
+                name=name,
+                nodes=_positive_int(c["nodes"], f"{kp}.nodes"),
+                tasks_per_node=_positive_int(c["tasks_per_node"], f"{kp}.tasks_per_node"),
+                cpus_per_task=_positive_int(c.get("cpus_per_task", 1), f"{kp}.cpus_per_task"),
+                gpus_per_node=_positive_int(c.get("gpus_per_node", 0), f"{kp}.gpus_per_node", minimum=0),
+                mem_mb=_positive_int(c.get("mem_mb", 0), f"{kp}.mem_mb", minimum=0),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The validated ``slurm:`` and ``preemption:`` values the script needs."""
+
+    partition: str | None
+    account: str | None
+    qos: str | None
+    time: str | None
+    constraint: str | None
+    extra_job: tuple[str, ...]
+    extra_component: tuple[str, ...]
+    signal: str
+    grace_seconds: int
+    max_restarts: int
+
+
+def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
+    slurm = _field(spec, "slurm")
+    pre = _field(spec, "preemption") or plan.get("preemption") or {}
+
+    def opt(key: str, check: Any) -> str | None:
+        value = _field(slurm, key)
+        return None if value in (None, "") else check(value, f"slurm.{key}")
+
+    extra_job: list[str] = []
+    extra_comp: list[str] = []
+    for i, item in enumerate(_field(slurm, "extra") or []):
+        name, arg = quoting.extra_option(item, f"slurm.extra[{i}]")
+        line = f"--{name}" if arg is None else f"--{name}={arg}"
+        (extra_job if name in quoting.EXTRA_JOB_WIDE else extra_comp).append(line)
+
+    signal = str(_field(pre, "signal", "USR1") or "USR1").upper().removeprefix("SIG")
+    if signal not in _ALLOWED_SIGNALS:
+        raise SpecError(f"signal {signal!r} is not supported", key_path="preemption.signal",
+                        value=signal, hint="use one of " + ", ".join(_ALLOWED_SIGNALS))
+    grace = _field(pre, "grace_seconds", 60)
+    # Slurm's --signal takes 0..65535 seconds.
+    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 65535:
+        raise SpecError(f"expected 0..65535 seconds, got {grace!r}",
+                        key_path="preemption.grace_seconds", value=grace)
+    max_restarts = _field(pre, "max_restarts", 3)
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise SpecError(f"expected an integer >= 0, got {max_restarts!r}",
+                        key_path="preemption.max_restarts", value=max_restarts)
+    return SlurmOptions(
+        partition=opt("partition", quoting.partition),
+        account=opt("account", quoting.slurm_name),
+        qos=opt("qos", quoting.slurm_name),
+        time=opt("time", quoting.time_limit),
+        constraint=opt("constraint", quoting.constraint),
+        extra_job=tuple(extra_job),
+        extra_component=tuple(extra_comp),
+        signal=signal,
+        grace_seconds=grace,
+        max_restarts=max_restarts,
+    )
+
+
+def _env(spec: Any, plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+    env = _field(spec, "env")
+    if env is None:
+        env = plan.get("env") or {}
+    out = []
+    # Sorted: the script must not depend on dict order (golden files).
+    for key in sorted(env):
+        out.append((quoting.env_key(key, f"env.{key}"), quoting.env_value(env[key], f"env.{key}")))
+    return out
+
+
+def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[str]:
+    lines = [
+        f"--job-name={name}",
+        f"--nodes={c.nodes}",
+        f"--ntasks-per-node={c.tasks_per_node}",
+        f"--cpus-per-task={c.cpus_per_task}",
+    ]
+    if c.gpus_per_node:
+        lines.append(f"--gres=gpu:{c.gpus_per_node}")
+    if c.mem_mb:
+        lines.append(f"--mem={c.mem_mb}M")
+    for key in ("partition", "account", "qos", "time", "constraint"):
+        value = getattr(opts, key)
+        if value is not None:
+            lines.append(f"--{key}={value}")
+    lines.extend(opts.extra_component)
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[str]:
+    """The srun words that start the runtime on every rank of every component.
+
+    One step over all het groups gives one MPI_COMM_WORLD (ranks numbered group
+    after group); each rank finds its component from Slurm's het variables.
+    """
+    logs = quoting.sbatch_path(run_dir / "logs", "log directory")
+    words = ["srun", "--mpi=pmix"]
+    if len(components) > 1:
+        words.append("--het-group=" + ",".join(str(i) for i in range(len(components))))
+    # %j: job id, %t: global task rank; srun fills them in per task.
+    words += [f"--output={logs}/rank-%j-%t.out", "--kill-on-bad-exit=0",
+              python, "-m", "hetrun.runtime", str(run_dir)]
+    return words
+
+
+def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = None) -> str:
+    """The sbatch script for ``plan`` (a ``Plan`` or its JSON dict) and ``spec``
+    (a ``JobSpec`` or dict), running in ``run_dir`` (absolute).
+
+    ``python`` defaults to ``sys.executable``; golden tests pass a fixed one.
+    """
+    plan_d = _as_plan_dict(plan)
+    if not run_dir.is_absolute():
+        raise ValueError(f"run_dir must be absolute, got {run_dir}")
+    rd = quoting.sbatch_path(run_dir, "run directory")
+    name = quoting.job_name(_field(spec, "name") or plan_d.get("name"), "name")
+    comps = _components(plan_d)
+    opts = slurm_options(spec, plan_d)
+    env = _env(spec, plan_d)
+    py = python or sys.executable
+    if not py:
+        raise ValueError("no Python interpreter path (sys.executable is empty)")
+
+    out: list[str] = [
+        "#!/bin/bash",
+        f"# hetrun: job {name!s}, {len(comps)} het component(s): "
+        + ", ".join(f"{i}={c.name}" for i, c in enumerate(comps)),
+        # Job-wide options first: Slurm reads them from the first component.
+        "#SBATCH --requeue",
+        f"#SBATCH --signal=B:{opts.signal}@{opts.grace_seconds}",
+        f"#SBATCH --chdir={rd}",
+        f"#SBATCH --output={rd}/logs/batch-%j.out",
+        f"#SBATCH --error={rd}/logs/batch-%j.out",
+        # A requeued job appends to its batch log instead of truncating the first attempt's.
+        "#SBATCH --open-mode=append",
+    ]
+    out += [f"#SBATCH {line}" for line in opts.extra_job]
+    for i, comp in enumerate(comps):
+        if i:
+            out.append("#SBATCH hetjob")
+        out.append(f"# component {i}: {comp.name}")
+        out += _component_block(comp, name, opts)
+
+    q = quoting.sh
+    srun = quoting.sh_join(srun_command([c.name for c in comps], run_dir, py))
+    sig = opts.signal
+    traps = [sig] if sig == "TERM" else [sig, "TERM"]
+    body = [
+        "",
+        "# Everything below is bash; every user value is shell-quoted.",
+        "set -u",
+        f"cd {q(run_dir)} || exit 1",
+        f"mkdir -p {q(run_dir / 'logs')}",
+        f"export HETRUN_RUN_DIR={q(run_dir)}",
+        "export PYTHONUNBUFFERED=1",
+    ]
+    body += [f"export {k}={q(v)}" for k, v in env]
+    body += [
+        "",
+        "_hetrun_pid=''",
+        "_hetrun_forward() {",
+        "    # srun passes the signal on to every task; the runtime checkpoints and exits 85.",
+        '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
+        "}",
+    ]
+    body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
+    body += [
+        "",
+        # In the background so the shell can run its traps while srun runs.
+        f"{srun} &",
+        "_hetrun_pid=$!",
+        "_hetrun_rc=0",
+        "while :; do",
+        '    wait "$_hetrun_pid"',
+        "    _hetrun_rc=$?",
+        "    # A trapped signal makes wait return early (status > 128) while srun still runs.",
+        '    if [ "$_hetrun_rc" -gt 128 ] && kill -0 "$_hetrun_pid" 2>/dev/null; then continue; fi',
+        "    break",
+        "done",
+        'if [ "$_hetrun_rc" -gt 128 ]; then',
+        "    # srun may have ended right after the interrupted wait: collect its real status.",
+        '    wait "$_hetrun_pid" 2>/dev/null',
+        "    _hetrun_late=$?",
+        '    if [ "$_hetrun_late" -ne 127 ]; then _hetrun_rc=$_hetrun_late; fi',
+        "fi",
+        f'if [ "$_hetrun_rc" -eq {REQUEUE_EXIT_CODE} ]; then',
+        f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {opts.max_restarts} ]; then',
+        '        echo "hetrun: runtime checkpointed; requeueing job $SLURM_JOB_ID '
+        '(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of ' + str(opts.max_restarts) + ')" >&2',
+        '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        '        echo "hetrun: scontrol requeue $SLURM_JOB_ID failed" >&2',
+        "    else",
+        f'        echo "hetrun: preemption.max_restarts ({opts.max_restarts}) reached; not requeueing" >&2',
+        "    fi",
+        "fi",
+        'exit "$_hetrun_rc"',
+        "",
+    ]
+    return "\n".join(out + body)
