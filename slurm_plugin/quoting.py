@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
-from hetrun.dag.errors import RunDirError, SpecError, closest
+from hetrun.dag.errors import RunDirError, SpecError
 
 # Slurm names (partition, account, qos, reservation...): what sinfo/sacctmgr accept.
 _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -44,35 +44,29 @@ _EXTRA_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:=+@/&|*\[\]()!-]{1,256}")
 # Slurm filename pattern, `#`, spaces and quotes confuse sbatch's scanner.
 _SBATCH_PATH_RE = re.compile(r"/[A-Za-z0-9_./+,@:=~-]*")
 
-# sbatch options a user may add through `slurm.extra`. Options hetrun sets
-# itself (nodes, tasks, output, signal, requeue, job name...) and options that
-# change what runs (--wrap, --chdir, --export) are deliberately absent.
-# Job-wide options go into the first het component only; per-component ones
-# are repeated in every component (Slurm reads them per component).
+# Which `slurm.extra` options exist and take values is the spec's table
+# (hetrun.dag.sbatch_options); the renderer re-checks every entry because it is
+# the last gate before the script. On top of the spec's refusals it refuses
+# options that would undo what the script relies on.
+_EXTRA_REFUSED = {
+    "export": "the script exports the job's env: itself; use the env: section",
+    "open-mode": "hetrun appends to logs so requeued attempts keep earlier output",
+    "no-requeue": "set preemption.max_restarts: 0 instead",
+    "uid": "the job runs as you; submit as the other user instead",
+    "gid": "the job runs with your group; use newgrp before submitting",
+    "bbf": "a burst-buffer file is read at submit time; put its lines in the bb option",
+}
+# Job-wide options go into the first het component only; the others are
+# repeated in every component, since Slurm reads them per component.
 EXTRA_JOB_WIDE = frozenset(
     {
         "mail-type", "mail-user", "comment", "dependency", "begin", "deadline",
         "wckey", "nice", "priority", "kill-on-invalid-dep", "profile",
-        "acctg-freq", "open-mode", "delay-boot", "no-kill", "reservation",
-        "licenses", "uid", "gid",
+        "acctg-freq", "delay-boot", "no-kill", "reservation", "licenses",
+        "hold", "clusters", "cluster-constraint", "bb", "mcs-label", "power",
+        "propagate", "get-user-env", "time-min", "batch", "reboot",
     }
 )
-EXTRA_PER_COMPONENT = frozenset(
-    {
-        "exclusive", "exclude", "nodelist", "hint", "tmp", "gres-flags",
-        "threads-per-core", "cores-per-socket", "sockets-per-node",
-        "oversubscribe", "switches", "mem-bind", "gpu-bind", "gpus-per-task",
-        "gpu-freq", "cpu-freq", "core-spec", "thread-spec", "network",
-        "prefer", "spread-job", "use-min-nodes", "contiguous", "distribution",
-    }
-)
-_EXTRA_FLAG_ONLY = frozenset({"exclusive", "kill-on-invalid-dep", "contiguous", "spread-job",
-                              "use-min-nodes", "no-kill", "oversubscribe"})
-# uid/gid change who the job runs as: never from a job file.
-_EXTRA_FORBIDDEN_NOTE = {
-    "uid": "the job runs as you; submit as the other user instead",
-    "gid": "the job runs with your group; use newgrp before submitting",
-}
 
 
 def _check_no_controls(value: str, key_path: str, *, allow_tab: bool = False) -> None:
@@ -151,40 +145,28 @@ def env_value(value: object, key_path: str) -> str:
 
 def extra_option(value: object, key_path: str) -> tuple[str, str | None]:
     """One entry of ``slurm.extra`` -> (option name, value or None), validated."""
+    from hetrun.dag.sbatch_options import check_extra_option
+
     if not isinstance(value, str):
         raise SpecError(f"expected a string like '--exclusive', got {value!r}",
                         key_path=key_path, value=value)
     _check_no_controls(value, key_path)
-    if not value.startswith("--"):
-        raise SpecError(
-            f"{value!r} is not a long sbatch option",
-            key_path=key_path, value=value,
-            hint="write long options with their value, e.g. '--mail-type=END' (short forms are not accepted)",
-        )
-    name, sep, arg = value[2:].partition("=")
-    allowed = EXTRA_JOB_WIDE | EXTRA_PER_COMPONENT
-    if name in _EXTRA_FORBIDDEN_NOTE:
+    name, sep, arg = value[2:].partition("=") if value.startswith("--") else ("", "", "")
+    if name in _EXTRA_REFUSED:
         raise SpecError(f"--{name} is not allowed in slurm.extra", key_path=key_path,
-                        value=value, hint=_EXTRA_FORBIDDEN_NOTE[name])
-    if name not in allowed:
-        near = closest(name, allowed)
-        hint = f"did you mean --{near}? " if near else ""
-        hint += "hetrun sets nodes, tasks, cpus, gpus, mem, output, signal, requeue and job name itself; "
-        hint += "allowed here: " + ", ".join(sorted("--" + o for o in allowed - _EXTRA_FORBIDDEN_NOTE.keys()))
-        raise SpecError(f"unknown or reserved sbatch option --{name}", key_path=key_path,
-                        value=value, hint=hint)
-    if not sep:
-        return name, None
-    if name in _EXTRA_FLAG_ONLY and name != "exclusive":
-        raise SpecError(f"--{name} takes no value", key_path=key_path, value=value,
-                        hint=f"write '--{name}'")
-    if not _EXTRA_VALUE_RE.fullmatch(arg):
+                        value=value, hint=_EXTRA_REFUSED[name])
+    problem = check_extra_option(value)
+    if problem:
+        raise SpecError(problem, key_path=key_path, value=value)
+    # The spec's value check allows '%' (harmless outside file names); every
+    # other character sbatch's scanner or a shell could misread is refused there.
+    if sep and not _EXTRA_VALUE_RE.fullmatch(arg.replace("%", "")):
         raise SpecError(
             f"value {arg!r} of --{name} has characters sbatch cannot take safely",
             key_path=key_path, value=value,
-            hint="no spaces, quotes, '$', backticks, backslashes, '#' or '%' in option values",
+            hint="no spaces, quotes, '$', backticks, backslashes or '#' in option values",
         )
-    return name, arg
+    return name, (arg if sep else None)
 
 
 def sbatch_path(path: Path, what: str) -> str:
