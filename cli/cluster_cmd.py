@@ -1,0 +1,108 @@
+"""`hetrun cluster up|status|down`: the real local Slurm cluster for tests and demos.
+
+Thin: the work is in ``hetrun.slurm_plugin.cluster``; this module only parses
+options and prints. Note that each emulated node has a private /tmp: job files
+must live outside /tmp.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+cluster_app = typer.Typer(
+    name="cluster",
+    help="A real multi-node Slurm cluster on this host (munge, slurmdbd, slurmctld, N slurmd).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+
+@cluster_app.command("up")
+def up_cmd(
+    nodes: Annotated[Optional[int], typer.Option(help="Emulated nodes (default: as last time, else 4).")] = None,
+    cpus: Annotated[Optional[int], typer.Option(help="CPUs per node (default: as last time, else 2).")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="Emulated GPUs per node (default: as last time, else 2).")] = None,
+    mem_mb: Annotated[Optional[int], typer.Option("--mem-mb", help="Memory per node in MB (default: as last time, else 4000).")] = None,
+    no_install: Annotated[bool, typer.Option("--no-install", help="Do not apt-get install missing packages.")] = False,
+) -> None:
+    """Start (or repair) the cluster; idempotent and quick when it is already up."""
+    import dataclasses
+    import time
+
+    from hetrun.slurm_plugin import cluster
+
+    saved = cluster.load_config()
+    wanted = {k: v for k, v in {"nodes": nodes, "cpus": cpus, "gpus": gpus, "mem_mb": mem_mb}.items()
+              if v is not None}
+    cfg = dataclasses.replace(saved, **wanted)
+    t0 = time.monotonic()
+    st = cluster.up(cfg, install=not no_install)
+    typer.echo(
+        f"cluster {cluster.CLUSTER_NAME} up in {time.monotonic() - t0:.1f} s: "
+        f"{cfg.nodes} nodes x {cfg.cpus} CPUs, {cfg.gpus} GPUs, {cfg.mem_mb} MB; "
+        f"partitions debug (default), high (preempts)"
+    )
+    _print_status(st)
+
+
+@cluster_app.command("status")
+def status_cmd() -> None:
+    """Nodes (sinfo) and each daemon with its pid; exit 3 when the cluster is not healthy."""
+    from hetrun.dag.errors import SlurmError
+    from hetrun.slurm_plugin import cluster
+
+    st = cluster.status()
+    _print_status(st)
+    if not st.healthy:
+        raise SlurmError(
+            "local cluster is not healthy" + (f": {st.error}" if st.error else ""),
+            hint="`hetrun cluster up` starts what is down",
+        )
+
+
+@cluster_app.command("down")
+def down_cmd() -> None:
+    """Stop the daemons `up` started (configs and accounting data are kept)."""
+    from hetrun.slurm_plugin import cluster
+
+    stopped = cluster.down()
+    typer.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+def _print_status(st: object) -> None:
+    from hetrun.slurm_plugin.cluster import ClusterStatus
+    from rich.console import Console
+    from rich.table import Table
+
+    assert isinstance(st, ClusterStatus)
+    console = Console()
+    if st.config is None:
+        console.print(st.error or "no local cluster")
+        return
+    nodes = Table(title="nodes (sinfo)")
+    for col in ("node", "state", "cpus", "memory MB", "gres", "partitions"):
+        nodes.add_column(col)
+    for n in st.nodes:
+        style = "green" if n.state == "idle" else ("yellow" if n.state in ("mixed", "allocated", "completing") else "red")
+        nodes.add_row(n.name, f"[{style}]{n.state}[/]", str(n.cpus), str(n.memory_mb), n.gres,
+                      ",".join(n.partitions))
+    console.print(nodes)
+    daemons = Table(title="daemons")
+    for col in ("daemon", "pid", "alive", "started by hetrun"):
+        daemons.add_column(col)
+    for d in st.daemons:
+        daemons.add_row(d.name, str(d.pid or "-"), "[green]yes[/]" if d.alive else "[red]no[/]",
+                        "yes" if d.ours else "no")
+    console.print(daemons)
+    link = st.config.slurm_etc / "slurm.conf"
+    console.print(f"config: {st.config.directory}/etc  ({link} -> "
+                  f"{'linked' if st.slurm_conf_linked else 'NOT linked'})")
+    console.print("note: each node has a private /tmp; put job files outside /tmp (e.g. /var/tmp).")
+    if st.error:
+        console.print(f"[red]{st.error}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cluster_app, name="cluster")

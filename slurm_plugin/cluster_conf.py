@@ -1,0 +1,234 @@
+"""Configuration of the local test cluster and the Slurm/slurmdbd files rendered from it.
+
+Pure functions: nothing here starts a process or touches /etc, so the rendering
+is testable anywhere. ``hetrun.slurm_plugin.cluster`` writes the files and
+starts the daemons.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hetrun.dag.errors import SlurmError
+
+DEFAULT_DIR = Path("/var/lib/hetrun-cluster")
+CLUSTER_NAME = "hetrun"
+FIRST_SLURMD_PORT = 17001
+SLURMCTLD_PORT = 6817
+SLURMDBD_PORT = 6819
+
+# Environment every task on this cluster gets from the TaskProlog. Open MPI as
+# root refuses to start without the first two; the emulated nodes share one
+# host, so shared-memory/vader transport between "nodes" crashes and Open MPI
+# must be kept on loopback (the machine's other interface is not reachable
+# from every namespace). Gloo (torch.distributed) is pinned to loopback too.
+TASK_ENV: dict[str, str] = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+    "OMPI_MCA_pml": "ob1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_hwloc_base_binding_policy": "none",
+    "GLOO_SOCKET_IFNAME": "lo",
+    "HETRUN_LOCAL_CLUSTER": "1",
+}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Shape of the emulated cluster: ``nodes`` slurmd, each with ``cpus``, ``gpus`` and ``mem_mb``."""
+
+    nodes: int = 4
+    cpus: int = 2
+    gpus: int = 2
+    mem_mb: int = 4000
+    directory: Path = field(default=DEFAULT_DIR)
+    # Where client commands (sbatch, squeue...) look for slurm.conf; we link ours there.
+    slurm_etc: Path = field(default=Path("/etc/slurm"))
+    hostname: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+
+    def __post_init__(self) -> None:
+        for key, value, low, high in (
+            ("nodes", self.nodes, 1, 64),
+            ("cpus", self.cpus, 1, 256),
+            ("gpus", self.gpus, 0, 16),
+            ("mem_mb", self.mem_mb, 256, 1 << 22),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise SlurmError(
+                    f"cluster config: {key}={value!r} is out of range",
+                    hint=f"use an integer between {low} and {high}",
+                )
+        total_mb = physical_memory_mb()
+        if total_mb and self.nodes * self.mem_mb > total_mb:
+            raise SlurmError(
+                f"cluster config: {self.nodes} nodes x {self.mem_mb} MB = "
+                f"{self.nodes * self.mem_mb} MB exceeds this machine's {total_mb} MB",
+                hint=f"use --mem-mb {max(256, total_mb * 3 // 4 // self.nodes)} or fewer --nodes",
+            )
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def etc(self) -> Path:
+        return self.directory / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["directory"] = str(self.directory)
+        data["slurm_etc"] = str(self.slurm_etc)
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClusterConfig:
+        data = json.loads(text)
+        data["directory"] = Path(data["directory"])
+        data["slurm_etc"] = Path(data["slurm_etc"])
+        return cls(**data)
+
+
+def physical_memory_mb() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError):
+        return 0
+
+
+def fake_gpu_files(cfg: ClusterConfig) -> list[Path]:
+    # gres.conf needs one File= per GPU; the files must live outside /tmp
+    # because each slurmd has a private /tmp.
+    return [cfg.directory / "fakegpu" / f"gpu{i}" for i in range(cfg.gpus)]
+
+
+def _range(prefix: str, first: int, last: int) -> str:
+    return f"{prefix}{first}" if first == last else f"{prefix}[{first}-{last}]"
+
+
+def render_slurm_conf(cfg: ClusterConfig) -> str:
+    d = cfg.directory
+    nodes = _range("n", 1, cfg.nodes)
+    ports = str(FIRST_SLURMD_PORT) if cfg.nodes == 1 else (
+        f"[{FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + cfg.nodes - 1}]"
+    )
+    gres = f" Gres=gpu:{cfg.gpus}" if cfg.gpus else ""
+    # Jobs that give no --mem get a share small enough that several fit on a node.
+    def_mem_per_cpu = max(100, cfg.mem_mb // (2 * cfg.cpus))
+    lines = [
+        "# Written by `hetrun cluster up` (hetrun.slurm_plugin.cluster). Do not edit:",
+        "# the next `hetrun cluster up` rewrites it and restarts the daemons.",
+        f"ClusterName={CLUSTER_NAME}",
+        f"SlurmctldHost={cfg.hostname}(127.0.0.1)",
+        f"SlurmctldPort={SLURMCTLD_PORT}",
+        "AuthType=auth/munge",
+        "CryptoType=crypto/munge",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={d}/state",
+        f"SlurmdSpoolDir={d}/spool/%n",
+        f"SlurmctldPidFile={d}/run/slurmctld.pid",
+        f"SlurmdPidFile={d}/run/slurmd-%n.pid",
+        f"SlurmctldLogFile={d}/log/slurmctld.log",
+        f"SlurmdLogFile={d}/log/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        # No mail on this host; an unset MailProg only logs an error at start.
+        "MailProg=/bin/true",
+        "SlurmdDebug=info",
+        # No cgroups here: track processes by parentage and do no task binding.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        # Nodes are emulated: trust slurm.conf instead of draining nodes whose
+        # CPU/memory counts exceed what the host reports.
+        "SlurmdParameters=config_overrides",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        f"DefMemPerCPU={def_mem_per_cpu}",
+        "GresTypes=gpu",
+        # Het jobs are started only by the backfill scheduler; short intervals
+        # make test jobs start in seconds.
+        "SchedulerType=sched/backfill",
+        "SchedulerParameters=bf_interval=2,sched_interval=2",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
+        "JobRequeue=1",
+        "MpiDefault=pmix",
+        f"TaskProlog={d}/etc/task_prolog.sh",
+        "ReturnToService=2",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=60",
+        "InactiveLimit=0",
+        "KillWait=30",
+        "MessageTimeout=10",
+        # Finished jobs leave squeue after 2 minutes; sacct keeps them.
+        "MinJobAge=120",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={SLURMDBD_PORT}",
+        "AccountingStorageTRES=gres/gpu",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=30",
+        "JobCompType=jobcomp/none",
+        f"NodeName={nodes} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 Port={ports} "
+        f"CPUs={cfg.cpus} Sockets=1 CoresPerSocket={cfg.cpus} ThreadsPerCore=1 "
+        f"RealMemory={cfg.mem_mb}{gres} State=UNKNOWN",
+        f"PartitionName=debug Nodes={nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
+        f"PartitionName=high Nodes={nodes} PriorityTier=10 MaxTime=INFINITE State=UP",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def render_gres_conf(cfg: ClusterConfig) -> str:
+    head = "# Written by `hetrun cluster up`: emulated GPUs (empty files) for scheduling only.\n"
+    if not cfg.gpus:
+        return head
+    files = fake_gpu_files(cfg)
+    file_spec = str(files[0]) if cfg.gpus == 1 else (
+        f"{cfg.directory}/fakegpu/gpu[0-{cfg.gpus - 1}]"
+    )
+    return head + f"NodeName={_range('n', 1, cfg.nodes)} Name=gpu File={file_spec}\n"
+
+
+def render_slurmdbd_conf(cfg: ClusterConfig, db_password: str) -> str:
+    d = cfg.directory
+    return "\n".join(
+        [
+            "# Written by `hetrun cluster up`.",
+            "AuthType=auth/munge",
+            "DbdHost=localhost",
+            f"DbdPort={SLURMDBD_PORT}",
+            "SlurmUser=root",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=localhost",
+            "StorageUser=slurm",
+            f"StoragePass={db_password}",
+            "StorageLoc=slurm_acct_db",
+            f"LogFile={d}/log/slurmdbd.log",
+            f"PidFile={d}/run/slurmdbd.pid",
+            "",
+        ]
+    )
+
+
+def render_task_prolog(env: dict[str, str] | None = None) -> str:
+    # slurmd reads "export NAME=value" lines from the TaskProlog's stdout and
+    # puts them into the task's environment.
+    lines = [
+        "#!/bin/sh",
+        "# Written by `hetrun cluster up`: loopback MPI settings for every task on the local cluster.",
+    ]
+    for name, value in (env or TASK_ENV).items():
+        lines.append(f"echo {shlex.quote(f'export {name}={value}')}")
+    return "\n".join(lines) + "\n"
