@@ -1,0 +1,47 @@
+"""Codecs by name, as the job YAML names them (``comms.forward_codec: int8``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hetrun.dag.errors import SpecError, closest
+
+from .codec import DEFAULT_BLOCK, Codec, NoneCodec
+from .codecs import Fp8Codec, Int8Codec, OneBitCodec, OneBitEFCodec, OneBitStochasticCodec
+
+__all__ = ["DEFAULT_BACKWARD_CODEC", "DEFAULT_FORWARD_CODEC", "codec_names", "get_codec"]
+
+#: Forward activations tolerate 8 bits; backward gradients go 1-bit with error feedback.
+DEFAULT_FORWARD_CODEC = "int8"
+DEFAULT_BACKWARD_CODEC = "onebit_ef"
+
+_CODECS: dict[str, Callable[..., Codec]] = {
+    "none": NoneCodec,
+    "onebit": OneBitCodec,
+    "onebit_ef": OneBitEFCodec,
+    "onebit_stochastic": OneBitStochasticCodec,
+    "int8": Int8Codec,
+    "fp8": Fp8Codec,
+}
+
+
+def codec_names() -> list[str]:
+    return list(_CODECS)
+
+
+def get_codec(
+    name: str, *, block_size: int = DEFAULT_BLOCK, key_path: str | None = None, **options: object
+) -> Codec:
+    """A new codec instance (error-feedback state lives in the states you pass it).
+
+    ``key_path`` (e.g. ``comms.forward_codec``) only makes the error message
+    point at the YAML key the name came from.
+    """
+    factory = _CODECS.get(name)
+    if factory is None:
+        guess = closest(str(name), _CODECS)
+        hint = f"valid codecs: {', '.join(_CODECS)}"
+        if guess:
+            hint = f"did you mean {guess!r}? " + hint
+        raise SpecError(f"unknown codec {name!r}", key_path=key_path, value=name, hint=hint)
+    return factory(block_size=block_size, **options)

@@ -1,0 +1,231 @@
+"""The lossy codecs: 1-bit (plain, error feedback, stochastic), int8 and fp8 blockwise.
+
+Each dispatches on where the tensor lives: CPU float32 goes through the
+cache-blocked numpy path (``codec_cpu``), CUDA tensors through the Triton
+kernels (``triton_codecs``) when Triton is installed, anything else through
+the PyTorch reference (``codec_reference``). All paths write the same payload.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import codec_cpu, codec_reference
+from .codec import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
+
+__all__ = ["Fp8Codec", "Int8Codec", "OneBitCodec", "OneBitEFCodec", "OneBitStochasticCodec"]
+
+
+def _triton():
+    from . import triton_codecs
+
+    return triton_codecs if triton_codecs.available() else None
+
+
+def _check(codec: Codec, x: torch.Tensor, out: torch.Tensor) -> None:
+    if out.dtype != torch.uint8 or out.numel() != codec.wire_bytes(x.numel()):
+        raise CodecError(
+            f"codec {codec.name!r}: payload buffer is {out.dtype}[{out.numel()}], "
+            f"uint8[{codec.wire_bytes(x.numel())}] needed for {x.numel()} elements",
+            hint="allocate it with codec.wire_bytes(numel)",
+        )
+    if not x.is_floating_point():
+        raise CodecError(
+            f"codec {codec.name!r}: cannot encode a {x.dtype} tensor",
+            hint="codecs compress floating-point tensors (activations, gradients)",
+        )
+
+
+def _as_f32_numpy(x: torch.Tensor) -> np.ndarray:
+    flat = x.reshape(-1)
+    if flat.dtype != torch.float32:
+        flat = flat.float()
+    return flat.contiguous().numpy()
+
+
+def _decode_cpu(out: torch.Tensor, fill) -> None:
+    if out.dtype == torch.float32 and out.is_contiguous():
+        fill(out.reshape(-1).numpy())
+    else:
+        tmp = torch.empty(out.numel(), dtype=torch.float32)
+        fill(tmp.numpy())
+        out.reshape(-1).copy_(tmp)
+
+
+class OneBitCodec(Codec):
+    """``onebit``: sign bits (8 per byte) + one fp32 scale (mean |x|) per block. ~28x at B=256."""
+
+    name = "onebit"
+
+    def wire_bytes(self, numel: int) -> int:
+        return 4 * self.num_blocks(numel) + (numel + 7) // 8
+
+    def encode_into(
+        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
+    ) -> None:
+        _check(self, x, out)
+        if x.numel() == 0:
+            return
+        if x.device.type == "cpu":
+            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
+        elif (tr := _triton()) is not None:
+            tr.onebit_encode(x.reshape(-1), out, self.block_size)
+        else:
+            out.copy_(codec_reference.onebit_encode(x, self.block_size))
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        if out.numel() == 0:
+            return
+        if out.device.type == "cpu":
+            _decode_cpu(out, lambda o: codec_cpu.onebit_decode(payload.numpy(), o, self.block_size))
+        elif (tr := _triton()) is not None:
+            tr.onebit_decode(payload, out, self.block_size)
+        else:
+            out.reshape(-1).copy_(codec_reference.onebit_decode(payload, out.numel(), self.block_size))
+
+
+class OneBitEFCodec(OneBitCodec):
+    """``onebit_ef``: 1-bit with error feedback (as in 1-bit Adam).
+
+    Encodes ``x + residual`` and keeps what the code lost in the residual for
+    the next step, so over many steps the sum of decoded values tracks the sum
+    of inputs. Needs an :class:`ErrorFeedbackState` per stream; without one it
+    is plain 1-bit.
+    """
+
+    name = "onebit_ef"
+    stateful = True
+
+    def encode_into(
+        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
+    ) -> None:
+        if state is None:
+            super().encode_into(x, out)
+            return
+        _check(self, x, out)
+        if x.numel() == 0:
+            return
+        residual = state.residual_for(x.numel(), x.device)
+        state.steps += 1
+        if x.device.type == "cpu":
+            codec_cpu.onebit_encode(
+                _as_f32_numpy(x), out.numpy(), self.block_size, residual=residual.numpy()
+            )
+        elif (tr := _triton()) is not None:
+            tr.onebit_encode(x.reshape(-1), out, self.block_size, residual=residual)
+        else:
+            c = x.reshape(-1).float() + residual
+            out.copy_(codec_reference.onebit_encode(c, self.block_size))
+            residual.copy_(c - codec_reference.onebit_decode(out, c.numel(), self.block_size))
+
+
+class OneBitStochasticCodec(OneBitCodec):
+    """``onebit_stochastic``: unbiased 1-bit; scale = block absmax, sign drawn so E[decode] = x."""
+
+    name = "onebit_stochastic"
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK, seed: int = 0) -> None:
+        super().__init__(block_size)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._gen: torch.Generator | None = None
+
+    def encode_into(
+        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
+    ) -> None:
+        _check(self, x, out)
+        if x.numel() == 0:
+            return
+        if x.device.type == "cpu":
+            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, rng=self._rng)
+            return
+        if self._gen is None or self._gen.device != x.device:
+            self._gen = torch.Generator(device=x.device).manual_seed(self.seed)
+        u = torch.rand(x.numel(), generator=self._gen, device=x.device)
+        out.copy_(codec_reference.onebit_stochastic_encode(x, self.block_size, u))
+
+
+class Int8Codec(Codec):
+    """``int8``: blockwise absmax int8 (scale = absmax / 127 per block). ~3.9x at B=256."""
+
+    name = "int8"
+
+    def wire_bytes(self, numel: int) -> int:
+        return 4 * self.num_blocks(numel) + numel
+
+    def encode_into(
+        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
+    ) -> None:
+        _check(self, x, out)
+        if x.numel() == 0:
+            return
+        if x.device.type == "cpu":
+            codec_cpu.int8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
+        elif (tr := _triton()) is not None:
+            tr.int8_encode(x.reshape(-1), out, self.block_size)
+        else:
+            out.copy_(codec_reference.int8_encode(x, self.block_size))
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        if out.numel() == 0:
+            return
+        if out.device.type == "cpu":
+            _decode_cpu(out, lambda o: codec_cpu.int8_decode(payload.numpy(), o, self.block_size))
+        elif (tr := _triton()) is not None:
+            tr.int8_decode(payload, out, self.block_size)
+        else:
+            out.reshape(-1).copy_(codec_reference.int8_decode(payload, out.numel(), self.block_size))
+
+
+class Fp8Codec(Codec):
+    """``fp8``: float8 e4m3 with one fp32 scale (absmax / 448) per block. ~3.9x at B=256.
+
+    Uses torch's ``float8_e4m3fn`` conversion (round to nearest even), in
+    cache-sized pieces on CPU.
+    """
+
+    name = "fp8"
+    _PIECE = 1 << 16
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK) -> None:
+        super().__init__(block_size)
+        if not hasattr(torch, "float8_e4m3fn"):
+            raise CodecError(
+                f"codec 'fp8' needs torch.float8_e4m3fn, which torch {torch.__version__} lacks",
+                hint="use codec int8, or a torch release with float8 support (>= 2.1)",
+            )
+
+    def wire_bytes(self, numel: int) -> int:
+        return 4 * self.num_blocks(numel) + numel
+
+    def _pieces(self, n: int):
+        piece = max(self.block_size, (self._PIECE // self.block_size) * self.block_size)
+        for start in range(0, n, piece):
+            yield start, min(n, start + piece)
+
+    def encode_into(
+        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
+    ) -> None:
+        _check(self, x, out)
+        n = x.numel()
+        if n == 0:
+            return
+        nb = self.num_blocks(n)
+        flat = x.reshape(-1)
+        for start, end in self._pieces(n):
+            enc = codec_reference.fp8_encode(flat[start:end], self.block_size)
+            b0, nbc = start // self.block_size, -(-(end - start) // self.block_size)
+            out[4 * b0 : 4 * (b0 + nbc)] = enc[: 4 * nbc]
+            out[4 * nb + start : 4 * nb + end] = enc[4 * nbc :]
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
+        n = out.numel()
+        if n == 0:
+            return
+        nb = self.num_blocks(n)
+        flat = out.reshape(-1)
+        for start, end in self._pieces(n):
+            b0, nbc = start // self.block_size, -(-(end - start) // self.block_size)
+            piece = torch.cat([payload[4 * b0 : 4 * (b0 + nbc)], payload[4 * nb + start : 4 * nb + end]])
+            flat[start:end] = codec_reference.fp8_decode(piece, end - start, self.block_size)

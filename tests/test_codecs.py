@@ -1,0 +1,189 @@
+"""Codecs: the fast CPU path against the PyTorch reference, error bounds, registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hetrun.dag.errors import SpecError
+from hetrun.kernels import codec_cpu, codec_reference
+from hetrun.kernels.codec import CodecError
+from hetrun.kernels.codec_registry import codec_names, get_codec
+
+# Sizes around block, byte and piece boundaries (CHUNK = one cache-sized piece).
+SIZES = [1, 7, 8, 255, 256, 257, 1000, codec_cpu.CHUNK, codec_cpu.CHUNK + 13, 3 * codec_cpu.CHUNK + 517]
+
+
+def _x(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g) * torch.rand(n, generator=g).pow(3) * 10
+    if n > 600:
+        x[256:512] = 0.0  # an all-zero block: scale 0 must not divide by zero
+    return x
+
+
+@pytest.mark.parametrize("block", [256, 64])
+@pytest.mark.parametrize("n", SIZES)
+def test_onebit_cpu_matches_reference(n: int, block: int) -> None:
+    codec = get_codec("onebit", block_size=block)
+    x = _x(n)
+    enc = codec.encode(x)
+    ref = codec_reference.onebit_encode(x, block)
+    nb = codec.num_blocks(n)
+    assert enc.payload.numel() == ref.numel() == codec.wire_bytes(n)
+    assert torch.equal(enc.payload[4 * nb :], ref[4 * nb :]), "sign bits differ"
+    # Block sums may round differently (summation order); 1e-6 relative is that.
+    torch.testing.assert_close(
+        enc.payload[: 4 * nb].view(torch.float32), ref[: 4 * nb].view(torch.float32), rtol=1e-6, atol=0
+    )
+    dec = codec.decode(enc)
+    assert torch.equal(dec, codec_reference.onebit_decode(enc.payload, n, block))
+    # the decoded value keeps the sign and has the block's mean magnitude
+    assert torch.equal(torch.signbit(dec), torch.signbit(x) & (dec != 0) | torch.signbit(dec))
+    assert bool(((dec >= 0) == (x >= 0)).logical_or(x == 0).all())
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_int8_cpu_matches_reference_bit_for_bit(n: int) -> None:
+    codec = get_codec("int8")
+    x = _x(n, seed=1)
+    enc = codec.encode(x)
+    assert torch.equal(enc.payload, codec_reference.int8_encode(x, 256))
+    dec = codec.decode(enc)
+    assert torch.equal(dec, codec_reference.int8_decode(enc.payload, n, 256))
+    # error at most half a quantisation step of its block
+    nb = codec.num_blocks(n)
+    step = enc.payload[: 4 * nb].view(torch.float32).repeat_interleave(256)[:n]
+    assert bool(((dec - x).abs() <= step / 2 * (1 + 1e-5) + 1e-30).all())
+
+
+@pytest.mark.parametrize("n", [1, 255, 257, 70000])
+def test_fp8_matches_reference(n: int) -> None:
+    codec = get_codec("fp8")
+    x = _x(n, seed=2)
+    enc = codec.encode(x)
+    assert torch.equal(enc.payload, codec_reference.fp8_encode(x, 256))
+    dec = codec.decode(enc)
+    # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for normal values
+    big = x.abs() > x.abs().max() / 64
+    assert bool(((dec - x).abs()[big] <= x.abs()[big] * 2**-4 + 1e-6).all())
+
+
+def test_error_feedback_carries_the_residual() -> None:
+    codec = get_codec("onebit_ef", block_size=128)
+    state = codec.new_state()
+    g = torch.Generator().manual_seed(3)
+    n = 5000
+    total_in = torch.zeros(n)
+    total_out = torch.zeros(n)
+    for _ in range(50):
+        x = torch.randn(n, generator=g)
+        enc = codec.encode(x, state)
+        total_in += x
+        total_out += codec.decode(enc)
+    # sum(decoded) = sum(inputs) - final residual, exactly up to rounding
+    assert state.residual is not None
+    torch.testing.assert_close(total_out + state.residual, total_in, rtol=1e-4, atol=1e-3)
+    # and the residual stays bounded instead of growing with the number of steps
+    assert float(state.residual.abs().max()) < 10.0
+    # without feedback the same stream drifts much further
+    plain = get_codec("onebit", block_size=128)
+    g = torch.Generator().manual_seed(3)
+    drift = torch.zeros(n)
+    for _ in range(50):
+        x = torch.randn(n, generator=g)
+        drift += x - plain.decode(plain.encode(x))
+    assert float(drift.abs().mean()) > 3 * float(state.residual.abs().mean())
+
+
+def test_error_feedback_matches_reference_step() -> None:
+    codec = get_codec("onebit_ef")
+    state = codec.new_state()
+    x0, x1 = _x(3000, 4), _x(3000, 5)
+    codec.encode(x0, state)
+    r0 = state.residual.clone()
+    enc = codec.encode(x1, state)
+    c = x1 + r0
+    ref = codec_reference.onebit_encode(c, 256)
+    nb = codec.num_blocks(3000)
+    assert torch.equal(enc.payload[4 * nb :], ref[4 * nb :])
+    torch.testing.assert_close(state.residual, c - codec.decode(enc), rtol=0, atol=1e-6)
+
+
+def test_error_feedback_state_survives_size_change() -> None:
+    codec = get_codec("onebit_ef")
+    state = codec.new_state()
+    codec.encode(_x(1000), state)
+    kept = state.residual[:600].clone()
+    codec.encode(torch.zeros(600), state)  # zeros + residual: what is encoded is the residual
+    assert state.residual.numel() == 600
+    codec.encode(_x(2000), state)
+    assert state.residual.numel() == 2000
+    assert kept.abs().sum() > 0
+
+
+def test_stochastic_is_unbiased() -> None:
+    codec = get_codec("onebit_stochastic", seed=11)
+    x = _x(512, seed=6)
+    acc = torch.zeros_like(x)
+    reps = 4000
+    for _ in range(reps):
+        acc += codec.decode(codec.encode(x))
+    mean = acc / reps
+    amax = x.abs().reshape(2, 256).amax(dim=1).repeat_interleave(256)
+    # std of one draw <= M, so the mean of 4000 is within ~5 sigma = 5 M / sqrt(4000)
+    assert bool(((mean - x).abs() <= 5 * amax / reps**0.5).all())
+    one = codec.decode(codec.encode(x))
+    assert torch.equal(one.abs(), amax), "each decoded value is +-block absmax"
+
+
+def test_bf16_input_and_shapes() -> None:
+    for name in codec_names():
+        codec = get_codec(name, **({"itemsize": 2} if name == "none" else {}))
+        x = torch.randn(3, 700, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        dec = codec.decode(codec.encode(x))
+        assert dec.shape == x.shape and dec.dtype == torch.bfloat16
+        if codec.exact:
+            assert torch.equal(dec, x)
+        else:
+            # gaussian data: sign codes lose ~0.6 of the norm (stochastic ~3x more), 8-bit ~1%
+            bound = {"onebit_stochastic": 5.0, "int8": 0.02, "fp8": 0.05}.get(name, 0.7)
+            assert float((dec.float() - x.float()).norm() / x.float().norm()) < bound, name
+
+
+def test_wire_sizes() -> None:
+    n = 1 << 20
+    assert get_codec("none").wire_bytes(n) == 4 * n
+    assert get_codec("onebit").ratio(n) == pytest.approx(32 / (1 + 32 / 256), rel=1e-3)  # 28.4x
+    assert get_codec("int8").ratio(n) == pytest.approx(4 / (1 + 4 / 256), rel=1e-3)
+    assert get_codec("onebit", block_size=1024).wire_bytes(n) == n // 8 + 4 * n // 1024
+    assert get_codec("int8").wire_bytes(0) == 0
+
+
+def test_registry_errors_name_the_key_and_the_fix() -> None:
+    with pytest.raises(SpecError) as err:
+        get_codec("int9", key_path="comms.forward_codec")
+    msg = str(err.value)
+    assert "comms.forward_codec" in msg and "'int9'" in msg and "int8" in msg
+    assert "onebit_ef" in msg  # the valid list
+    with pytest.raises(CodecError, match="multiple of 8"):
+        get_codec("onebit", block_size=100)
+
+
+def test_bad_payload_size_is_a_clear_error() -> None:
+    codec = get_codec("int8")
+    enc = codec.encode(torch.ones(100))
+    enc.payload = enc.payload[:-1]
+    with pytest.raises(CodecError, match="payload has 103 bytes, 104 expected"):
+        codec.decode(enc)
+    with pytest.raises(CodecError, match="cannot encode"):
+        codec.encode(torch.ones(4, dtype=torch.int32))
+
+
+def test_cpu_path_never_allocates_full_size_temporaries() -> None:
+    """The numpy path works in place: its scratch stays one piece long whatever the input."""
+    n = 4 * codec_cpu.CHUNK
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    out = np.empty(get_codec("onebit").wire_bytes(n), dtype=np.uint8)
+    codec_cpu.onebit_encode(x, out, 256)
+    assert codec_cpu._scratch.f32a.size == codec_cpu.CHUNK
