@@ -550,6 +550,11 @@ def up(cfg: ClusterConfig | None = None, *, install: bool = True) -> ClusterStat
         )
     if install:
         ensure_packages()
+    elif shutil.which("dpkg-query") and (missing := missing_packages()):
+        raise SlurmError(
+            f"local cluster: packages missing: {' '.join(missing)}",
+            hint="run scripts/setup.sh, or `hetrun cluster up` without --no-install",
+        )
     with _locked(cfg):
         link_slurm_conf(cfg)
         changed = write_configs(cfg)

@@ -1,0 +1,93 @@
+"""Shared pytest fixtures.
+
+IMPORTANT for Slurm tests: every emulated node (slurmd) of the local cluster
+runs in its own mount namespace with a **private /tmp**. A job never sees the
+/tmp of the test process, so pytest's ``tmp_path`` (under /tmp) must not hold
+anything a Slurm job reads or writes (scripts, run directories, outputs).
+Use ``shared_tmp`` instead: a fresh directory under /var/tmp/hetrun-tests/.
+
+``slurm_cluster`` makes sure the local cluster (``hetrun cluster up``) is
+running, once per session. Tests that use it are marked ``slurm``
+automatically. Where Slurm cannot be started they are skipped with the reason
+— except in CI (``CI`` set to true/1), where they fail: Slurm tests must never
+silently skip in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SHARED_TMP_ROOT = Path(os.environ.get("HETRUN_TEST_SHARED_TMP", "/var/tmp/hetrun-tests"))
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture
+def shared_tmp(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh directory outside /tmp, visible to Slurm jobs on every emulated node.
+
+    Removed after a passing test; kept after a failure (its path is in the
+    test's report) so logs can be read. ``HETRUN_KEEP_TEST_DIRS=1`` keeps all.
+    """
+    SHARED_TMP_ROOT.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)[:60]
+    path = Path(tempfile.mkdtemp(prefix=f"{safe}-", dir=SHARED_TMP_ROOT))
+    path.chmod(0o755)
+    request.node.user_properties.append(("shared_tmp", str(path)))
+    yield path
+    failed = any(
+        getattr(request.node, f"rep_{when}", None) is not None
+        and getattr(request.node, f"rep_{when}").failed
+        for when in ("setup", "call")
+    )
+    if not failed and not os.environ.get("HETRUN_KEEP_TEST_DIRS"):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    # Lets fixtures see whether their test failed (shared_tmp keeps the directory then).
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():  # type: ignore[no-untyped-def]
+    """The running local Slurm cluster (``hetrun.slurm_plugin.cluster.ClusterStatus``).
+
+    Calls ``cluster.up()`` (quick when already up; never changes the cluster's
+    shape). Outside CI, skips with the reason when Slurm cannot be started
+    here; in CI, fails.
+    """
+    from hetrun.dag.errors import HetrunError
+    from hetrun.slurm_plugin import cluster
+
+    try:
+        st = cluster.up(install=in_ci())
+    except HetrunError as exc:
+        reason = f"local Slurm cluster unavailable: {exc}"
+        if in_ci():
+            pytest.fail(reason + " (CI must run Slurm tests; not skipping)", pytrace=False)
+        pytest.skip(reason)
+    if not st.healthy:
+        reason = f"local Slurm cluster not healthy after up(): {st.error or st.nodes}"
+        if in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return st
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A test that needs the cluster is a Slurm test, whether or not it says so.
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.slurm)

@@ -1,0 +1,131 @@
+"""The real local Slurm cluster: idempotent up, status, a het job with MPI across nodes, sacct."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hetrun.slurm_plugin import cluster
+from hetrun.slurm_plugin.cluster_conf import TASK_ENV
+
+pytestmark = pytest.mark.slurm
+
+
+def test_up_is_idempotent(slurm_cluster: cluster.ClusterStatus) -> None:
+    before = {d.name: d.pid for d in slurm_cluster.daemons}
+    again = cluster.up(install=False)
+    after = {d.name: d.pid for d in again.daemons}
+    assert again.healthy
+    # Nothing was restarted: every daemon kept its pid.
+    assert after == before
+    assert all(pid for pid in after.values())
+
+
+def test_status_lists_nodes_and_live_daemons(slurm_cluster: cluster.ClusterStatus) -> None:
+    st = cluster.status()
+    cfg = st.config
+    assert cfg is not None
+    assert [n.name for n in st.nodes] == cfg.node_names
+    assert cfg.nodes >= 4
+    for node in st.nodes:
+        # Other tests may be running jobs: idle, mixed or allocated are all fine, down is not.
+        assert node.state in cluster.USABLE_STATES, node
+        assert node.cpus == cfg.cpus
+        assert node.memory_mb == cfg.mem_mb
+        assert node.gres.startswith(f"gpu:{cfg.gpus}") if cfg.gpus else node.gres == "(null)"
+        assert node.partitions == ("debug", "high")
+    names = {d.name for d in st.daemons}
+    assert {"munged", "mariadb", "slurmdbd", "slurmctld"} <= names
+    assert {f"slurmd-{n}" for n in cfg.node_names} <= names
+    for d in st.daemons:
+        assert d.alive and d.pid and Path(f"/proc/{d.pid}").exists(), d
+    assert st.slurm_conf_linked
+    # Plain Slurm clients find this cluster through /etc/slurm/slurm.conf.
+    out = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, check=True)
+    assert set(out.stdout.split()) == {"debug", "high"}
+
+
+def test_cli_status_answers(slurm_cluster: cluster.ClusterStatus) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetrun.cli", "cluster", "status"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("n1", "n4", "slurmctld", "slurmdbd", "munged", "slurmd-n1"):
+        assert name in proc.stdout
+
+
+MPI_PROBE = """\
+import os
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.Get_rank() + 1, op=MPI.SUM)
+me = (comm.Get_rank(), os.environ["SLURMD_NODENAME"], os.environ.get("SLURM_HET_SIZE"),
+      os.environ.get("OMPI_MCA_btl"), os.environ.get("OMPI_MCA_btl_tcp_if_include"))
+everyone = comm.gather(me, root=0)
+if comm.Get_rank() == 0:
+    print("SIZE", comm.Get_size(), "SUM", total)
+    for rank, node, het, btl, iface in everyone:
+        print("RANK", rank, node, het, btl, iface)
+"""
+
+
+def _sacct_states(job_id: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["sacct", "-j", job_id, "-X", "-n", "-P", "--format=JobID,State"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+
+def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
+    slurm_cluster: cluster.ClusterStatus, shared_tmp: Path
+) -> None:
+    probe = shared_tmp / "probe.py"
+    probe.write_text(MPI_PROBE)
+    out = shared_tmp / "het-%j.out"
+    script = shared_tmp / "het.sbatch"
+    # No OMPI_* settings here on purpose: the cluster's TaskProlog provides them.
+    script.write_text(
+        "#!/bin/bash\n"
+        "#SBATCH --job-name=hetrun-cluster-test\n"
+        f"#SBATCH --output={out}\n"
+        "#SBATCH --time=5\n"
+        "#SBATCH --nodes=1 --ntasks=2 --cpus-per-task=1 --gres=gpu:2 --mem=400M\n"
+        "#SBATCH hetjob\n"
+        "#SBATCH --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1 --mem=400M\n"
+        f"srun --mpi=pmix --het-group=0,1 {sys.executable} {probe}\n"
+    )
+    env = {k: v for k, v in cluster.slurm_env().items() if not k.startswith(("OMPI_", "SLURM_JOB"))}
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
+        timeout=300, env=env, cwd=shared_tmp, check=False,
+    )
+    job_id = proc.stdout.strip().split(";")[0]
+    log = Path(str(out).replace("%j", job_id))
+    text = log.read_text() if log.exists() else "(no output file)"
+    assert proc.returncode == 0, f"sbatch --wait failed: {proc.stderr}\n{text}"
+
+    lines = text.splitlines()
+    assert "SIZE 4 SUM 10" in lines, text
+    ranks = [line.split() for line in lines if line.startswith("RANK")]
+    assert len(ranks) == 4, text
+    nodes = [r[2] for r in ranks]
+    assert nodes[0] == nodes[1], "het group 0 is one node with both of its tasks"
+    assert len(set(nodes)) == 3, f"4 ranks must span 3 emulated nodes, got {nodes}"
+    for _, _, _, het, btl, iface in ranks:
+        assert het == "2"
+        assert btl == TASK_ENV["OMPI_MCA_btl"] and iface == "lo"
+
+    # Accounting: both components are recorded as COMPLETED (slurmdbd lags a little).
+    deadline = time.monotonic() + 60
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = _sacct_states(job_id)
+        if states.get(f"{job_id}+0") == "COMPLETED" and states.get(f"{job_id}+1") == "COMPLETED":
+            break
+        time.sleep(1)
+    assert states == {f"{job_id}+0": "COMPLETED", f"{job_id}+1": "COMPLETED"}, states
