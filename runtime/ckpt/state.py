@@ -1,0 +1,172 @@
+"""A training state as JSON plus raw tensors, and the RNG states that go with it.
+
+Why not pickle: loading a checkpoint must never execute code. The state tree
+(dicts with str/int keys, lists, tuples, JSON scalars, torch tensors, numpy
+arrays) becomes a JSON skeleton whose tensor leaves point into a flat tensor
+list; tensors travel as raw bytes with dtype/shape metadata.
+
+Skeleton nodes: JSON scalars stand for themselves; ``{"T": i}`` tensor,
+``{"N": i}`` numpy array, ``{"L": [...]}`` list, ``{"U": [...]}`` tuple,
+``{"D": [[key, value], ...]}`` dict (keys keep their str/int type).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from hetrun.dag.errors import CheckpointError
+
+_TORCH_DTYPES = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.complex64, torch.complex128,
+    )
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
+    if hasattr(torch, _name):
+        _TORCH_DTYPES[_name] = getattr(torch, _name)
+
+
+@dataclass
+class Leaf:
+    """A tensor leaf: where it sits in the flat list and how to rebuild it."""
+
+    kind: str  # "torch" | "numpy"
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    itemsize: int
+
+
+def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[Leaf]]:
+    """(skeleton, tensors as contiguous CPU-or-device torch tensors, leaf metadata)."""
+    tensors: list[torch.Tensor] = []
+    leaves: list[Leaf] = []
+
+    def walk(obj: Any, path: str) -> Any:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            name = str(t.dtype).removeprefix("torch.")
+            if name not in _TORCH_DTYPES:
+                raise CheckpointError(f"state{path}: tensor dtype {t.dtype} is not supported")
+            leaves.append(Leaf("torch", name, list(t.shape), t.numel() * t.element_size(), t.element_size()))
+            tensors.append(t)
+            return {"T": len(tensors) - 1}
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject:
+                raise CheckpointError(f"state{path}: numpy object arrays cannot be stored without pickle")
+            arr = np.ascontiguousarray(obj)
+            leaves.append(Leaf("numpy", arr.dtype.str, list(arr.shape), arr.nbytes, arr.dtype.itemsize))
+            tensors.append(torch.from_numpy(arr.reshape(-1).view(np.uint8)) if arr.size else torch.empty(0, dtype=torch.uint8))
+            return {"N": len(tensors) - 1}
+        if isinstance(obj, np.generic):
+            return walk(obj.item(), path)
+        if isinstance(obj, dict):
+            items = []
+            for k, v in obj.items():
+                if isinstance(k, bool) or not isinstance(k, (str, int)):
+                    raise CheckpointError(
+                        f"state{path}: dict key {k!r} of type {type(k).__name__} is not supported",
+                        hint="use str or int keys in state_dict()",
+                    )
+                items.append([k, walk(v, f"{path}[{k!r}]")])
+            return {"D": items}
+        if isinstance(obj, list):
+            return {"L": [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        if isinstance(obj, tuple):
+            return {"U": [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
+        raise CheckpointError(
+            f"state{path}: value of type {type(obj).__name__} cannot be stored without pickle",
+            hint="state_dict() may hold tensors, numpy arrays, dicts, lists, tuples and JSON scalars",
+        )
+
+    return walk(state, ""), tensors, leaves
+
+
+def leaf_from_doc(doc: Any, where: str) -> Leaf:
+    try:
+        leaf = Leaf(str(doc["kind"]), str(doc["dtype"]), [int(x) for x in doc["shape"]],
+                    int(doc["nbytes"]), int(doc["itemsize"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: malformed tensor entry; corrupt") from exc
+    if leaf.kind == "torch" and leaf.dtype not in _TORCH_DTYPES:
+        raise CheckpointError(f"{where}: unknown torch dtype {leaf.dtype!r}")
+    if leaf.kind == "numpy":
+        dt = np.dtype(leaf.dtype)
+        if dt.hasobject:
+            raise CheckpointError(f"{where}: numpy object dtype rejected")
+    elif leaf.kind != "torch":
+        raise CheckpointError(f"{where}: unknown tensor kind {leaf.kind!r}")
+    return leaf
+
+
+def empty_for(leaf: Leaf) -> tuple[Any, np.ndarray]:
+    """A fresh tensor/array for ``leaf`` and a uint8 numpy view of its bytes to decode into."""
+    if leaf.kind == "torch":
+        t = torch.empty(leaf.shape, dtype=_TORCH_DTYPES[leaf.dtype])
+        if t.numel() * t.element_size() != leaf.nbytes:
+            raise CheckpointError(f"tensor {leaf.shape} {leaf.dtype} does not hold {leaf.nbytes} bytes; corrupt")
+        raw = t.reshape(-1).view(torch.uint8).numpy() if leaf.nbytes else np.empty(0, np.uint8)
+        return t, raw
+    arr = np.empty(leaf.shape, dtype=np.dtype(leaf.dtype))
+    if arr.nbytes != leaf.nbytes:
+        raise CheckpointError(f"array {leaf.shape} {leaf.dtype} does not hold {leaf.nbytes} bytes; corrupt")
+    return arr, arr.reshape(-1).view(np.uint8)
+
+
+def unflatten(skeleton: Any, values: list[Any]) -> Any:
+    def walk(node: Any) -> Any:
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        if isinstance(node, dict) and len(node) == 1:
+            (tag, body), = node.items()
+            if tag in ("T", "N") and isinstance(body, int) and 0 <= body < len(values):
+                return values[body]
+            if tag == "L" and isinstance(body, list):
+                return [walk(v) for v in body]
+            if tag == "U" and isinstance(body, list):
+                return tuple(walk(v) for v in body)
+            if tag == "D" and isinstance(body, list):
+                out = {}
+                for item in body:
+                    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int))):
+                        raise CheckpointError("state skeleton: malformed dict item; corrupt")
+                    out[item[0]] = walk(item[1])
+                return out
+        raise CheckpointError("state skeleton: unknown node; corrupt")
+
+    return walk(skeleton)
+
+
+def capture_rng() -> dict[str, Any]:
+    """python, numpy and torch (CPU and CUDA) generator states."""
+    py = random.getstate()
+    state: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": list(np.random.get_state(legacy=True)),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    try:
+        ver, internal, gauss = state["python"]
+        random.setstate((ver, tuple(internal), gauss))
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), int(pos), int(has_gauss), float(cached)))
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(list(state["cuda"]))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"checkpoint RNG state is malformed ({exc})") from exc

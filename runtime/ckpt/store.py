@@ -1,0 +1,309 @@
+"""Reading the checkpoint store: list, load one rank's shard with verification,
+agree on the newest checkpoint every rank can load, verify, retention, GC.
+
+A checkpoint exists when its manifest exists (written last, after every
+rank's shard was complete). Loading decodes every chunk and checks its sha256
+against the object name, so a flipped byte or a missing chunk makes that
+checkpoint invalid; ``restore`` then falls back to the previous one and says
+why in ``RestoreResult.skipped``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from hetrun.dag.errors import CheckpointError
+from hetrun.runtime.ckpt import codec, state
+from hetrun.runtime.ckpt.collective import Collective, SoloCollective
+from hetrun.runtime.ckpt.objects import Tier, atomic_write, check_hash
+
+_MAX_CHAIN = 64
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    state: Any
+    tier: str
+    meta: dict[str, Any]
+    seconds: float
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointInfo:
+    step: int
+    tiers: list[str]
+    world_size: int
+    created: float
+    raw_bytes: int
+    stored_bytes: int
+    stall_s: float
+    write_s: float
+    meta: dict[str, Any]
+
+    @property
+    def delta_ratio(self) -> float:
+        return self.stored_bytes / self.raw_bytes if self.raw_bytes else 0.0
+
+
+class CheckpointStore:
+    """The read side over one or more tiers (e.g. node-local first, then shared)."""
+
+    def __init__(self, tiers: list[Tier], *, threads: int = 2) -> None:
+        if not tiers:
+            raise CheckpointError("a checkpoint store needs at least one directory")
+        self.tiers = tiers
+        self.threads = max(1, threads)
+
+    # -- listing ---------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Steps with a manifest in any tier, newest first."""
+        found: set[int] = set()
+        for t in self.tiers:
+            found.update(t.manifest_steps())
+        return sorted(found, reverse=True)
+
+    def info(self) -> list[CheckpointInfo]:
+        rows = []
+        for step in sorted(self.steps()):
+            doc, names = None, []
+            for t in self.tiers:
+                if step in t.manifest_steps():
+                    try:
+                        d = t.read_manifest(step)
+                    except CheckpointError:
+                        continue
+                    doc = doc or d
+                    names.append(t.name)
+            if doc is None:
+                continue
+            stats = [s.get("stats", {}) for s in doc["shards"]]
+            rows.append(CheckpointInfo(
+                step=step, tiers=names, world_size=int(doc["world_size"]),
+                created=float(doc.get("created", 0.0)),
+                raw_bytes=sum(int(s.get("raw_bytes", 0)) for s in stats),
+                stored_bytes=sum(int(s.get("stored_bytes", 0)) for s in stats),
+                stall_s=max((float(s.get("stall_s", 0.0)) for s in stats), default=0.0),
+                write_s=max((float(s.get("write_s", 0.0)) for s in stats), default=0.0),
+                meta=doc.get("meta", {}),
+            ))
+        return rows
+
+    # -- loading -----------------------------------------------------------------
+    def _decode_object(self, h: str, out: np.ndarray, prefer: Tier, depth: int = 0) -> None:
+        if depth > _MAX_CHAIN:
+            raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
+        last: CheckpointError | None = None
+        for tier in [prefer, *[t for t in self.tiers if t is not prefer]]:
+            try:
+                header, payload = tier.read_object(h)
+                if int(header.get("raw_len", -1)) != out.size:
+                    raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {out.size}; corrupt")
+                base = None
+                if header.get("base"):
+                    base = np.empty(out.size, dtype=np.uint8)
+                    self._decode_object(check_hash(header["base"], f"chunk {h[:16]}… base"), base, tier, depth + 1)
+                codec.decode_into(payload, int(header.get("itemsize", 1)),
+                                  [(str(m), int(n)) for m, n in header.get("planes", [])], out, base)
+                if depth == 0 and hashlib.sha256(out).hexdigest() != h:
+                    raise CheckpointError(f"chunk {h[:16]}… in {tier.root} does not match its hash; corrupt")
+                return
+            except CheckpointError as exc:
+                last = exc
+            except (ValueError, TypeError, KeyError) as exc:
+                last = CheckpointError(f"chunk {h[:16]}… in {tier.root} is malformed ({exc}); corrupt")
+        assert last is not None
+        raise last
+
+    def load_rank(self, step: int, rank: int) -> tuple[Any, dict[str, Any], Tier]:
+        """Rank ``rank``'s state at ``step`` from the first tier where it verifies."""
+        errors = []
+        for tier in self.tiers:
+            if step not in tier.manifest_steps():
+                continue
+            try:
+                man = tier.read_manifest(step)
+                if rank >= int(man["world_size"]):
+                    raise CheckpointError(
+                        f"checkpoint {step} was written by {man['world_size']} ranks, this is rank {rank}",
+                        hint="resume with the same number of ranks per component",
+                    )
+                entry = man["shards"][rank]
+                shard = tier.read_shard(entry["path"], entry["sha256"], f"{tier.manifest_path(step)}: shards[{rank}]")
+                return self._load_shard(shard, tier), man.get("meta", {}), tier
+            except CheckpointError as exc:
+                errors.append(f"{tier.name} tier: {exc}")
+        if not errors:
+            raise CheckpointError(f"no checkpoint for step {step}")
+        raise CheckpointError("; ".join(errors))
+
+    def _load_shard(self, shard: dict[str, Any], tier: Tier) -> Any:
+        try:
+            tensors_doc = shard["tensors"]
+            skeleton = shard["skeleton"]
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError("shard document is malformed; corrupt") from exc
+        values: list[Any] = []
+        jobs: list[tuple[str, np.ndarray]] = []
+        for i, td in enumerate(tensors_doc):
+            leaf = state.leaf_from_doc(td, f"tensors[{i}]")
+            value, raw = state.empty_for(leaf)
+            values.append(value)
+            off = 0
+            for h, n in td.get("chunks", []):
+                if not isinstance(n, int) or n <= 0 or off + n > raw.size:
+                    raise CheckpointError(f"tensors[{i}]: chunk lengths do not add up; corrupt")
+                jobs.append((check_hash(h, f"tensors[{i}].chunks"), raw[off : off + n]))
+                off += n
+            if off != raw.size:
+                raise CheckpointError(f"tensors[{i}]: chunks cover {off} of {raw.size} bytes; corrupt")
+        with ThreadPoolExecutor(self.threads) as pool:
+            for fut in [pool.submit(self._decode_object, h, out, tier) for h, out in jobs]:
+                fut.result()
+        return state.unflatten(skeleton, values)
+
+    def restore(self, coll: Collective | None = None) -> RestoreResult | None:
+        """The newest checkpoint that every rank can load and verify, or None when
+        there is none (a first run). Collective: every rank must call it."""
+        coll = coll or SoloCollective()
+        t0 = time.perf_counter()
+        steps = sorted({s for lst in coll.allgather(self.steps()) for s in lst}, reverse=True)
+        skipped: list[tuple[int, str]] = []
+        for step in steps:
+            try:
+                value, meta, tier = self.load_rank(step, coll.rank)
+                mine: str | None = None
+            except CheckpointError as exc:
+                value, mine = None, f"rank {coll.rank}: {exc}"
+            problems = [p for p in coll.allgather(mine) if p]
+            if not problems:
+                return RestoreResult(step, value, tier.name, meta, time.perf_counter() - t0, skipped)
+            skipped.append((step, "; ".join(problems)))
+            del value
+        if skipped:
+            raise CheckpointError(
+                "no checkpoint could be restored: "
+                + " | ".join(f"step {s}: {why}" for s, why in skipped),
+                hint="inspect with `hetrun ckpt verify RUN`; delete the store to start from scratch",
+            )
+        return None
+
+    # -- verification and maintenance ----------------------------------------
+    def verify(self, step: int) -> list[str]:
+        """Problems found when loading every rank of ``step`` (empty: valid)."""
+        problems = []
+        world = None
+        for t in self.tiers:
+            if step in t.manifest_steps():
+                try:
+                    world = int(t.read_manifest(step)["world_size"])
+                    break
+                except CheckpointError as exc:
+                    problems.append(str(exc))
+        if world is None:
+            return problems or [f"no manifest for step {step}"]
+        problems.clear()
+        for r in range(world):
+            try:
+                self.load_rank(step, r)
+            except CheckpointError as exc:
+                problems.append(f"rank {r}: {exc}")
+        return problems
+
+
+def retain(tier: Tier, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` manifests of ``tier``; returns the deleted steps."""
+    steps = tier.manifest_steps()
+    doomed = steps[: max(0, len(steps) - max(1, keep))]
+    for s in doomed:
+        tier.delete_manifest(s)
+    return doomed
+
+
+def gc(tier: Tier, cutoff: float | None = None) -> tuple[int, int]:
+    """Delete objects and shard files no manifest reaches (through delta bases
+    too) and that are older than ``cutoff`` (default: the newest manifest's
+    time, so a checkpoint being written right now is never touched).
+    Returns (files deleted, bytes freed)."""
+    steps = tier.manifest_steps()
+    if cutoff is None:
+        cutoff = max((tier.manifest_path(s).stat().st_mtime for s in steps), default=time.time())
+    live_shards: set[str] = set()
+    live: set[str] = set()
+    for s in steps:
+        try:
+            man = tier.read_manifest(s)
+        except CheckpointError:
+            continue
+        for e in man["shards"]:
+            live_shards.add(e["path"])
+            try:
+                shard = tier.read_shard(e["path"], e["sha256"], "gc")
+            except CheckpointError:
+                continue
+            for td in shard.get("tensors", []):
+                live.update(h for h, _ in td.get("chunks", []))
+    frontier = list(live)
+    while frontier:
+        h = frontier.pop()
+        try:
+            base = tier.read_object_header(h).get("base")
+        except (OSError, CheckpointError):
+            continue
+        if base and base not in live:
+            live.add(base)
+            frontier.append(base)
+    files = freed = 0
+    for p in tier.iter_objects():
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if p.name not in live and st.st_mtime < cutoff:
+            with contextlib.suppress(OSError):
+                p.unlink()
+                files += 1
+                freed += st.st_size
+    shards_dir = tier.root / "shards"
+    if shards_dir.is_dir():
+        for d in shards_dir.iterdir():
+            if not d.is_dir() or d.is_symlink():
+                continue
+            for p in d.iterdir():
+                rel = f"shards/{d.name}/{p.name}"
+                with contextlib.suppress(OSError):
+                    st = p.stat()
+                    if rel not in live_shards and st.st_mtime < cutoff:
+                        p.unlink()
+                        files += 1
+                        freed += st.st_size
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only succeeds when empty
+    return files, freed
+
+
+def copy_object_tree(src: Tier, dst: Tier, h: str, *, durable: bool) -> int:
+    """Copy object ``h`` and its delta bases from ``src`` to ``dst`` (bases first,
+    so ``dst`` never holds a delta without its base). Returns bytes copied."""
+    chain = []
+    cur: str | None = h
+    while cur and not dst.has_object(cur):
+        chain.append(cur)
+        cur = src.read_object_header(cur).get("base")
+        if len(chain) > _MAX_CHAIN:
+            raise CheckpointError(f"chunk {h[:16]}… has an overlong delta chain; corrupt")
+    copied = 0
+    for obj in reversed(chain):
+        data = src.object_path(obj).read_bytes()
+        path = dst.object_path(obj)
+        path.parent.mkdir(exist_ok=True)
+        copied += atomic_write(path, [data], durable=durable)
+    return copied
+

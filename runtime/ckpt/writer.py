@@ -1,0 +1,370 @@
+"""Asynchronous, incremental, atomic checkpoint writes.
+
+``save()`` is the only part training waits for: it copies every tensor into a
+reused host buffer (the snapshot) and hands it to a background thread. The
+thread hashes, encodes (byte planes, zstd, XOR against the previous snapshot
+where that is smaller) and writes content-addressed chunks, then the rank's
+shard document; when every rank's shard is complete (an all-gather), the
+leader writes the manifest and the ``latest`` pointer. Only then does the
+checkpoint exist. Memory stays bounded: two snapshot buffers (current and the
+previous one, the XOR base) and at most one save in flight.
+
+Tiers: shards go to the first tier (node-local when configured); each further
+tier (shared) gets a copy after the commit — the drain — with its own
+manifest written last, so either tier holds only complete checkpoints.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import zstandard
+from hetrun.dag.errors import CheckpointError
+from hetrun.runtime.ckpt import codec, state
+from hetrun.runtime.ckpt.collective import Collective, SoloCollective, node_leaders
+from hetrun.runtime.ckpt.objects import FORMAT, Tier, atomic_write
+from hetrun.runtime.ckpt.store import copy_object_tree, gc, retain
+
+_ALIGN = 64
+_libc = ctypes.CDLL(None)
+_libc.memcmp.restype = ctypes.c_int
+_libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    # memcmp stops at the first difference and runs at memory speed; numpy's
+    # array_equal builds a bool array first (~0.4 GB/s here).
+    return a.size == b.size and _libc.memcmp(a.ctypes.data, b.ctypes.data, a.size) == 0
+
+
+@dataclass
+class SaveResult:
+    step: int
+    ok: bool
+    raw_bytes: int = 0
+    stored_bytes: int = 0
+    reused_chunks: int = 0
+    delta_chunks: int = 0
+    full_chunks: int = 0
+    stall_s: float = 0.0
+    write_s: float = 0.0
+    drained: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.stored_bytes / self.raw_bytes if self.raw_bytes else 0.0
+
+
+@dataclass
+class _Snapshot:
+    step: int
+    skeleton: Any
+    leaves: list[state.Leaf]
+    offsets: list[int]
+    buf_index: int
+    meta: dict[str, Any]
+    stall_s: float
+
+
+@dataclass
+class _Committed:
+    """What the next save may reuse: the committed snapshot's buffer and the
+    object name and delta depth of each of its chunks."""
+
+    layout: tuple[tuple[int, int], ...]
+    buf_index: int
+    chunks: list[list[tuple[str, int]]]  # per tensor: (object name, depth) per chunk
+
+
+class CheckpointWriter:
+    """One per rank. ``save(step, state)`` returns after the snapshot copy."""
+
+    def __init__(
+        self,
+        tiers: list[Tier],
+        *,
+        collective: Collective | None = None,
+        keep: int = 3,
+        chunk_bytes: int = 4 << 20,
+        max_delta_chain: int = 4,
+        durable: bool = True,
+        threads: int = 2,
+        delta: bool = True,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if not tiers:
+            raise CheckpointError("a checkpoint writer needs at least one directory")
+        self.tiers = tiers
+        self.coll = collective or SoloCollective()
+        self.keep = keep
+        self.chunk_bytes = max(1 << 16, chunk_bytes)
+        self.max_delta_chain = max(1, max_delta_chain)
+        self.durable = durable
+        self.delta = delta
+        self.on_event = on_event
+        for t in tiers:
+            t.ensure()
+        self._node_leader, self._host = node_leaders(self.coll)
+        self._bufs: list[torch.Tensor | None] = [None, None]
+        self._committed: _Committed | None = None
+        self._queue: queue.Queue[_Snapshot | None] = queue.Queue(maxsize=1)
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckpt-enc")
+        self._local = threading.local()
+        self.results: list[SaveResult] = []
+        self._unreported_error: SaveResult | None = None
+        self._thread = threading.Thread(target=self._run, name="ckpt-writer", daemon=True)
+        self._thread.start()
+
+    # -- training side ---------------------------------------------------------
+    def save(self, step: int, tree: Any, meta: dict[str, Any] | None = None) -> float:
+        """Snapshot ``tree`` and write it in the background. Returns the stall in
+        seconds (including waiting for a previous save still in flight)."""
+        t0 = time.perf_counter()
+        self._idle.wait()
+        skeleton, tensors, leaves = state.flatten(tree)
+        offsets, total = [], 0
+        for leaf in leaves:
+            offsets.append(total)
+            total += (leaf.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        committed = self._committed
+        idx = 0 if committed is None or committed.buf_index == 1 else 1
+        buf = self._bufs[idx]
+        if buf is None or buf.numel() < total:
+            pin = torch.cuda.is_available()
+            buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pin)
+            self._bufs[idx] = buf
+        for t, leaf, off in zip(tensors, leaves, offsets, strict=True):
+            if leaf.nbytes:
+                src = t.reshape(-1)
+                if not src.is_contiguous():
+                    src = src.contiguous()
+                buf[off : off + leaf.nbytes].copy_(src.view(torch.uint8), non_blocking=True)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        stall = time.perf_counter() - t0
+        self._idle.clear()
+        self._queue.put(_Snapshot(step, skeleton, leaves, offsets, idx, dict(meta or {}), stall))
+        return stall
+
+    def wait(self) -> SaveResult | None:
+        """Block until the save in flight is committed (or failed); returns its result."""
+        self._idle.wait()
+        return self.results[-1] if self.results else None
+
+    def take_error(self) -> SaveResult | None:
+        """The last failed save not reported yet (training continues; the next save retries)."""
+        err, self._unreported_error = self._unreported_error, None
+        return err
+
+    def close(self) -> None:
+        self._idle.wait()
+        self._queue.put(None)
+        self._thread.join()
+        self._pool.shutdown()
+        self._bufs = [None, None]
+
+    @property
+    def last_cost_s(self) -> float:
+        """Stall plus background time of the last successful save: what a final
+        checkpoint before a deadline costs."""
+        for r in reversed(self.results):
+            if r.ok:
+                return r.stall_s + r.write_s
+        return 0.0
+
+    # -- background side ---------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            snap = self._queue.get()
+            if snap is None:
+                return
+            try:
+                result = self._write(snap)
+            except BaseException as exc:  # never leave save() waiting forever
+                result = SaveResult(snap.step, False, error=f"checkpoint writer crashed: {exc!r}")
+            self.results.append(result)
+            if not result.ok:
+                self._unreported_error = result
+            if self.on_event:
+                self.on_event({
+                    "ev": "checkpoint", "step": result.step, "ok": result.ok,
+                    "raw_bytes": result.raw_bytes, "stored_bytes": result.stored_bytes,
+                    "stall_s": round(result.stall_s, 6), "write_s": round(result.write_s, 6),
+                    "tiers": result.drained, "error": result.error,
+                })
+            self._idle.set()
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        c = getattr(self._local, "cctx", None)
+        if c is None:
+            c = self._local.cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
+        return c
+
+    def _chunk(self, tier: Tier, raw: np.ndarray, itemsize: int,
+               prev: tuple[np.ndarray, str, int] | None) -> tuple[str, int, str, int]:
+        """Store one chunk; returns (object name, depth, how, stored bytes)."""
+        if prev is not None and _same_bytes(raw, prev[0]):
+            tier.touch_object(prev[1])
+            return prev[1], prev[2], "reused", 0
+        h = hashlib.sha256(raw).hexdigest()
+        if tier.has_object(h):
+            tier.touch_object(h)
+            depth = int(tier.read_object_header(h).get("depth", 0))
+            return h, depth, "reused", 0
+        base = None
+        if prev is not None and self.delta and prev[2] + 1 < self.max_delta_chain:
+            base = prev[0]
+        enc = codec.encode(raw, itemsize, base, compressor=self._compressor())
+        header: dict[str, Any] = {"raw_len": int(raw.size), "itemsize": enc.itemsize,
+                                  "planes": [[m, n] for m, n in enc.planes]}
+        depth = 0
+        if enc.uses_base:
+            assert prev is not None
+            header["base"], depth = prev[1], prev[2] + 1
+        header["depth"] = depth
+        tier.write_object(h, header, enc.parts, durable=self.durable)
+        return h, depth, "delta" if enc.uses_base else "full", enc.stored_len
+
+    def _write(self, snap: _Snapshot) -> SaveResult:
+        t0 = time.perf_counter()
+        res = SaveResult(snap.step, False, stall_s=snap.stall_s)
+        primary = self.tiers[0]
+        layout = tuple((lf.nbytes, lf.itemsize) for lf in snap.leaves)
+        committed = self._committed if self._committed and self._committed.layout == layout else None
+        buf = self._bufs[snap.buf_index]
+        assert buf is not None
+        cur = buf.numpy()
+        prev_np = None
+        if committed is not None:
+            pb = self._bufs[committed.buf_index]
+            prev_np = pb.numpy() if pb is not None else None
+        shard_entry: dict[str, Any] | None = None
+        chunk_table: list[list[tuple[str, int]]] = []
+        futures: list[list[tuple[int, Any]]] = []
+        try:
+            for ti, (leaf, off) in enumerate(zip(snap.leaves, snap.offsets, strict=True)):
+                step_bytes = max(leaf.itemsize, self.chunk_bytes // leaf.itemsize * leaf.itemsize)
+                per_tensor = []
+                for ci, start in enumerate(range(0, leaf.nbytes, step_bytes)):
+                    n = min(step_bytes, leaf.nbytes - start)
+                    raw = cur[off + start : off + start + n]
+                    prev = None
+                    if committed is not None and prev_np is not None:
+                        name, depth = committed.chunks[ti][ci]
+                        prev = (prev_np[off + start : off + start + n], name, depth)
+                    per_tensor.append((n, self._pool.submit(self._chunk, primary, raw, leaf.itemsize, prev)))
+                futures.append(per_tensor)
+            tensors_doc = []
+            for leaf, per_tensor in zip(snap.leaves, futures, strict=True):
+                chunks, table = [], []
+                for n, fut in per_tensor:
+                    h, depth, how, stored = fut.result()
+                    chunks.append([h, n])
+                    table.append((h, depth))
+                    res.stored_bytes += stored
+                    res.reused_chunks += how == "reused"
+                    res.delta_chunks += how == "delta"
+                    res.full_chunks += how == "full"
+                res.raw_bytes += leaf.nbytes
+                chunk_table.append(table)
+                tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
+                                    "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks})
+            res.write_s = time.perf_counter() - t0
+            doc = {"format": FORMAT, "step": snap.step, "rank": self.coll.rank,
+                   "world_size": self.coll.size, "skeleton": snap.skeleton, "tensors": tensors_doc}
+            rel, sha = primary.write_shard(snap.step, self.coll.rank, doc, durable=self.durable)
+            shard_entry = {"rank": self.coll.rank, "path": rel, "sha256": sha, "stats": {
+                "raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes,
+                "stall_s": round(snap.stall_s, 6), "write_s": round(time.perf_counter() - t0, 6)}}
+            mine: str | None = None
+        except CheckpointError as exc:
+            mine = f"rank {self.coll.rank}: {exc}"
+        except Exception as exc:
+            mine = f"rank {self.coll.rank}: {exc!r}"
+        for per in futures:
+            for _, fut in per:
+                fut.cancel()
+
+        cutoff = time.time()
+        entries = self.coll.allgather(shard_entry if mine is None else mine)
+        problems = [e for e in entries if isinstance(e, str)]
+        if problems:
+            res.error = "checkpoint at step {} not written: {}".format(snap.step, "; ".join(problems))
+            return res
+        committed_now = self._commit(primary, snap, entries, leader=self._leads(primary), cutoff=cutoff)
+        if committed_now:
+            res.error = committed_now
+            return res
+        res.ok = True
+        res.drained.append(primary.name)
+        self._committed = _Committed(layout, snap.buf_index, chunk_table)
+        res.write_s = time.perf_counter() - t0
+        for tier in self.tiers[1:]:
+            err = self._drain(primary, tier, snap, entries, chunk_table)
+            if err:
+                res.error = err  # the checkpoint exists in the fast tier; the drain retries next time
+            else:
+                res.drained.append(tier.name)
+        return res
+
+    def _leads(self, tier: Tier) -> bool:
+        return self._node_leader if tier.name == "local" else self.coll.rank == 0
+
+    def _commit(self, tier: Tier, snap: _Snapshot, entries: list[dict[str, Any]], *,
+                leader: bool, cutoff: float) -> str | None:
+        """Leader writes the manifest (last, atomically); all agree it happened."""
+        mine: str | None = None
+        if leader:
+            doc = {"format": FORMAT, "step": snap.step, "world_size": self.coll.size,
+                   "created": time.time(), "shards": entries, "meta": snap.meta}
+            try:
+                tier.write_manifest(doc, durable=self.durable)
+            except CheckpointError as exc:
+                mine = f"rank {self.coll.rank}: {exc}"
+        problems = [p for p in self.coll.allgather(mine) if p]
+        if problems:
+            return "checkpoint at step {} not committed in {} tier: {}".format(snap.step, tier.name, "; ".join(problems))
+        if leader:
+            try:
+                retain(tier, self.keep)
+                gc(tier, cutoff=cutoff)
+            except (OSError, CheckpointError):
+                pass  # retention is best effort; `hetrun ckpt gc` finishes it
+        return None
+
+    def _drain(self, src: Tier, dst: Tier, snap: _Snapshot, entries: list[dict[str, Any]],
+               chunk_table: list[list[tuple[str, int]]]) -> str | None:
+        mine: str | None = None
+        cutoff = time.time()
+        try:
+            for table in chunk_table:
+                for h, _ in table:
+                    if dst.has_object(h):
+                        dst.touch_object(h)
+                    else:
+                        copy_object_tree(src, dst, h, durable=self.durable)
+            rel = entries[self.coll.rank]["path"]
+            data = (src.root / rel).read_bytes()
+            (dst.root / rel).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(dst.root / rel, [data], durable=self.durable)
+        except CheckpointError as exc:
+            mine = f"rank {self.coll.rank}: {exc}"
+        except OSError as exc:
+            mine = f"rank {self.coll.rank}: {exc}"
+        problems = [p for p in self.coll.allgather(mine) if p]
+        if problems:
+            return "drain of step {} to {} tier failed: {}".format(snap.step, dst.name, "; ".join(problems))
+        return self._commit(dst, snap, entries, leader=self._leads(dst), cutoff=cutoff)
