@@ -1,0 +1,312 @@
+"""The local backend: no Slurm; each component becomes a local process group.
+
+``submit`` starts a small supervisor (this module run as ``python -m``) in its
+own session. The supervisor runs every rank of every component at once, as
+one ``mpirun`` MPMD launch with one app context per component and
+``-x HETRUN_COMPONENT=<name>`` (one MPI_COMM_WORLD, like the Slurm het step),
+or, when ``mpirun`` is absent, as plain processes given torch's standard
+rendezvous variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). It plays
+the batch script's part: forwards USR1/TERM, restarts on exit code 85 up to
+``preemption.max_restarts`` (HETRUN_RESTART_COUNT tells the runtime it is a
+restart), and records the outcome in ``<run_dir>/local.json``.
+
+``run.json`` keeps the supervisor's pid and its start time from /proc, so
+status and cancel never mistake a recycled pid for the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import RunDirError, SlurmError
+
+from ..render import REQUEUE_EXIT_CODE
+from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, utc_now_iso, write_atomic
+from .base import Backend, ComponentStatus, DryRun, RunStatus
+
+STATE_FILE = "local.json"
+# Open MPI as root, and over loopback only (the machine's other interfaces may
+# not route between its own ranks). Set only when the user has not.
+_OMPI_DEFAULTS = {
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_btl_tcp_if_include": "lo",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
+_ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+_STOP_GRACE_S = 10.0
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks); None if gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rfind(")") + 2:].split()
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _plan_components(run_dir: Path) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    try:
+        plan = json.loads((run_dir / PLAN_JSON).read_text())
+        comps = [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
+                 for c in plan["components"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunDirError(f"{run_dir / PLAN_JSON}: cannot read the components ({exc})",
+                          hint="the run directory must hold plan.json written by `hetrun submit`") from exc
+    return comps, plan
+
+
+def _log_wrapper(python: str, run_dir: Path, component: str, rank_var: str) -> list[str]:
+    """argv that runs the runtime with its output in logs/<component>-local-<rank>.out.
+
+    Values travel as positional parameters ($0..$3), never pasted into the
+    shell text, so no quoting is involved.
+    """
+    script = (f'exec "$0" -m hetrun.runtime "$1" >>"$1/{LOGS}/$2-local-${{{rank_var}:-0}}.out" 2>&1')
+    return ["sh", "-c", script, python, str(run_dir), component]
+
+
+def launch_commands(run_dir: Path, python: str | None = None,
+                    mpirun: str | None = None) -> tuple[str, list[list[str]]]:
+    """("mpirun", [argv]) or ("processes", [argv per rank]) for the run's components."""
+    python = python or sys.executable
+    comps, _ = _plan_components(run_dir)
+    mpirun = mpirun if mpirun is not None else shutil.which("mpirun")
+    if mpirun:
+        argv = [mpirun, "--oversubscribe"]
+        for i, (name, ntasks) in enumerate(comps):
+            if i:
+                argv.append(":")
+            argv += ["-x", f"HETRUN_COMPONENT={name}", "-np", str(ntasks),
+                     *_log_wrapper(python, run_dir, name, "OMPI_COMM_WORLD_RANK")]
+        return "mpirun", [argv]
+    cmds = []
+    for name, ntasks in comps:
+        for _ in range(ntasks):
+            cmds.append(_log_wrapper(python, run_dir, name, "RANK"))
+    return "processes", cmds
+
+
+def _epoch(iso: str) -> float:
+    return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _job_env(plan: Mapping[str, Any], run_dir: Path, restarts: int) -> dict[str, str]:
+    env = dict(os.environ)
+    for k, v in (plan.get("env") or {}).items():
+        env[str(k)] = str(v)
+    for k, v in _OMPI_DEFAULTS.items():
+        env.setdefault(k, v)
+    if os.geteuid() == 0:
+        for k, v in _ROOT_DEFAULTS.items():
+            env.setdefault(k, v)
+    env["HETRUN_RUN_DIR"] = str(run_dir)
+    env["HETRUN_RESTART_COUNT"] = str(restarts)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Supervisor:
+    """Runs one local job to its end; the batch script's role for the local backend."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.cancelled = False
+        self.requeue_asked = False
+        self.state: dict[str, Any] = {}
+
+    def _write(self, **changes: Any) -> None:
+        self.state.update(changes)
+        write_atomic(self.run_dir / STATE_FILE, json.dumps(self.state, indent=2, sort_keys=True) + "\n")
+
+    def _signal_children(self, sig: int) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, sig)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            self.cancelled = True
+            self._signal_children(signal.SIGTERM)
+        elif signum == signal.SIGHUP:
+            # `hetrun` requeue: stop this attempt and start the next one.
+            self.requeue_asked = True
+            self._signal_children(signal.SIGTERM)
+        else:  # USR1/USR2: the preemption warning, as Slurm's --signal would send it
+            self._signal_children(signum)
+
+    def _start(self, restarts: int) -> str:
+        comps, plan = _plan_components(self.run_dir)
+        launcher, cmds = launch_commands(self.run_dir)
+        env = _job_env(plan, self.run_dir, restarts)
+        self.children = []
+        if launcher == "processes":
+            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                       WORLD_SIZE=str(len(cmds)))
+            names = [n for n, k in comps for _ in range(k)]
+        for rank, argv in enumerate(cmds):
+            child_env = env
+            if launcher == "processes":
+                child_env = dict(env, RANK=str(rank), HETRUN_COMPONENT=names[rank])
+            # Own process group: signals reach mpirun and every rank it started.
+            self.children.append(subprocess.Popen(argv, env=child_env, cwd=self.run_dir,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+        return launcher
+
+    def _wait(self) -> int:
+        deadline = None
+        while True:
+            codes = [c.poll() for c in self.children]
+            if all(code is not None for code in codes):
+                break
+            if (self.cancelled or self.requeue_asked) and deadline is None:
+                deadline = time.monotonic() + _STOP_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                self._signal_children(signal.SIGKILL)
+            time.sleep(0.2)
+        # Like srun: the highest exit code wins; death by signal N reads as 128+N.
+        return max((c if c >= 0 else 128 - c) for c in (ch.returncode for ch in self.children))
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, self._on_signal)
+        _, plan = _plan_components(self.run_dir)
+        max_restarts = int((plan.get("preemption") or {}).get("max_restarts", 3))
+        restarts = 0
+        self._write(state="RUNNING", supervisor_pid=os.getpid(), started_at=utc_now_iso(),
+                    restarts=0, exit_code=None, ended_at=None)
+        while True:
+            launcher = self._start(restarts)
+            self._write(state="RUNNING", launcher=launcher, restarts=restarts,
+                        child_pids=[c.pid for c in self.children])
+            rc = self._wait()
+            if self.cancelled:
+                self._write(state="CANCELLED", exit_code=rc, ended_at=utc_now_iso())
+                return rc
+            if (rc == REQUEUE_EXIT_CODE or self.requeue_asked) and restarts < max_restarts:
+                self.requeue_asked = False
+                restarts += 1
+                self._write(state="REQUEUED", exit_code=rc)
+                continue
+            final = "COMPLETED" if rc == 0 else "FAILED"
+            self._write(state=final, exit_code=rc, ended_at=utc_now_iso())
+            return rc
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+
+    def _supervisor_argv(self, run: RunInfo) -> list[str]:
+        return [self.python, "-m", "hetrun.slurm_plugin.backends.local", str(run.path)]
+
+    def dry_run(self, run: RunInfo, script: str) -> DryRun:
+        launcher, cmds = launch_commands(run.path, self.python)
+        notes = [f"launcher: {launcher}; hetjob.sbatch is written for the record only"]
+        return DryRun(self.name, self._supervisor_argv(run), script,
+                      notes + ["the supervisor runs: " + shlex.join(c) for c in cmds])
+
+    def submit(self, run: RunInfo) -> str:
+        log = open(run.path / LOGS / "local-supervisor.out", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(self._supervisor_argv(run), cwd=run.path, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            log.close()
+        ticks = proc_start_ticks(proc.pid)
+        run.pids = {"supervisor": proc.pid, "start_ticks": ticks}
+        return f"local-{proc.pid}"
+
+    def _alive(self, run: RunInfo) -> bool:
+        pid = run.pids.get("supervisor")
+        if not isinstance(pid, int):
+            return False
+        ticks = proc_start_ticks(pid)
+        return ticks is not None and ticks == run.pids.get("start_ticks")
+
+    @staticmethod
+    def _state(run: RunInfo) -> dict[str, Any]:
+        try:
+            data = json.loads((run.path / STATE_FILE).read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def status(self, runs: Sequence[RunInfo]) -> dict[str, RunStatus]:
+        out = {}
+        for run in runs:
+            st = self._state(run)
+            alive = self._alive(run)
+            state = str(st.get("state") or ("PENDING" if alive else "UNKNOWN"))
+            reason = ""
+            if state in ("RUNNING", "REQUEUED", "PENDING") and not alive:
+                state, reason = "FAILED", "local supervisor is gone"
+            elapsed = None
+            if st.get("started_at"):
+                end = _epoch(st["ended_at"]) if st.get("ended_at") else time.time()
+                elapsed = max(0, int(end - _epoch(st["started_at"])))
+            comps = [ComponentStatus(name=c, state=state, job_id=run.job_id, nodes="localhost",
+                                     elapsed_s=elapsed, restarts=int(st.get("restarts") or 0),
+                                     reason=reason, exit_code=st.get("exit_code"))
+                     for c in run.components]
+            out[run.run_dir] = RunStatus(run, comps, "local")
+        return out
+
+    def _signal(self, run: RunInfo, sig: int, what: str) -> None:
+        if not self._alive(run):
+            raise SlurmError(f"cannot {what} {run.run_dir}: its local supervisor is not running",
+                             hint="it has already ended; see `hetrun status`")
+        os.kill(int(run.pids["supervisor"]), sig)
+
+    def cancel(self, run: RunInfo) -> None:
+        self._signal(run, signal.SIGTERM, "cancel")
+
+    def requeue(self, run: RunInfo) -> None:
+        self._signal(run, signal.SIGHUP, "requeue")
+
+    def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
+        st = self._state(run)
+        return [{"component": c, "state": st.get("state"), "exit_code": st.get("exit_code"),
+                 "restarts": st.get("restarts"), "started_at": st.get("started_at"),
+                 "ended_at": st.get("ended_at")} for c in run.components]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m hetrun.slurm_plugin.backends.local RUN_DIR\n")
+        return 2
+    run_dir = Path(args[0]).resolve()
+    read_run(run_dir)  # refuse anything that is not a run directory
+    return _Supervisor(run_dir).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

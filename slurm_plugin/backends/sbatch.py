@@ -1,0 +1,256 @@
+"""The Slurm command-line backend: sbatch, squeue, sacct, scancel, scontrol.
+
+Every call goes through ``run_slurm`` (timeout, retry with backoff while the
+controller is unreachable). ``status`` asks squeue once for any number of
+runs, and sacct once more for runs squeue has already forgotten (finished
+jobs leave squeue after MinJobAge).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import SlurmError
+
+from ..rundir import SCRIPT, RunInfo
+from .base import Backend, ComponentStatus, DryRun, RunStatus
+from .slurm_cli import RetryPolicy, run_slurm
+
+
+def _leader(job_id: str | None) -> str | None:
+    """The het-job leader id from what sbatch printed (``123`` or ``123;cluster``)."""
+    if not job_id:
+        return None
+    return job_id.split(";", 1)[0].strip() or None
+
+
+def _int(value: Any) -> int | None:
+    """Slurm JSON numbers: plain ints, or ``{"set": bool, "number": n}`` in newer versions."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set") and "number" in value else None
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _state(value: Any) -> str:
+    if isinstance(value, list):  # 23.02+: a list of flags, the first is the base state
+        return str(value[0]) if value else "UNKNOWN"
+    if isinstance(value, dict):
+        return _state(value.get("current"))
+    return str(value or "UNKNOWN")
+
+
+def _parse_elapsed(text: str) -> int | None:
+    """sacct's [D-]HH:MM:SS (or MM:SS) -> seconds."""
+    if not text:
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts[-3:]
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def _component_name(run: RunInfo, offset: int) -> str:
+    return run.components[offset] if 0 <= offset < len(run.components) else f"group{offset}"
+
+
+class SbatchBackend(Backend):
+    name = "sbatch"
+
+    def __init__(self, policy: RetryPolicy | None = None, env: Mapping[str, str] | None = None):
+        self.policy = policy or RetryPolicy.from_env()
+        self.env = env
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("sbatch") is not None
+
+    def _run(self, cmd: Sequence[str]) -> str:
+        return run_slurm(cmd, self.policy, env=self.env).stdout
+
+    def submit_command(self, run: RunInfo) -> list[str]:
+        return ["sbatch", "--parsable", str(run.path / SCRIPT)]
+
+    def dry_run(self, run: RunInfo, script: str) -> DryRun:
+        return DryRun(self.name, self.submit_command(run), script)
+
+    def test_only(self, script_path: Path) -> str:
+        """``sbatch --test-only``: Slurm's own verdict on a script, nothing submitted."""
+        proc = run_slurm(["sbatch", "--test-only", str(script_path)], self.policy, env=self.env)
+        return (proc.stderr + proc.stdout).strip()
+
+    def submit(self, run: RunInfo) -> str:
+        out = self._run(self.submit_command(run)).strip()
+        job_id = _leader(out.splitlines()[-1] if out else "")
+        if not job_id or not job_id.isdigit():
+            raise SlurmError(f"sbatch printed {out!r}, expected a job id",
+                             hint="is sbatch wrapped by a site script that changes its output?")
+        return job_id
+
+    # -- status -------------------------------------------------------------
+    def _squeue(self) -> list[dict[str, Any]]:
+        # 22.05's squeue ignores job filters with --json, so one call serves every run.
+        raw = self._run(["squeue", "--json"])
+        try:
+            return list(json.loads(raw).get("jobs") or [])
+        except (json.JSONDecodeError, AttributeError) as exc:
+            raise SlurmError(f"`squeue --json` printed something that is not JSON: {raw[:200]!r}") from exc
+
+    def _from_squeue(self, run: RunInfo, jobs: Iterable[dict[str, Any]], now: float) -> list[ComponentStatus]:
+        leader = _leader(run.job_id)
+        comps = []
+        for job in jobs:
+            het = _int(job.get("het_job_id"))
+            jid = _int(job.get("job_id"))
+            if str(het if het else jid) != leader:
+                continue
+            offset = _int(job.get("het_job_offset")) or 0
+            state = _state(job.get("job_state"))
+            start = _int(job.get("start_time"))
+            end = _int(job.get("end_time"))
+            elapsed = None
+            if start and state != "PENDING":
+                stop = end if end and end <= now else now
+                elapsed = max(0, int(stop - start))
+            comps.append(ComponentStatus(
+                name=_component_name(run, offset), state=state, job_id=str(jid),
+                nodes=str(job.get("nodes") or ""), elapsed_s=elapsed,
+                restarts=_int(job.get("restart_cnt")) or 0,
+                reason=str(job.get("state_reason") or "").replace("None", ""),
+                exit_code=_exit_code(job.get("exit_code")),
+            ))
+        return sorted(comps, key=lambda c: run.components.index(c.name) if c.name in run.components else 99)
+
+    def status(self, runs: Sequence[RunInfo]) -> dict[str, RunStatus]:
+        result: dict[str, RunStatus] = {}
+        pending = [r for r in runs if _leader(r.job_id)]
+        for r in runs:
+            if not _leader(r.job_id):
+                result[r.run_dir] = RunStatus(r, [ComponentStatus(c, "NOT_SUBMITTED") for c in r.components],
+                                              "run.json")
+        if not pending:
+            return result
+        jobs = self._squeue()
+        now = time.time()
+        missing = []
+        for r in pending:
+            comps = self._from_squeue(r, jobs, now)
+            if comps:
+                result[r.run_dir] = RunStatus(r, comps, "squeue")
+            else:
+                missing.append(r)
+        if missing:
+            records = self._sacct([_leader(r.job_id) or "" for r in missing])
+            for r in missing:
+                comps = _from_sacct(r, records)
+                if not comps:
+                    comps = [ComponentStatus(c, "UNKNOWN", reason="gone from squeue and sacct")
+                             for c in r.components]
+                result[r.run_dir] = RunStatus(r, comps, "sacct")
+        return result
+
+    # -- accounting -----------------------------------------------------------
+    def _sacct(self, job_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Job-level records (no steps) for the het jobs ``job_ids``, one sacct call."""
+        ids = ",".join(j for j in job_ids if j)
+        if not ids:
+            return []
+        try:
+            raw = self._run(["sacct", "--json", "-j", ids])
+            return [_sacct_json_record(j) for j in json.loads(raw).get("jobs") or []]
+        except (SlurmError, json.JSONDecodeError) as exc:
+            # Older sacct has no --json; the parsable format carries the same fields.
+            if isinstance(exc, SlurmError) and "unrecognized option" not in str(exc) \
+                    and "invalid option" not in str(exc):
+                raise
+        raw = self._run(["sacct", "-P", "-n", "-j", ids,
+                         "--format=JobID,JobName,State,Elapsed,NodeList,ExitCode"])
+        return _parse_sacct_parsable(raw)
+
+    def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
+        leader = _leader(run.job_id)
+        if not leader:
+            return []
+        return [r for r in self._sacct([leader]) if str(r["het_job_id"]) == leader]
+
+    # -- control ----------------------------------------------------------------
+    def cancel(self, run: RunInfo) -> None:
+        leader = _leader(run.job_id)
+        if not leader:
+            raise SlurmError(f"run {run.run_dir} has no Slurm job id (never submitted?)")
+        # Cancelling the leader ends every component of the het job.
+        self._run(["scancel", leader])
+
+    def requeue(self, run: RunInfo) -> None:
+        leader = _leader(run.job_id)
+        if not leader:
+            raise SlurmError(f"run {run.run_dir} has no Slurm job id (never submitted?)")
+        self._run(["scontrol", "requeue", leader])
+
+
+def _exit_code(value: Any) -> int | None:
+    if isinstance(value, dict):
+        return _int(value.get("return_code"))
+    return _int(value)
+
+
+def _sacct_json_record(job: Mapping[str, Any]) -> dict[str, Any]:
+    het = job.get("het") or {}
+    jid = _int(job.get("job_id"))
+    time_ = job.get("time") or {}
+    return {
+        "job_id": str(jid),
+        "het_job_id": str(_int(het.get("job_id")) or jid),
+        "het_offset": _int(het.get("job_offset")) or 0,
+        "name": job.get("name"),
+        "state": _state(job.get("state")),
+        "elapsed_s": _int(time_.get("elapsed")),
+        "nodes": str(job.get("nodes") or ""),
+        "exit_code": _exit_code(job.get("exit_code")),
+        "restarts": _int(job.get("restart_cnt")) or 0,
+    }
+
+
+def _parse_sacct_parsable(raw: str) -> list[dict[str, Any]]:
+    out = []
+    for line in raw.splitlines():
+        fields = line.split("|")
+        if len(fields) < 6 or "." in fields[0]:
+            continue  # steps (123+0.batch, 123+0.0) are not components
+        jobid, name, state, elapsed, nodes, exit_code = fields[:6]
+        het, _, offset = jobid.partition("+")
+        out.append({
+            "job_id": jobid, "het_job_id": het, "het_offset": int(offset or 0), "name": name,
+            "state": state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 0" -> CANCELLED
+            "elapsed_s": _parse_elapsed(elapsed), "nodes": nodes,
+            "exit_code": int(exit_code.split(":")[0]) if exit_code.split(":")[0].isdigit() else None,
+            "restarts": 0,
+        })
+    return out
+
+
+def _from_sacct(run: RunInfo, records: Sequence[Mapping[str, Any]]) -> list[ComponentStatus]:
+    leader = _leader(run.job_id)
+    comps = [
+        ComponentStatus(
+            name=_component_name(run, int(r["het_offset"])), state=str(r["state"]),
+            job_id=str(r["job_id"]), nodes=str(r["nodes"]), elapsed_s=r["elapsed_s"],
+            restarts=int(r["restarts"] or 0), exit_code=r["exit_code"],
+        )
+        for r in records if str(r["het_job_id"]) == leader
+    ]
+    return sorted(comps, key=lambda c: run.components.index(c.name) if c.name in run.components else 99)
