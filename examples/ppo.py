@@ -1,0 +1,500 @@
+"""PPO on a gymnasium environment, as a hetrun workload.
+
+Two components share this class: *rollout* ranks step vectorized environments
+with the newest policy they have received (possibly a few versions old when the
+plan's tolerance window allows it); *learner* ranks turn each batch into PPO
+updates. Read top to bottom: configuration, networks, rollout, loss, update,
+evaluation, checkpoint state. The algorithm follows CleanRL's ``ppo.py``:
+clipped surrogate, GAE, value loss, entropy bonus, per-minibatch advantage
+normalization, several minibatch epochs per batch.
+
+Staleness: each batch carries the behaviour policy's log-probabilities and the
+version that produced them. PPO's ratio pi_new/pi_behaviour is taken against
+those log-probs and clipped, so a batch collected with weights a few updates
+old is still a valid (clipped) off-policy update. Values and advantages are
+recomputed on the learner with its current critic, so stale critics never
+enter the targets.
+
+Batch layout is *env-major* (``[envs, steps, ...]``): when the runtime
+concatenates the batches of several rollout ranks along dim 0, the result is
+still a valid set of per-environment trajectories.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from hetrun.dag.errors import CheckpointError, SpecError, closest
+from hetrun.runtime.context import RankContext
+from hetrun.runtime.workload import Workload
+from torch import Tensor, nn
+
+from .ppo_envs import capture_env_state, env_facts, make_vector_env, restore_env_state
+
+# ---------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """``workload_args`` of the job YAML. Defaults solve CartPole-v1 in ~50k env steps."""
+
+    env_id: str = "CartPole-v1"
+    num_envs: int = 8  # per rollout rank
+    num_steps: int = 128  # steps per env per rollout; batch = num_envs * num_steps
+    hidden: int = 64
+    learning_rate: float = 2.5e-3
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_coef: float = 0.2
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    norm_adv: bool = True
+    eval_episodes: int = 20
+    # Sampled actions by default: a greedy CartPole policy can score 500 after a single update,
+    # so "solved" on greedy episodes says little about what PPO learned.
+    eval_deterministic: bool = False
+    torch_threads: int = 1
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> PPOConfig:
+        """Validate ``workload_args``: unknown keys, wrong types and bad ranges are SpecErrors."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in args.items():
+            if key not in fields:
+                near = closest(key, fields)
+                raise SpecError(
+                    f"unknown PPO argument {key!r}",
+                    key_path=f"workload_args.{key}",
+                    value=value,
+                    hint=(f"did you mean {near!r}? " if near else "")
+                    + f"valid keys: {', '.join(sorted(fields))}",
+                )
+            values[key] = _coerce(key, value, type(getattr(cls, key)))
+        cfg = cls(**values)
+        cfg._check_ranges()
+        return cfg
+
+    def _check_ranges(self) -> None:
+        positive = ("num_envs", "num_steps", "hidden", "update_epochs", "num_minibatches",
+                    "eval_episodes", "torch_threads", "learning_rate", "max_grad_norm")
+        for key in positive:
+            if getattr(self, key) <= 0:
+                _bad(key, getattr(self, key), "must be > 0")
+        for key in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, key) <= 1.0:
+                _bad(key, getattr(self, key), "must be within [0, 1]")
+        for key in ("clip_coef", "ent_coef", "vf_coef"):
+            if getattr(self, key) < 0:
+                _bad(key, getattr(self, key), "must be >= 0")
+        if self.num_envs * self.num_steps < self.num_minibatches:
+            _bad("num_minibatches", self.num_minibatches,
+                 f"exceeds the batch of num_envs*num_steps = {self.num_envs * self.num_steps}")
+
+
+def _bad(key: str, value: object, why: str) -> None:
+    raise SpecError(f"{value!r} {why}", key_path=f"workload_args.{key}", value=value,
+                    hint=f"set workload_args.{key} to a valid value")
+
+
+def _coerce(key: str, value: object, kind: type) -> Any:
+    ok = (
+        (kind is bool and isinstance(value, bool))
+        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
+        or (kind is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (kind is str and isinstance(value, str))
+    )
+    if not ok:
+        raise SpecError(
+            f"expected {kind.__name__}, got {type(value).__name__} {value!r}",
+            key_path=f"workload_args.{key}",
+            value=value,
+            hint=f"write workload_args.{key} as a {kind.__name__}",
+        )
+    return float(value) if kind is float else value
+
+
+# ---------------------------------------------------------------- networks
+
+
+def _mlp(n_in: int, hidden: int, n_out: int, out_gain: float, gen: torch.Generator) -> nn.Sequential:
+    """Tanh MLP with orthogonal init (CleanRL's layer_init), seeded by ``gen``."""
+    layers = [nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+              nn.Linear(hidden, n_out)]
+    linears = [m for m in layers if isinstance(m, nn.Linear)]
+    for i, lin in enumerate(linears):
+        gain = out_gain if i == len(linears) - 1 else math.sqrt(2)
+        nn.init.orthogonal_(lin.weight, gain, generator=gen)
+        nn.init.zeros_(lin.bias)
+    return nn.Sequential(*layers)
+
+
+# ---------------------------------------------------------------- the workload
+
+
+class PPOWorkload(Workload):
+    """One instance per rank: ``PPOWorkload(ctx, **workload_args)``."""
+
+    def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
+        super().__init__(ctx, **workload_args)
+        self.cfg = cfg = PPOConfig.from_args(workload_args)
+        torch.set_num_threads(cfg.torch_threads)
+        self.obs_dim, self.n_actions, self.reward_threshold, self.max_episode_steps = env_facts(
+            cfg.env_id
+        )
+        seed = int(ctx.seed)
+        # Same seed on every rank: rollout and learner start from identical weights.
+        init_gen = torch.Generator().manual_seed(seed)
+        self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
+        self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
+        self.optimizer = torch.optim.Adam(
+            [*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate, eps=1e-5
+        )
+        # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
+        # resumed rank draws exactly what an uninterrupted one would.
+        self.rank_seed = int(np.random.SeedSequence([seed, ctx.rank]).generate_state(1)[0])
+        self.gen = torch.Generator().manual_seed(self.rank_seed)
+
+        self.version = 0  # optimizer updates applied (learner) / policy version held (rollout)
+        self.env_steps = 0  # env steps consumed (learner) / produced (rollout)
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self._envs: Any = None  # built on the first rollout: learners never step envs
+        self._obs: Tensor | None = None
+        self._ep_return: Tensor | None = None
+        self._ep_len: Tensor | None = None
+        self._prepared: dict[str, Tensor] | None = None
+        self._schedule: list[Tensor] = []
+        self._stats: dict[str, list[float]] = {}
+
+    # ------------------------------------------------------------ rollout side
+
+    def _rollout_envs(self) -> Any:
+        if self._envs is None:
+            n = self.cfg.num_envs
+            self._envs, obs = make_vector_env(self.cfg.env_id, n, self.rank_seed % (2**31 - n))
+            self._obs = torch.as_tensor(obs, dtype=torch.float32)
+            self._ep_return = torch.zeros(n, dtype=torch.float64)
+            self._ep_len = torch.zeros(n, dtype=torch.int64)
+        return self._envs
+
+    def policy_state(self) -> dict[str, Tensor]:
+        """The actor's weights (copies: the runtime may ship them while we keep training)."""
+        return {k: v.detach().clone() for k, v in self.actor.state_dict().items()}
+
+    def load_policy(self, state: dict[str, Tensor], version: int) -> None:
+        self.actor.load_state_dict(state)
+        self.version = int(version)
+
+    @torch.no_grad()
+    def rollout(self, policy_version: int) -> dict[str, Tensor]:
+        """Step ``num_envs`` envs ``num_steps`` times with the held policy; env-major tensors.
+
+        Keys: obs [N,T,D], actions/logprobs/rewards/dones/truncated [N,T],
+        trunc_obs [N,T,D] (the final observation where an episode was cut by the
+        time limit, so the learner can bootstrap it), last_obs [N,D],
+        policy_version [N], env_steps [1], episode_returns/episode_lengths [K].
+        """
+        envs = self._rollout_envs()
+        n, t_len, d = self.cfg.num_envs, self.cfg.num_steps, self.obs_dim
+        assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
+        obs = torch.empty(t_len, n, d)
+        actions = torch.empty(t_len, n, dtype=torch.int64)
+        logprobs = torch.empty(t_len, n)
+        rewards = torch.empty(t_len, n)
+        dones = torch.zeros(t_len, n)
+        truncated = torch.zeros(t_len, n)
+        trunc_obs = torch.zeros(t_len, n, d)
+        finished_returns: list[float] = []
+        finished_lengths: list[int] = []
+        next_obs = self._obs
+        for t in range(t_len):
+            obs[t] = next_obs
+            logp_all = torch.log_softmax(self.actor(next_obs), dim=-1)  # [N, A]
+            action = torch.multinomial(logp_all.exp(), 1, generator=self.gen)  # [N, 1]
+            actions[t] = action.squeeze(1)
+            logprobs[t] = logp_all.gather(1, action).squeeze(1)
+            o, r, term, trunc, info = envs.step(actions[t].numpy())
+            rewards[t] = torch.as_tensor(r, dtype=torch.float32)
+            done = np.logical_or(term, trunc)
+            dones[t] = torch.as_tensor(done, dtype=torch.float32)
+            cut = np.logical_and(trunc, np.logical_not(term))
+            if cut.any():
+                truncated[t] = torch.as_tensor(cut, dtype=torch.float32)
+                for i in np.flatnonzero(cut):
+                    trunc_obs[t, i] = torch.as_tensor(info["final_obs"][i], dtype=torch.float32)
+            self._ep_return += torch.as_tensor(r, dtype=torch.float64)
+            self._ep_len += 1
+            for i in np.flatnonzero(done):
+                finished_returns.append(float(self._ep_return[i]))
+                finished_lengths.append(int(self._ep_len[i]))
+                self._ep_return[i] = 0.0
+                self._ep_len[i] = 0
+            next_obs = torch.as_tensor(o, dtype=torch.float32)
+        self._obs = next_obs
+        self.env_steps += n * t_len
+        self.recent_returns.extend(finished_returns)
+
+        def env_major(x: Tensor) -> Tensor:
+            return x.transpose(0, 1).contiguous()
+
+        return {
+            "obs": env_major(obs),
+            "actions": env_major(actions),
+            "logprobs": env_major(logprobs),
+            "rewards": env_major(rewards),
+            "dones": env_major(dones),
+            "truncated": env_major(truncated),
+            "trunc_obs": env_major(trunc_obs),
+            "last_obs": next_obs.clone(),
+            "policy_version": torch.full((n,), int(policy_version), dtype=torch.int64),
+            "env_steps": torch.tensor([n * t_len], dtype=torch.int64),
+            "episode_returns": torch.tensor(finished_returns, dtype=torch.float32),
+            "episode_lengths": torch.tensor(finished_lengths, dtype=torch.int64),
+        }
+
+    # ------------------------------------------------------------ learner side
+
+    @torch.no_grad()
+    def _prepare(self, batch: dict[str, Tensor]) -> None:
+        """GAE with the current critic, flatten, and draw the epochs' minibatch schedule."""
+        cfg = self.cfg
+        obs, rewards, dones = batch["obs"], batch["rewards"], batch["dones"]  # [N,T,(D)]
+        n, t_len = rewards.shape
+        values = self.critic(obs).squeeze(-1)  # [N, T]
+        # An episode cut by the time limit did not end: bootstrap its last reward with V(s_final).
+        rewards = rewards + cfg.gamma * batch["truncated"] * self.critic(batch["trunc_obs"]).squeeze(-1)
+        next_value = self.critic(batch["last_obs"]).squeeze(-1)  # [N]
+        advantages = torch.zeros(n, t_len)
+        last_gae = torch.zeros(n)
+        for t in reversed(range(t_len)):
+            next_v = next_value if t == t_len - 1 else values[:, t + 1]
+            nonterminal = 1.0 - dones[:, t]  # the episode continues after step t
+            delta = rewards[:, t] + cfg.gamma * next_v * nonterminal - values[:, t]
+            last_gae = delta + cfg.gamma * cfg.gae_lambda * nonterminal * last_gae
+            advantages[:, t] = last_gae
+        returns = advantages + values
+        self._prepared = {
+            "obs": obs.reshape(n * t_len, -1),
+            "actions": batch["actions"].reshape(-1),
+            "logprobs": batch["logprobs"].reshape(-1),
+            "advantages": advantages.reshape(-1),
+            "returns": returns.reshape(-1),
+            "values": values.reshape(-1),
+        }
+        size = n * t_len
+        self._schedule = [
+            mb
+            for _ in range(cfg.update_epochs)
+            for mb in torch.randperm(size, generator=self.gen).tensor_split(cfg.num_minibatches)
+        ]
+        self.env_steps += size
+        staleness = (self.version - batch["policy_version"]).float()
+        self.recent_returns.extend(batch["episode_returns"].tolist())
+        self._stats = {"staleness": [float(staleness.mean())], "episodes": [len(batch["episode_returns"])]}
+
+    def _loss(self, minibatch: Tensor, part: Tensor) -> Tensor:
+        """PPO loss over ``part`` (indices within ``minibatch``), scaled so parts sum to the mean."""
+        cfg, b = self.cfg, self._prepared
+        assert b is not None
+        adv = b["advantages"][part]
+        if cfg.norm_adv:
+            mb_adv = b["advantages"][minibatch]
+            adv = (adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
+        logp_all = torch.log_softmax(self.actor(b["obs"][part]), dim=-1)
+        new_logprob = logp_all.gather(1, b["actions"][part].unsqueeze(1)).squeeze(1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        log_ratio = new_logprob - b["logprobs"][part]
+        ratio = log_ratio.exp()
+        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+        new_value = self.critic(b["obs"][part]).squeeze(-1)
+        v_loss = 0.5 * (new_value - b["returns"][part]).pow(2)
+        loss = (pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss).mean()
+        with torch.no_grad():
+            for key, value in (
+                ("pg_loss", pg_loss.mean()),
+                ("v_loss", v_loss.mean()),
+                ("entropy", entropy.mean()),
+                ("approx_kl", ((ratio - 1) - log_ratio).mean()),
+                ("clipfrac", ((ratio - 1).abs() > cfg.clip_coef).float().mean()),
+            ):
+                self._stats.setdefault(key, []).append(float(value))
+        return loss * (len(part) / len(minibatch))
+
+    def _first_minibatch_parts(self, num_micro: int) -> tuple[Tensor, list[Tensor]]:
+        minibatch = self._schedule[0]
+        return minibatch, list(torch.arange(len(minibatch)).tensor_split(num_micro))
+
+    def forward(self, batch: dict[str, Tensor], micro: int, num_micro: int) -> Tensor:
+        """Loss of micro-batch ``micro`` of the first minibatch of this batch's PPO update.
+
+        The runtime schedules one forward/backward/sync/optimize step per
+        iteration; PPO reuses a batch for ``update_epochs`` x ``num_minibatches``
+        steps. The runtime's step is the first of them (split into its
+        micro-batches); ``optimize`` applies it and runs the rest.
+        """
+        if micro == 0:
+            self._prepare(batch)
+        minibatch, parts = self._first_minibatch_parts(num_micro)
+        return self._loss(minibatch, minibatch[parts[micro]])
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def parameters_to_sync(self) -> list[Tensor]:
+        return [*self.actor.parameters(), *self.critic.parameters()]
+
+    def _average_grads_across_learners(self) -> None:
+        """Data-parallel learners average gradients of the inner PPO steps themselves."""
+        size = self.ctx.comp_size
+        if size <= 1:
+            return
+        import torch.distributed as dist
+
+        grads = [p.grad for p in self.parameters_to_sync() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.ctx.group)
+        flat /= size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _step(self) -> None:
+        nn.utils.clip_grad_norm_(self.parameters_to_sync(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimize(self) -> dict[str, float]:
+        """Apply the runtime's (already synced) step, then the remaining minibatch epochs."""
+        if self._prepared is None:
+            raise RuntimeError("optimize() before forward(): no batch to learn from")
+        self._step()
+        for minibatch in self._schedule[1:]:
+            self._loss(minibatch, minibatch).backward()
+            self._average_grads_across_learners()
+            self._step()
+        self.version += 1
+        b = self._prepared
+        var_y = float(b["returns"].var())
+        explained = float("nan") if var_y == 0 else 1 - float((b["returns"] - b["values"]).var()) / var_y
+        metrics = {k: float(np.mean(v)) for k, v in self._stats.items()}
+        metrics.update(
+            policy_version=float(self.version),
+            env_steps=float(self.env_steps),
+            explained_variance=explained if math.isfinite(explained) else 0.0,
+        )
+        if self.recent_returns:
+            metrics["episodic_return"] = float(np.mean(self.recent_returns))
+        self._prepared, self._schedule = None, []
+        return metrics
+
+    # ------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean return of ``eval_episodes`` episodes, seeded by (seed, policy version).
+
+        Its own generator: evaluating never shifts the training streams.
+        """
+        n = self.cfg.eval_episodes
+        seed = int(np.random.SeedSequence([self.ctx.seed, 1, self.version]).generate_state(1)[0])
+        gen = torch.Generator().manual_seed(seed)
+        envs, obs = make_vector_env(self.cfg.env_id, n, seed % (2**31 - n))
+        returns = np.zeros(n)
+        running = np.ones(n, dtype=bool)
+        try:
+            while running.any():
+                logits = self.actor(torch.as_tensor(obs, dtype=torch.float32))
+                if self.cfg.eval_deterministic:
+                    action = logits.argmax(-1)
+                else:
+                    action = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen).squeeze(1)
+                obs, r, term, trunc, _ = envs.step(action.numpy())
+                returns += r * running  # envs past their first episode no longer count
+                running &= ~np.logical_or(term, trunc)
+        finally:
+            envs.close()
+        threshold = self.reward_threshold
+        out = {
+            "eval_return_mean": float(returns.mean()),
+            "eval_return_min": float(returns.min()),
+            "eval_return_max": float(returns.max()),
+            "eval_episodes": float(n),
+            "eval_deterministic": float(self.cfg.eval_deterministic),
+            "policy_version": float(self.version),
+        }
+        if threshold is not None:
+            out["reward_threshold"] = float(threshold)
+            out["solved"] = float(returns.mean() >= threshold)
+        return out
+
+    # ------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flat ``{name: Tensor | JSON value}``; no pickled objects, nested keys are dotted."""
+        state: dict[str, Any] = {
+            "version": self.version,
+            "env_steps": self.env_steps,
+            "recent_returns": list(self.recent_returns),
+            "rng.rank": self.gen.get_state(),
+        }
+        for prefix, net in (("actor", self.actor), ("critic", self.critic)):
+            for k, v in net.state_dict().items():
+                state[f"{prefix}.{k}"] = v.detach().clone()
+        opt = self.optimizer.state_dict()
+        for idx, slots in opt["state"].items():
+            for slot, value in slots.items():
+                state[f"optim.state.{idx}.{slot}"] = value.detach().clone()
+        state["optim.param_groups"] = [
+            {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
+            for g in opt["param_groups"]
+        ]
+        if self._envs is not None:
+            assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
+            state["rollout.obs"] = self._obs.clone()
+            state["rollout.ep_return"] = self._ep_return.clone()
+            state["rollout.ep_len"] = self._ep_len.clone()
+            state["rollout.envs"] = capture_env_state(self._envs, self.cfg.env_id)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        try:
+            self.version = int(state["version"])
+            self.env_steps = int(state["env_steps"])
+            self.recent_returns = deque((float(x) for x in state["recent_returns"]), maxlen=20)
+            self.gen.set_state(state["rng.rank"])
+            for prefix, net in (("actor", self.actor), ("critic", self.critic)):
+                net.load_state_dict(
+                    {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
+                )
+            slots: dict[int, dict[str, Tensor]] = {}
+            for key, value in state.items():
+                if key.startswith("optim.state."):
+                    _, _, idx, slot = key.split(".", 3)
+                    slots.setdefault(int(idx), {})[slot] = value
+            groups = [
+                {k: tuple(v) if k == "betas" else v for k, v in g.items()}
+                for g in state["optim.param_groups"]
+            ]
+            self.optimizer.load_state_dict({"state": slots, "param_groups": groups})
+            if "rollout.envs" in state:
+                envs = self._rollout_envs()
+                restore_env_state(envs, self.cfg.env_id, state["rollout.envs"])
+                self._obs = state["rollout.obs"].clone()
+                self._ep_return = state["rollout.ep_return"].clone()
+                self._ep_len = state["rollout.ep_len"].clone()
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(
+                f"PPO checkpoint state does not fit this workload ({type(exc).__name__}: {exc})",
+                hint="resume with the same workload_args (env_id, hidden, num_envs) as the run "
+                "that wrote it",
+            ) from exc

@@ -1,0 +1,120 @@
+"""Vectorized gymnasium environments for the PPO example, and their exact state.
+
+Rollout ranks keep their environments running across rollouts (an episode
+spans many rollouts), so a checkpoint that must resume *exactly* has to carry
+each sub-environment's physical state, step counter and random generator.
+Classic-control environments (CartPole, Acrobot, MountainCar, Pendulum...)
+keep all of that in plain attributes; we copy them as JSON values, never pickle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from hetrun.dag.errors import CheckpointError, SpecError
+
+
+def env_facts(env_id: str) -> tuple[int, int, float | None, int | None]:
+    """(observation size, number of actions, reward threshold, episode step limit) of ``env_id``.
+
+    Raises SpecError for an unknown id or a space this discrete-action MLP agent cannot drive.
+    """
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise SpecError(
+            f"unknown gymnasium environment {env_id!r} ({exc})",
+            key_path="workload_args.env_id",
+            value=env_id,
+            hint="use a registered id such as CartPole-v1 or Acrobot-v1",
+        ) from exc
+    probe = gym.make(env_id)
+    try:
+        obs_space, act_space = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    if not isinstance(act_space, gym.spaces.Discrete) or not (
+        isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) == 1
+    ):
+        raise SpecError(
+            f"{env_id} has observation space {obs_space} and action space {act_space}; "
+            "the PPO example drives a flat Box observation and a Discrete action",
+            key_path="workload_args.env_id",
+            value=env_id,
+            hint="use CartPole-v1, Acrobot-v1 or another discrete-action classic-control env",
+        )
+    return int(obs_space.shape[0]), int(act_space.n), spec.reward_threshold, spec.max_episode_steps
+
+
+def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[SyncVectorEnv, np.ndarray]:
+    """A synchronous vector env, reset with seeds ``seed .. seed+num_envs-1``; returns (envs, obs).
+
+    SAME_STEP autoreset: the step that ends an episode already returns the next
+    episode's first observation, and the ending one in ``info["final_obs"]``,
+    so every transition in a rollout is a real one (no ignored reset steps).
+    """
+    envs = SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    obs, _ = envs.reset(seed=[seed + i for i in range(num_envs)])
+    return envs, obs
+
+
+def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return env
+        env = env.env
+    return None
+
+
+def _require_state(env_id: str, raw: gym.Env) -> None:
+    if not hasattr(raw, "state"):
+        raise CheckpointError(
+            f"cannot checkpoint the running environments of {env_id}: its state is not a plain "
+            "`state` attribute (only classic-control environments are supported)",
+            hint="use CartPole-v1 or Acrobot-v1, or checkpoint only the learner",
+        )
+
+
+def capture_env_state(envs: SyncVectorEnv, env_id: str) -> list[dict[str, Any]]:
+    """JSON-able state of every sub-environment (physics, step counters, RNG)."""
+    out: list[dict[str, Any]] = []
+    for env in envs.envs:
+        raw = env.unwrapped
+        _require_state(env_id, raw)
+        limit = _time_limit(env)
+        out.append(
+            {
+                "state": np.asarray(raw.state, dtype=np.float64).tolist(),
+                # CartPole counts steps after termination to warn on misuse; keep it exact.
+                "steps_beyond_terminated": getattr(raw, "steps_beyond_terminated", None),
+                "elapsed_steps": limit._elapsed_steps if limit is not None else None,
+                "rng": raw.np_random.bit_generator.state,
+            }
+        )
+    return out
+
+
+def restore_env_state(envs: SyncVectorEnv, env_id: str, states: list[dict[str, Any]]) -> None:
+    """Inverse of :func:`capture_env_state` on envs built with the same id and count."""
+    if len(states) != len(envs.envs):
+        raise CheckpointError(
+            f"checkpoint holds {len(states)} {env_id} environments but this rank runs "
+            f"{len(envs.envs)}",
+            hint="resume with the same workload_args.num_envs the checkpoint was written with",
+        )
+    for env, st in zip(envs.envs, states, strict=True):
+        raw = env.unwrapped
+        _require_state(env_id, raw)
+        raw.state = np.asarray(st["state"], dtype=np.float64)
+        if hasattr(raw, "steps_beyond_terminated"):
+            raw.steps_beyond_terminated = st["steps_beyond_terminated"]
+        limit = _time_limit(env)
+        if limit is not None and st["elapsed_steps"] is not None:
+            limit._elapsed_steps = int(st["elapsed_steps"])
+        raw.np_random.bit_generator.state = st["rng"]
