@@ -253,10 +253,8 @@ def _mpi_exchange(
 
     def drain(block: bool) -> None:
         while pending:
-            if block:
-                idx = MPI.Request.Waitsome(recv_reqs)
-            else:
-                idx = MPI.Request.Testsome(recv_reqs)
+            wait = MPI.Request.Waitsome if block else MPI.Request.Testsome
+            idx = wait(recv_reqs)
             if not idx:
                 return
             for i in idx:
