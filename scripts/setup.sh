@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Set up a machine to build, test and run hetrun. Idempotent; quick when done.
+#
+# For a fresh Debian 12 as root (CI), or a developer machine that already has
+# most of it. It:
+#   1. apt-get installs the Slurm/MPI/accounting packages that are missing;
+#   2. picks a Python: $HETRUN_PYTHON, else an active virtualenv/pyenv python,
+#      else (Debian's "externally managed" system python) a venv in .hetrun/venv;
+#   3. installs torch==2.13.0 FIRST (an unpinned torch pulls a multi-GB CUDA
+#      build; set HETRUN_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+#      where that index is reachable to get the CPU-only wheel);
+#   4. pip install -e ".[dev]" from the repository root (skipped when
+#      pyproject.toml is unchanged since the last install and hetrun imports).
+# The chosen interpreter is written to .hetrun/python for scripts/test.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+STATE="$ROOT/.hetrun"
+mkdir -p "$STATE"
+
+log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server)
+
+missing_apt() {
+    local pkg
+    for pkg in "$@"; do
+        if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+            printf '%s\n' "$pkg"
+        fi
+    done
+}
+
+apt_install() {
+    local missing
+    mapfile -t missing < <(missing_apt "$@")
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    [ "$(id -u)" -eq 0 ] || die "packages missing: ${missing[*]} (run as root, or apt-get install them)"
+    log "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >"$STATE/apt-update.log" 2>&1 || { cat "$STATE/apt-update.log" >&2; die "apt-get update failed"; }
+    apt-get install -y -q --no-install-recommends "${missing[@]}" >"$STATE/apt-install.log" 2>&1 \
+        || { tail -40 "$STATE/apt-install.log" >&2; die "apt-get install ${missing[*]} failed"; }
+}
+
+command -v dpkg-query >/dev/null || die "this script needs Debian/Ubuntu (dpkg/apt)"
+apt_install "${APT_PACKAGES[@]}"
+
+# --- Python -------------------------------------------------------------------
+externally_managed() {
+    # PEP 668: Debian's system python refuses pip installs outside a venv.
+    "$1" - <<'EOF'
+import os, sys, sysconfig
+in_venv = sys.prefix != sys.base_prefix
+marker = os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")
+sys.exit(0 if (not in_venv and os.path.exists(marker)) else 1)
+EOF
+}
+
+if [ -n "${HETRUN_PYTHON:-}" ]; then
+    PY="$HETRUN_PYTHON"
+elif [ -x "$STATE/venv/bin/python" ]; then
+    PY="$STATE/venv/bin/python"
+else
+    PY="$(command -v python3 || true)"
+    [ -n "$PY" ] || { apt_install python3; PY="$(command -v python3)"; }
+    if externally_managed "$PY"; then
+        apt_install python3-venv python3-dev build-essential
+        log "creating a virtualenv in .hetrun/venv (system python is externally managed)"
+        "$PY" -m venv "$STATE/venv"
+        PY="$STATE/venv/bin/python"
+        "$PY" -m pip install -q --root-user-action=ignore --upgrade pip
+    fi
+fi
+PY="$("$PY" -c 'import sys; print(sys.executable)')"
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+    || die "$PY is older than Python 3.10"
+printf '%s\n' "$PY" >"$STATE/python"
+log "python: $PY ($("$PY" -c 'import platform; print(platform.python_version())'))"
+
+# --- torch first, pinned --------------------------------------------------------
+if "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.13.0" else 1)' 2>/dev/null; then
+    log "torch 2.13.0 already installed"
+else
+    log "pip install torch==2.13.0"
+    if [ -n "${HETRUN_TORCH_INDEX_URL:-}" ]; then
+        "$PY" -m pip install -q --root-user-action=ignore --index-url "$HETRUN_TORCH_INDEX_URL" torch==2.13.0
+    else
+        "$PY" -m pip install -q --root-user-action=ignore torch==2.13.0
+    fi
+fi
+
+# --- hetrun itself, editable, with dev tools ---------------------------------
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+have="$(cat "$STATE/pyproject.sha256" 2>/dev/null || true)"
+if [ "$want" = "$have" ] && "$PY" -c 'import hetrun.cli.app, pytest, mpi4py' 2>/dev/null; then
+    log "hetrun already installed (editable, pyproject.toml unchanged)"
+else
+    log "pip install -e .[dev]"
+    "$PY" -m pip install -q --root-user-action=ignore -e ".[dev]"
+    printf '%s\n' "$want" >"$STATE/pyproject.sha256"
+fi
+"$PY" -c 'import hetrun.cli.app' || die "hetrun does not import after installation"
+log "done"

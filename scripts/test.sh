@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# THE test command: set up the machine, bring up the local Slurm cluster, run
+# the whole pytest suite (every marker, Slurm included). Extra arguments go to
+# pytest, e.g. `bash scripts/test.sh tests/test_cluster*.py -x`.
+# Exit code = pytest's; "no tests collected" (5) counts as a failure.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+T0=$(date +%s)
+section() { printf '\n==== %s  [%s UTC, +%ss] ====\n' "$*" "$(date -u +%H:%M:%S)" "$(( $(date +%s) - T0 ))"; }
+
+section "setup (scripts/setup.sh)"
+bash scripts/setup.sh
+PY="$(cat .hetrun/python)"
+# The interpreter's bin (a venv's, where setup made one) first: `hetrun`, `pytest`.
+PY_BIN="$(dirname "$PY")"
+export PATH="$PY_BIN:$PATH"
+
+section "local Slurm cluster (hetrun cluster up)"
+"$PY" -m hetrun.cli cluster up
+
+section "pytest ${*:-(whole suite)}"
+set +e
+"$PY" -m pytest -p no:cacheprovider --timeout=900 "$@"
+rc=$?
+set -e
+
+if [ "$rc" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests: that is a failure" >&2
+fi
+section "done: pytest exit code $rc"
+exit "$rc"
