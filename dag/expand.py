@@ -1,0 +1,124 @@
+"""Expand a job spec into the coarse per-iteration action template.
+
+RL (``training.kind: rl``)::
+
+    rollout --> forward --> backward --> sync.grads --> optimize --> sync.policy
+       ^                                                                 |
+       +---------- lag 1 + tolerance_window (stale weights allowed) -----+
+
+Supervised: forward --> backward --> sync.grads --> optimize. Both add
+``checkpoint`` and ``eval`` after optimize on their own cadence (``every``),
+and ``forward`` of iteration i waits for ``optimize`` of i-1 (lag 1). When eval
+runs on another component than optimize, weights reach it through
+``sync.policy`` too. The compiler (``dag.compile``) then splits, orders and
+fuses this template.
+"""
+
+from __future__ import annotations
+
+from hetrun.dag.action import ActionGraph, Dep, ResourceProfile, TrainingAction
+from hetrun.dag.spec import ActionOverride, ComponentSpec, JobSpec
+from hetrun.dag.validators import mem_to_mb
+
+# Defaults a spec's `actions:` section overrides.
+DEFAULT_QOS = {"checkpoint": "high", "eval": "low"}
+
+# Share of a rank's memory budget each action type holds by default. forward
+# is per micro-batch: the whole batch's activations take half the budget.
+_MEMORY_SHARE = {
+    "rollout": 0.5,
+    "forward": 0.5,  # divided by micro_batches
+    "backward": 0.5,  # same activations, freed at its end
+    "sync": 0.125,
+    "optimize": 0.25,  # model state: parameters, gradients, optimizer moments
+    "checkpoint": 0.125,
+    "eval": 0.25,
+}
+
+
+def _profile(action_type: str, comp: ComponentSpec, override: ActionOverride | None, micro_batches: int) -> ResourceProfile:
+    share = _MEMORY_SHARE[action_type]
+    if action_type in ("forward", "backward"):
+        share /= micro_batches
+    gpu_budget = comp.gpu_mem_per_task_mb or 0
+    prof = ResourceProfile(
+        cpu=comp.cpus_per_task,
+        gpu=comp.gpus_per_task,
+        memory_mb=max(1, int(comp.mem_per_task_mb * share)),
+        gpu_memory_mb=int(gpu_budget * share),
+    )
+    if override is not None:
+        if override.cpu is not None:
+            prof.cpu = override.cpu
+        if override.gpu is not None:
+            prof.gpu = override.gpu
+        if override.memory is not None:
+            prof.memory_mb = mem_to_mb(override.memory)
+        if override.gpu_memory is not None:
+            prof.gpu_memory_mb = mem_to_mb(override.gpu_memory)
+    return prof
+
+
+def expand(spec: JobSpec) -> ActionGraph:
+    """The coarse per-iteration template of ``spec`` (forward/backward not yet split)."""
+    training = spec.training
+    coarse = training.mode == "coarse"
+    graph = ActionGraph()
+
+    def make(action_id: str, action_type: str, deps: list[Dep], every: int = 1,
+             component: str | None = None) -> TrainingAction:
+        override = spec.actions.get(action_type)
+        cname = component or spec.component_of(action_type)
+        comp = spec.components[cname]
+        tw = override.tolerance_window if override and override.tolerance_window is not None else 0
+        qos = override.qos if override and override.qos else DEFAULT_QOS.get(action_type, "normal")
+        return graph.add(TrainingAction(
+            id=action_id, action_type=action_type, component=cname,
+            resource_profile=_profile(action_type, comp, override, training.micro_batches),
+            deps=deps, tolerance_window=0 if coarse else tw, qos=qos, every=every,
+        ))
+
+    learner = spec.component_of("optimize")
+    eval_elsewhere = training.eval_interval > 0 and spec.component_of("eval") != learner
+    if training.kind == "rl":
+        rollout_tw = 0 if coarse else _tolerance(spec, "rollout")
+        # Rollout i needs the weights optimize(i-1) produced; a tolerance window
+        # of w lets it run on weights w versions older, so it need not wait.
+        make("rollout", "rollout", [Dep("sync.policy", 1 + rollout_tw)])
+        make("forward", "forward", [Dep("rollout", 0), Dep("optimize", 1)])
+    else:
+        make("forward", "forward", [Dep("optimize", 1)])
+    make("backward", "backward", [Dep("forward", 0)])
+    make("sync.grads", "sync", [Dep("backward", 0)])
+    make("optimize", "optimize", [Dep("sync.grads", 0)])
+    if training.kind == "rl" or eval_elsewhere:
+        every = 1 if training.kind == "rl" else training.eval_interval
+        make("sync.policy", "sync", [Dep("optimize", 0)], every=every, component=learner)
+    if spec.checkpoint.interval > 0:
+        make("checkpoint", "checkpoint", [Dep("optimize", 0)], every=spec.checkpoint.interval)
+    if training.eval_interval > 0:
+        # Eval reads the newest weights; its tolerance window only lowers its
+        # priority (a lagged dep would point at iterations where no sync ran).
+        source = "sync.policy" if eval_elsewhere else "optimize"
+        make("eval", "eval", [Dep(source, 0)], every=training.eval_interval)
+    _add_user_deps(spec, graph)
+    return graph
+
+
+def _tolerance(spec: JobSpec, action_type: str) -> int:
+    override = spec.actions.get(action_type)
+    return override.tolerance_window if override and override.tolerance_window is not None else 0
+
+
+def _add_user_deps(spec: JobSpec, graph: ActionGraph) -> None:
+    """``actions.<type>.after: [...]``: every action of that type waits for those types."""
+    by_type: dict[str, list[str]] = {}
+    for a in graph:
+        by_type.setdefault(a.action_type, []).append(a.id)
+    for action_type, override in spec.actions.items():
+        for before in override.after:
+            for aid in by_type.get(action_type, []):
+                action = graph[aid]
+                for bid in by_type.get(before, []):
+                    if bid != aid and all(d.id != bid or d.lag != 0 for d in action.deps):
+                        action.deps.append(Dep(bid, 0, "user"))

@@ -1,0 +1,292 @@
+"""The compiled plan: what ``plan.json`` in a run directory holds (docs/CONTRACTS.md).
+
+``build_plan`` runs the whole planning pipeline: expand -> validate ->
+compile (split, 1F1B memory order, fuse) -> priorities -> topological order
+-> packing into het components. The runtime reads the result back with
+``Plan.from_json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hetrun.dag.action import (
+    ActionGraph,
+    Dep,
+    NodeCapacity,
+    ResourceProfile,
+    TrainingAction,
+    split_id,
+)
+from hetrun.dag.compile import MemoryEstimate, PassReport, compile_template, describe
+from hetrun.dag.errors import RunDirError
+from hetrun.dag.expand import expand
+from hetrun.dag.schedule import (
+    Weights,
+    assign_priorities,
+    check_fits_nodes,
+    check_fits_rank,
+    spec_capacities,
+)
+from hetrun.dag.spec import (
+    ACTION_TYPES,
+    CheckpointSpec,
+    CommsSpec,
+    JobSpec,
+    PreemptionSpec,
+    ScheduleSpec,
+    SlurmSpec,
+    TrainingSpec,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PLAN_VERSION = 1
+
+_PLAN_CONFIG = ConfigDict(extra="forbid")
+
+
+class PlanDep(BaseModel):
+    model_config = _PLAN_CONFIG
+    id: str
+    lag: int = Field(0, ge=0)
+    kind: Literal["data", "memory", "user"] = "data"
+
+
+class PlanResource(BaseModel):
+    model_config = _PLAN_CONFIG
+    cpu: int
+    gpu: int
+    memory_mb: int
+    gpu_memory_mb: int
+
+
+class PlanAction(BaseModel):
+    """One dispatch of the per-iteration template (all ranks of ``component`` run it)."""
+
+    model_config = _PLAN_CONFIG
+    id: str
+    type: str
+    component: str
+    micro: int | None = None
+    deps: list[PlanDep] = Field(default_factory=list)
+    tolerance_window: int = 0
+    qos: str = "normal"
+    priority: float = 0.0
+    resource: PlanResource
+    fused: list[str] = Field(default_factory=list)
+    every: int = Field(1, ge=1, description="runs on iterations i with (i + 1) % every == 0")
+
+    def runs_at(self, iteration: int) -> bool:
+        return (iteration + 1) % self.every == 0
+
+    def members(self) -> list[str]:
+        """The action ids this dispatch runs, in order (itself when not fused)."""
+        return self.fused or [self.id]
+
+
+class ComponentPlan(BaseModel):
+    model_config = _PLAN_CONFIG
+    name: str
+    index: int
+    nodes: int
+    tasks_per_node: int
+    ntasks: int
+    cpus_per_task: int
+    gpus_per_node: int
+    mem_mb: int
+    actions: list[str]
+
+
+class MemoryPlan(BaseModel):
+    model_config = _PLAN_CONFIG
+    component: str
+    resource: str
+    budget_mb: int | None
+    model_state_mb: int
+    activation_mb: int
+    inflight_before: int
+    inflight_after: int
+    peak_before_mb: int
+    peak_after_mb: int
+
+
+class Plan(BaseModel):
+    model_config = _PLAN_CONFIG
+    version: int = PLAN_VERSION
+    name: str
+    workload: str
+    workload_args: dict[str, Any] = Field(default_factory=dict)
+    training: TrainingSpec
+    components: list[ComponentPlan]
+    actions: list[PlanAction]
+    order: list[str]
+    checkpoint: CheckpointSpec
+    preemption: PreemptionSpec
+    env: dict[str, str] = Field(default_factory=dict)
+    comms: CommsSpec
+    slurm: SlurmSpec
+    schedule: ScheduleSpec
+    memory: MemoryPlan | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = "plan.json") -> Plan:
+        """Parse a plan; a damaged or foreign file is a ``RunDirError`` naming what is wrong."""
+        try:
+            raw = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise RunDirError(f"{source}: not valid JSON ({exc})",
+                              hint="the run directory is damaged; re-submit the job") from None
+        if not isinstance(raw, dict):
+            raise RunDirError(f"{source}: expected a JSON object, got {type(raw).__name__}")
+        version = raw.get("version")
+        if version != PLAN_VERSION:
+            raise RunDirError(f"{source}: plan version {version!r}; this hetrun reads version {PLAN_VERSION}",
+                              hint="plan and run it with the same hetrun version")
+        try:
+            plan = cls.model_validate(raw, strict=False)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise RunDirError(f"{source}: {loc}: {first['msg']}",
+                              hint="the run directory is damaged or from another hetrun version") from None
+        plan._check_consistent(source)
+        return plan
+
+    def _check_consistent(self, source: str) -> None:
+        ids = {a.id for a in self.actions}
+        names = {c.name for c in self.components}
+        for a in self.actions:
+            if a.component not in names:
+                raise RunDirError(f"{source}: action {a.id!r} names unknown component {a.component!r}")
+            for d in a.deps:
+                if d.id not in ids:
+                    raise RunDirError(f"{source}: action {a.id!r} depends on unknown action {d.id!r}")
+        if sorted(self.order) != sorted(ids):
+            raise RunDirError(f"{source}: order does not list every action exactly once")
+
+    # -- helpers for the runtime and reports ------------------------------------------------
+
+    def action(self, action_id: str) -> PlanAction:
+        for a in self.actions:
+            if a.id == action_id:
+                return a
+        raise KeyError(action_id)
+
+    def component(self, name: str) -> ComponentPlan:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def actions_of(self, component: str) -> list[PlanAction]:
+        """The component's dispatches, in ``order``."""
+        by_id = {a.id: a for a in self.actions}
+        return [by_id[i] for i in self.order if by_id[i].component == component]
+
+    def graph(self) -> ActionGraph:
+        """The template back as an ``ActionGraph`` (for unrolling and display)."""
+        return ActionGraph(
+            TrainingAction(a.id, a.type, a.component,
+                           ResourceProfile(a.resource.cpu, a.resource.gpu, a.resource.memory_mb,
+                                           a.resource.gpu_memory_mb),
+                           [Dep(d.id, d.lag, d.kind) for d in a.deps], a.tolerance_window, a.qos,
+                           a.micro, a.every, list(a.fused), a.priority)
+            for a in self.actions)
+
+
+@dataclass
+class PlanBuild:
+    """A plan plus how it came to be (for ``hetrun plan --explain``)."""
+
+    plan: Plan
+    template: ActionGraph  # coarse, before compiling
+    compiled: ActionGraph
+    passes: list[PassReport] = field(default_factory=list)
+    memory: MemoryEstimate | None = None
+
+
+def _to_plan_action(a: TrainingAction) -> PlanAction:
+    p = a.resource_profile
+    return PlanAction(
+        id=a.id, type=a.action_type, component=a.component, micro=a.micro,
+        deps=[PlanDep(id=d.id, lag=d.lag, kind=d.kind) for d in a.deps],
+        tolerance_window=a.tolerance_window, qos=a.qos, priority=a.priority,
+        resource=PlanResource(cpu=p.cpu, gpu=p.gpu, memory_mb=p.memory_mb, gpu_memory_mb=p.gpu_memory_mb),
+        fused=list(a.fused), every=a.every,
+    )
+
+
+def _components(spec: JobSpec, graph: ActionGraph) -> list[ComponentPlan]:
+    """Resource groups -> het components, in the spec's order (= het group index)."""
+    types_of: dict[str, set[str]] = {name: set() for name in spec.components}
+    for a in graph:
+        for member in a.fused or [a.id]:
+            types_of[a.component].add(split_id(member)[0])
+        types_of[a.component].add(a.action_type)
+    out = []
+    for index, (name, comp) in enumerate(spec.components.items()):
+        listed = [t for t in ACTION_TYPES if t in types_of[name] or t in comp.actions]
+        out.append(ComponentPlan(
+            name=name, index=index, nodes=comp.nodes, tasks_per_node=comp.tasks_per_node,
+            ntasks=comp.ntasks, cpus_per_task=comp.cpus_per_task, gpus_per_node=comp.gpus_per_node,
+            mem_mb=comp.mem_mb, actions=listed,
+        ))
+    return out
+
+
+def build_plan_explained(
+    spec: JobSpec,
+    *,
+    weights: Weights | tuple[float, float] | None = None,
+    capacities: Sequence[NodeCapacity] | None = None,
+) -> PlanBuild:
+    """Plan ``spec`` and keep every intermediate graph for display."""
+    if weights is None:
+        w = Weights(spec.schedule.qos_weight, spec.schedule.util_weight)
+    elif isinstance(weights, Weights):
+        w = weights
+    else:
+        w = Weights(*weights)
+    template = expand(spec)
+    compiled, passes, memory = compile_template(template, spec)
+    check_fits_rank(compiled, spec)
+    check_fits_nodes(compiled, spec, capacities if capacities is not None else spec_capacities(spec))
+    assign_priorities(compiled, spec, w)
+    order = compiled.topological_order()
+    plan = Plan(
+        name=spec.name, workload=spec.workload, workload_args=spec.workload_args,
+        training=spec.training, components=_components(spec, compiled),
+        actions=[_to_plan_action(a) for a in compiled], order=order,
+        checkpoint=spec.checkpoint, preemption=spec.preemption, env=spec.env, comms=spec.comms,
+        slurm=spec.slurm, schedule=spec.schedule.model_copy(update={"qos_weight": w.qos, "util_weight": w.util}),
+        memory=None if memory is None else MemoryPlan(
+            component=memory.component, resource=memory.resource, budget_mb=memory.budget_mb,
+            model_state_mb=memory.model_state_mb, activation_mb=memory.activation_mb,
+            inflight_before=memory.inflight_before, inflight_after=memory.inflight_after,
+            peak_before_mb=memory.peak_before_mb, peak_after_mb=memory.peak_after_mb),
+    )
+    return PlanBuild(plan, template, compiled, passes, memory)
+
+
+def build_plan(
+    spec: JobSpec,
+    *,
+    weights: Weights | tuple[float, float] | None = None,
+    capacities: Sequence[NodeCapacity] | None = None,
+) -> Plan:
+    """expand -> compile -> schedule -> pack. Raises ``GraphError`` for an impossible job.
+
+    ``weights``: (qos, util) priority weights; default from ``spec.schedule`` (0.7 / 0.3).
+    ``capacities``: node capacities from the cluster (``sinfo``); default: the spec's own.
+    """
+    return build_plan_explained(spec, weights=weights, capacities=capacities).plan
+
+
+__all__ = ["ComponentPlan", "Plan", "PlanAction", "PlanBuild", "PlanDep", "build_plan",
+           "build_plan_explained", "describe"]

@@ -1,0 +1,364 @@
+"""The job spec: pydantic models of the job YAML (docs/CONTRACTS.md) and its loader.
+
+Every section is its own model with ``extra="forbid"`` and strict types, so a
+misspelt key or a quoted number is an error with the closest valid key, never
+a silent default. ``load_spec`` is the one entry point: YAML file -> overrides
+-> validation -> ``JobSpec``; it raises only ``SpecError``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from hetrun.dag import validators as v
+from hetrun.dag.errors import SpecError
+from hetrun.dag.overrides import Overrides, apply_overrides
+from hetrun.dag.sbatch_options import check_extra_option
+from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
+from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ActionType = Literal["forward", "backward", "optimize", "sync", "rollout", "checkpoint", "eval"]
+ACTION_TYPES: tuple[str, ...] = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")
+QosClass = Literal["low", "normal", "high", "critical"]
+
+# Action types each training kind cannot do without; the others (sync,
+# checkpoint, eval) default to the component that runs optimize.
+REQUIRED_ACTIONS: dict[str, tuple[str, ...]] = {
+    "rl": ("rollout", "forward", "backward", "optimize"),
+    "supervised": ("forward", "backward", "optimize"),
+}
+
+_MODEL_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=False, validate_default=True)
+
+
+class _Section(BaseModel):
+    model_config = _MODEL_CONFIG
+
+
+class ComponentSpec(_Section):
+    """One het component: identical nodes running the listed action types."""
+
+    nodes: int = Field(1, ge=1, le=100_000, description="nodes of this component")
+    tasks_per_node: int = Field(1, ge=1, le=1024, description="MPI ranks per node")
+    cpus_per_task: int = Field(1, ge=1, le=4096, description="CPU cores per rank")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node (gres gpu:N)")
+    mem: str = Field("1G", description="memory per node, Slurm size with K/M/G/T suffix")
+    gpu_mem: str | None = Field(None, description="memory of one GPU, for the planner's memory check")
+    actions: list[ActionType] = Field(min_length=1, description="action types this component runs")
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem(cls, value: Any) -> str:
+        return v.check_mem(value)
+
+    @field_validator("gpu_mem", mode="before")
+    @classmethod
+    def _gpu_mem(cls, value: Any) -> str | None:
+        return None if value is None else v.check_mem(value)
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_actions(cls, value: list[str]) -> list[str]:
+        dupes = sorted({a for a in value if value.count(a) > 1})
+        if dupes:
+            raise ValueError(f"action types listed twice: {', '.join(dupes)}")
+        return value
+
+    @property
+    def mem_mb(self) -> int:
+        return v.mem_to_mb(self.mem)
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def gpus_per_task(self) -> int:
+        # Ranks that outnumber the GPUs share them; each still needs one.
+        return -(-self.gpus_per_node // self.tasks_per_node) if self.gpus_per_node else 0
+
+    @property
+    def mem_per_task_mb(self) -> int:
+        return self.mem_mb // self.tasks_per_node
+
+    @property
+    def gpu_mem_per_task_mb(self) -> int | None:
+        """GPU memory one rank may use; None when the spec does not say (no GPU memory check)."""
+        if self.gpu_mem is None or not self.gpus_per_node:
+            return None
+        return v.mem_to_mb(self.gpu_mem) * self.gpus_per_node // self.tasks_per_node
+
+
+class TrainingSpec(_Section):
+    kind: Literal["rl", "supervised"] = Field(description="rl (rollouts + learner) or supervised")
+    iterations: int = Field(ge=1, le=1_000_000_000)
+    micro_batches: int = Field(1, ge=1, le=4096, description="micro-batches per iteration")
+    pipeline_window: int = Field(1, ge=1, le=64, description="iterations that may overlap")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    eval_interval: int = Field(0, ge=0, le=1_000_000_000, description="eval every N iterations; 0 = never")
+    mode: Literal["pipelined", "coarse"] = Field(
+        "pipelined", description="coarse = the synchronous loop (components wait for each other)")
+
+
+class ActionOverride(_Section):
+    """Per-action-type settings; unset fields keep hetrun's defaults."""
+
+    tolerance_window: int | None = Field(None, ge=0, le=1000,
+                                         description="iterations this action may lag (stale weights)")
+    qos: QosClass | None = None
+    cpu: int | None = Field(None, ge=1, le=4096, description="CPU cores per rank it needs")
+    gpu: int | None = Field(None, ge=0, le=64, description="GPUs per rank it needs")
+    memory: str | None = Field(None, description="host memory per rank it holds (e.g. 512M)")
+    gpu_memory: str | None = Field(None, description="GPU memory per rank it holds (e.g. 4G)")
+    after: list[ActionType] = Field(default_factory=list,
+                                    description="extra action types of the same iteration to run after")
+
+    @field_validator("memory", "gpu_memory", mode="before")
+    @classmethod
+    def _mem(cls, value: Any) -> str | None:
+        return None if value is None else v.check_mem(value)
+
+
+class SlurmSpec(_Section):
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = Field(None, description=v.TIME_FORMATS_HELP)
+    constraint: str | None = None
+    extra: list[str] = Field(default_factory=list, description="extra sbatch long options")
+
+    @field_validator("partition")
+    @classmethod
+    def _partition(cls, value: str | None) -> str | None:
+        return None if value is None else v.check_pattern(value, v.PARTITION_RE, "partition name (letters, digits, _ . -; comma-separated list allowed)")
+
+    @field_validator("account", "qos")
+    @classmethod
+    def _names(cls, value: str | None) -> str | None:
+        return None if value is None else v.check_pattern(value, v.SLURM_NAME_RE, "Slurm name (letters, digits, _ . -, at most 64)")
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        return None if value is None else v.check_pattern(value, v.CONSTRAINT_RE, "constraint (features joined by & | , with [] () * :)")
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time(cls, value: Any) -> str | None:
+        return None if value is None else v.check_time(value)
+
+    @field_validator("extra")
+    @classmethod
+    def _extra(cls, value: list[str]) -> list[str]:
+        for i, item in enumerate(value):
+            problem = check_extra_option(item)
+            if problem:
+                raise SpecIssue(problem, path=("slurm", "extra", i))
+        return value
+
+    @property
+    def time_seconds(self) -> int | None:
+        return None if self.time is None else v.time_seconds(self.time)
+
+
+class CheckpointSpec(_Section):
+    interval: int = Field(10, ge=0, le=1_000_000_000, description="checkpoint every N iterations; 0 = never")
+    directory: str | None = Field(None, description="default: <run_dir>/ckpt")
+    keep: int = Field(3, ge=1, le=10_000)
+
+    @field_validator("directory")
+    @classmethod
+    def _directory(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("empty directory; leave it out for <run_dir>/ckpt")
+        return v.check_plain_string(value, "directory")
+
+
+class PreemptionSpec(_Section):
+    signal: str = Field("USR1", description="signal Slurm sends before the time limit")
+    grace_seconds: int = Field(60, ge=1, le=65535, description="seconds between the signal and the kill")
+    max_restarts: int = Field(3, ge=0, le=1000)
+
+    @field_validator("signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.upper().removeprefix("SIG")
+        if name not in v.SIGNALS:
+            raise ValueError(f"signal {value!r} is not one of {', '.join(v.SIGNALS)}")
+        return name
+
+
+class CommsSpec(_Section):
+    forward_codec: str = Field("int8", description="MoE all-to-all codec for activations; none = exact")
+    backward_codec: str = Field("onebit_ef", description="MoE all-to-all codec for gradients; none = exact")
+
+    @field_validator("forward_codec", "backward_codec")
+    @classmethod
+    def _codec(cls, value: str) -> str:
+        return v.check_pattern(value, v.CODEC_RE, "codec name (e.g. none, int8, fp8, onebit, onebit_ef)")
+
+
+class ScheduleSpec(_Section):
+    qos_weight: float = Field(0.7, ge=0.0, le=1000.0, description="weight of the QoS score in priorities")
+    util_weight: float = Field(0.3, ge=0.0, le=1000.0, description="weight of the utilization score")
+    max_inflight_micro: int = Field(1, ge=1, le=4096,
+                                    description="micro-batches holding activations at once (1 = strict 1F1B)")
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> ScheduleSpec:
+        if self.qos_weight == 0 and self.util_weight == 0:
+            raise SpecIssue("qos_weight and util_weight are both 0; priorities would all be equal",
+                            path=("schedule",), hint="set at least one weight above 0 (default 0.7 / 0.3)")
+        return self
+
+
+class JobSpec(_Section):
+    """A whole training job, as written in the job YAML."""
+
+    name: str = Field(description="job name, [A-Za-z0-9_.-]{1,64}")
+    workload: str = Field(description="module.path:Class implementing the workload")
+    workload_args: dict[str, Any] = Field(default_factory=dict, description="JSON values passed to the workload")
+    components: dict[str, ComponentSpec] = Field(min_length=1, max_length=32,
+                                                  description="het components, in het group order")
+    training: TrainingSpec
+    actions: dict[ActionType, ActionOverride] = Field(default_factory=dict)
+    slurm: SlurmSpec = Field(default_factory=lambda: SlurmSpec.model_validate({}))
+    checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec.model_validate({}))
+    preemption: PreemptionSpec = Field(default_factory=lambda: PreemptionSpec.model_validate({}))
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for every rank")
+    comms: CommsSpec = Field(default_factory=lambda: CommsSpec.model_validate({}))
+    schedule: ScheduleSpec = Field(default_factory=lambda: ScheduleSpec.model_validate({}))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return v.check_pattern(value, v.JOB_NAME_RE, "job name ([A-Za-z0-9_.-], 1 to 64 characters)")
+
+    @field_validator("workload")
+    @classmethod
+    def _workload(cls, value: str) -> str:
+        return v.check_pattern(value, v.WORKLOAD_RE, "workload reference; expected module.path:Class")
+
+    @field_validator("workload_args")
+    @classmethod
+    def _workload_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        v.check_json_value(value)
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # the type check reports it
+        out: dict[Any, Any] = {}
+        for key, val in value.items():
+            if not isinstance(key, str) or not v.ENV_NAME_RE.match(key):
+                raise SpecIssue(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                                path=("env", str(key)))
+            if isinstance(val, int) and not isinstance(val, bool):
+                val = str(val)
+            if not isinstance(val, str):
+                raise SpecIssue(f"value is {type(val).__name__} {val!r}; environment values are strings",
+                                path=("env", key), hint=f'quote it: {key}: "{val}"')
+            try:
+                v.check_plain_string(val, "value")
+            except ValueError as exc:
+                raise SpecIssue(str(exc), path=("env", key)) from None
+            out[key] = val
+        return out
+
+    @model_validator(mode="after")
+    def _semantics(self) -> JobSpec:
+        for cname in self.components:
+            if not v.COMPONENT_NAME_RE.match(cname):
+                raise SpecIssue(f"component name {cname!r} is invalid; expected [a-z][a-z0-9_]{{0,31}}",
+                                path=("components", cname), hint="use lower-case letters, digits and _")
+        owner: dict[str, str] = {}
+        for cname, comp in self.components.items():
+            for act in comp.actions:
+                if act in owner:
+                    raise SpecIssue(f"action type {act!r} is listed by both {owner[act]!r} and {cname!r}",
+                                    path=("components", cname, "actions"),
+                                    hint="each action type runs in exactly one component")
+                owner[act] = cname
+            if comp.mem_mb < comp.tasks_per_node:
+                raise SpecIssue(f"mem {comp.mem} is less than 1M per task for {comp.tasks_per_node} tasks",
+                                path=("components", cname, "mem"))
+        kind = self.training.kind
+        missing = [a for a in REQUIRED_ACTIONS[kind] if a not in owner]
+        if missing:
+            raise SpecIssue(f"training.kind {kind} needs a component running {', '.join(missing)}",
+                            path=("components",),
+                            hint=f"add {missing[0]!r} to the actions: list of a component")
+        if kind == "supervised" and "rollout" in owner:
+            raise SpecIssue("rollout actions need training.kind: rl",
+                            path=("components", owner["rollout"], "actions"),
+                            hint="remove rollout, or set training.kind: rl")
+        limit = self.slurm.time_seconds
+        if limit is not None and self.preemption.grace_seconds >= limit:
+            raise SpecIssue(f"grace_seconds {self.preemption.grace_seconds} is not shorter than the time limit "
+                            f"{self.slurm.time} ({limit} s)", path=("preemption", "grace_seconds"),
+                            hint="lower grace_seconds or raise slurm.time")
+        return self
+
+    # -- helpers the planner and the CLI use -------------------------------------------------
+
+    def component_of(self, action_type: str) -> str:
+        """The component that runs ``action_type`` (optional types default to optimize's)."""
+        for cname, comp in self.components.items():
+            if action_type in comp.actions:
+                return cname
+        return self.component_of("optimize")
+
+    def to_yaml(self) -> str:
+        """The resolved spec (defaults filled, overrides applied) as YAML; loads back equal."""
+        data = json.loads(self.model_dump_json())
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def job_json_schema() -> dict[str, Any]:
+    """JSON Schema of the job YAML, for editor completion (``hetrun schema``)."""
+    schema = JobSpec.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "hetrun job spec"
+    return schema
+
+
+def validate_spec_data(data: Any, doc: SourceDoc | None = None,
+                       override_paths: dict[tuple[str | int, ...], str] | None = None) -> JobSpec:
+    """Validate already-parsed data; errors point at ``doc`` positions or at the override."""
+    if not isinstance(data, dict):
+        file = doc.file if doc else None
+        raise SpecError(f"the document is a {type(data).__name__}; expected a mapping with keys "
+                        "name, workload, components, training", file=file, line=1 if file else None)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise translate_validation_error(exc, JobSpec, doc, override_paths or {}) from None
+    except RecursionError:
+        raise SpecError("the document is nested too deeply", file=doc.file if doc else None) from None
+
+
+def load_spec(path: str | Path, overrides: Overrides | None = None) -> JobSpec:
+    """Read a job YAML, apply command-line overrides, validate. Raises only ``SpecError``."""
+    doc = read_yaml_file(path)
+    data = doc.data
+    override_paths: dict[tuple[str | int, ...], str] = {}
+    if overrides is not None and not overrides.is_empty():
+        if not isinstance(data, dict):
+            return validate_spec_data(data, doc)
+        data = copy.deepcopy(data)
+        override_paths = apply_overrides(data, overrides)
+    return validate_spec_data(data, doc, override_paths)
+
+
+def spec_from_dict(data: dict[str, Any]) -> JobSpec:
+    """Validate a spec built in code (tests, tools); same errors as the loader, without positions."""
+    return validate_spec_data(data)
