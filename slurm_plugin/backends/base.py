@@ -8,7 +8,7 @@ exactly what ``submit`` would do with it, without doing it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +73,7 @@ class Backend(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def dry_run(self, run: RunInfo, script: str) -> DryRun:
+    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
         """Exactly what ``submit(run)`` would run, without running it."""
 
     @abstractmethod

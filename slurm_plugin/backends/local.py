@@ -65,8 +65,7 @@ def proc_start_ticks(pid: int) -> int | None:
 def _plan_components(run_dir: Path) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     try:
         plan = json.loads((run_dir / PLAN_JSON).read_text())
-        comps = [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
-                 for c in plan["components"]]
+        comps = plan_components(plan)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunDirError(f"{run_dir / PLAN_JSON}: cannot read the components ({exc})",
                           hint="the run directory must hold plan.json written by `hetrun submit`") from exc
@@ -83,11 +82,16 @@ def _log_wrapper(python: str, run_dir: Path, component: str, rank_var: str) -> l
     return ["sh", "-c", script, python, str(run_dir), component]
 
 
-def launch_commands(run_dir: Path, python: str | None = None,
+def plan_components(plan: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """(component name, number of ranks) in het-group order, from a plan.json dict."""
+    return [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
+            for c in plan["components"]]
+
+
+def launch_commands(run_dir: Path, comps: Sequence[tuple[str, int]], python: str | None = None,
                     mpirun: str | None = None) -> tuple[str, list[list[str]]]:
     """("mpirun", [argv]) or ("processes", [argv per rank]) for the run's components."""
     python = python or sys.executable
-    comps, _ = _plan_components(run_dir)
     mpirun = mpirun if mpirun is not None else shutil.which("mpirun")
     if mpirun:
         argv = [mpirun, "--oversubscribe"]
@@ -162,7 +166,7 @@ class _Supervisor:
 
     def _start(self, restarts: int) -> str:
         comps, plan = _plan_components(self.run_dir)
-        launcher, cmds = launch_commands(self.run_dir)
+        launcher, cmds = launch_commands(self.run_dir, comps)
         env = _job_env(plan, self.run_dir, restarts)
         self.children = []
         if launcher == "processes":
@@ -227,8 +231,8 @@ class LocalBackend(Backend):
     def _supervisor_argv(self, run: RunInfo) -> list[str]:
         return [self.python, "-m", "hetrun.slurm_plugin.backends.local", str(run.path)]
 
-    def dry_run(self, run: RunInfo, script: str) -> DryRun:
-        launcher, cmds = launch_commands(run.path, self.python)
+    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
+        launcher, cmds = launch_commands(run.path, plan_components(plan), self.python)
         notes = [f"launcher: {launcher}; hetjob.sbatch is written for the record only"]
         return DryRun(self.name, self._supervisor_argv(run), script,
                       notes + ["the supervisor runs: " + shlex.join(c) for c in cmds])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import re
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from hetrun.dag.errors import SlurmError
@@ -73,8 +74,8 @@ class PyslurmBackend(SbatchBackend):
         super().__init__(policy)
         self._pyslurm: Any = importlib.import_module("pyslurm")
 
-    def dry_run(self, run: RunInfo, script: str) -> DryRun:
-        dr = super().dry_run(run, script)
+    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
+        dr = super().dry_run(run, script, plan)
         dr.backend = self.name
         dr.notes.append("pyslurm matches the cluster; the same script is submitted through sbatch")
         return dr

@@ -85,7 +85,7 @@ class SbatchBackend(Backend):
     def submit_command(self, run: RunInfo) -> list[str]:
         return ["sbatch", "--parsable", str(run.path / SCRIPT)]
 
-    def dry_run(self, run: RunInfo, script: str) -> DryRun:
+    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
         return DryRun(self.name, self.submit_command(run), script)
 
     def test_only(self, script_path: Path) -> str:

@@ -1,0 +1,169 @@
+"""spec -> plan -> run directory -> script -> backend.submit, and waiting for the end.
+
+Everything that can be rejected (spec, plan, rendering) is checked before
+anything is written, so a refused job leaves no half-made run directory. A
+dry run writes nothing at all: it returns the script and the command that
+``submit`` would run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import HetrunError, RunDirError
+
+from . import quoting
+from .backends import get_backend, resolve_name
+from .backends.base import ACTIVE_STATES, Backend, DryRun, RunStatus
+from .render import render_sbatch
+from .rundir import (
+    JOB_YAML,
+    LOGS,
+    PLAN_JSON,
+    SCRIPT,
+    RunInfo,
+    new_run_name,
+    runs_root,
+    utc_now_iso,
+    write_atomic,
+    write_run,
+)
+
+
+@dataclass
+class SubmitResult:
+    run: RunInfo
+    script: str
+    backend: str
+    dry_run: DryRun | None = None
+
+
+def _plan_dict(plan: Any) -> dict[str, Any]:
+    data = plan.to_json() if hasattr(plan, "to_json") else plan
+    return json.loads(data) if isinstance(data, (str, bytes)) else dict(data)
+
+
+def _check_checkpoint_dir(spec: Any, run_dir: Path) -> None:
+    """A relative checkpoint directory lives in the run directory and may not leave it."""
+    directory = getattr(getattr(spec, "checkpoint", None), "directory", None)
+    if directory and not Path(directory).is_absolute():
+        quoting.safe_join(run_dir, directory, "checkpoint.directory")
+
+
+def plan_for(spec: Any, backend: str) -> Any:
+    """Build the plan; against the cluster's real nodes when submitting to Slurm."""
+    from hetrun.dag.plan import build_plan
+
+    capacities = None
+    if backend in ("sbatch", "pyslurm"):
+        from .inventory import node_capacities
+
+        capacities = node_capacities(spec.slurm.partition)
+    return build_plan(spec, capacities=capacities)
+
+
+def submit_spec(
+    spec: Any,
+    *,
+    backend: str | Backend = "auto",
+    runs_dir: str | Path | None = None,
+    dry_run: bool = False,
+    python: str | None = None,
+    plan: Any = None,
+) -> SubmitResult:
+    """Submit a validated ``JobSpec``. ``plan`` defaults to ``plan_for(spec, backend)``."""
+    backend_obj = get_backend(backend) if isinstance(backend, str) else backend
+    plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
+    root = runs_root(runs_dir)
+    quoting.sbatch_path(root, "runs directory")
+
+    for _ in range(16):
+        run_dir = root / quoting.check_relative_part(new_run_name(spec.name), "name")
+        if not run_dir.exists():
+            break
+    else:
+        raise RunDirError(f"could not find a free run directory name for {spec.name!r} in {root}")
+    _check_checkpoint_dir(spec, run_dir)
+    script = render_sbatch(plan_d, spec, run_dir, python=python)
+    names = [str(c["name"]) for c in plan_d["components"]]
+    run = RunInfo(name=spec.name, run_dir=str(run_dir), backend=backend_obj.name, components=names)
+
+    if dry_run:
+        return SubmitResult(run, script, backend_obj.name, backend_obj.dry_run(run, script, plan_d))
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir()
+        (run_dir / LOGS).mkdir()
+    except OSError as exc:
+        raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror}",
+                          hint="choose a writable --runs-dir (or $HETRUN_RUNS)") from exc
+    quoting.inside(root, run_dir, "run directory")
+    write_atomic(run_dir / JOB_YAML, spec.to_yaml())
+    write_atomic(run_dir / PLAN_JSON, json.dumps(plan_d, indent=2) + "\n")
+    write_atomic(run_dir / SCRIPT, script)
+    (run_dir / SCRIPT).chmod(0o755)
+    write_run(run)
+
+    job_id = backend_obj.submit(run)
+    run.job_id = job_id
+    run.submitted_at = utc_now_iso()
+    if ";" in job_id:
+        run.cluster = job_id.split(";", 1)[1]
+    elif backend_obj.name == "local":
+        run.cluster = "local"
+    write_run(run)
+    return SubmitResult(run, script, backend_obj.name)
+
+
+def submit_file(
+    path: str | Path,
+    overrides: Any = None,
+    **kwargs: Any,
+) -> SubmitResult:
+    """``hetrun submit JOB.yaml``: load (with overrides), plan, submit."""
+    from hetrun.dag.spec import load_spec
+
+    spec = load_spec(path, overrides)
+    return submit_spec(spec, **kwargs)
+
+
+def backend_for(run: RunInfo) -> Backend:
+    """The backend a run was submitted with."""
+    return get_backend(resolve_name(run.backend))
+
+
+def is_finished(status: RunStatus) -> bool:
+    return bool(status.components) and all(
+        c.state not in ACTIVE_STATES and c.state != "NOT_SUBMITTED" for c in status.components
+    )
+
+
+def wait_for_end(
+    run: RunInfo,
+    backend: Backend,
+    *,
+    timeout_s: float | None = None,
+    poll_s: float = 2.0,
+    on_change: Callable[[RunStatus], None] | None = None,
+) -> RunStatus:
+    """Poll until every component has ended; ``on_change`` sees each new state."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    last: tuple[str, ...] = ()
+    while True:
+        status = backend.status([run])[run.run_dir]
+        now = tuple(c.state for c in status.components)
+        if now != last and on_change is not None:
+            on_change(status)
+        last = now
+        if is_finished(status):
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            raise HetrunError(f"run {Path(run.run_dir).name} still {status.state} after {timeout_s:g}s",
+                              hint="it keeps running; follow it with `hetrun status`")
+        time.sleep(poll_s)
