@@ -1,0 +1,207 @@
+"""PPO workload, in process, on real gymnasium environments (fast: a few iterations each)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+from hetrun.dag.errors import CheckpointError, SpecError
+from hetrun.examples.ppo import PPOConfig, PPOWorkload
+from hetrun.runtime.context import RankContext
+
+SMALL = {"num_envs": 4, "num_steps": 32, "update_epochs": 2, "num_minibatches": 2, "eval_episodes": 3}
+
+
+def ctx(rank: int, component: str, seed: int = 0, run_dir: Path = Path(".")) -> RankContext:
+    return RankContext(rank=rank, world_size=2, component=component, comp_rank=0, comp_size=1,
+                       group=None, comm=None, device="cpu", seed=seed, run_dir=run_dir,
+                       mode="inprocess")
+
+
+def pair(seed: int = 0, **args: object) -> tuple[PPOWorkload, PPOWorkload]:
+    merged = {**SMALL, **args}
+    return PPOWorkload(ctx(0, "learner", seed), **merged), PPOWorkload(ctx(1, "rollout", seed), **merged)
+
+
+def learn(learner: PPOWorkload, batch: dict[str, torch.Tensor], num_micro: int = 2) -> dict[str, float]:
+    """One iteration in the executor's order: forward/backward per micro-batch, then optimize."""
+    for micro in range(num_micro):
+        loss = learner.forward(batch, micro, num_micro)
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        learner.backward(loss)
+    return learner.optimize()
+
+
+def test_rollout_is_env_major_with_behaviour_logprobs_and_version() -> None:
+    _, roller = pair()
+    b = roller.rollout(policy_version=7)
+    n, t = SMALL["num_envs"], SMALL["num_steps"]
+    assert b["obs"].shape == (n, t, 4) and b["obs"].dtype == torch.float32
+    for key in ("actions", "logprobs", "rewards", "dones", "truncated"):
+        assert b[key].shape == (n, t), key
+    assert b["trunc_obs"].shape == (n, t, 4) and b["last_obs"].shape == (n, 4)
+    assert b["policy_version"].tolist() == [7] * n
+    assert int(b["env_steps"].sum()) == n * t
+    assert set(b["actions"].unique().tolist()) <= {0, 1}
+    assert bool((b["logprobs"] <= 0).all()) and bool((b["logprobs"] > -5).all())
+    # CartPole pays 1 per step; every finished episode shows up with its return == its length.
+    assert bool((b["rewards"] == 1).all())
+    assert len(b["episode_returns"]) == int(b["dones"].sum())
+    assert torch.equal(b["episode_returns"], b["episode_lengths"].float())
+    # Consecutive rollouts continue the same episodes: the next obs is the last one returned.
+    b2 = roller.rollout(policy_version=7)
+    assert torch.equal(b2["obs"][:, 0], b["last_obs"])
+
+
+def test_learning_step_is_finite_moves_weights_and_counts_versions() -> None:
+    learner, roller = pair()
+    before = [p.detach().clone() for p in learner.parameters_to_sync()]
+    m = learn(learner, roller.rollout(0))
+    after = learner.parameters_to_sync()
+    assert all(p.grad is None for p in after)  # optimize() leaves gradients zeroed
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+    for key in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "staleness"):
+        assert key in m and m[key] == m[key], key  # present and not NaN
+    assert m["policy_version"] == 1.0 and learner.version == 1
+    assert m["env_steps"] == SMALL["num_envs"] * SMALL["num_steps"]
+    assert 0.0 < m["entropy"] <= 0.6932  # log(2): two actions
+    json.dumps(m)  # metrics go to events.jsonl
+
+
+def test_policy_sync_and_staleness_is_reported() -> None:
+    learner, roller = pair()
+    stale = roller.rollout(learner.version)  # version 0
+    learn(learner, roller.rollout(0))
+    learn(learner, roller.rollout(0))
+    m = learn(learner, stale)  # behaviour policy 2 updates old
+    assert m["staleness"] == 2.0
+    roller.load_policy(learner.policy_state(), learner.version)
+    assert roller.version == 3
+    for a, b in zip(roller.actor.parameters(), learner.actor.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # policy_state hands out copies: training on does not change what was sent.
+    sent = learner.policy_state()
+    learn(learner, roller.rollout(3))
+    assert any(not torch.equal(sent[k], v) for k, v in learner.actor.state_dict().items())
+
+
+def test_micro_batches_sum_to_the_minibatch_loss() -> None:
+    learner, roller = pair()
+    learner._prepare(roller.rollout(0))
+    mb = learner._schedule[0]
+    whole = learner._loss(mb, mb).item()
+    parts = [learner._loss(mb, mb[idx]).item() for idx in torch.arange(len(mb)).tensor_split(3)]
+    assert sum(parts) == pytest.approx(whole, rel=1e-5, abs=1e-6)
+
+
+def test_several_rollout_ranks_merge_into_one_learner_batch() -> None:
+    learner = PPOWorkload(ctx(0, "learner"), **SMALL)
+    rollers = [PPOWorkload(ctx(r, "rollout"), **SMALL) for r in (1, 2)]
+    batches = [r.rollout(0) for r in rollers]
+    assert not torch.equal(batches[0]["obs"], batches[1]["obs"])  # ranks run different envs
+    merged = learner.merge_batches(batches)
+    assert merged["obs"].shape[0] == 2 * SMALL["num_envs"]
+    assert learner.batch_steps(merged) == 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    m = learn(learner, merged)
+    assert m["env_steps"] == 2 * SMALL["num_envs"] * SMALL["num_steps"]
+
+
+def test_same_seed_same_run_other_seed_other_run() -> None:
+    def run(seed: int) -> tuple[torch.Tensor, dict[str, float]]:
+        learner, roller = pair(seed)
+        batch = roller.rollout(0)
+        return batch["actions"], learn(learner, batch)
+
+    a1, m1 = run(3)
+    a2, m2 = run(3)
+    a3, _ = run(4)
+    assert torch.equal(a1, a2) and m1 == m2
+    assert not torch.equal(a1, a3)
+
+
+def _is_plain(value: object) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    json.dumps(value)
+    return True
+
+
+def test_state_round_trip_resumes_exactly(tmp_path: Path) -> None:
+    learner, roller = pair(seed=1)
+    learn(learner, roller.rollout(0))
+    roller.load_policy(learner.policy_state(), learner.version)
+    l_state, r_state = learner.state_dict(), roller.state_dict()
+    assert all(_is_plain(v) for v in l_state.values())  # tensors + JSON, nothing pickled
+    assert all(_is_plain(v) for v in r_state.values())
+    assert "rollout.envs" in r_state and "rollout.envs" not in l_state
+    # Through JSON and back, as a store that keeps JSON values as JSON would.
+    r_state = {k: v if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
+               for k, v in r_state.items()}
+    l_state = {k: v if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
+               for k, v in l_state.items()}
+
+    batch = roller.rollout(learner.version)
+    expect = learn(learner, batch)
+
+    learner2, roller2 = pair(seed=1)
+    learner2.load_state_dict(l_state)
+    roller2.load_state_dict(r_state)
+    batch2 = roller2.rollout(learner2.version)
+    for key in batch:
+        assert torch.equal(batch[key], batch2[key]), key
+    assert learn(learner2, batch2) == expect
+    for a, b in zip(learner.parameters_to_sync(), learner2.parameters_to_sync(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_state_from_another_shape_is_a_checkpoint_error() -> None:
+    learner, _ = pair()
+    other = PPOWorkload(ctx(0, "learner"), **{**SMALL, "hidden": 32})
+    with pytest.raises(CheckpointError, match="same workload_args"):
+        other.load_state_dict(learner.state_dict())
+
+
+def test_evaluate_uses_gymnasiums_threshold() -> None:
+    learner, _ = pair()
+    e = learner.evaluate()
+    assert e["reward_threshold"] == gym.spec("CartPole-v1").reward_threshold == 475.0
+    assert e["eval_episodes"] == SMALL["eval_episodes"]
+    assert 8 <= e["eval_return_min"] <= e["eval_return_mean"] <= e["eval_return_max"] <= 500
+    assert e["solved"] == float(e["eval_return_mean"] >= 475.0)
+    assert learner.evaluate() == e  # seeded by (seed, version): repeatable
+
+
+def test_acrobot_rollout_and_update() -> None:
+    learner, roller = pair(env_id="Acrobot-v1")
+    b = roller.rollout(0)
+    assert b["obs"].shape[-1] == 6 and set(b["actions"].unique().tolist()) <= {0, 1, 2}
+    assert bool((b["rewards"] <= 0).all())
+    m = learn(learner, b)
+    assert 0 < m["entropy"] <= 1.0987  # log(3)
+    assert learner.evaluate()["reward_threshold"] == gym.spec("Acrobot-v1").reward_threshold
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ({"num_env": 4}, "did you mean 'num_envs'"),
+        ({"learning_rate": "3e-4"}, "expected float, got str"),
+        ({"num_envs": 2.0}, "expected int, got float"),
+        ({"gamma": 1.5}, r"within \[0, 1\]"),
+        ({"num_steps": 0}, "must be > 0"),
+        ({"env_id": "CartPole-v9"}, "unknown gymnasium environment"),
+        ({"env_id": "Pendulum-v1"}, "Discrete action"),
+    ],
+)
+def test_bad_workload_args_are_spec_errors(args: dict[str, object], match: str) -> None:
+    with pytest.raises(SpecError, match=match) as info:
+        PPOWorkload(ctx(0, "learner"), **args)
+    assert "workload_args." in str(info.value)
+
+
+def test_defaults_are_valid() -> None:
+    cfg = PPOConfig.from_args({})
+    assert cfg.env_id == "CartPole-v1" and cfg.torch_threads == 1
