@@ -129,3 +129,51 @@ def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
             break
         time.sleep(1)
     assert states == {f"{job_id}+0": "COMPLETED", f"{job_id}+1": "COMPLETED"}, states
+
+
+def _job_field(job_id: str, key: str) -> str:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=False
+    ).stdout
+    for token in out.split():
+        if token.startswith(key + "="):
+            return token.split("=", 1)[1]
+    return ""
+
+
+def _wait_field(job_id: str, key: str, wanted: set[str], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    value = ""
+    while time.monotonic() < deadline:
+        value = _job_field(job_id, key)
+        if value in wanted:
+            return value
+        time.sleep(0.5)
+    return value
+
+
+def test_high_partition_preempts_and_requeues_a_debug_job(
+    slurm_cluster: cluster.ClusterStatus, shared_tmp: Path
+) -> None:
+    node = slurm_cluster.config.node_names[-1] if slurm_cluster.config else "n4"
+    common = ["sbatch", "--parsable", "--time=5", f"--nodelist={node}", "--exclusive"]
+    low = subprocess.run(
+        [*common, "--partition=debug", "--requeue", "--job-name=hetrun-preempt-low",
+         f"--output={shared_tmp}/low-%j.out", "--wrap", "echo started; sleep 300"],
+        capture_output=True, text=True, check=True, cwd=shared_tmp,
+    ).stdout.strip()
+    high = ""
+    try:
+        assert _wait_field(low, "JobState", {"RUNNING"}, 120) == "RUNNING"
+        high = subprocess.run(
+            [*common, "--partition=high", "--job-name=hetrun-preempt-high",
+             f"--output={shared_tmp}/high-%j.out", "--wrap", "echo high ran"],
+            capture_output=True, text=True, check=True, cwd=shared_tmp,
+        ).stdout.strip()
+        assert _wait_field(high, "JobState", {"COMPLETED"}, 120) == "COMPLETED"
+        # The preempted job went back to the queue, not away.
+        assert _job_field(low, "JobState") in {"PENDING", "REQUEUED", "RUNNING"}
+        assert int(_job_field(low, "Restarts") or 0) >= 1
+        assert (shared_tmp / f"high-{high}.out").read_text().strip() == "high ran"
+    finally:
+        subprocess.run(["scancel", low, *([high] if high else [])], check=False)
