@@ -1,0 +1,231 @@
+"""`hetrun plan` (the action DAG, priorities, het components and sbatch script of a job)
+and `hetrun schema` (JSON Schema of the job YAML).
+
+Thin: the planning is in ``hetrun.dag``; node capacities come from
+``hetrun.slurm_plugin.inventory`` when a cluster answers, the script from
+``hetrun.slurm_plugin.render``. Heavy imports happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from hetrun.cli.spec_options import (
+    AccountOpt,
+    ConstraintOpt,
+    GresOpt,
+    JobArg,
+    NodesOpt,
+    PartitionOpt,
+    QosOpt,
+    SetOpt,
+    TimeOpt,
+    load_job,
+    overrides_from,
+)
+
+if TYPE_CHECKING:
+    from hetrun.dag.action import NodeCapacity
+    from hetrun.dag.plan import PlanBuild
+    from hetrun.dag.spec import JobSpec
+    from rich.console import Console
+
+# --unroll prints one line per dispatch; beyond this the table is cut (the counts stay exact).
+_MAX_UNROLL_ROWS = 400
+
+
+def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, str]:
+    """Node capacities to check against and where they came from."""
+    if mode == "spec":
+        return None, "the job spec (--capacity spec)"
+    try:
+        from hetrun.slurm_plugin.inventory import node_capacities
+    except ImportError:
+        return None, "the job spec (Slurm inventory unavailable)"
+    caps = node_capacities(spec.slurm.partition)
+    if caps is None:
+        if mode == "cluster":
+            from hetrun.dag.errors import SlurmError
+
+            raise SlurmError("--capacity cluster: no Slurm cluster answered sinfo",
+                             hint="start one (hetrun cluster up) or use --capacity auto")
+        return None, "the job spec (no cluster answered sinfo)"
+    part = spec.slurm.partition or "the default partition"
+    return caps, f"sinfo: {len(caps)} nodes of {part}"
+
+
+def _render_script(build: PlanBuild, spec: JobSpec, runs_dir: Path | None) -> tuple[str | None, str]:
+    try:
+        from hetrun.slurm_plugin.render import render_sbatch
+    except ImportError:
+        return None, "the sbatch script renderer (hetrun.slurm_plugin.render) is unavailable"
+    try:
+        from hetrun.slurm_plugin.rundir import new_run_name, runs_root
+
+        run_dir = runs_root(runs_dir).resolve() / new_run_name(spec.name)
+    except ImportError:
+        run_dir = (runs_dir or Path("runs")).resolve() / f"{spec.name}-PLAN"
+    return render_sbatch(build.plan, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
+
+
+def _deps_text(deps: list[Any]) -> str:
+    parts = []
+    for d in deps:
+        text = d.id if d.lag == 0 else f"{d.id}@-{d.lag}"
+        if d.kind != "data":
+            text += f" ({d.kind})"
+        parts.append(text)
+    return ", ".join(parts) or "-"
+
+
+def _print_plan(console: Console, build: PlanBuild, spec: JobSpec, cap_source: str) -> None:
+    from rich.table import Table
+
+    plan = build.plan
+    t = plan.training
+    console.print(f"[bold]{plan.name}[/bold]  workload {plan.workload}  "
+                  f"({t.kind}, {t.iterations} iterations, {t.micro_batches} micro-batches, "
+                  f"pipeline window {t.pipeline_window}, {t.mode})")
+    console.print(f"resources checked against {cap_source}")
+
+    comps = Table(title="het components (one hetjob group each)", title_justify="left")
+    for col in ("group", "component", "nodes", "tasks/node", "ntasks", "cpus/task", "gpus/node", "mem/node", "action types"):
+        comps.add_column(col, justify="right" if col not in ("component", "action types") else "left")
+    for c in plan.components:
+        comps.add_row(str(c.index), c.name, str(c.nodes), str(c.tasks_per_node), str(c.ntasks),
+                      str(c.cpus_per_task), str(c.gpus_per_node), f"{c.mem_mb} MB", ", ".join(c.actions))
+    console.print(comps)
+
+    acts = Table(title="action DAG per iteration, in scheduling order (dep@-k = of iteration i-k)",
+                 title_justify="left")
+    for col in ("#", "action", "component", "deps", "tol", "qos", "priority", "every"):
+        acts.add_column(col, justify="right" if col in ("#", "tol", "priority", "every") else "left")
+    by_id = {a.id: a for a in plan.actions}
+    for pos, aid in enumerate(plan.order):
+        a = by_id[aid]
+        acts.add_row(str(pos), a.id, a.component, _deps_text(a.deps), str(a.tolerance_window), a.qos,
+                     f"{a.priority:.4f}", str(a.every))
+    console.print(acts)
+    if plan.memory is not None:
+        m = plan.memory
+        budget = f"{m.budget_mb} MB" if m.budget_mb is not None else "not given"
+        console.print(f"peak {m.resource} per rank of {m.component}: {m.peak_before_mb} MB before 1F1B -> "
+                      f"{m.peak_after_mb} MB after ({m.inflight_after} of {m.inflight_before} micro-batches "
+                      f"in flight; budget {budget})")
+    console.print(f"priority = {plan.schedule.qos_weight} x qos + {plan.schedule.util_weight} x utilization")
+
+
+def _print_explain(console: Console, build: PlanBuild) -> None:
+    from rich.columns import Columns
+    from rich.panel import Panel
+
+    console.print("[bold]compiler passes[/bold]")
+    for i, report in enumerate(build.passes, 1):
+        console.print(f"({i}) {report.name}: {report.summary}")
+        for note in report.notes:
+            console.print(f"    note: {note}")
+        console.print(Columns([
+            Panel("\n".join(report.before), title="before", expand=True),
+            Panel("\n".join(report.after), title="after", expand=True),
+        ], equal=True, expand=True))
+
+
+def _print_unroll(console: Console, build: PlanBuild, iterations: int) -> None:
+    from hetrun.dag.unroll import schedule_order, unroll
+
+    plan = build.plan
+    g = unroll(plan, iterations)
+    order = schedule_order(g, [a.priority for a in plan.actions])
+    console.print(f"[bold]unrolled over {iterations} iterations[/bold]: {len(g)} dispatches, {g.n_edges} edges")
+    preds: list[list[int]] = [[] for _ in range(len(g))]
+    for src, nexts in enumerate(g.succ):
+        for n in nexts:
+            preds[n].append(src)
+    for pos, node in enumerate(order[:_MAX_UNROLL_ROWS]):
+        deps = ", ".join(g.name(p) for p in preds[node]) or "-"
+        console.print(f"{pos:>5}  {g.name(node)}  <- {deps}", highlight=False)
+    if len(order) > _MAX_UNROLL_ROWS:
+        console.print(f"... {len(order) - _MAX_UNROLL_ROWS} more")
+
+
+def _print_scale(console: Console, build: PlanBuild) -> None:
+    """Rank-level size of the pipeline window: what the runtime really executes."""
+    from hetrun.dag.unroll import schedule_order, unroll
+
+    plan = build.plan
+    window = plan.training.pipeline_window
+    t0 = time.perf_counter()
+    g = unroll(plan, window, per_rank=True)
+    t1 = time.perf_counter()
+    schedule_order(g, [a.priority for a in plan.actions])
+    t2 = time.perf_counter()
+    per = (t2 - t1) / max(1, len(g)) * 1e6
+    console.print(f"pipeline window ({window} iteration{'' if window == 1 else 's'}) across all ranks: {len(g)} rank-level actions, "
+                  f"{g.n_edges} edges; unrolled in {(t1 - t0) * 1e3:.0f} ms, scheduled in "
+                  f"{(t2 - t1) * 1e3:.0f} ms ({per:.2f} µs/action)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        job: JobArg,
+        partition: PartitionOpt = None,
+        time_limit: TimeOpt = None,
+        account: AccountOpt = None,
+        qos: QosOpt = None,
+        nodes: NodesOpt = None,
+        gres: GresOpt = None,
+        constraint: ConstraintOpt = None,
+        sets: SetOpt = None,
+        explain: Annotated[bool, typer.Option("--explain", help="Show each compiler pass before/after.")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print only plan.json.")] = False,
+        unroll_n: Annotated[Optional[int], typer.Option(
+            "--unroll", min=1, max=10_000, help="Also show the DAG unrolled over N iterations.")] = None,
+        capacity: Annotated[str, typer.Option(
+            "--capacity", help="Check resources against: auto (sinfo if a cluster answers, else the spec), "
+                               "cluster, or spec.")] = "auto",
+        runs_dir: Annotated[Optional[Path], typer.Option(
+            "--runs-dir", help="Runs root shown in the script (default $HETRUN_RUNS, else ./runs).")] = None,
+    ) -> None:
+        """Show the action DAG, priorities, het components and the exact sbatch script of a job."""
+        from hetrun.dag.errors import SpecError
+        from hetrun.dag.plan import build_plan_explained
+
+        if capacity not in ("auto", "cluster", "spec"):
+            raise SpecError(f"--capacity {capacity!r}: expected auto, cluster or spec")
+        spec = load_job(job, overrides_from(partition, time_limit, account, qos, nodes, gres, constraint, sets))
+        caps, cap_source = _capacities(spec, capacity)
+        build = build_plan_explained(spec, capacities=caps)
+        if as_json:
+            sys.stdout.write(build.plan.to_json())
+            return
+        from rich.console import Console
+
+        # Piped output gets a wide fixed width so ids and deps are not cut to fit 80 columns.
+        console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+        _print_plan(console, build, spec, cap_source)
+        _print_scale(console, build)
+        if explain:
+            _print_explain(console, build)
+        if unroll_n:
+            _print_unroll(console, build, unroll_n)
+        script, note = _render_script(build, spec, runs_dir)
+        if script is None:
+            console.print(f"[yellow]sbatch script not shown: {note}[/yellow]")
+        else:
+            console.print(f"[bold]sbatch script[/bold] ({note})")
+            console.file.flush()
+            # Written raw: the script must come out byte for byte, never re-wrapped by rich.
+            sys.stdout.write(script if script.endswith("\n") else script + "\n")
+
+    @app.command("schema")
+    def schema_cmd() -> None:
+        """Print the JSON Schema of the job YAML (for editor completion)."""
+        from hetrun.dag.spec import job_json_schema
+
+        sys.stdout.write(json.dumps(job_json_schema(), indent=2) + "\n")
