@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +24,26 @@ def test_up_is_idempotent(slurm_cluster: cluster.ClusterStatus) -> None:
     # Nothing was restarted: every daemon kept its pid.
     assert after == before
     assert all(pid for pid in after.values())
+
+
+def test_up_restarts_only_what_is_down(slurm_cluster: cluster.ClusterStatus) -> None:
+    cfg = slurm_cluster.config
+    assert cfg is not None
+    victim = f"slurmd-{cfg.node_names[-1]}"
+    before = {d.name: d.pid for d in cluster.status().daemons}
+    pid = before[victim]
+    assert pid
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    down = {d.name: d.alive for d in cluster.status().daemons}
+    assert down[victim] is False
+    after = {d.name: d.pid for d in cluster.up(install=False).daemons}
+    assert after[victim] and after[victim] != pid
+    assert {k: v for k, v in after.items() if k != victim} == {
+        k: v for k, v in before.items() if k != victim
+    }
 
 
 def test_status_lists_nodes_and_live_daemons(slurm_cluster: cluster.ClusterStatus) -> None:

@@ -1,0 +1,168 @@
+"""Set-up of the local cluster: Debian packages, config files, the /etc/slurm link, started.json.
+
+Nothing here starts a daemon (``cluster_daemons`` does); ``cluster.up()`` calls both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+from hetrun.dag.errors import SlurmError
+from hetrun.slurm_plugin.cluster_conf import (
+    ClusterConfig,
+    fake_gpu_files,
+    render_gres_conf,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+    render_task_prolog,
+)
+from hetrun.slurm_plugin.cluster_procs import run_checked
+
+REQUIRED_PACKAGES = (
+    "slurm-wlm",
+    "munge",
+    "libslurm-dev",
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "slurmdbd",
+    "mariadb-server",
+)
+
+
+# ------------------------------------------------------------------ packages
+
+
+def missing_packages(packages: tuple[str, ...] = REQUIRED_PACKAGES) -> list[str]:
+    missing = []
+    for pkg in packages:
+        proc = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", pkg], capture_output=True, text=True, check=False
+        )
+        if "install ok installed" not in proc.stdout:
+            missing.append(pkg)
+    return missing
+
+
+def ensure_packages(packages: tuple[str, ...] = REQUIRED_PACKAGES) -> list[str]:
+    """Install the Debian packages the cluster needs when missing; returns what was installed."""
+    if shutil.which("dpkg-query") is None:
+        if all(shutil.which(b) for b in ("slurmctld", "slurmd", "munged")):
+            return []
+        raise SlurmError(
+            "local cluster: needs Debian/Ubuntu (dpkg/apt) to install Slurm, or the packages "
+            + ", ".join(packages) + " installed by hand"
+        )
+    missing = missing_packages(packages)
+    if not missing:
+        return []
+    if os.geteuid() != 0:
+        raise SlurmError(
+            f"local cluster: packages missing: {' '.join(missing)}",
+            hint=f"as root: apt-get update && apt-get install -y {' '.join(missing)}",
+        )
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run_checked(["apt-get", "update", "-q"], env=env, timeout=600, what="apt-get update")
+    run_checked(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        env=env, timeout=1200, what="installing Slurm packages",
+    )
+    return missing
+
+
+# -------------------------------------------------------------- config files
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644) -> bool:
+    old = path.read_text() if path.exists() else None
+    if old == text:
+        if path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+        return False
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    return True
+
+
+def link_slurm_conf(cfg: ClusterConfig) -> None:
+    """Make ``<slurm_etc>/slurm.conf`` a symlink to ours; refuse to replace anyone else's."""
+    link = cfg.slurm_etc / "slurm.conf"
+    if link.is_symlink():
+        target = Path(os.readlink(link))
+        if target == cfg.slurm_conf:
+            return
+        if not str(target).startswith(str(cfg.directory) + "/"):
+            raise SlurmError(
+                f"local cluster: {link} is a link to {target}, not to hetrun's {cfg.slurm_conf}; "
+                "refusing to replace another Slurm configuration",
+                hint=f"if that cluster is not needed, `rm {link}` and run `hetrun cluster up` again",
+            )
+        link.unlink()
+    elif link.exists():
+        raise SlurmError(
+            f"local cluster: {link} already exists and is not hetrun's; "
+            "refusing to replace another Slurm configuration",
+            hint=f"move it away (`mv {link} {link}.orig`) and run `hetrun cluster up` again",
+        )
+    cfg.slurm_etc.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(cfg.slurm_conf)
+
+
+def db_password(cfg: ClusterConfig) -> str:
+    path = cfg.directory / "db_password"
+    if path.exists():
+        return path.read_text().strip()
+    password = secrets.token_hex(16)
+    write_if_changed(path, password + "\n", 0o600)
+    return password
+
+
+def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
+    """Write every config file; returns which ones changed (by short name)."""
+    d = cfg.directory
+    for sub in ("etc", "state", "run", "log", "fakegpu", *(f"spool/{n}" for n in cfg.node_names)):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    for gpu in fake_gpu_files(cfg):
+        gpu.touch(exist_ok=True)
+    changed = {
+        "slurm.conf": write_if_changed(cfg.etc / "slurm.conf", render_slurm_conf(cfg)),
+        "gres.conf": write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg)),
+        # slurmdbd refuses a config readable by others (it holds the DB password).
+        "slurmdbd.conf": write_if_changed(
+            cfg.etc / "slurmdbd.conf", render_slurmdbd_conf(cfg, db_password(cfg)), 0o600
+        ),
+        "task_prolog.sh": write_if_changed(cfg.etc / "task_prolog.sh", render_task_prolog(), 0o755),
+    }
+    write_if_changed(d / "cluster.json", cfg.to_json() + "\n")
+    return changed
+
+
+# --------------------------------------------------------------- started.json
+
+
+def started_daemons(cfg: ClusterConfig) -> dict[str, int]:
+    path = cfg.directory / "started.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): int(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def record_started(cfg: ClusterConfig, name: str, pid: int | None) -> None:
+    data = started_daemons(cfg)
+    if pid is None:
+        data.pop(name, None)
+    else:
+        data[name] = pid
+    write_if_changed(cfg.directory / "started.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
