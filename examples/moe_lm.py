@@ -1,0 +1,330 @@
+"""Mixture-of-experts byte-level language model as a hetrun workload.
+
+The learner component trains data- and expert-parallel at once: every rank
+draws its own batches from the standard library's source (examples/moe_data.py),
+holds a full copy of the attention/embedding weights (``parameters_to_sync``:
+the runtime averages their gradients) and 1/P of the 16 experts of each MoE
+layer, which it trains on the tokens every rank sends it (examples/moe_model.py).
+The all-to-all codecs come from the job's ``comms:`` section
+(``forward_codec`` for activations, ``backward_codec`` for gradients; ``none``
+is exact).
+
+The objective is the mean over learner ranks of each rank's loss. ``sync``
+averages the replicated gradients; expert gradients arrive summed over the
+ranks by the all-to-all backward, so ``optimize`` divides them by P.
+
+``evaluate`` is the held-out loss on a fixed set of 64 windows. On the learner
+it is a collective over the component (the experts are spread); on a
+component without ``forward`` (an evaluator) it runs the whole model from the
+weights the learner published with ``policy_state``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from hetrun.dag.errors import CheckpointError, HetrunError
+from hetrun.examples.moe_data import ByteCorpus
+from hetrun.examples.moe_model import MoEConfig, MoELM, expert_slice
+from hetrun.runtime.comms.alltoall import AllToAllComm
+from hetrun.runtime.context import RankContext
+from hetrun.runtime.workload import Workload
+
+_EVAL_WINDOWS = 64  # divisible by every expert-parallel degree 16 experts allow
+_MODEL_KEYS = {
+    "d_model", "n_heads", "n_layers", "seq_len", "num_experts", "num_groups", "top_k",
+    "expert_hidden", "aux_loss_coef",
+}
+_WORKLOAD_KEYS = {"batch_size", "lr", "warmup", "weight_decay", "corpus_bytes", "heldout_every"}
+
+
+def _codec(comms: dict[str, Any], key: str) -> str | None:
+    value = comms.get(key, "none")
+    if value is None or value == "none":
+        return None
+    if not isinstance(value, str):
+        raise HetrunError(f"comms.{key}={value!r} is not a codec name", hint="e.g. none or int8")
+    return value
+
+
+def _require_codecs(*codecs: str | None) -> None:
+    """Fail at start-up, not at the first exchange, when a codec cannot be served."""
+    if all(c is None for c in codecs):
+        return
+    try:
+        import hetrun.runtime.comms.compressed  # noqa: F401
+    except ModuleNotFoundError as exc:
+        if exc.name != "hetrun.runtime.comms.compressed":
+            raise
+        raise HetrunError(
+            f"MoE LM: comms codecs {[c for c in codecs if c]} need compressed all-to-all "
+            "codecs, which are unavailable (hetrun.runtime.comms.compressed is not installed)",
+            hint="set comms: {forward_codec: none, backward_codec: none} in the job YAML",
+        ) from exc
+
+
+class MoELMWorkload(Workload):
+    """Byte-level MoE transformer LM; expert-parallel over the learner component."""
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        *,
+        batch_size: int = 16,
+        lr: float = 3e-3,
+        warmup: int = 10,
+        weight_decay: float = 0.01,
+        corpus_bytes: int = 4_000_000,
+        heldout_every: int = 20,
+        **model_args: Any,
+    ) -> None:
+        super().__init__(ctx, batch_size=batch_size, lr=lr, **model_args)
+        unknown = sorted(set(model_args) - _MODEL_KEYS)
+        if unknown:
+            from hetrun.dag.errors import closest
+
+            valid = sorted(_MODEL_KEYS | _WORKLOAD_KEYS)
+            guess = closest(unknown[0], valid)
+            raise HetrunError(
+                f"MoE LM: unknown workload_args key(s) {unknown}"
+                + (f" (did you mean {guess!r}?)" if guess else ""),
+                hint=f"valid keys: {', '.join(valid)}",
+            )
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise HetrunError(
+                f"MoE LM: workload_args.batch_size={batch_size!r} is invalid",
+                hint="use a positive integer (sequences per micro-batch per rank)",
+            )
+        self.cfg = MoEConfig(**model_args)
+        self.cfg.validate()
+        self.batch_size = batch_size
+        self.lr = float(lr)
+        self.warmup = int(warmup)
+        self.device = torch.device(ctx.device)
+        self.forward_codec = _codec(ctx.comms, "forward_codec")
+        self.backward_codec = _codec(ctx.comms, "backward_codec")
+
+        plan = ctx.plan
+        own_actions = set(plan.component(ctx.component).actions) if plan is not None else None
+        # A component that evaluates but never runs forward holds the whole model.
+        self.expert_parallel = own_actions is None or "forward" in own_actions
+        size = ctx.comp_size if self.expert_parallel else 1
+        rank = ctx.comp_rank if self.expert_parallel else 0
+        self.ep_size, self.ep_rank = size, rank
+        self.expert_range = expert_slice(self.cfg.num_experts, rank, size)
+        self.comm: AllToAllComm | None = None
+        if size > 1:
+            _require_codecs(self.forward_codec, self.backward_codec)
+            if self.device.type == "cuda" and ctx.group is not None:
+                self.comm = AllToAllComm.from_torch(ctx.group, device=self.device)
+            else:
+                self.comm = AllToAllComm.from_mpi(ctx.comm)
+
+        # Same seed on every rank: replicated weights start equal, experts are slices
+        # of one full draw (MoEFFN), so P ranks hold exactly the 1-rank model.
+        torch.manual_seed(ctx.seed)
+        self.model = MoELM(
+            self.cfg, rank=rank, size=size, comm=self.comm,
+            forward_codec=self.forward_codec, backward_codec=self.backward_codec,
+        ).to(self.device)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.lr, betas=(0.9, 0.95), weight_decay=weight_decay
+        )
+        self.corpus = ByteCorpus.from_stdlib(corpus_bytes, heldout_every)
+        self.step = 0
+        # Learners publish the full model only when another component consumes it.
+        self.publish_policy = self.expert_parallel and size > 1 and _has_consumer(ctx)
+        self._full_state: dict[str, torch.Tensor] | None = None
+        self._num_micro = 1
+        self._reset_window()
+
+    # --- data ---
+    def next_batch(self, iteration: int, micro: int) -> dict[str, torch.Tensor]:
+        tokens = self.corpus.sample(
+            self.batch_size, self.cfg.seq_len, seed=self.ctx.seed, iteration=iteration,
+            micro=micro, rank=self.ep_rank,
+        )
+        return {"tokens": tokens.to(self.device)}
+
+    def batch_steps(self, batch: dict[str, torch.Tensor]) -> int:
+        tokens = batch["tokens"]
+        return int(tokens.shape[0] * (tokens.shape[1] - 1))
+
+    # --- learner ---
+    def forward(self, batch: dict[str, torch.Tensor], micro: int, num_micro: int) -> torch.Tensor:
+        self.model.train()
+        self._num_micro = max(1, num_micro)
+        ce, aux = self.model(batch["tokens"])
+        self._window["ce"] += float(ce.detach())
+        self._window["aux"] += float(aux.detach())
+        self._window["micro"] += 1
+        self._window["tokens"] += self.batch_steps(batch)
+        return ce + self.cfg.aux_loss_coef * aux
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self._num_micro).backward()
+
+    def parameters_to_sync(self) -> list[torch.Tensor]:
+        return list(self.model.replicated_parameters())
+
+    def optimize(self) -> dict[str, float]:
+        if self.ep_size > 1:
+            # The all-to-all backward summed each expert's gradient over the ranks'
+            # losses; the objective is their mean, like the averaged replicated grads.
+            for p in self.model.expert_parameters():
+                if p.grad is not None:
+                    p.grad.div_(self.ep_size)
+        lr = self.lr * min(1.0, (self.step + 1) / max(1, self.warmup))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        if self.publish_policy:
+            self._full_state = self._gather_full_state()
+        w = self._window
+        micro = max(1, w["micro"])
+        elapsed = time.perf_counter() - w["t0"]
+        a2a = self.comm.stats["seconds"] - w["a2a0"] if self.comm is not None else 0.0
+        metrics = {
+            "loss": w["ce"] / micro,
+            "aux_loss": w["aux"] / micro,
+            "lr": lr,
+            "tokens": w["tokens"],
+            "tokens_per_s": w["tokens"] / elapsed if elapsed > 0 else 0.0,
+            "a2a_seconds": a2a,
+            "a2a_share": a2a / elapsed if elapsed > 0 else 0.0,
+            "step": float(self.step),
+        }
+        self._reset_window()
+        return metrics
+
+    def _reset_window(self) -> None:
+        self._window = {
+            "ce": 0.0, "aux": 0.0, "micro": 0, "tokens": 0, "t0": time.perf_counter(),
+            "a2a0": self.comm.stats["seconds"] if self.comm is not None else 0.0,
+        }
+
+    # --- evaluation ---
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        windows = self.corpus.heldout_windows(_EVAL_WINDOWS, self.cfg.seq_len)
+        mine = windows[self.ep_rank :: self.ep_size].to(self.device)
+        ce, _ = self.model(mine)
+        loss = float(ce)
+        if self.ep_size > 1:
+            loss = self._allreduce_mean(loss)
+        return {"eval_loss": loss, "eval_bits_per_byte": loss / math.log(2)}
+
+    def _allreduce_mean(self, value: float) -> float:
+        assert self.comm is not None
+        if self.comm.backend == "mpi":
+            from mpi4py import MPI
+
+            return float(self.comm.mpi_comm.allreduce(value, op=MPI.SUM)) / self.ep_size
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.comm.group)
+        return float(t.item()) / self.ep_size
+
+    # --- weights for other components (an evaluator) ---
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        if self.ep_size == 1:
+            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if self._full_state is None:
+            raise HetrunError(
+                "MoE LM: policy_state() on an expert-parallel learner before any optimize step",
+                hint="make the consumer's action depend on the learner's optimize",
+            )
+        return self._full_state
+
+    def load_policy(self, state: dict[str, torch.Tensor], version: int) -> None:
+        if self.ep_size != 1:
+            raise HetrunError(
+                f"MoE LM: load_policy on rank {self.ctx.comp_rank} of the expert-parallel "
+                f"component {self.ctx.component!r}; only a whole-model component can load it",
+            )
+        self.model.load_state_dict(state)
+        self.step = version
+
+    def _gather_full_state(self) -> dict[str, torch.Tensor] | None:
+        """Every learner sends its experts to the component leader (collective)."""
+        assert self.comm is not None and self.comm.backend == "mpi", "GPU publishing via MPI only"
+        local = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        expert_keys = {
+            name for name, p in self.model.named_parameters()
+            if any(p is q for q in self.model.expert_parameters())
+        }
+        payload = {k: local[k].numpy() for k in sorted(expert_keys)}
+        gathered = self.comm.mpi_comm.gather(payload, root=0)
+        if self.ctx.comp_rank != 0:
+            return None
+        import numpy as np
+
+        full = dict(local)
+        for key in expert_keys:
+            full[key] = torch.from_numpy(np.concatenate([g[key] for g in gathered], axis=0))
+        return full
+
+    # --- checkpoints ---
+    def state_dict(self) -> dict[str, Any]:
+        opt = self.optimizer.state_dict()
+        return {
+            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": {
+                "state": {
+                    str(i): {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
+                             for k, v in s.items()}
+                    for i, s in opt["state"].items()
+                },
+                "param_groups": [
+                    {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+                    for g in opt["param_groups"]
+                ],
+            },
+            "step": self.step,
+            "expert_range": list(self.expert_range),
+            "config": self.cfg.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if list(state.get("expert_range", [])) != list(self.expert_range):
+            raise CheckpointError(
+                f"MoE LM: checkpoint holds experts {state.get('expert_range')} but rank "
+                f"{self.ctx.comp_rank} owns experts {list(self.expert_range)}",
+                hint="resume with the same number of learner ranks as the checkpointed run",
+            )
+        if state.get("config") != self.cfg.to_dict():
+            raise CheckpointError(
+                f"MoE LM: checkpoint model config {state.get('config')} differs from "
+                f"workload_args {self.cfg.to_dict()}",
+                hint="resume with the workload_args of the checkpointed run",
+            )
+        self.model.load_state_dict(state["model"])
+        opt = state["optimizer"]
+        self.optimizer.load_state_dict(
+            {
+                "state": {int(i): dict(s) for i, s in opt["state"].items()},
+                "param_groups": [
+                    {k: (tuple(v) if k == "betas" else v) for k, v in g.items()}
+                    for g in opt["param_groups"]
+                ],
+            }
+        )
+        self.step = int(state["step"])
+
+
+def _has_consumer(ctx: RankContext) -> bool:
+    """Does an action of another component depend on one of this component's actions?"""
+    plan = ctx.plan
+    if plan is None:
+        return False
+    mine = {a.id for a in plan.actions if a.component == ctx.component}
+    return any(
+        dep.id in mine for a in plan.actions if a.component != ctx.component for dep in a.deps
+    )
