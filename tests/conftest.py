@@ -18,10 +18,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from hetrun.slurm_plugin.cluster import ClusterStatus
 
 SHARED_TMP_ROOT = Path(os.environ.get("HETRUN_TEST_SHARED_TMP", "/var/tmp/hetrun-tests"))
 
@@ -53,7 +57,7 @@ def shared_tmp(request: pytest.FixtureRequest) -> Iterator[Path]:
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     # Lets fixtures see whether their test failed (shared_tmp keeps the directory then).
     outcome = yield
     rep = outcome.get_result()
@@ -61,7 +65,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster():  # type: ignore[no-untyped-def]
+def slurm_cluster() -> ClusterStatus:
     """The running local Slurm cluster (``hetrun.slurm_plugin.cluster.ClusterStatus``).
 
     Calls ``cluster.up()`` (quick when already up; never changes the cluster's

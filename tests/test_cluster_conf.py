@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hetrun.dag.errors import SlurmError
@@ -22,8 +23,8 @@ from hetrun.slurm_plugin.cluster_conf import (
 from hetrun.slurm_plugin.cluster_procs import find_pids, process_matches, read_pid
 
 
-def _cfg(tmp_path: Path, **kw: object) -> ClusterConfig:
-    return ClusterConfig(directory=tmp_path / "c", slurm_etc=tmp_path / "etc-slurm", hostname="h", **kw)  # type: ignore[arg-type]
+def _cfg(tmp_path: Path, **kw: Any) -> ClusterConfig:
+    return ClusterConfig(directory=tmp_path / "c", slurm_etc=tmp_path / "etc-slurm", hostname="h", **kw)
 
 
 def _conf_map(text: str) -> dict[str, str]:
