@@ -196,8 +196,15 @@ def start_slurmd(cfg: ClusterConfig, node: str) -> None:
     # Own mount namespace with a private /tmp per node: pmix creates per-job
     # directories under /tmp whose names collide between nodes of one host.
     script = f"mount -t tmpfs -o mode=1777 tmpfs /tmp && exec {SLURMD} -N {node}"
-    run_checked(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                env=daemon_env(cfg), what=f"starting slurmd for node {node}")
+    try:
+        run_checked(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                    env=daemon_env(cfg), what=f"starting slurmd for node {node}")
+    except SlurmError as exc:
+        raise SlurmError(
+            str(exc.message),
+            hint="each emulated node needs its own mount namespace (unshare -m, CAP_SYS_ADMIN): "
+            "run as root on a VM or a privileged container",
+        ) from exc
     wait_for(lambda: slurm_daemon_pid(cfg, name) is not None, 20, f"slurmd {node}",
              cfg.directory / "log" / f"slurmd-{node}.log")
     record_started(cfg, name, slurm_daemon_pid(cfg, name))
