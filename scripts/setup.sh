@@ -4,8 +4,9 @@
 # For a fresh Debian 12 as root (CI), or a developer machine that already has
 # most of it. It:
 #   1. apt-get installs the Slurm/MPI/accounting packages that are missing;
-#   2. picks a Python: $HETRUN_PYTHON, else an active virtualenv/pyenv python,
-#      else (Debian's "externally managed" system python) a venv in .hetrun/venv;
+#   2. picks a Python: $HETRUN_PYTHON, else python3 on PATH (an active venv,
+#      pyenv...), unless that is Debian's "externally managed" system python:
+#      then a venv in .hetrun/venv (created once);
 #   3. installs torch==2.13.0 FIRST (an unpinned torch pulls a multi-GB CUDA
 #      build; set HETRUN_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 #      where that index is reachable to get the CPU-only wheel);
@@ -61,17 +62,19 @@ EOF
 
 if [ -n "${HETRUN_PYTHON:-}" ]; then
     PY="$HETRUN_PYTHON"
-elif [ -x "$STATE/venv/bin/python" ]; then
-    PY="$STATE/venv/bin/python"
 else
+    # python3 on PATH (an active venv, pyenv...) unless it is Debian's
+    # externally managed system python; then our own venv in .hetrun/venv.
     PY="$(command -v python3 || true)"
     [ -n "$PY" ] || { apt_install python3; PY="$(command -v python3)"; }
     if externally_managed "$PY"; then
-        apt_install python3-venv python3-dev build-essential
-        log "creating a virtualenv in .hetrun/venv (system python is externally managed)"
-        "$PY" -m venv "$STATE/venv"
+        if [ ! -x "$STATE/venv/bin/python" ]; then
+            apt_install python3-venv python3-dev build-essential
+            log "creating a virtualenv in .hetrun/venv (system python is externally managed)"
+            "$PY" -m venv "$STATE/venv"
+            "$STATE/venv/bin/python" -m pip install -q --root-user-action=ignore --upgrade pip
+        fi
         PY="$STATE/venv/bin/python"
-        "$PY" -m pip install -q --root-user-action=ignore --upgrade pip
     fi
 fi
 PY="$("$PY" -c 'import sys; print(sys.executable)')"
