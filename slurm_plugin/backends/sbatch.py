@@ -203,9 +203,13 @@ class SbatchBackend(Backend):
 
 
 def _exit_code(value: Any) -> int | None:
+    """An exit code; squeue reports a raw wait status (code << 8 | signal)."""
     if isinstance(value, dict):
         return _int(value.get("return_code"))
-    return _int(value)
+    code = _int(value)
+    if code is None or code < 256:
+        return code
+    return code >> 8 if code & 0x7F == 0 else 128 + (code & 0x7F)
 
 
 def _sacct_json_record(job: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,72 @@
+"""`hetrun status [RUN...]`: per run and per het component, state, nodes, elapsed, restarts.
+
+One squeue call answers for every Slurm run (sacct once more for runs that
+have left squeue). Imports neither torch nor mpi4py; rich only inside.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+RunsDirOpt = Annotated[Optional[Path], typer.Option(
+    "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
+    help="Where run directories live (default ./runs).")]
+
+
+def _elapsed(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def status(
+        runs: Annotated[Optional[list[str]], typer.Argument(
+            help="Runs: directory, name (prefix) or Slurm job id. Default: every run under --runs-dir.",
+            show_default=False)] = None,
+        runs_dir: RunsDirOpt = None,
+        last: Annotated[int, typer.Option(
+            "--last", "-n", help="Without RUN arguments: show only the newest N runs (0 = all).")] = 20,
+    ) -> None:
+        """Show the state of each het component of your runs."""
+        from hetrun.slurm_plugin.backends import get_backend, resolve_name
+        from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
+
+        root = runs_root(runs_dir)
+        chosen = [find_run(ref, root) for ref in runs] if runs else list_runs(root)
+        if not runs and last > 0:
+            chosen = chosen[-last:]
+        if not chosen:
+            typer.echo(f"no runs under {root}")
+            return
+        by_backend: dict[str, list] = {}
+        for run in chosen:
+            by_backend.setdefault(resolve_name(run.backend), []).append(run)
+        results = {}
+        for name, group in by_backend.items():
+            results.update(get_backend(name).status(group))
+
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS", "REASON"):
+            table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
+        for run in chosen:
+            st = results[run.run_dir]
+            for i, comp in enumerate(st.components):
+                table.add_row(
+                    Path(run.run_dir).name if i == 0 else "",
+                    run.backend if i == 0 else "",
+                    comp.job_id or run.job_id or "-",
+                    comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
+                    str(comp.restarts), comp.reason or "",
+                )
+        Console(width=200 if not Console().is_terminal else None).print(table)

@@ -1,0 +1,85 @@
+"""`hetrun submit`: job YAML -> plan -> run directory -> one Slurm het job (or local run).
+
+Thin: the work is in ``hetrun.slurm_plugin.submit``. Heavy imports happen
+inside the command.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from hetrun.cli.spec_options import (
+    AccountOpt,
+    ConstraintOpt,
+    GresOpt,
+    JobArg,
+    NodesOpt,
+    PartitionOpt,
+    QosOpt,
+    SetOpt,
+    TimeOpt,
+    load_job,
+    overrides_from,
+)
+
+BackendOpt = Annotated[str, typer.Option(
+    "--backend", "-b",
+    help="auto (sbatch when Slurm is installed, else local), sbatch, local or pyslurm.")]
+RunsDirOpt = Annotated[Optional[Path], typer.Option(
+    "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
+    help="Where run directories are created (default ./runs).")]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def submit(
+        job: JobArg,
+        partition: PartitionOpt = None,
+        time: TimeOpt = None,
+        account: AccountOpt = None,
+        qos: QosOpt = None,
+        nodes: NodesOpt = None,
+        gres: GresOpt = None,
+        constraint: ConstraintOpt = None,
+        sets: SetOpt = None,
+        backend: BackendOpt = "auto",
+        runs_dir: RunsDirOpt = None,
+        dry_run: Annotated[bool, typer.Option(
+            "--dry-run", help="Print the script and the command; create and submit nothing.")] = False,
+        wait: Annotated[bool, typer.Option(
+            "--wait", help="Wait until every component has ended; exit non-zero unless all COMPLETED.")] = False,
+        wait_timeout: Annotated[Optional[float], typer.Option(
+            "--wait-timeout", help="With --wait: give up waiting after this many seconds.")] = None,
+    ) -> None:
+        """Submit a job: one Slurm heterogeneous job with a component per resource group."""
+        from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+        spec = load_job(job, overrides_from(partition, time, account, qos, nodes, gres, constraint, sets))
+        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run)
+        if result.dry_run is not None:
+            dr = result.dry_run
+            typer.echo(result.script, nl=False)
+            import shlex
+
+            sys.stderr.write(f"hetrun: dry run ({dr.backend}); would run: {shlex.join(dr.command)}\n")
+            for note in dr.notes:
+                sys.stderr.write(f"hetrun:   {note}\n")
+            sys.stderr.write(f"hetrun: nothing was written; the run directory would be {result.run.run_dir}\n")
+            return
+        run = result.run
+        typer.echo(f"submitted {run.name} as job {run.job_id} ({result.backend})")
+        typer.echo(f"run directory: {run.run_dir}")
+        if not wait:
+            return
+        from hetrun.slurm_plugin.submit import backend_for
+
+        def show(status) -> None:  # type: ignore[no-untyped-def]
+            parts = ", ".join(f"{c.name}={c.state}" for c in status.components)
+            typer.echo(f"  {parts}")
+
+        final = wait_for_end(run, backend_for(run), timeout_s=wait_timeout, on_change=show)
+        if any(c.state != "COMPLETED" for c in final.components):
+            raise typer.Exit(1)
