@@ -1,0 +1,162 @@
+"""Rendered sbatch scripts: golden files for every example, and the script's shape.
+
+Regenerate the golden files after an intended change with
+``HETRUN_UPDATE_GOLDEN=1 pytest tests/test_render.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.dag.plan import build_plan
+from hetrun.dag.spec import load_spec, spec_from_dict
+from hetrun.slurm_plugin.render import render_sbatch
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+GOLDEN = Path(__file__).resolve().parent / "golden"
+# Fixed so the output does not depend on the machine or the clock.
+RUN_DIR = Path("/var/tmp/hetrun-golden/RUN")
+PYTHON = "/usr/bin/python3"
+
+
+def _render(path: Path) -> str:
+    spec = load_spec(path)
+    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON)
+
+
+def test_every_example_has_a_golden_file() -> None:
+    assert EXAMPLES, "no examples/*.yaml found"
+    if os.environ.get("HETRUN_UPDATE_GOLDEN"):
+        pytest.skip("regenerating golden files")
+    missing = [p.name for p in EXAMPLES if not (GOLDEN / f"{p.stem}.sbatch").exists()]
+    assert not missing, f"no golden script for {missing}; run with HETRUN_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_golden_script(example: Path) -> None:
+    script = _render(example)
+    golden = GOLDEN / f"{example.stem}.sbatch"
+    if os.environ.get("HETRUN_UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert golden.exists(), f"{golden} missing; run with HETRUN_UPDATE_GOLDEN=1"
+    assert script == golden.read_text(), f"rendered script differs from {golden}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_rendering_is_deterministic_and_valid_bash(example: Path) -> None:
+    a, b = _render(example), _render(example)
+    assert a == b
+    subprocess.run(["bash", "-n"], input=a, text=True, check=True)
+
+
+def _spec(**changes: object) -> object:
+    data: dict = {
+        "name": "demo",
+        "workload": "hetrun.examples.ppo:PPOWorkload",
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": 2, "gpus_per_node": 2,
+                        "mem": "4G", "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 2, "tasks_per_node": 1, "mem": "1G", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 2},
+        "slurm": {"partition": "debug", "account": "proj1", "qos": "normal", "time": "01:00:00",
+                  "constraint": "intel&ib", "extra": ["--exclusive", "--mail-type=END"]},
+        "preemption": {"signal": "USR1", "grace_seconds": 90, "max_restarts": 2},
+        "env": {"B": "2", "A": "1"},
+    }
+    data.update(changes)
+    return spec_from_dict(data)
+
+
+def _script(spec: object) -> str:
+    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON)  # type: ignore[arg-type]
+
+
+def _blocks(script: str) -> list[list[str]]:
+    """The #SBATCH lines of each het component."""
+    blocks: list[list[str]] = [[]]
+    for line in script.splitlines():
+        if line == "#SBATCH hetjob":
+            blocks.append([])
+        elif line.startswith("#SBATCH "):
+            blocks[-1].append(line.removeprefix("#SBATCH "))
+    return blocks
+
+
+def test_one_block_per_component_with_its_resources() -> None:
+    blocks = _blocks(_script(_spec()))
+    assert len(blocks) == 2
+    first, second = blocks
+    for opt in ("--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=2", "--gres=gpu:2", "--mem=4096M",
+                "--partition=debug", "--account=proj1", "--qos=normal", "--time=01:00:00",
+                "--constraint=intel&ib", "--exclusive", "--job-name=demo"):
+        assert opt in first, opt
+    for opt in ("--nodes=2", "--ntasks-per-node=1", "--mem=1024M", "--partition=debug", "--exclusive"):
+        assert opt in second, opt
+    assert not any(o.startswith("--gres") for o in second)
+    # Job-wide options once, in the first component.
+    for opt in ("--requeue", "--signal=B:USR1@90", "--mail-type=END", "--open-mode=append",
+                f"--output={RUN_DIR}/logs/batch-%j.out", f"--chdir={RUN_DIR}"):
+        assert opt in first and opt not in second, opt
+
+
+def test_srun_runs_the_runtime_on_every_het_group_and_requeues_on_85() -> None:
+    script = _script(_spec())
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert srun.startswith("srun --mpi=pmix ")
+    assert srun.endswith(" &")
+    assert "--het-group=0 " in srun and "--het-group=1 " in srun and " : " in srun
+    assert srun.count(f"{PYTHON} -m hetrun.runtime {RUN_DIR}") == 2
+    assert f"--output={RUN_DIR}/logs/learner-%j-%t.out" in srun
+    assert f"--output={RUN_DIR}/logs/rollout-%j-%t.out" in srun
+    assert "trap '_hetrun_forward USR1' USR1" in script
+    assert "trap '_hetrun_forward TERM' TERM" in script
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    assert '[ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]' in script
+    # env sorted, quoted
+    assert script.index("export A=1") < script.index("export B=2")
+
+
+def test_single_component_has_no_hetjob_and_no_het_group() -> None:
+    comps = {"learner": {"nodes": 1, "tasks_per_node": 1, "mem": "1G",
+                         "actions": ["forward", "backward", "optimize"]}}
+    spec = _spec(components=comps, training={"kind": "supervised", "iterations": 2},
+                 workload="hetrun.examples.moe_lm:MoEWorkload")
+    script = _script(spec)
+    assert "#SBATCH hetjob" not in script
+    assert "--het-group" not in script
+
+
+def test_no_gpu_no_partition_lines_when_unset() -> None:
+    script = _script(_spec(slurm={}))
+    assert "--partition" not in script and "--account" not in script and "--time=" not in script
+
+
+def test_run_dir_with_characters_sbatch_cannot_take_is_refused() -> None:
+    spec = _spec()
+    plan = build_plan(spec)
+    for bad in ("/var/tmp/with space/r", "/var/tmp/pct%j/r", "/var/tmp/hash#/r", "/var/tmp/q'uote/r"):
+        with pytest.raises(RunDirError, match="#SBATCH"):
+            render_sbatch(plan, spec, Path(bad), python=PYTHON)
+
+
+def test_python_path_is_shell_quoted() -> None:
+    spec = _spec()
+    script = render_sbatch(build_plan(spec), spec, RUN_DIR, python="/opt/my env/bin/python")
+    assert "'/opt/my env/bin/python' -m hetrun.runtime" in script
+
+
+def test_unknown_signal_rejected_by_renderer_too() -> None:
+    spec = _spec()
+    plan = build_plan(spec).to_json()
+    import json
+
+    data = json.loads(plan)
+    with pytest.raises(SpecError, match="preemption.signal"):
+        render_sbatch(data, {"name": "demo", "preemption": {"signal": "KILL"}}, RUN_DIR, python=PYTHON)
