@@ -21,6 +21,11 @@ STATE="$ROOT/.hetrun"
 mkdir -p "$STATE"
 
 log() { printf '[setup] %s\n' "$*"; }
+# pip chatters (build-backend warnings) even with -q: keep its output in a log, show it on failure.
+pip_install() {
+    "$PY" -m pip install -q --root-user-action=ignore "$@" >"$STATE/pip.log" 2>&1 \
+        || { tail -60 "$STATE/pip.log" >&2; die "pip install $* failed (full log: $STATE/pip.log)"; }
+}
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server)
@@ -89,9 +94,9 @@ if "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] ==
 else
     log "pip install torch==2.13.0"
     if [ -n "${HETRUN_TORCH_INDEX_URL:-}" ]; then
-        "$PY" -m pip install -q --root-user-action=ignore --index-url "$HETRUN_TORCH_INDEX_URL" torch==2.13.0
+        pip_install --index-url "$HETRUN_TORCH_INDEX_URL" torch==2.13.0
     else
-        "$PY" -m pip install -q --root-user-action=ignore torch==2.13.0
+        pip_install torch==2.13.0
     fi
 fi
 
@@ -102,7 +107,7 @@ if [ "$want" = "$have" ] && "$PY" -c 'import hetrun.cli.app, pytest, mpi4py' 2>/
     log "hetrun already installed (editable, pyproject.toml unchanged)"
 else
     log "pip install -e .[dev]"
-    "$PY" -m pip install -q --root-user-action=ignore -e ".[dev]"
+    pip_install -e ".[dev]"
     printf '%s\n' "$want" >"$STATE/pyproject.sha256"
 fi
 "$PY" -c 'import hetrun.cli.app' || die "hetrun does not import after installation"
