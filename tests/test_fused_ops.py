@@ -1,0 +1,127 @@
+"""Fused ops against their unfused references: forward 1e-6, gradients 1e-4 (fp32, relative to scale)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hetrun.dag.errors import HetrunError
+from hetrun.kernels.fused_ln_linear import (
+    FusedLayerNormLinear,
+    ln_linear_gelu,
+    ln_linear_gelu_reference,
+)
+from hetrun.kernels.moe_dispatch import (
+    gate_topk_permute,
+    gate_topk_permute_reference,
+    unpermute_combine,
+    unpermute_combine_reference,
+)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _leaves(*shapes: tuple[int, ...], seed: int = 0, dtype=torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=dtype).requires_grad_(True) for s in shapes]
+
+
+def _grads(fn, params, gy):
+    for p in params:
+        if p is not None:
+            p.grad = None
+    y = fn()
+    y.backward(gy)
+    return y.detach(), [None if p is None else p.grad.clone() for p in params]
+
+
+@pytest.mark.parametrize(
+    ("lead", "hdim", "fdim", "gelu", "bias", "affine", "approximate"),
+    [
+        ((300,), 64, 96, True, True, True, "none"),  # rows not a multiple of the row block
+        ((2, 257), 32, 128, True, True, True, "tanh"),
+        ((513,), 48, 40, False, True, True, "none"),
+        ((64,), 16, 24, True, False, False, "none"),
+        ((1,), 8, 8, True, True, True, "none"),
+    ],
+)
+def test_ln_linear_gelu_matches_eager(lead, hdim, fdim, gelu, bias, affine, approximate) -> None:
+    x, lnw, lnb, w, b = _leaves((*lead, hdim), (hdim,), (hdim,), (fdim, hdim), (fdim,))
+    with torch.no_grad():
+        lnw.mul_(0.2).add_(1.0)
+        w.mul_(hdim**-0.5)
+    lnw_, lnb_ = (lnw, lnb) if affine else (None, None)
+    b_ = b if bias else None
+    params = [x, lnw_, lnb_, w, b_]
+    gy = torch.randn((*lead, fdim), generator=torch.Generator().manual_seed(9))
+    kw = {"gelu": gelu, "approximate": approximate}
+    y_ref, g_ref = _grads(lambda: ln_linear_gelu_reference(x, lnw_, lnb_, w, b_, **kw), params, gy)
+    y, g = _grads(lambda: ln_linear_gelu(x, lnw_, lnb_, w, b_, **kw), params, gy)
+    assert y.shape == y_ref.shape
+    assert _rel(y, y_ref) < 1e-6
+    for name, a, r in zip(("x", "ln_weight", "ln_bias", "weight", "bias"), g, g_ref, strict=True):
+        assert (a is None) == (r is None), name
+        if a is not None:
+            assert _rel(a, r) < 1e-4, (name, _rel(a, r))
+
+
+def test_ln_linear_gelu_gradcheck_float64() -> None:
+    """The hand-written backward against finite differences."""
+    x, lnw, lnb, w, b = _leaves((7, 6), (6,), (6,), (5, 6), (5,), dtype=torch.float64, seed=3)
+    assert torch.autograd.gradcheck(lambda *a: ln_linear_gelu(*a), (x, lnw, lnb, w, b))
+
+
+def test_module_and_partial_grads() -> None:
+    mod = FusedLayerNormLinear(32, 64)
+    x = torch.randn(10, 32)  # no grad for x: only the parameters'
+    mod(x).sum().backward()
+    assert all(p.grad is not None for p in mod.parameters())
+    ref = ln_linear_gelu_reference(x, mod.norm.weight, mod.norm.bias, mod.linear.weight, mod.linear.bias)
+    assert _rel(mod(x).detach(), ref.detach()) < 1e-6
+
+
+@pytest.mark.parametrize(("tokens", "experts", "k"), [(200, 8, 2), (33, 4, 1), (64, 6, 3), (5, 16, 2)])
+def test_gate_topk_permute_and_combine_match_reference(tokens: int, experts: int, k: int) -> None:
+    x, gw, ew = _leaves((tokens, 24), (experts, 24), (24, 24), seed=tokens)
+    params = [x, gw, ew]
+    gy = torch.randn(tokens, 24, generator=torch.Generator().manual_seed(1))
+
+    def moe(dispatch, combine):
+        d = dispatch(x, gw, k)
+        y = torch.tanh(d.permuted_x @ ew)  # stand-in expert: a shared matrix
+        return d, combine(y, d.token_index, d.weights, tokens)
+
+    d, out = moe(gate_topk_permute, unpermute_combine)
+    d_ref, out_ref = moe(gate_topk_permute_reference, unpermute_combine_reference)
+    assert d.splits == d_ref.splits and sum(d.splits) == tokens * k
+    assert torch.equal(d.token_index, d_ref.token_index)
+    assert torch.equal(d.permuted_x, d_ref.permuted_x)
+    assert _rel(d.weights, d_ref.weights) < 1e-6
+    assert _rel(out, out_ref) < 1e-6
+    # rows are grouped by expert: the splits describe contiguous runs
+    experts_of_rows = torch.repeat_interleave(torch.arange(experts), torch.tensor(d.splits))
+    top_e = torch.topk(d.probs, k, dim=-1).indices
+    assert bool((top_e[d.token_index] == experts_of_rows[:, None]).any(dim=1).all())
+
+    _, g = _grads(lambda: moe(gate_topk_permute, unpermute_combine)[1], params, gy)
+    _, g_ref = _grads(lambda: moe(gate_topk_permute_reference, unpermute_combine_reference)[1], params, gy)
+    for name, a, r in zip(("x", "gate_weight", "expert"), g, g_ref, strict=True):
+        assert _rel(a, r) < 1e-4, (name, _rel(a, r))
+
+
+def test_combine_gradcheck_float64() -> None:
+    g = torch.Generator().manual_seed(4)
+    y = torch.randn(9, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.rand(9, dtype=torch.float64, generator=g, requires_grad=True)
+    idx = torch.tensor([0, 2, 1, 0, 3, 3, 2, 1, 0])
+    assert torch.autograd.gradcheck(lambda a, b: unpermute_combine(a, idx, b, 4), (y, w))
+    x = torch.randn(4, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    gwt = torch.randn(5, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: gate_topk_permute(a, b, 2).permuted_x, (x, gwt))
+
+
+def test_bad_k_is_a_clear_error() -> None:
+    with pytest.raises(HetrunError, match="k=5 must be between 1 and the number of experts"):
+        gate_topk_permute(torch.randn(4, 8), torch.randn(4, 8), 5)
