@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from hetrun.dag.errors import RunDirError, SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec, spec_from_dict
@@ -158,5 +157,5 @@ def test_unknown_signal_rejected_by_renderer_too() -> None:
     import json
 
     data = json.loads(plan)
-    with pytest.raises(SpecError, match="preemption.signal"):
+    with pytest.raises(SpecError, match=r"preemption\.signal"):
         render_sbatch(data, {"name": "demo", "preemption": {"signal": "KILL"}}, RUN_DIR, python=PYTHON)
