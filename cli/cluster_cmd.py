@@ -99,6 +99,7 @@ def _print_status(st: object) -> None:
     link = st.config.slurm_etc / "slurm.conf"
     console.print(f"config: {st.config.directory}/etc  ({link} -> "
                   f"{'linked' if st.slurm_conf_linked else 'NOT linked'})")
+    console.print(f"logs:   {st.config.directory}/log")
     console.print("note: each node has a private /tmp; put job files outside /tmp (e.g. /var/tmp).")
     if st.error:
         console.print(f"[red]{st.error}[/]")
