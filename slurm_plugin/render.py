@@ -183,16 +183,21 @@ def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[s
 def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[str]:
     """The srun words that start the runtime on every rank of every component.
 
-    One step over all het groups gives one MPI_COMM_WORLD (ranks numbered group
-    after group); each rank finds its component from Slurm's het variables.
+    One heterogeneous step (``srun A : B``, one part per het group) gives one
+    MPI_COMM_WORLD with ranks numbered group after group; each rank finds its
+    component from Slurm's het variables. A part per group, rather than a
+    single ``--het-group=0,1``, lets each component write its own
+    ``logs/<component>-%j-%t.out`` (%j is the component's job id).
     """
     logs = quoting.sbatch_path(run_dir / "logs", "log directory")
-    words = ["srun", "--mpi=pmix"]
-    if len(components) > 1:
-        words.append("--het-group=" + ",".join(str(i) for i in range(len(components))))
-    # %j: job id, %t: global task rank; srun fills them in per task.
-    words += [f"--output={logs}/rank-%j-%t.out", "--kill-on-bad-exit=0",
-              python, "-m", "hetrun.runtime", str(run_dir)]
+    runtime = [python, "-m", "hetrun.runtime", str(run_dir)]
+    words = ["srun", "--mpi=pmix", "--kill-on-bad-exit=0"]
+    if len(components) == 1:
+        return [*words, f"--output={logs}/{components[0]}-%j-%t.out", *runtime]
+    for i, name in enumerate(components):
+        if i:
+            words.append(":")
+        words += [f"--het-group={i}", f"--output={logs}/{name}-%j-%t.out", *runtime]
     return words
 
 
