@@ -254,9 +254,10 @@ def build_plan_explained(
     else:
         w = Weights(*weights)
     template = expand(spec)
+    # Resource checks on the coarse template, so errors name action types the user wrote.
+    check_fits_rank(template, spec)
+    check_fits_nodes(template, spec, capacities if capacities is not None else spec_capacities(spec))
     compiled, passes, memory = compile_template(template, spec)
-    check_fits_rank(compiled, spec)
-    check_fits_nodes(compiled, spec, capacities if capacities is not None else spec_capacities(spec))
     assign_priorities(compiled, spec, w)
     order = compiled.topological_order()
     plan = Plan(

@@ -120,11 +120,29 @@ class _Builder:
         return value
 
 
+def _check_depth(text: str, file: str) -> None:
+    """Reject deep nesting from the event stream (PyYAML's parser is iterative, its
+    composer recursive: thousands of '[' would otherwise crawl into a RecursionError)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise SpecError(f"nesting deeper than {MAX_DEPTH} levels", file=file,
+                                line=mark.line + 1 if mark else None,
+                                column=mark.column + 1 if mark else None,
+                                hint="flatten the document; job specs are at most a few levels deep")
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            depth -= 1
+
+
 def parse_yaml_text(text: str, file: str) -> SourceDoc:
     """Parse one YAML document (text) into data + marks. Raises only ``SpecError``."""
     if "\x00" in text:
         raise SpecError("file contains a NUL byte; it is not a YAML text file", file=file)
     try:
+        _check_depth(text, file)
         loader = yaml.SafeLoader(text)
         try:
             node = loader.get_single_node()
