@@ -69,7 +69,7 @@ class OneBitCodec(Codec):
             return
         if x.device.type == "cpu":
             codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
-        elif (tr := _triton()) is not None:
+        elif (tr := _triton(self.block_size)) is not None:
             tr.onebit_encode(x.reshape(-1), out, self.block_size)
         else:
             out.copy_(codec_reference.onebit_encode(x, self.block_size))
@@ -79,7 +79,7 @@ class OneBitCodec(Codec):
             return
         if out.device.type == "cpu":
             _decode_cpu(out, lambda o: codec_cpu.onebit_decode(payload.numpy(), o, self.block_size))
-        elif (tr := _triton()) is not None:
+        elif (tr := _triton(self.block_size)) is not None:
             tr.onebit_decode(payload, out, self.block_size)
         else:
             out.reshape(-1).copy_(codec_reference.onebit_decode(payload, out.numel(), self.block_size))
@@ -112,7 +112,7 @@ class OneBitEFCodec(OneBitCodec):
             codec_cpu.onebit_encode(
                 _as_f32_numpy(x), out.numpy(), self.block_size, residual=residual.numpy()
             )
-        elif (tr := _triton()) is not None:
+        elif (tr := _triton(self.block_size)) is not None:
             tr.onebit_encode(x.reshape(-1), out, self.block_size, residual=residual)
         else:
             c = x.reshape(-1).float() + residual
@@ -162,7 +162,7 @@ class Int8Codec(Codec):
             return
         if x.device.type == "cpu":
             codec_cpu.int8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
-        elif (tr := _triton()) is not None:
+        elif (tr := _triton(self.block_size)) is not None:
             tr.int8_encode(x.reshape(-1), out, self.block_size)
         else:
             out.copy_(codec_reference.int8_encode(x, self.block_size))
@@ -172,7 +172,7 @@ class Int8Codec(Codec):
             return
         if out.device.type == "cpu":
             _decode_cpu(out, lambda o: codec_cpu.int8_decode(payload.numpy(), o, self.block_size))
-        elif (tr := _triton()) is not None:
+        elif (tr := _triton(self.block_size)) is not None:
             tr.int8_decode(payload, out, self.block_size)
         else:
             out.reshape(-1).copy_(codec_reference.int8_decode(payload, out.numel(), self.block_size))
