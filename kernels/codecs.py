@@ -17,10 +17,13 @@ from .codec import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
 __all__ = ["Fp8Codec", "Int8Codec", "OneBitCodec", "OneBitEFCodec", "OneBitStochasticCodec"]
 
 
-def _triton():
+def _triton(block: int):  # noqa: ANN202 - module or None
+    """The Triton kernels for CUDA tensors, when installed and the block size suits them."""
     from . import triton_codecs
 
-    return triton_codecs if triton_codecs.available() else None
+    if triton_codecs.available() and triton_codecs.supports(block):
+        return triton_codecs
+    return None
 
 
 def _check(codec: Codec, x: torch.Tensor, out: torch.Tensor) -> None:
