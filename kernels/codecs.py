@@ -17,7 +17,7 @@ from .codec import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
 __all__ = ["Fp8Codec", "Int8Codec", "OneBitCodec", "OneBitEFCodec", "OneBitStochasticCodec"]
 
 
-def _triton(block: int):  # noqa: ANN202 - module or None
+def _triton(block: int):
     """The Triton kernels for CUDA tensors, when installed and the block size suits them."""
     from . import triton_codecs
 
