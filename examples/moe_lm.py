@@ -136,8 +136,16 @@ class MoELMWorkload(Workload):
         self.corpus = ByteCorpus.from_stdlib(corpus_bytes, heldout_every)
         self.step = 0
         # Learners publish the full model only when another component consumes it.
-        self.publish_policy = self.expert_parallel and size > 1 and _has_consumer(ctx)
+        self._publishing = _publishing_actions(ctx) if self.expert_parallel and size > 1 else []
         self._full_state: dict[str, torch.Tensor] | None = None
+        self._full_state_step = -1
+        if self._publishing and ctx.comp_rank == 0:
+            # The executor sends the initial weights before any optimize: rebuild the
+            # whole model from the seed (the union of every rank's slices) locally.
+            torch.manual_seed(ctx.seed)
+            whole = MoELM(self.cfg, reference=True)
+            self._full_state = {k: v.detach().clone() for k, v in whole.state_dict().items()}
+            self._full_state_step = 0
         self._num_micro = 1
         self._reset_window()
 
@@ -183,8 +191,8 @@ class MoELMWorkload(Workload):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if self.publish_policy:
-            self._full_state = self._gather_full_state()
+        if self._publishing and any(a.runs_at(self.ctx.iteration) for a in self._publishing):
+            self._gather_full_state()
         w = self._window
         micro = max(1, w["micro"])
         elapsed = time.perf_counter() - w["t0"]
@@ -236,10 +244,14 @@ class MoELMWorkload(Workload):
     def policy_state(self) -> dict[str, torch.Tensor]:
         if self.ep_size == 1:
             return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        if self._full_state is None:
+        if self._full_state is None or self._full_state_step != self.step:
             raise HetrunError(
-                "MoE LM: policy_state() on an expert-parallel learner before any optimize step",
-                hint="make the consumer's action depend on the learner's optimize",
+                f"MoE LM: policy_state() asked of learner rank {self.ctx.comp_rank} at step "
+                f"{self.step}, but the whole model was last gathered at step "
+                f"{self._full_state_step} (only the component leader holds it, after an "
+                "optimize of an iteration on which a consumer's dependency runs)",
+                hint="make the consumer depend on an action of the learner component that "
+                "runs after optimize (e.g. sync.policy)",
             )
         return self._full_state
 
@@ -252,24 +264,33 @@ class MoELMWorkload(Workload):
         self.model.load_state_dict(state)
         self.step = version
 
-    def _gather_full_state(self) -> dict[str, torch.Tensor] | None:
-        """Every learner sends its experts to the component leader (collective)."""
-        assert self.comm is not None and self.comm.backend == "mpi", "GPU publishing via MPI only"
-        local = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        expert_keys = {
-            name for name, p in self.model.named_parameters()
-            if any(p is q for q in self.model.expert_parameters())
-        }
-        payload = {k: local[k].numpy() for k in sorted(expert_keys)}
-        gathered = self.comm.mpi_comm.gather(payload, root=0)
-        if self.ctx.comp_rank != 0:
-            return None
+    def _gather_full_state(self) -> None:
+        """Every learner sends its experts to the component leader (collective on ctx.comm)."""
         import numpy as np
 
-        full = dict(local)
+        local = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        expert_ids = {id(p) for p in self.model.expert_parameters()}
+        expert_keys = sorted(
+            name for name, p in self.model.named_parameters() if id(p) in expert_ids
+        )
+        # Equal slices on every rank: one flat buffer each, one Gather, no pickling.
+        flat = torch.cat([local[k].reshape(-1) for k in expert_keys]).numpy()
+        root = self.ctx.comp_rank == 0
+        recv = np.empty((self.ep_size, flat.size), dtype=flat.dtype) if root else None
+        self.ctx.comm.Gather(flat, recv, root=0)
+        if not root:
+            return
+        assert recv is not None
+        full = {k: v.clone() for k, v in local.items()}
+        offset = 0
         for key in expert_keys:
-            full[key] = torch.from_numpy(np.concatenate([g[key] for g in gathered], axis=0))
-        return full
+            shape = local[key].shape  # [E/P, ...]
+            n = local[key].numel()
+            parts = torch.from_numpy(recv[:, offset : offset + n].copy())
+            full[key] = parts.reshape(self.ep_size * shape[0], *shape[1:])
+            offset += n
+        self._full_state = full
+        self._full_state_step = self.step
 
     # --- checkpoints ---
     def state_dict(self) -> dict[str, Any]:
@@ -317,14 +338,17 @@ class MoELMWorkload(Workload):
             }
         )
         self.step = int(state["step"])
+        if self._publishing:
+            self._gather_full_state()  # restore runs on every rank: a collective is safe
 
 
-def _has_consumer(ctx: RankContext) -> bool:
-    """Does an action of another component depend on one of this component's actions?"""
+def _publishing_actions(ctx: RankContext) -> list[Any]:
+    """This component's actions that another component depends on (e.g. sync.policy)."""
     plan = ctx.plan
     if plan is None:
-        return False
-    mine = {a.id for a in plan.actions if a.component == ctx.component}
-    return any(
-        dep.id in mine for a in plan.actions if a.component != ctx.component for dep in a.deps
-    )
+        return []
+    mine = {a.id: a for a in plan.actions if a.component == ctx.component}
+    wanted = {
+        dep.id for a in plan.actions if a.component != ctx.component for dep in a.deps
+    }
+    return [mine[i] for i in sorted(wanted & set(mine))]

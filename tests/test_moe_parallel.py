@@ -175,6 +175,69 @@ def _train(out_dir: Path, steps: int = 60) -> dict[str, object]:
     }
 
 
+def _publish(out_dir: Path) -> dict[str, object]:
+    """Learners publish the whole model to an evaluator component (executor's protocol)."""
+    import torch
+    from hetrun.dag.errors import HetrunError
+    from hetrun.examples.moe_lm import MoELMWorkload
+    from hetrun.runtime.plan_view import plan_from_dict
+    from mpi4py import MPI
+
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    size = comm.Get_size()
+    plan = plan_from_dict({
+        "version": 1, "name": "moe", "workload": "hetrun.examples.moe_lm:MoELMWorkload",
+        "components": [
+            {"name": "learner", "index": 0, "ntasks": size,
+             "actions": ["forward", "backward", "sync", "optimize"]},
+            {"name": "evaluator", "index": 1, "ntasks": 1, "actions": ["eval"]},
+        ],
+        "actions": [
+            {"id": "forward", "type": "forward", "component": "learner"},
+            {"id": "optimize", "type": "optimize", "component": "learner",
+             "deps": [{"id": "forward", "lag": 0}]},
+            {"id": "sync.policy", "type": "sync", "component": "learner", "every": 2,
+             "deps": [{"id": "optimize", "lag": 0}]},
+            {"id": "eval", "type": "eval", "component": "evaluator", "every": 2,
+             "deps": [{"id": "sync.policy", "lag": 0}]},
+        ],
+        "order": ["forward", "optimize", "sync.policy", "eval"],
+    })
+    ctx = _context(comm)
+    ctx.plan = plan
+    work = MoELMWorkload(ctx, **SMALL)
+    # The evaluator is built here on every rank only to check the leader's state.
+    judge = MoELMWorkload(
+        type(ctx)(**{**ctx.__dict__, "component": "evaluator", "comp_size": 1, "comp_rank": 0,
+                     "comm": MPI.COMM_SELF}), **SMALL)
+    leader = comm.Get_rank() == 0
+    checks: list[bool] = []
+    refused: list[int] = []
+
+    def check_published() -> None:
+        ep_eval = work.evaluate()["eval_loss"]  # collective
+        if leader:
+            judge.load_policy(work.policy_state(), version=work.step)
+            checks.append(abs(judge.evaluate()["eval_loss"] - ep_eval) <= 1e-5)
+
+    check_published()  # initial weights, rebuilt from the seed on the leader
+    for it in range(4):
+        ctx.iteration = it
+        loss = work.forward(work.next_batch(it, 0), 0, 1)
+        work.backward(loss)
+        _sync(work, comm)
+        work.optimize()
+        if plan.action("sync.policy").runs_at(it):
+            check_published()
+        elif leader:
+            try:
+                work.policy_state()
+            except HetrunError:
+                refused.append(it)
+    return {"rank": comm.Get_rank(), "checks": checks, "refused": refused}
+
+
 def mpirun(np_: int, mode: str, out_dir: Path, timeout: float = 240) -> list[dict]:
     env = {**os.environ, **MPI_ENV}
     cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable,
@@ -222,7 +285,15 @@ def test_loss_falls_steadily_expert_parallel(tmp_path: Path) -> None:
     assert results[0]["eval_after"] == results[1]["eval_after"]
 
 
+@pytest.mark.mpi
+@needs_mpirun
+def test_learners_publish_the_whole_model_to_an_evaluator(tmp_path: Path) -> None:
+    leader = mpirun(4, "publish", tmp_path)[0]
+    assert leader["checks"] == [True, True, True]  # initial, after iterations 1 and 3
+    assert leader["refused"] == [0, 2]  # stale whole-model state is never handed out
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
-    result = _equivalence(out) if mode == "equivalence" else _train(out)
+    result = {"equivalence": _equivalence, "train": _train, "publish": _publish}[mode](out)
     (out / f"rank-{result['rank']}.json").write_text(json.dumps(result))
