@@ -23,7 +23,7 @@ section "local Slurm cluster (hetrun cluster up)"
 
 section "pytest ${*:-(whole suite)}"
 set +e
-"$PY" -m pytest -p no:cacheprovider --timeout=900 "$@"
+"$PY" -m pytest -p no:cacheprovider --timeout=600 --durations=15 "$@"
 rc=$?
 set -e
 
