@@ -109,9 +109,11 @@ class MoEFFN(nn.Module):
         reference: bool = False,
         forward_codec: str | None = None,
         backward_codec: str | None = None,
+        layer: int = 0,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.layer = layer
         self.reference = reference
         self.comm = comm
         self.size = 1 if reference else size
@@ -210,7 +212,7 @@ class MoEFFN(nn.Module):
             recv_rows = all_to_all(
                 send_rows, send_splits, recv_splits, self.comm,
                 codec=self.forward_codec, direction="forward",
-                backward_codec=self.backward_codec,
+                backward_codec=self.backward_codec, stream=f"moe{self.layer}.dispatch",
             )
             # Received rows are grouped by source, then expert; regroup by expert.
             local_expert = torch.repeat_interleave(
@@ -226,7 +228,7 @@ class MoEFFN(nn.Module):
             y_rows = all_to_all(
                 y_rows, recv_splits, send_splits, self.comm,
                 codec=self.forward_codec, direction="forward",
-                backward_codec=self.backward_codec,
+                backward_codec=self.backward_codec, stream=f"moe{self.layer}.combine",
             )
         # y_rows[i] is the output for assignment order[i]; weight it and sum per token.
         w = routing.weights.reshape(-1)[order]
@@ -278,10 +280,10 @@ class MoELM(nn.Module):
                 cfg,
                 MoEFFN(
                     cfg, rank=rank, size=size, comm=comm, reference=reference,
-                    forward_codec=forward_codec, backward_codec=backward_codec,
+                    forward_codec=forward_codec, backward_codec=backward_codec, layer=i,
                 ),
             )
-            for _ in range(cfg.n_layers)
+            for i in range(cfg.n_layers)
         )
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, VOCAB, bias=False)

@@ -166,10 +166,11 @@ def _body(backend: str, out_dir: str) -> None:
         raise AssertionError("splits not matching x accepted")
 
     # A codec hands the exchange (and the backward one) to the compressed module.
-    calls: list[tuple[str, str, list[int], list[int]]] = []
+    calls: list[tuple[str, str, str, list[int], list[int]]] = []
 
-    def fake_compressed_all_to_all(x, send_splits, recv_splits, comm, *, codec, direction):
-        calls.append((codec, direction, list(send_splits), list(recv_splits)))
+    def fake_compressed_all_to_all(x, send_splits, recv_splits, comm, *, codec, direction,
+                                   stream="unset"):
+        calls.append((codec, direction, stream, list(send_splits), list(recv_splits)))
         return exact_all_to_all(x, send_splits, recv_splits, comm)
 
     saved = sys.modules.get("hetrun.runtime.comms.compressed")
@@ -178,9 +179,18 @@ def _body(backend: str, out_dir: str) -> None:
     sys.modules["hetrun.runtime.comms.compressed"] = fake
     try:
         x.grad = None
-        out = all_to_all(x, sends, recvs, comm, codec="int8", backward_codec="onebit_ef")
+        out = all_to_all(x, sends, recvs, comm, codec="int8", backward_codec="onebit_ef",
+                         stream="moe0.dispatch")
         out.sum().backward()
-        assert calls == [("int8", "forward", sends, recvs), ("onebit_ef", "backward", recvs, sends)]
+        assert calls == [
+            ("int8", "forward", "moe0.dispatch", sends, recvs),
+            ("onebit_ef", "backward", "moe0.dispatch", recvs, sends),
+        ]
+        # Without a stream the codec's own default applies; exact backward skips the codec.
+        calls.clear()
+        x.grad = None
+        all_to_all(x, sends, recvs, comm, codec="int8").sum().backward()
+        assert calls == [("int8", "forward", "unset", sends, recvs)]
         assert torch.equal(x.grad, torch.ones_like(x))
         # Without the module a codec is an error, never a silent exact fallback.
         sys.modules["hetrun.runtime.comms.compressed"] = None  # type: ignore[assignment]

@@ -246,6 +246,7 @@ def _exchange(
     comm: AllToAllComm,
     codec: str | None,
     direction: str,
+    stream: str | None = None,
 ) -> torch.Tensor:
     if _is_exact(codec):
         return exact_all_to_all(x, sends, recvs, comm)
@@ -259,8 +260,11 @@ def _exchange(
             "compressed codecs are unavailable (hetrun.runtime.comms.compressed is not installed)",
             hint="set comms.forward_codec / comms.backward_codec to none in the job YAML",
         ) from exc
+    # ``stream`` names the call site (e.g. one MoE layer's dispatch) so error-feedback
+    # residuals of different exchanges are kept apart; passed only when given.
+    extra = {"stream": stream} if stream is not None else {}
     return compressed.compressed_all_to_all(
-        x, sends, recvs, comm, codec=codec, direction=direction
+        x, sends, recvs, comm, codec=codec, direction=direction, **extra
     )
 
 
@@ -275,20 +279,23 @@ class _AllToAllFunction(torch.autograd.Function):
         codec: str | None,
         direction: str,
         backward_codec: str | None,
+        stream: str | None,
     ) -> torch.Tensor:
         ctx.sends = sends
         ctx.recvs = recvs
         ctx.comm = comm
         ctx.backward_codec = backward_codec
-        return _exchange(x, sends, recvs, comm, codec, direction)
+        ctx.stream = stream
+        return _exchange(x, sends, recvs, comm, codec, direction, stream)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         # The gradient of a row lives where the row went; send it home with the splits swapped.
         grad_in = _exchange(
-            grad_out.contiguous(), ctx.recvs, ctx.sends, ctx.comm, ctx.backward_codec, "backward"
+            grad_out.contiguous(), ctx.recvs, ctx.sends, ctx.comm, ctx.backward_codec,
+            "backward", ctx.stream,
         )
-        return grad_in, None, None, None, None, None, None
+        return grad_in, None, None, None, None, None, None, None
 
 
 def all_to_all(
@@ -300,6 +307,7 @@ def all_to_all(
     codec: str | None = None,
     direction: str = "forward",
     backward_codec: str | None = None,
+    stream: str | None = None,
 ) -> torch.Tensor:
     """Expert-parallel all-to-all of the rows of ``x``; differentiable.
 
@@ -311,7 +319,8 @@ def all_to_all(
     ``codec`` compresses this exchange (``None``/``"none"``: exact), reported to
     the codec as ``direction``. The backward pass sends the gradient back with
     the splits swapped, compressed with ``backward_codec`` and
-    ``direction="backward"`` (``None``: exact).
+    ``direction="backward"`` (``None``: exact). ``stream`` names the call site
+    for the codecs' error-feedback state (e.g. ``"moe0.dispatch"``).
     """
     if direction not in _DIRECTIONS:
         raise HetrunError(
@@ -321,6 +330,6 @@ def all_to_all(
     sends = _check_splits("send_splits", send_splits, comm)
     recvs = _check_splits("recv_splits", recv_splits, comm)
     out: torch.Tensor = _AllToAllFunction.apply(
-        x, sends, recvs, comm, codec, direction, backward_codec
+        x, sends, recvs, comm, codec, direction, backward_codec, stream
     )
     return out
