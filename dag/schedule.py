@@ -100,12 +100,6 @@ def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[Nod
     def describe(c: NodeCapacity) -> str:
         return f"{c.name}: {c.cpus} CPUs, {c.gpus} GPUs, {c.mem_mb} MB"
 
-    for a in graph:
-        p = a.resource_profile
-        if not any(c.cpus >= p.cpu and c.gpus >= p.gpu and c.mem_mb >= p.memory_mb for c in capacities):
-            raise GraphError(f"action {a.id!r} needs {p.cpu} CPUs, {p.gpu} GPUs, {p.memory_mb} MB on one "
-                             f"node; no node has that (largest: {describe(biggest)})",
-                             hint=f"lower actions.{a.action_type} resources or use a bigger partition")
     for cname, comp in spec.components.items():
         cpus = comp.cpus_per_task * comp.tasks_per_node
         fitting = [c for c in capacities
@@ -125,3 +119,9 @@ def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[Nod
             raise GraphError(f"component {cname!r} needs {comp.nodes} nodes with {cpus} CPUs, "
                              f"{comp.gpus_per_node} GPUs, {comp.mem_mb} MB; only {len(fitting)} such nodes exist",
                              hint=f"lower components.{cname}.nodes (or -N {cname}={len(fitting)})")
+    for a in graph:
+        p = a.resource_profile
+        if not any(c.cpus >= p.cpu and c.gpus >= p.gpu and c.mem_mb >= p.memory_mb for c in capacities):
+            raise GraphError(f"action {a.id!r} needs {p.cpu} CPUs, {p.gpu} GPUs, {p.memory_mb} MB on one "
+                             f"node; no node has that (largest: {describe(biggest)})",
+                             hint=f"lower actions.{a.action_type} resources or use a bigger partition")

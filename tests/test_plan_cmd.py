@@ -1,0 +1,126 @@
+"""`hetrun plan` and `hetrun schema`, through the real console entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hetrun.cli.app import main
+from hetrun.dag.plan import Plan, build_plan
+from hetrun.dag.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+PPO = ROOT / "examples" / "ppo_cartpole.yaml"
+MOE = ROOT / "examples" / "moe_lm.yaml"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_shows_dag_components_and_script(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(["plan", str(PPO), "--capacity", "spec", "--runs-dir", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "het components" in out and "learner" in out and "rollout" in out
+    assert "action DAG per iteration" in out and "forward.m0+backward.m0" in out
+    assert "sync.policy@-2" in out  # the rollout's tolerance window as a lagged dep
+    assert "priority = 0.7 x qos + 0.3 x utilization" in out
+    assert "rank-level actions" in out
+    try:
+        import hetrun.slurm_plugin.render  # noqa: F401
+    except ImportError:
+        assert "sbatch script not shown" in out
+    else:
+        script = out[out.index("#!/bin/bash"):]
+        assert "#SBATCH hetjob" in script and "--het-group" in script and str(tmp_path) in script
+
+
+def test_plan_json_is_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", str(MOE), "--json", "--capacity", "spec"], capsys)
+    assert code == 0, err
+    assert Plan.from_json(out) == build_plan(load_spec(MOE))
+
+
+def test_plan_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", str(PPO), "--json", "--capacity", "spec", "-p", "high", "-t", "10:00",
+                          "-N", "rollout=3", "--set", "training.micro_batches=4"], capsys)
+    assert code == 0, err
+    plan = Plan.from_json(out)
+    assert plan.slurm.partition == "high" and plan.slurm.time == "10:00"
+    assert plan.component("rollout").nodes == 3 and plan.training.micro_batches == 4
+    assert sum(1 for a in plan.actions if a.type == "forward") == 4
+
+
+def test_plan_explain_shows_each_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["plan", str(MOE), "--explain", "--capacity", "spec"], capsys)
+    assert code == 0
+    for header in ("(1) split", "(2) memory", "(3) fuse"):
+        assert header in out
+    assert out.count("before") >= 3 and out.count("after") >= 3
+    assert "peak memory per rank" in out
+
+
+def test_plan_unroll(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["plan", str(PPO), "--unroll", "3", "--capacity", "spec"], capsys)
+    assert code == 0
+    assert "unrolled over 3 iterations" in out and "i2/rollout" in out
+    assert "i1/forward.m0+backward.m0  <- i0/sync.grads+optimize, i1/rollout" in out
+
+
+def test_spec_error_is_one_message_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "job.yaml"
+    bad.write_text(PPO.read_text().replace("micro_batches: 2", "micro_batchs: 2"))
+    code, out, err = run(["plan", str(bad)], capsys)
+    assert code == 2
+    assert err.startswith(f"hetrun: error: {bad}:") and "did you mean 'micro_batches'" in err
+    assert "Traceback" not in err and out == ""
+
+
+def test_override_error_names_override(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", str(PPO), "--set", "training.iterations=abc"], capsys)
+    assert code == 2 and "override --set training.iterations=abc: training.iterations" in err
+
+
+def test_graph_error_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", str(PPO), "--capacity", "spec", "--set", "actions.optimize.after=[checkpoint]"],
+                       capsys)
+    assert code == 2 and "dependency cycle: " in err and "Traceback" not in err
+
+
+def test_bad_capacity_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", str(PPO), "--capacity", "sinfo"], capsys)
+    assert code == 2 and "expected auto, cluster or spec" in err
+
+
+def test_schema_validates_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is needed to check the schema")
+    code, out, _ = run(["schema"], capsys)
+    assert code == 0
+    schema = json.loads(out)
+    for example in (PPO, MOE):
+        jsonschema.validate(yaml.safe_load(example.read_text()), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "x", "workload": "a:B", "components": {}, "training": {"kind": "rl"},
+                             "bogus": 1}, schema)
+
+
+def test_console_script_subprocess_no_traceback(tmp_path: Path) -> None:
+    """The installed `python -m hetrun.cli` path: real process, real exit code, no traceback."""
+    junk = tmp_path / "junk.yaml"
+    junk.write_bytes(b"\xff\xfe\x00garbage: [")
+    env = {**os.environ, "HETRUN_RUNS": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "hetrun.cli", "plan", str(junk)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("hetrun: error:") and "Traceback" not in proc.stderr
