@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import zstandard
 from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt import codec, state
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective, node_leaders
@@ -207,10 +206,10 @@ class CheckpointWriter:
                 })
             self._idle.set()
 
-    def _compressor(self) -> zstandard.ZstdCompressor:
+    def _compressor(self) -> Any:
         c = getattr(self._local, "cctx", None)
         if c is None:
-            c = self._local.cctx = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
+            c = self._local.cctx = codec.new_compressor()
         return c
 
     def _chunk(self, tier: Tier, raw: np.ndarray, itemsize: int,
@@ -286,6 +285,7 @@ class CheckpointWriter:
             doc = {"format": FORMAT, "step": snap.step, "rank": self.coll.rank,
                    "world_size": self.coll.size, "skeleton": snap.skeleton, "tensors": tensors_doc}
             rel, sha = primary.write_shard(snap.step, self.coll.rank, doc, durable=self.durable)
+            res.stored_bytes += (primary.root / rel).stat().st_size
             shard_entry = {"rank": self.coll.rank, "path": rel, "sha256": sha, "stats": {
                 "raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes,
                 "stall_s": round(snap.stall_s, 6), "write_s": round(time.perf_counter() - t0, 6)}}

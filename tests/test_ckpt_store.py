@@ -1,0 +1,392 @@
+"""The checkpoint store on real files: round trips, incremental reuse, deltas,
+verification with fallback, path-escape rejection, GC, tiers, export, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hetrun.dag.errors import CheckpointError
+from hetrun.runtime.ckpt import gc, open_store, tiers_for
+from hetrun.runtime.ckpt.objects import Tier
+from hetrun.runtime.ckpt.state import capture_rng, restore_rng
+from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+
+def exact(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(exact(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(exact(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    return type(a) is type(b) and a == b
+
+
+def trained_state(steps: int = 3, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, n: int = 1) -> None:
+    for _ in range(n):
+        model(torch.randn(16, 64)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def writer(root: Path, **kw: object) -> CheckpointWriter:
+    kw.setdefault("chunk_bytes", 1 << 16)
+    return CheckpointWriter(tiers_for(root), **kw)  # type: ignore[arg-type]
+
+
+def test_round_trip_of_every_supported_value(tmp_path: Path) -> None:
+    model, opt = trained_state()
+    state = {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),  # int keys, param_groups with floats/bools/None
+        "misc": {
+            "bf16": torch.randn(33, 7).to(torch.bfloat16),
+            "f16": torch.randn(5).half(),
+            "f64": torch.randn(3, dtype=torch.float64),
+            "i64": torch.arange(10),
+            "bool": torch.tensor([True, False, True]),
+            "scalar": torch.tensor(3.5),
+            "empty": torch.empty(0, 4),
+            "noncontig": torch.randn(8, 6).t(),
+            "np": np.arange(12, dtype=np.int16).reshape(3, 4),
+            "tuple": (1, "a", None, 2.5, float("inf")),
+            "nan": float("nan"),
+            7: "int key",
+            "loader": {"epoch": 2, "position": 12345},
+        },
+        "rng": capture_rng(),
+    }
+    w = writer(tmp_path)
+    w.save(10, state, meta={"iteration": 10})
+    res = w.wait()
+    w.close()
+    assert res is not None and res.ok, res
+    back = open_store(tmp_path).restore()
+    assert back is not None and back.step == 10 and back.meta == {"iteration": 10}
+    expected = dict(state)
+    expected["misc"] = dict(state["misc"], noncontig=state["misc"]["noncontig"].contiguous())
+    assert exact(back.state, expected)
+
+
+def test_rng_state_round_trip_continues_the_same_stream(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    w = writer(tmp_path)
+    w.save(1, {"rng": capture_rng()})
+    w.wait()
+    w.close()
+    want = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    restore_rng(open_store(tmp_path).restore().state["rng"])  # type: ignore[union-attr]
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
+
+def test_unpicklable_values_are_refused_with_the_key_path(tmp_path: Path) -> None:
+    w = writer(tmp_path)
+    with pytest.raises(CheckpointError, match=r"state\['opt'\]\['fn'\].*function"):
+        w.save(1, {"opt": {"fn": lambda: 0}})
+    w.close()
+
+
+def test_frozen_tensors_cost_no_bytes_and_deltas_shrink_changes(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    frozen = torch.randn(1 << 18)
+    live = torch.randn(1 << 18)
+    w = writer(tmp_path, max_delta_chain=8)
+    first = w.save(1, {"frozen": frozen, "live": live}) and w.wait()
+    assert first and first.ok and first.reused_chunks == 0
+    live.add_(torch.randn_like(live) * 1e-4)
+    second = w.save(2, {"frozen": frozen, "live": live}) and w.wait()
+    w.close()
+    assert second and second.ok
+    n_chunks = (1 << 20) // (1 << 16)
+    assert second.reused_chunks == n_chunks  # every frozen chunk referenced
+    assert second.delta_chunks == n_chunks  # every live chunk XOR-encoded
+    # Frozen half free; live half compresses well against the previous version.
+    assert second.stored_bytes < 0.3 * first.stored_bytes
+    assert exact(open_store(tmp_path).restore().state, {"frozen": frozen, "live": live})  # type: ignore[union-attr]
+
+
+def test_delta_chains_are_bounded(tmp_path: Path) -> None:
+    t = torch.randn(1 << 16)
+    w = writer(tmp_path, max_delta_chain=3, keep=100)
+    kinds = []
+    for s in range(7):
+        t.add_(1e-5)
+        w.save(s, {"t": t})
+        r = w.wait()
+        assert r and r.ok
+        kinds.append("delta" if r.delta_chunks else "full")
+    w.close()
+    assert kinds == ["full", "delta", "delta", "full", "delta", "delta", "full"]
+    tier = Tier(tmp_path)
+    depths = [tier.read_object_header(p.name)["depth"] for p in tier.iter_objects()]
+    assert max(depths) == 2
+    assert exact(open_store(tmp_path).restore().state["t"], t)  # type: ignore[union-attr]
+
+
+def _save_three(root: Path) -> list[torch.Tensor]:
+    w = writer(root, keep=5)
+    versions = []
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randn(1 << 16, generator=gen)
+    for s in (10, 20, 30):
+        t = t + 1e-2 * torch.randn(1 << 16, generator=gen)  # like an optimizer step
+        versions.append(t.clone())
+        w.save(s, {"t": t})
+        assert w.wait().ok  # type: ignore[union-attr]
+    w.close()
+    return versions
+
+
+def _objects_of(root: Path, step: int) -> list[str]:
+    tier = Tier(root)
+    man = tier.read_manifest(step)
+    shard = tier.read_shard(man["shards"][0]["path"], man["shards"][0]["sha256"], "test")
+    return [h for td in shard["tensors"] for h, _ in td["chunks"]]
+
+
+def test_flipped_byte_is_detected_and_restore_falls_back(tmp_path: Path) -> None:
+    versions = _save_three(tmp_path)
+    tier = Tier(tmp_path)
+    newest_only = set(_objects_of(tmp_path, 30)) - set(_objects_of(tmp_path, 20))
+    # Flip a byte of a plane stored uncompressed: it decodes fine, only the hash can tell.
+    for h in sorted(newest_only):
+        planes = tier.read_object_header(h)["planes"]
+        raw_planes = [i for i, (mode, _) in enumerate(planes) if mode in ("r", "xr")]
+        if raw_planes:
+            break
+    else:
+        pytest.fail("no uncompressed plane found")
+    victim = tier.object_path(h)
+    data = bytearray(victim.read_bytes())
+    start = len(data) - sum(n for _, n in planes) + sum(n for _, n in planes[: raw_planes[0]])
+    data[start + 3] ^= 0x01
+    victim.write_bytes(bytes(data))
+    store = open_store(tmp_path)
+    assert store.verify(30) and not store.verify(20)
+    res = store.restore()
+    assert res is not None and res.step == 20
+    assert res.skipped and res.skipped[0][0] == 30 and "does not match its hash" in res.skipped[0][1]
+    assert exact(res.state["t"], versions[1])
+
+
+def test_flipped_byte_in_a_compressed_plane_is_detected(tmp_path: Path) -> None:
+    versions = _save_three(tmp_path)
+    newest_only = set(_objects_of(tmp_path, 30)) - set(_objects_of(tmp_path, 20))
+    victim = Tier(tmp_path).object_path(sorted(newest_only)[0])
+    data = bytearray(victim.read_bytes())
+    data[-5] ^= 0x01
+    victim.write_bytes(bytes(data))
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 20 and "corrupt" in res.skipped[0][1]
+    assert exact(res.state["t"], versions[1])
+
+
+def test_missing_chunk_falls_back(tmp_path: Path) -> None:
+    versions = _save_three(tmp_path)
+    newest_only = set(_objects_of(tmp_path, 30)) - set(_objects_of(tmp_path, 20))
+    Tier(tmp_path).object_path(sorted(newest_only)[0]).unlink()
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 20 and "missing" in res.skipped[0][1]
+    assert exact(res.state["t"], versions[1])
+
+
+def test_corrupt_base_of_a_delta_invalidates_dependents(tmp_path: Path) -> None:
+    _save_three(tmp_path)
+    tier = Tier(tmp_path)
+    # Corrupt a step-10 (full) object: 20 and 30 are XOR deltas on top of it.
+    victim = tier.object_path(_objects_of(tmp_path, 10)[0])
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="no checkpoint could be restored"):
+        open_store(tmp_path).restore()
+
+
+@pytest.mark.parametrize("bad_path", ["../../../etc/passwd", "/etc/passwd", "shards/../../x.json",
+                                      "shards/000000000010/../../../../etc/hosts"])
+def test_manifest_naming_paths_outside_the_store_is_rejected(tmp_path: Path, bad_path: str) -> None:
+    _save_three(tmp_path)
+    tier = Tier(tmp_path)
+    man = json.loads(tier.manifest_path(30).read_text())
+    man["shards"][0]["path"] = bad_path
+    tier.manifest_path(30).write_text(json.dumps(man))
+    with pytest.raises(CheckpointError, match=r"leaves the checkpoint store|not a relative store path"):
+        tier.read_manifest(30)
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 20 and "rejected" in res.skipped[0][1]
+
+
+def test_symlinks_inside_the_store_are_rejected(tmp_path: Path) -> None:
+    _save_three(tmp_path)
+    tier = Tier(tmp_path)
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    shard_dir = tmp_path / "shards" / f"{30:012d}"
+    for p in shard_dir.iterdir():
+        (outside / p.name).write_bytes(p.read_bytes())
+        p.unlink()
+    shard_dir.rmdir()
+    os.symlink(outside, shard_dir)
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        tier.read_manifest(30)
+    # A chunk replaced by a link is rejected too.
+    h = _objects_of(tmp_path, 20)[0]
+    target = tier.object_path(h)
+    (outside / "obj").write_bytes(target.read_bytes())
+    target.unlink()
+    os.symlink(outside / "obj", target)
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 10
+
+
+def test_retention_and_gc_keep_delta_bases(tmp_path: Path) -> None:
+    t = torch.randn(1 << 16)
+    w = writer(tmp_path, keep=2, max_delta_chain=4)
+    for s in range(1, 6):
+        t.add_(1e-4)
+        w.save(s, {"t": t})
+        assert w.wait().ok  # type: ignore[union-attr]
+    w.close()
+    tier = Tier(tmp_path)
+    assert tier.manifest_steps() == [4, 5]
+    # The kept checkpoints are deltas on bases of dropped ones; GC must keep those bases.
+    assert not open_store(tmp_path).verify(4) and not open_store(tmp_path).verify(5)
+    files, _ = gc(tier)  # nothing reachable may go
+    assert not open_store(tmp_path).verify(5)
+    assert exact(open_store(tmp_path).restore().state["t"], t)  # type: ignore[union-attr]
+    # Objects of dropped checkpoints that nothing reaches are gone.
+    reachable = set()
+    for s in tier.manifest_steps():
+        for h in _objects_of(tmp_path, s):
+            while h:
+                reachable.add(h)
+                h = tier.read_object_header(h).get("base")
+    assert {p.name for p in tier.iter_objects()} == reachable
+    assert not list((tmp_path / "shards").glob("00000000000[123]"))
+    del files
+
+
+def test_tiers_drain_and_restore_from_either(tmp_path: Path) -> None:
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    t = torch.randn(1 << 16)
+    w = CheckpointWriter(tiers_for(shared, local), chunk_bytes=1 << 16)
+    for s in (1, 2):
+        t.add_(1e-3)
+        w.save(s, {"t": t})
+        r = w.wait()
+        assert r and r.ok and r.drained == ["local", "shared"]
+    w.close()
+    assert Tier(local).manifest_steps() == Tier(shared).manifest_steps() == [1, 2]
+    # The node's local disk is gone (new node after requeue): shared serves.
+    import shutil
+
+    shutil.rmtree(local)
+    res = open_store(shared, local).restore()
+    assert res is not None and res.step == 2 and res.tier == "shared" and exact(res.state["t"], t)
+    # Shared copy corrupt, local copy fine: local serves.
+    _save_tiers = CheckpointWriter(tiers_for(shared, local), chunk_bytes=1 << 16)
+    _save_tiers.save(3, {"t": t + 1})
+    _save_tiers.wait()
+    _save_tiers.close()
+    for p in Tier(shared).iter_objects():
+        p.write_bytes(b"garbage")
+    res = open_store(shared, local).restore()
+    assert res is not None and res.step == 3 and res.tier == "local" and exact(res.state["t"], t + 1)
+
+
+def test_export_to_torch_and_dcp(tmp_path: Path) -> None:
+    from hetrun.runtime.ckpt.export import export
+
+    model, opt = trained_state()
+    w = writer(tmp_path / "store")
+    w.save(4, {"model": model.state_dict(), "optim": opt.state_dict(), "rng": capture_rng()})
+    w.wait()
+    w.close()
+    store = open_store(tmp_path / "store")
+    out = export(store, 4, tmp_path / "x.pt", "torch")
+    back = torch.load(out, weights_only=True)
+    assert exact(back["model"], model.state_dict())
+    fresh, fresh_opt = trained_state(seed=5)
+    fresh.load_state_dict(back["model"])
+    fresh_opt.load_state_dict(back["optim"])
+    assert exact(fresh_opt.state_dict()["state"], opt.state_dict()["state"])
+
+    import torch.distributed.checkpoint as dcp
+
+    export(store, 4, tmp_path / "dcp", "dcp")
+    target = {"model": {k: torch.zeros_like(v) for k, v in model.state_dict().items()}}
+    dcp.load(target, checkpoint_id=str(tmp_path / "dcp"))
+    assert exact(target["model"], model.state_dict())
+    with pytest.raises(CheckpointError, match="format 'zip' is not supported"):
+        export(store, 4, tmp_path / "y", "zip")
+
+
+class _Out:
+    def __init__(self, code: int, output: str) -> None:
+        self.exit_code, self.output = code, output
+
+
+def _cli(capsys: pytest.CaptureFixture[str], args: list[str]) -> _Out:
+    from hetrun.cli.app import main
+
+    capsys.readouterr()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return _Out(code, out.out + out.err)
+
+
+def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    versions = _save_three(tmp_path / "run" / "ckpt")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({
+        "name": "t", "run_dir": str(tmp_path / "run"), "backend": "local", "job_id": None,
+        "submitted_at": "2026-01-01T00:00:00Z", "components": ["learner"], "cluster": None}))
+    run = str(tmp_path / "run")
+    r = _cli(capsys, ["ckpt", "ls", run])
+    assert r.exit_code == 0, r.output
+    assert [line.split()[0] for line in r.output.splitlines()[1:]] == ["10", "20", "30"]
+    r = _cli(capsys, ["ckpt", "show", run, "--step", "20"])
+    assert r.exit_code == 0 and "rank    0" in r.output, r.output
+    r = _cli(capsys, ["ckpt", "verify", run])
+    assert r.exit_code == 0 and r.output.count(": ok") == 3, r.output
+    newest_only = set(_objects_of(tmp_path / "run" / "ckpt", 30)) - set(_objects_of(tmp_path / "run" / "ckpt", 20))
+    Tier(tmp_path / "run" / "ckpt").object_path(sorted(newest_only)[0]).write_bytes(b"x")
+    r = _cli(capsys, ["ckpt", "verify", run])
+    assert r.exit_code == 5 and "step 30: INVALID" in r.output, r.output
+    r = _cli(capsys, ["ckpt", "export", run, "--out", str(tmp_path / "e.pt")])
+    assert r.exit_code == 0 and "step 20" in r.output, r.output
+    assert exact(torch.load(tmp_path / "e.pt", weights_only=True)["t"], versions[1])
+    r = _cli(capsys, ["ckpt", "gc", run, "--keep", "1"])
+    assert r.exit_code == 0 and "removed 2 checkpoint(s)" in r.output, r.output
+    r = _cli(capsys, ["ckpt", "ls", str(tmp_path / "nowhere")])
+    assert r.exit_code != 0
