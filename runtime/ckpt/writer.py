@@ -16,6 +16,7 @@ manifest written last, so either tier holds only complete checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import queue
@@ -235,6 +236,7 @@ class CheckpointWriter:
             header["base"], depth = prev[1], prev[2] + 1
         header["depth"] = depth
         tier.write_object(h, header, enc.parts, durable=self.durable)
+        self._new_objects.append(h)
         return h, depth, "delta" if enc.uses_base else "full", enc.stored_len
 
     def _write(self, snap: _Snapshot) -> SaveResult:
@@ -253,6 +255,8 @@ class CheckpointWriter:
         shard_entry: dict[str, Any] | None = None
         chunk_table: list[list[tuple[str, int]]] = []
         futures: list[list[tuple[int, Any]]] = []
+        self._new_objects: list[str] = []
+        rel = None
         try:
             for ti, (leaf, off) in enumerate(zip(snap.leaves, snap.offsets, strict=True)):
                 step_bytes = max(leaf.itemsize, self.chunk_bytes // leaf.itemsize * leaf.itemsize)
@@ -303,10 +307,12 @@ class CheckpointWriter:
         problems = [e for e in entries if isinstance(e, str)]
         if problems:
             res.error = "checkpoint at step {} not written: {}".format(snap.step, "; ".join(problems))
+            self._discard(primary, rel)
             return res
         committed_now = self._commit(primary, snap, entries, leader=self._leads(primary), cutoff=cutoff)
         if committed_now:
             res.error = committed_now
+            self._discard(primary, rel)
             return res
         res.ok = True
         res.drained.append(primary.name)
@@ -319,6 +325,16 @@ class CheckpointWriter:
             else:
                 res.drained.append(tier.name)
         return res
+
+    def _discard(self, tier: Tier, shard_rel: str | None) -> None:
+        """Remove what a failed save wrote (no manifest references it), so a
+        full disk is not kept full by the failed attempt itself."""
+        for h in self._new_objects:
+            with contextlib.suppress(OSError):
+                tier.object_path(h).unlink()
+        if shard_rel:
+            with contextlib.suppress(OSError):
+                (tier.root / shard_rel).unlink()
 
     def _leads(self, tier: Tier) -> bool:
         return self._node_leader if tier.name == "local" else self.coll.rank == 0
