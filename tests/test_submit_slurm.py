@@ -1,0 +1,171 @@
+"""Submitting for real to the local Slurm cluster (marked slurm through the fixture).
+
+Run directories live under ``shared_tmp`` (/var/tmp): the emulated nodes have
+a private /tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hetrun.dag.spec import load_spec, spec_from_dict
+from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+from hetrun.slurm_plugin.backends.slurm_cli import RetryPolicy
+from hetrun.slurm_plugin.rundir import read_run, wait_for
+from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def hetrun(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, check=False)
+
+
+def _events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a truncated last line while ranks are writing
+    return out
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_sbatch_test_only_accepts_every_example(example: Path, slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = load_spec(example)
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp, dry_run=True)
+    script = shared_tmp / "hetjob.sbatch"
+    script.write_text(res.script)
+    verdict = SbatchBackend().test_only(script)
+    # sbatch --test-only prints "Job <id> to start at <time> using N processors on nodes ..."
+    assert "to start at" in verdict, verdict
+
+
+def test_het_job_starts_every_rank_status_and_cancel(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    env = dict(os.environ, HETRUN_RUNS=str(shared_tmp))
+    proc = hetrun("submit", str(REPO / "examples" / "ppo_cartpole.yaml"), "--backend", "sbatch", env=env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(next(line.split(": ", 1)[1] for line in proc.stdout.splitlines()
+                        if line.startswith("run directory: ")))
+    run = read_run(run_dir)
+    assert run.job_id and run.job_id.isdigit() and run.components == ["learner", "rollout"]
+    for name in ("job.yaml", "plan.json", "hetjob.sbatch", "run.json"):
+        assert (run_dir / name).is_file(), name
+    try:
+        # ppo_cartpole: learner 1 rank, rollout 2 ranks -> 3 ranks in one world.
+        def all_started() -> bool:
+            return len({e["rank"] for e in _events(run_dir) if e.get("ev") == "start"}) == 3
+
+        assert wait_for(all_started, 120, 1.0), f"not every rank started: {_events(run_dir)[:5]}"
+        starts = {e["rank"]: e for e in _events(run_dir) if e.get("ev") == "start"}
+        assert starts[0]["component"] == "learner"
+        assert starts[1]["component"] == "rollout" and starts[2]["component"] == "rollout"
+        assert len({starts[r]["node"] for r in (0, 1, 2)}) == 3, "components share a node"
+        logs = sorted(p.name for p in (run_dir / "logs").iterdir())
+        assert any(n.startswith("learner-") for n in logs) and any(n.startswith("rollout-") for n in logs)
+
+        st = hetrun("status", run_dir.name, env=env)
+        assert st.returncode == 0, st.stderr
+        rows = [line for line in st.stdout.splitlines() if "learner" in line or "rollout" in line]
+        assert len(rows) == 2 and all("RUNNING" in r for r in rows), st.stdout
+
+        cancel = hetrun("cancel", run.job_id, env=env)
+        assert cancel.returncode == 0, cancel.stderr
+        final = wait_for_end(run, SbatchBackend(), timeout_s=60, poll_s=1)
+        assert [c.state for c in final.components] == ["CANCELLED", "CANCELLED"]
+        st = hetrun("status", str(run_dir), env=env)
+        assert st.stdout.count("CANCELLED") == 2, st.stdout
+    finally:
+        subprocess.run(["scancel", run.job_id], check=False, capture_output=True)
+
+
+FAKE_RUNTIME = """#!/bin/bash
+# fake runtime for tests: records its environment per rank; exits $1-dependent.
+printf '%s\\0' "$@" > "$HETRUN_RUN_DIR/fake-argv-$SLURM_PROCID"
+env -0 > "$HETRUN_RUN_DIR/fake-env-$SLURM_PROCID"
+"""
+
+
+def test_payload_job_is_inert_on_the_cluster(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    canary = shared_tmp / "CANARY"
+    payload = f"$(touch {canary}); `touch {canary}`; ' \" ; touch {canary}"
+    fake = shared_tmp / "fake_runtime.sh"
+    fake.write_text(FAKE_RUNTIME)
+    fake.chmod(0o755)
+    spec = spec_from_dict({
+        "name": "inj-live", "workload": "hetrun.examples.ppo:PPOWorkload",
+        "workload_args": {"env_id": payload},
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                        "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 1},
+        "slurm": {"time": "00:02:00"},
+        "env": {"PAYLOAD": payload},
+    })
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
+    run_dir = Path(res.run.run_dir)
+    try:
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=90, poll_s=1)
+        assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
+        assert not canary.exists()
+        for rank in (0, 1):
+            env = dict(kv.split("=", 1) for kv in
+                       (run_dir / f"fake-env-{rank}").read_text().split("\0") if "=" in kv)
+            assert env["PAYLOAD"] == payload
+        assert json.loads((run_dir / "plan.json").read_text())["workload_args"]["env_id"] == payload
+        outside = {p.name for p in shared_tmp.iterdir()} - {"runs", "fake_runtime.sh"}
+        assert not outside, outside
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+
+
+REQUEUE_RUNTIME = """#!/bin/bash
+# fake runtime for tests: "checkpoints" and asks for a requeue (exit 85) on the first attempt.
+echo "attempt restart=${SLURM_RESTART_COUNT:-0} rank=$SLURM_PROCID" >> "$HETRUN_RUN_DIR/fake-attempts"
+if [ "${SLURM_RESTART_COUNT:-0}" = "0" ]; then exit 85; fi
+exit 0
+"""
+
+
+def test_exit_85_requeues_the_het_job(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    fake = shared_tmp / "requeue_runtime.sh"
+    fake.write_text(REQUEUE_RUNTIME)
+    fake.chmod(0o755)
+    spec = spec_from_dict({
+        "name": "requeue", "workload": "hetrun.examples.ppo:PPOWorkload",
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                        "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 1},
+        "slurm": {"time": "00:02:00"},
+        "preemption": {"max_restarts": 2},
+    })
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
+    run_dir = Path(res.run.run_dir)
+    backend = SbatchBackend(RetryPolicy(attempts=3, first_delay_s=0.5))
+    try:
+        def requeued() -> bool:
+            comps = backend.status([res.run])[res.run.run_dir].components
+            return bool(comps) and all(c.restarts >= 1 for c in comps)
+
+        assert wait_for(requeued, 90, 1.0), backend.status([res.run])
+        batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
+        assert "requeueing job" in batch_log, batch_log
+        assert "restart=0" in (run_dir / "fake-attempts").read_text()
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
