@@ -72,7 +72,7 @@ def down_cmd() -> None:
 
 
 def _print_status(st: object) -> None:
-    from hetrun.slurm_plugin.cluster import ClusterStatus
+    from hetrun.slurm_plugin.cluster import USABLE_STATES, ClusterStatus
     from rich.console import Console
     from rich.table import Table
 
@@ -85,7 +85,7 @@ def _print_status(st: object) -> None:
     for col in ("node", "state", "cpus", "memory MB", "gres", "partitions"):
         nodes.add_column(col)
     for n in st.nodes:
-        style = "green" if n.state == "idle" else ("yellow" if n.state in ("mixed", "allocated", "completing") else "red")
+        style = "green" if n.state == "idle" else ("yellow" if n.state in USABLE_STATES else "red")
         nodes.add_row(n.name, f"[{style}]{n.state}[/]", str(n.cpus), str(n.memory_mb), n.gres,
                       ",".join(n.partitions))
     console.print(nodes)

@@ -82,7 +82,7 @@ __all__ = [
 ]
 
 # Node states in which a node can take work (sinfo %T, with flags like "*" stripped).
-USABLE_STATES = {"idle", "mixed", "allocated", "completing"}
+USABLE_STATES = {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,28 @@ def test_high_partition_preempts_and_requeues_a_debug_job(
         assert (shared_tmp / f"high-{high}.out").read_text().strip() == "high ran"
     finally:
         subprocess.run(["scancel", low, *([high] if high else [])], check=False)
+
+
+@pytest.mark.skipif(
+    not (os.environ.get("HETRUN_TEST_CLUSTER_RESTART") or os.environ.get("CI", "").lower() in ("1", "true", "yes")),
+    reason="stops the shared cluster for a few seconds (other sessions' sbatch calls would fail): "
+    "runs in CI, or with HETRUN_TEST_CLUSTER_RESTART=1",
+)
+def test_down_stops_what_up_started_and_up_brings_it_back(slurm_cluster: cluster.ClusterStatus) -> None:
+    before = cluster.status()
+    ours = {d.name: d.pid for d in before.daemons if d.ours and d.alive}
+    foreign = {d.name: d.pid for d in before.daemons if not d.ours and d.alive}
+    stopped = cluster.down()
+    try:
+        assert set(stopped) == set(ours)
+        after = {d.name: d for d in cluster.status().daemons}
+        for name in ours:
+            assert not after[name].alive, f"{name} still runs after down()"
+        for name, pid in foreign.items():
+            assert after[name].pid == pid and after[name].alive, f"{name} was not ours: must keep running"
+        assert cluster.status().error  # no controller to ask
+    finally:
+        again = cluster.up(install=False)
+    assert again.healthy
+    assert {d.name for d in again.daemons if d.alive} == {d.name for d in before.daemons}
+
