@@ -6,9 +6,19 @@ import numpy as np
 import pytest
 import torch
 from hetrun.dag.errors import SpecError
-from hetrun.kernels import codec_cpu, codec_reference
+from hetrun.kernels import codec_cpu, codec_native, codec_reference
 from hetrun.kernels.codec import CodecError
 from hetrun.kernels.codec_registry import codec_names, get_codec
+
+@pytest.fixture(params=["native", "numpy"], autouse=True)
+def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs on both CPU paths: the C kernels and the numpy fallback."""
+    if request.param == "numpy":
+        monkeypatch.setenv("HETRUN_NATIVE_CODECS", "0")
+    elif codec_native.lib() is None:
+        pytest.skip("no C compiler here: native codecs not built")
+    return request.param
+
 
 # Sizes around block, byte and piece boundaries (CHUNK = one cache-sized piece).
 SIZES = [1, 7, 8, 255, 256, 257, 1000, codec_cpu.CHUNK, codec_cpu.CHUNK + 13, 3 * codec_cpu.CHUNK + 517]
@@ -180,10 +190,26 @@ def test_bad_payload_size_is_a_clear_error() -> None:
         codec.encode(torch.ones(4, dtype=torch.int32))
 
 
-def test_cpu_path_never_allocates_full_size_temporaries() -> None:
+def test_cpu_path_never_allocates_full_size_temporaries(monkeypatch: pytest.MonkeyPatch) -> None:
     """The numpy path works in place: its scratch stays one piece long whatever the input."""
+    monkeypatch.setenv("HETRUN_NATIVE_CODECS", "0")
     n = 4 * codec_cpu.CHUNK
     x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
     out = np.empty(get_codec("onebit").wire_bytes(n), dtype=np.uint8)
     codec_cpu.onebit_encode(x, out, 256)
     assert codec_cpu._scratch.f32a.size == codec_cpu.CHUNK
+
+
+def test_native_build_falls_back_without_a_compiler(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # noqa: ANN001
+    monkeypatch.setattr(codec_native, "_tried", False)
+    monkeypatch.setattr(codec_native, "_lib", None)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("HETRUN_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("HETRUN_NATIVE_CODECS", raising=False)
+    assert codec_native.lib() is None
+    assert list((tmp_path / "cache").iterdir()) == []  # no half-built library left behind
+    codec = get_codec("onebit")  # still works, on the numpy path
+    enc = codec.encode(_x(1000))
+    assert torch.equal(codec.decode(enc), codec_reference.onebit_decode(enc.payload, 1000, 256))
