@@ -10,6 +10,7 @@ from hetrun.kernels import codec_cpu, codec_native, codec_reference
 from hetrun.kernels.codec import CodecError
 from hetrun.kernels.codec_registry import codec_names, get_codec
 
+
 @pytest.fixture(params=["native", "numpy"], autouse=True)
 def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs on both CPU paths: the C kernels and the numpy fallback."""
@@ -202,7 +203,7 @@ def test_cpu_path_never_allocates_full_size_temporaries(monkeypatch: pytest.Monk
 
 def test_native_build_falls_back_without_a_compiler(
     monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:  # noqa: ANN001
+) -> None:
     monkeypatch.setattr(codec_native, "_tried", False)
     monkeypatch.setattr(codec_native, "_lib", None)
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
