@@ -142,10 +142,7 @@ def _print_unroll(console: Console, build: PlanBuild, iterations: int) -> None:
     g = unroll(plan, iterations)
     order = schedule_order(g, [a.priority for a in plan.actions])
     console.print(f"[bold]unrolled over {iterations} iterations[/bold]: {len(g)} dispatches, {g.n_edges} edges")
-    preds: list[list[int]] = [[] for _ in range(len(g))]
-    for src, nexts in enumerate(g.succ):
-        for n in nexts:
-            preds[n].append(src)
+    preds = g.predecessors()
     for pos, node in enumerate(order[:_MAX_UNROLL_ROWS]):
         deps = ", ".join(g.name(p) for p in preds[node]) or "-"
         console.print(f"{pos:>5}  {g.name(node)}  <- {deps}", highlight=False)

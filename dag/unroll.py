@@ -12,37 +12,87 @@ collective's cross-rank wait happens inside the collective); across
 components rank r of the consumer waits for its block of producer ranks
 (``r*P//C`` up to ``(r+1)*P//C``), so edges stay O(max(P, C)), not O(P*C).
 
-Kept to flat int lists and a heap of ints: this is the hot path measured by
-benchmarks/plan_scale.py.
+Representation: nodes come in *blocks* (one template action of one iteration,
+one node per rank, contiguous ids) and edges are stored per block pair with
+their rank mapping, not per node pair. Successors are computed on the fly, so
+building a 150,000-action window costs a few list extends, and the scheduler
+touches each edge exactly once. This is the hot path of benchmarks/plan_scale.py.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hetrun.dag.errors import GraphError
 from hetrun.dag.plan import Plan
+
+_IDENTITY = 0  # rank r -> rank r (same width)
+_SPREAD = 1  # block mapping between components of different sizes
+
+
+def _consumer_lists(producers: int, consumers: int) -> list[list[int]]:
+    """For each producer rank, the consumer ranks whose block contains it."""
+    out: list[list[int]] = [[] for _ in range(producers)]
+    for r in range(consumers):
+        lo = r * producers // consumers
+        hi = max(lo + 1, (r + 1) * producers // consumers)
+        for p in range(lo, hi):
+            out[p].append(r)
+    return out
 
 
 @dataclass
 class UnrolledGraph:
     template_ids: list[str]
-    node_tpl: list[int]  # node -> template action index
-    node_iter: list[int]
-    node_rank: list[int]  # rank within the component; -1 at component level
-    succ: list[list[int]]
-    indeg: list[int]
+    block_tpl: list[int]  # block -> template action index
+    block_iter: list[int]
+    block_base: list[int]  # first node id of the block
+    block_width: list[int]
+    per_rank: bool
+    node_block: list[int]  # node -> block
+    out: list[list[tuple[int, int]]]  # block -> [(consumer block, mapping)]
+    indeg: list[int]  # per node
     n_edges: int
+    _spread: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.node_tpl)
+        return len(self.node_block)
+
+    def rank(self, node: int) -> int:
+        return node - self.block_base[self.node_block[node]] if self.per_rank else -1
 
     def name(self, node: int) -> str:
-        base = f"i{self.node_iter[node]}/{self.template_ids[self.node_tpl[node]]}"
-        rank = self.node_rank[node]
-        return base if rank < 0 else f"{base}@r{rank}"
+        b = self.node_block[node]
+        base = f"i{self.block_iter[b]}/{self.template_ids[self.block_tpl[b]]}"
+        return f"{base}@r{node - self.block_base[b]}" if self.per_rank else base
+
+    def spread(self, producers: int, consumers: int) -> list[list[int]]:
+        key = (producers, consumers)
+        if key not in self._spread:
+            self._spread[key] = _consumer_lists(producers, consumers)
+        return self._spread[key]
+
+    def successors(self, node: int) -> list[int]:
+        b = self.node_block[node]
+        r = node - self.block_base[b]
+        result = []
+        for c, mode in self.out[b]:
+            if mode == _IDENTITY:
+                result.append(self.block_base[c] + r)
+            else:
+                cb = self.block_base[c]
+                result.extend(cb + x for x in self.spread(self.block_width[b], self.block_width[c])[r])
+        return result
+
+    def predecessors(self) -> list[list[int]]:
+        """Every node's predecessors (for display; O(E))."""
+        preds: list[list[int]] = [[] for _ in range(len(self))]
+        for node in range(len(self)):
+            for nxt in self.successors(node):
+                preds[nxt].append(node)
+        return preds
 
 
 def unroll(plan: Plan, iterations: int, *, per_rank: bool = False, start: int = 0) -> UnrolledGraph:
@@ -56,46 +106,50 @@ def unroll(plan: Plan, iterations: int, *, per_rank: bool = False, start: int = 
     dep_lists = [[(index[d.id], d.lag) for d in a.deps] for a in actions]
     every = [a.every for a in actions]
 
-    node_tpl: list[int] = []
-    node_iter: list[int] = []
-    node_rank: list[int] = []
-    base: dict[tuple[int, int], int] = {}  # (iteration, template index) -> first node
-    ranks_of = {w: list(range(w)) if per_rank else [-1] for w in set(width)}
+    block_tpl: list[int] = []
+    block_iter: list[int] = []
+    block_base: list[int] = []
+    block_width: list[int] = []
+    node_block: list[int] = []
+    block_of: dict[tuple[int, int], int] = {}  # (iteration, template index) -> block
     for it in range(start, start + iterations):
         for t in range(len(actions)):
             if (it + 1) % every[t]:
                 continue
-            w = width[t]
-            base[(it, t)] = len(node_tpl)
-            node_tpl.extend([t] * w)
-            node_iter.extend([it] * w)
-            node_rank.extend(ranks_of[w])
+            b = len(block_tpl)
+            block_of[(it, t)] = b
+            block_tpl.append(t)
+            block_iter.append(it)
+            block_base.append(len(node_block))
+            block_width.append(width[t])
+            node_block.extend([b] * width[t])
 
-    n = len(node_tpl)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = [0] * n
+    graph = UnrolledGraph([a.id for a in actions], block_tpl, block_iter, block_base, block_width,
+                          per_rank, node_block, [[] for _ in block_tpl], [], 0)
+    indeg = [0] * len(node_block)
     n_edges = 0
-    for (it, t), b in base.items():
-        w = width[t]
+    for (it, t), b in block_of.items():
+        w, base = width[t], block_base[b]
+        identity_in = 0
         for d, lag in dep_lists[t]:
-            src = base.get((it - lag, d))
+            src = block_of.get((it - lag, d))
             if src is None:
                 continue  # before the window, or an iteration where d does not run
-            wd = width[d]
-            if wd == w:
-                for r in range(w):
-                    succ[src + r].append(b + r)
-                    indeg[b + r] += 1
+            if width[d] == w:
+                graph.out[src].append((b, _IDENTITY))
+                identity_in += 1
                 n_edges += w
             else:
-                for r in range(w):
-                    lo = r * wd // w
-                    hi = max(lo + 1, (r + 1) * wd // w)
-                    for p in range(lo, hi):
-                        succ[src + p].append(b + r)
-                    indeg[b + r] += hi - lo
-                    n_edges += hi - lo
-    return UnrolledGraph([a.id for a in actions], node_tpl, node_iter, node_rank, succ, indeg, n_edges)
+                graph.out[src].append((b, _SPREAD))
+                for r_list in graph.spread(width[d], w):
+                    for r in r_list:
+                        indeg[base + r] += 1
+                        n_edges += 1
+        if identity_in:
+            indeg[base:base + w] = [x + identity_in for x in indeg[base:base + w]]
+    graph.indeg = indeg
+    graph.n_edges = n_edges
+    return graph
 
 
 def schedule_order(graph: UnrolledGraph, priorities: Sequence[float]) -> list[int]:
@@ -103,28 +157,38 @@ def schedule_order(graph: UnrolledGraph, priorities: Sequence[float]) -> list[in
 
     Heap-based Kahn over int keys: O(E log V). ``priorities`` is per template action.
     """
-    n = len(graph.node_tpl)
+    n = len(graph)
     ranked = sorted(range(len(priorities)), key=lambda t: (-priorities[t], t))
     prio_rank = [0] * len(priorities)
     for pos, t in enumerate(ranked):
         prio_rank[t] = pos
     shift = max(1, n).bit_length()
     mask = (1 << shift) - 1
-    tpl = graph.node_tpl
-    keys = [(prio_rank[tpl[i]] << shift) | i for i in range(n)]
+    block_key = [prio_rank[t] << shift for t in graph.block_tpl]
+    base, width, out, node_block = graph.block_base, graph.block_width, graph.out, graph.node_block
     indeg = list(graph.indeg)
-    succ = graph.succ
-    heap = [keys[i] for i in range(n) if indeg[i] == 0]
+    heap = [block_key[node_block[i]] | i for i in range(n) if not indeg[i]]
     heapq.heapify(heap)
     order: list[int] = []
     push, pop, append = heapq.heappush, heapq.heappop, order.append
     while heap:
         node = pop(heap) & mask
         append(node)
-        for nxt in succ[node]:
-            indeg[nxt] -= 1
-            if not indeg[nxt]:
-                push(heap, keys[nxt])
+        b = node_block[node]
+        r = node - base[b]
+        for c, mode in out[b]:
+            if mode == _IDENTITY:
+                t = base[c] + r
+                indeg[t] -= 1
+                if not indeg[t]:
+                    push(heap, block_key[c] | t)
+            else:
+                cb = base[c]
+                for x in graph.spread(width[b], width[c])[r]:
+                    t = cb + x
+                    indeg[t] -= 1
+                    if not indeg[t]:
+                        push(heap, block_key[c] | t)
     if len(order) != n:
         stuck = next(i for i in range(n) if indeg[i] > 0)
         raise GraphError(f"the unrolled graph has a cycle through {graph.name(stuck)}")

@@ -349,10 +349,7 @@ def test_unroll_component_level() -> None:
     pos = {n: i for i, n in enumerate(order)}
     assert pos["i0/sync.grads+optimize"] < pos["i1/forward.m0+backward.m0"]  # lag-1 weights dep
     # tolerance window 1 (lag 2): rollout of iteration 1 does not wait for iteration 0's sync
-    preds = {n: [] for n in names}
-    for src, nexts in enumerate(g.succ):
-        for n in nexts:
-            preds[g.name(n)].append(g.name(src))
+    preds = {g.name(n): [g.name(p) for p in ps] for n, ps in enumerate(g.predecessors())}
     assert preds["i1/rollout"] == [] and preds["i2/rollout"] == ["i0/sync.policy"]
 
 
@@ -361,10 +358,7 @@ def test_unroll_per_rank_maps_ranks() -> None:
     g = unroll(plan, 1, per_rank=True)
     per_tpl = {a.id: 2 if a.component == "learner" else 3 for a in plan.actions if a.runs_at(0)}
     assert len(g) == sum(per_tpl.values())
-    preds: dict[str, list[str]] = {g.name(i): [] for i in range(len(g))}
-    for src, nexts in enumerate(g.succ):
-        for n in nexts:
-            preds[g.name(n)].append(g.name(src))
+    preds = {g.name(n): [g.name(p) for p in ps] for n, ps in enumerate(g.predecessors())}
     # learner rank r consumes its block of rollout ranks: 0 <- [0], 1 <- [1, 2]
     assert sorted(preds["i0/forward.m0+backward.m0@r0"]) == ["i0/rollout@r0"]
     assert sorted(preds["i0/forward.m0+backward.m0@r1"]) == ["i0/rollout@r1", "i0/rollout@r2"]
