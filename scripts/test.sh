@@ -11,6 +11,19 @@ cd "$ROOT"
 T0=$(date +%s)
 section() { printf '\n==== %s  [%s UTC, +%ss] ====\n' "$*" "$(date -u +%H:%M:%S)" "$(( $(date +%s) - T0 ))"; }
 
+case "$ROOT/" in
+    /tmp/*)
+        # Each emulated Slurm node has a private /tmp: jobs could not see this
+        # checkout (nor the editable install pointing into it). Run from a copy.
+        COPY="/var/tmp/hetrun-src"
+        section "repository is under /tmp, invisible to Slurm jobs: running from a copy in $COPY"
+        rm -rf "$COPY"
+        mkdir -p "$COPY"
+        cp -a "$ROOT/." "$COPY/"
+        exec bash "$COPY/scripts/test.sh" "$@"
+        ;;
+esac
+
 section "setup (scripts/setup.sh)"
 bash scripts/setup.sh
 PY="$(cat .hetrun/python)"
