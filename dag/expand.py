@@ -17,6 +17,7 @@ fuses this template.
 from __future__ import annotations
 
 from hetrun.dag.action import ActionGraph, Dep, ResourceProfile, TrainingAction
+from hetrun.dag.errors import GraphError
 from hetrun.dag.spec import ActionOverride, ComponentSpec, JobSpec
 from hetrun.dag.validators import mem_to_mb
 
@@ -117,8 +118,22 @@ def _add_user_deps(spec: JobSpec, graph: ActionGraph) -> None:
         by_type.setdefault(a.action_type, []).append(a.id)
     for action_type, override in spec.actions.items():
         for before in override.after:
+            if before == action_type:
+                raise GraphError(f"dependency cycle: {action_type} -> {action_type}",
+                                 hint=f"remove {before!r} from actions.{action_type}.after")
+            if before not in by_type:
+                raise GraphError(f"actions.{action_type}.after names {before!r}, which this job does not run",
+                                 hint=_why_missing(before))
             for aid in by_type.get(action_type, []):
                 action = graph[aid]
                 for bid in by_type.get(before, []):
                     if bid != aid and all(d.id != bid or d.lag != 0 for d in action.deps):
                         action.deps.append(Dep(bid, 0, "user"))
+
+
+def _why_missing(action_type: str) -> str:
+    return {
+        "eval": "set training.eval_interval above 0, or remove it from after",
+        "checkpoint": "set checkpoint.interval above 0, or remove it from after",
+        "rollout": "rollout runs only with training.kind: rl; remove it from after",
+    }.get(action_type, "remove it from after")

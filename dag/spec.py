@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from hetrun.dag import validators as v
@@ -20,7 +20,15 @@ from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
 from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 ActionType = Literal["forward", "backward", "optimize", "sync", "rollout", "checkpoint", "eval"]
 ACTION_TYPES: tuple[str, ...] = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")
@@ -32,6 +40,13 @@ REQUIRED_ACTIONS: dict[str, tuple[str, ...]] = {
     "rl": ("rollout", "forward", "backward", "optimize"),
     "supervised": ("forward", "backward", "optimize"),
 }
+
+# Editors see what the validators accept: sizes and times may be written as numbers too.
+MemSize = Annotated[str, WithJsonSchema({
+    "anyOf": [{"type": "string", "pattern": r"^[0-9]{1,12}[KMGTkmgt]?[Bb]?$"}, {"type": "integer", "minimum": 1}],
+    "description": "Slurm memory size: number with K/M/G/T suffix (default M)"})]
+SlurmTime = Annotated[str, WithJsonSchema({
+    "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1}], "description": v.TIME_FORMATS_HELP})]
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=False, validate_default=True)
 
@@ -47,8 +62,8 @@ class ComponentSpec(_Section):
     tasks_per_node: int = Field(1, ge=1, le=1024, description="MPI ranks per node")
     cpus_per_task: int = Field(1, ge=1, le=4096, description="CPU cores per rank")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node (gres gpu:N)")
-    mem: str = Field("1G", description="memory per node, Slurm size with K/M/G/T suffix")
-    gpu_mem: str | None = Field(None, description="memory of one GPU, for the planner's memory check")
+    mem: MemSize = Field("1G", description="memory per node, Slurm size with K/M/G/T suffix")
+    gpu_mem: MemSize | None = Field(None, description="memory of one GPU, for the planner's memory check")
     actions: list[ActionType] = Field(min_length=1, description="action types this component runs")
 
     @field_validator("mem", mode="before")
@@ -113,8 +128,8 @@ class ActionOverride(_Section):
     qos: QosClass | None = None
     cpu: int | None = Field(None, ge=1, le=4096, description="CPU cores per rank it needs")
     gpu: int | None = Field(None, ge=0, le=64, description="GPUs per rank it needs")
-    memory: str | None = Field(None, description="host memory per rank it holds (e.g. 512M)")
-    gpu_memory: str | None = Field(None, description="GPU memory per rank it holds (e.g. 4G)")
+    memory: MemSize | None = Field(None, description="host memory per rank it holds (e.g. 512M)")
+    gpu_memory: MemSize | None = Field(None, description="GPU memory per rank it holds (e.g. 4G)")
     after: list[ActionType] = Field(default_factory=list,
                                     description="extra action types of the same iteration to run after")
 
@@ -128,7 +143,7 @@ class SlurmSpec(_Section):
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    time: str | None = Field(None, description=v.TIME_FORMATS_HELP)
+    time: SlurmTime | None = Field(None, description=v.TIME_FORMATS_HELP)
     constraint: str | None = None
     extra: list[str] = Field(default_factory=list, description="extra sbatch long options")
 

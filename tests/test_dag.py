@@ -372,3 +372,10 @@ def test_unroll_per_rank_maps_ranks() -> None:
 def test_unroll_rejects_zero() -> None:
     with pytest.raises(GraphError):
         unroll(build_plan(spec(RL)), 0)
+
+
+def test_user_after_must_name_an_action_that_runs() -> None:
+    with pytest.raises(GraphError, match=r"actions.checkpoint.after names 'eval'.*\n.*eval_interval"):
+        build_plan(spec(SUP, training__eval_interval=0, actions={"checkpoint": {"after": ["eval"]}}))
+    with pytest.raises(GraphError, match="dependency cycle: eval -> eval"):
+        build_plan(spec(SUP, actions={"eval": {"after": ["eval"]}}))
