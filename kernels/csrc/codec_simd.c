@@ -60,13 +60,17 @@ void hr_onebit_encode(const float *x, int64_t n, int64_t block, float *scales, u
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 signmask = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
 #endif
+    /* c = x + r goes to a block-sized stack buffer (L1), so the residual is read
+     * once and written once; blocks too big for the stack keep c in r itself. */
+    int use_stack = residual != NULL && block <= 4096;
+    float cbuf[use_stack ? block : 1];
     for (int64_t b = 0; b < nb; b++) {
         int64_t s = b * block, m = n - s < block ? n - s : block;
         const float *c = x + s;
-        if (residual) {  /* c = x + r, kept in r until the new residual replaces it */
-            float *r = residual + s;
-            for (int64_t i = 0; i < m; i++) r[i] += c[i];
-            c = r;
+        if (residual) {
+            float *r = residual + s, *dst = use_stack ? cbuf : r;
+            for (int64_t i = 0; i < m; i++) dst[i] = c[i] + r[i];
+            c = dst;
         }
         int64_t i = 0;
         float sum = 0.f;
@@ -102,12 +106,12 @@ void hr_onebit_encode(const float *x, int64_t n, int64_t block, float *scales, u
 #ifdef __AVX2__
             __m256 sv = _mm256_set1_ps(scale);
             for (; k + 8 <= m; k += 8) {
-                __m256 v = _mm256_loadu_ps(r + k);
+                __m256 v = _mm256_loadu_ps(c + k);
                 __m256 dec = _mm256_or_ps(sv, _mm256_and_ps(v, signmask));
                 _mm256_storeu_ps(r + k, _mm256_sub_ps(v, dec));
             }
 #endif
-            for (; k < m; k++) r[k] = r[k] - u2f(f2u(scale) | (f2u(r[k]) & 0x80000000u));
+            for (; k < m; k++) r[k] = c[k] - u2f(f2u(scale) | (f2u(c[k]) & 0x80000000u));
         }
     }
 }
