@@ -169,8 +169,9 @@ class PPOWorkload(Workload):
         self.recent_returns: deque[float] = deque(maxlen=20)
         self._envs: Any = None  # built on the first rollout: learners never step envs
         self._obs: Tensor | None = None
-        self._ep_return: Tensor | None = None
-        self._ep_len: Tensor | None = None
+        # Running return/length of each env's current episode (numpy: cheap per-step updates).
+        self._ep_return: np.ndarray | None = None
+        self._ep_len: np.ndarray | None = None
         self._prepared: dict[str, Tensor] | None = None
         self._schedule: list[Tensor] = []
         self._stats: dict[str, list[float]] = {}
@@ -182,8 +183,8 @@ class PPOWorkload(Workload):
             n = self.cfg.num_envs
             self._envs, obs = make_vector_env(self.cfg.env_id, n, self.rank_seed % (2**31 - n))
             self._obs = torch.as_tensor(obs, dtype=torch.float32)
-            self._ep_return = torch.zeros(n, dtype=torch.float64)
-            self._ep_len = torch.zeros(n, dtype=torch.int64)
+            self._ep_return = np.zeros(n, dtype=np.float64)
+            self._ep_len = np.zeros(n, dtype=np.int64)
         return self._envs
 
     def policy_state(self) -> dict[str, Tensor]:
@@ -231,13 +232,13 @@ class PPOWorkload(Workload):
                 truncated[t] = torch.as_tensor(cut, dtype=torch.float32)
                 for i in np.flatnonzero(cut):
                     trunc_obs[t, i] = torch.as_tensor(info["final_obs"][i], dtype=torch.float32)
-            self._ep_return += torch.as_tensor(r, dtype=torch.float64)
+            self._ep_return += r
             self._ep_len += 1
-            for i in np.flatnonzero(done):
-                finished_returns.append(float(self._ep_return[i]))
-                finished_lengths.append(int(self._ep_len[i]))
-                self._ep_return[i] = 0.0
-                self._ep_len[i] = 0
+            if done.any():
+                finished_returns.extend(self._ep_return[done].tolist())
+                finished_lengths.extend(self._ep_len[done].tolist())
+                self._ep_return[done] = 0.0
+                self._ep_len[done] = 0
             next_obs = torch.as_tensor(o, dtype=torch.float32)
         self._obs = next_obs
         self.env_steps += n * t_len
@@ -461,8 +462,8 @@ class PPOWorkload(Workload):
         if self._envs is not None:
             assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
             state["rollout.obs"] = self._obs.clone()
-            state["rollout.ep_return"] = self._ep_return.clone()
-            state["rollout.ep_len"] = self._ep_len.clone()
+            state["rollout.ep_return"] = torch.from_numpy(self._ep_return.copy())
+            state["rollout.ep_len"] = torch.from_numpy(self._ep_len.copy())
             state["rollout.envs"] = capture_env_state(self._envs, self.cfg.env_id)
         return state
 
@@ -490,8 +491,8 @@ class PPOWorkload(Workload):
                 envs = self._rollout_envs()
                 restore_env_state(envs, self.cfg.env_id, state["rollout.envs"])
                 self._obs = state["rollout.obs"].clone()
-                self._ep_return = state["rollout.ep_return"].clone()
-                self._ep_len = state["rollout.ep_len"].clone()
+                self._ep_return = state["rollout.ep_return"].numpy().copy()
+                self._ep_len = state["rollout.ep_len"].numpy().copy()
         except (KeyError, RuntimeError, ValueError) as exc:
             raise CheckpointError(
                 f"PPO checkpoint state does not fit this workload ({type(exc).__name__}: {exc})",

@@ -1,0 +1,322 @@
+"""The headline: one PPO job three ways on the same 2 cores, side by side in one run.
+
+(a) hetrun, pipelined: a learner rank and a rollout rank (one core each) as two
+    het components of one job, run by the real runtime (local backend: one
+    ``mpirun`` MPMD launch); the rollout keeps collecting with weights up to
+    ``--window`` versions old while the learner trains.
+(b) coarse: exactly the same job, components and cores, ``training.mode:
+    coarse`` - the synchronous loop: rollout waits for the newest weights, the
+    learner waits for the rollout.
+(c) peer: stable-baselines3 PPO with the same hyper-parameters (8 envs x 128
+    steps, 4 epochs x 4 minibatches of 256, lr 2.5e-3, gamma 0.99, lambda 0.95,
+    clip 0.2, vf 0.5, ent 0, grad norm 0.5, 64x64 tanh actor and critic, Adam
+    eps 1e-5) in one process with the same two cores available.
+
+Each run does ``--iterations`` updates of 1024 env steps and evaluates every
+``--eval-interval`` updates with the same protocol (20 episodes, sampled
+actions, env seeds from (seed, 1, policy version)); time-to-threshold is the
+end of the first evaluation whose mean return reaches gymnasium's
+``reward_threshold`` (475), measured from the first training action (hetrun) or
+from ``learn()`` (SB3); the launch-inclusive time is reported too. Env steps/s,
+actions/s and busy fractions come from the run's events.jsonl.
+
+    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~5-8 minutes
+    python benchmarks/ppo_pipeline.py --seeds 0 --iterations 20   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_ID = "CartPole-v1"
+HYPER = {  # shared by (a), (b) and (c)
+    "num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-3, "gamma": 0.99, "gae_lambda": 0.95,
+    "clip_coef": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    "update_epochs": 4, "num_minibatches": 4, "hidden": 64, "eval_episodes": 20,
+}
+
+
+# ------------------------------------------------------------------ hetrun (a) and (b)
+
+
+def job_yaml(mode: str, seed: int, iterations: int, eval_interval: int, window: int) -> str:
+    job = {
+        "name": f"ppo-bench-{mode}-s{seed}",
+        "workload": "hetrun.examples.ppo:PPOWorkload",
+        "workload_args": {"env_id": ENV_ID, **HYPER},
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "2G",
+                        "actions": ["forward", "backward", "sync", "optimize", "eval"]},
+            "rollout": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "1G",
+                        "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": iterations, "micro_batches": 2,
+                     "pipeline_window": max(window, 1), "seed": seed,
+                     "eval_interval": eval_interval, "mode": mode},
+        "actions": {"rollout": {"tolerance_window": window}},
+        "checkpoint": {"interval": 0},
+        "env": {"OMP_NUM_THREADS": "1"},
+    }
+    return yaml.safe_dump(job, sort_keys=False)
+
+
+def run_hetrun(mode: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from hetrun.dag.errors import HetrunError
+    from hetrun.runtime.events import read_events
+    from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+    job = workdir / f"{mode}-s{seed}.yaml"
+    job.write_text(job_yaml(mode, seed, args.iterations, args.eval_interval, args.window))
+    launched = time.time()
+    res = submit_file(job, None, backend="local", runs_dir=workdir / "runs")
+    backend = backend_for(res.run)
+    try:
+        status = wait_for_end(res.run, backend, timeout_s=args.run_timeout, poll_s=0.2)
+    except HetrunError:
+        backend.cancel(res.run)  # never leave a benchmark job running
+        raise
+    finished = time.time()
+    run_dir = Path(res.run.run_dir)
+    events = list(read_events(run_dir))
+    errors = [e for e in events if e.get("ev") == "error"]
+    if errors or any(c.state != "COMPLETED" for c in status.components):
+        raise SystemExit(f"hetrun {mode} run failed ({run_dir}): "
+                         f"{errors[0]['error'] if errors else status.components}")
+    out = summarize_events(events, cores={"learner": 1, "rollout": 1})
+    out.update(mode=mode, seed=seed, run_dir=str(run_dir), launch_to_exit_s=finished - launched)
+    if out["solved_at_s"] is not None:
+        out["solved_from_launch_s"] = out["solved_wall"] - launched
+    return out
+
+
+def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dict[str, Any]:
+    actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
+    t0 = min(e["start"] for e in actions)
+    t1 = max(e["end"] for e in actions)
+    span = t1 - t0
+    steps = sum(int(e.get("steps", 0)) for e in actions if e["type"] == "rollout")
+    busy = {
+        comp: sum(e["end"] - e["start"] for e in actions if e["component"] == comp) / (span * n)
+        for comp, n in cores.items()
+    }
+    evals = sorted((e for e in actions if e["type"] == "eval"), key=lambda e: e["end"])
+    solved = next((e for e in evals if e.get("metrics", {}).get("solved")), None)
+    staleness = [e["metrics"]["staleness"] for e in actions
+                 if e["type"] == "optimize" and "staleness" in e.get("metrics", {})]
+    return {
+        "env_steps": steps,
+        "span_s": span,
+        "steps_per_s": steps / span,
+        "actions": len(actions),
+        "actions_per_s": len(actions) / span,
+        "busy": busy,
+        "mean_staleness": statistics.fmean(staleness) if staleness else None,
+        "solved_at_s": None if solved is None else solved["end"] - t0,
+        "solved_wall": None if solved is None else solved["end"],
+        "solved_version": None if solved is None else solved["metrics"].get("policy_version"),
+        "eval_returns": [round(e["metrics"]["eval_return_mean"], 1) for e in evals],
+    }
+
+
+# ------------------------------------------------------------------ stable-baselines3 (c)
+
+
+def run_sb3(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    launched = time.time()
+    cmd = [sys.executable, __file__, "--sb3-worker", "--seeds", str(seed),
+           "--iterations", str(args.iterations), "--eval-interval", str(args.eval_interval)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise SystemExit(f"SB3 run failed:\n{proc.stderr[-3000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out.update(mode="sb3", seed=seed, launch_to_exit_s=time.time() - launched)
+    if out["solved_at_s"] is not None:
+        out["solved_from_launch_s"] = out["solved_wall"] - launched
+    return out
+
+
+def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]:
+    """Runs in its own process; prints one JSON line. Same eval protocol as PPOWorkload."""
+    import numpy as np
+    import torch
+    from hetrun.examples.ppo_envs import env_facts, make_vector_env
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    # One thread: measured faster than two for this MLP size (two threads contend on 2 cores).
+    torch.set_num_threads(1)
+    threshold = env_facts(ENV_ID)[2]
+    h = HYPER
+    batch = h["num_envs"] * h["num_steps"]
+    model = PPO(
+        "MlpPolicy", make_vec_env(ENV_ID, n_envs=h["num_envs"], seed=seed),
+        n_steps=h["num_steps"], batch_size=batch // h["num_minibatches"], n_epochs=h["update_epochs"],
+        learning_rate=h["learning_rate"], gamma=h["gamma"], gae_lambda=h["gae_lambda"],
+        clip_range=h["clip_coef"], ent_coef=h["ent_coef"], vf_coef=h["vf_coef"],
+        max_grad_norm=h["max_grad_norm"], normalize_advantage=True,
+        policy_kwargs={"net_arch": {"pi": [h["hidden"]] * 2, "vf": [h["hidden"]] * 2},
+                       "activation_fn": torch.nn.Tanh},
+        seed=seed, device="cpu", verbose=0,
+    )
+
+    def evaluate(version: int) -> float:
+        n = h["eval_episodes"]
+        eval_seed = int(np.random.SeedSequence([seed, 1, version]).generate_state(1)[0])
+        envs, obs = make_vector_env(ENV_ID, n, eval_seed % (2**31 - n))
+        returns, running = np.zeros(n), np.ones(n, dtype=bool)
+        with torch.no_grad():
+            while running.any():
+                dist = model.policy.get_distribution(torch.as_tensor(obs, dtype=torch.float32))
+                obs, r, term, trunc, _ = envs.step(dist.sample().numpy())
+                returns += r * running
+                running &= ~np.logical_or(term, trunc)
+        envs.close()
+        return float(returns.mean())
+
+    log: dict[str, Any] = {"eval_returns": [], "solved_at_s": None, "solved_wall": None,
+                           "solved_version": None}
+
+    class EvalEvery(BaseCallback):
+        def _evaluate_now(self, version: int) -> None:
+            ret = evaluate(version)
+            log["eval_returns"].append(round(ret, 1))
+            if ret >= threshold and log["solved_at_s"] is None:
+                log["solved_wall"] = time.time()
+                log["solved_at_s"] = log["solved_wall"] - started
+                log["solved_version"] = version
+
+        def _on_rollout_start(self) -> None:
+            version = self.model.num_timesteps // batch  # updates done so far
+            if version and version % eval_interval == 0:
+                self._evaluate_now(version)
+
+        def _on_training_end(self) -> None:
+            # After the last update (hetrun evaluates its last iteration too).
+            self._evaluate_now(iterations)
+
+        def _on_step(self) -> bool:
+            return True
+
+    started = time.time()
+    model.learn(total_timesteps=iterations * batch, callback=EvalEvery())
+    span = time.time() - started
+    steps = int(model.num_timesteps)
+    log.update(env_steps=steps, span_s=span, steps_per_s=steps / span,
+               # SB3's loop, counted in hetrun's action granularity: a rollout, 2 x
+               # (forward+backward), optimize, eval every eval_interval.
+               actions=iterations * 4 + iterations // eval_interval,
+               busy={"process": 1.0 / 2}, mean_staleness=0.0)
+    log["actions_per_s"] = log["actions"] / span
+    return log
+
+
+# ------------------------------------------------------------------ report
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    """Median counting a run that never reached the threshold as infinitely slow."""
+    if not values:
+        return None
+    med = statistics.median([float("inf") if v is None else v for v in values])
+    return None if med == float("inf") else med
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    rows = []
+    by_mode: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by_mode.setdefault(r["mode"], []).append(r)
+    names = {"pipelined": "(a) hetrun pipelined", "coarse": "(b) hetrun coarse (sync loop)",
+             "sb3": "(c) stable-baselines3 PPO"}
+    head = ("| run | env steps/s | actions/s | busy: learner / rollout cores | "
+            "time to 475 (s, median) | from launch (s) | per seed (s) |")
+    rows = [head, "|" + "---|" * 7]
+    for mode in ("pipelined", "coarse", "sb3"):
+        runs = by_mode.get(mode, [])
+        if not runs:
+            continue
+        sps = statistics.median(r["steps_per_s"] for r in runs)
+        aps = statistics.median(r["actions_per_s"] for r in runs)
+        if mode == "sb3":
+            busy = "one process (1 of 2 cores)"
+        else:
+            busy = " / ".join(f"{statistics.median(r['busy'][c] for r in runs):.0%}"
+                              for c in ("learner", "rollout"))
+        ttt = median_or_none([r["solved_at_s"] for r in runs])
+        ttl = median_or_none([r.get("solved_from_launch_s") for r in runs])
+        per = ", ".join("-" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}" for r in runs)
+        rows.append(f"| {names[mode]} | {sps:,.0f} | {aps:,.1f} | {busy} | "
+                    f"{'not reached' if ttt is None else f'{ttt:.1f}'} | "
+                    f"{'-' if ttl is None else f'{ttl:.1f}'} | {per} |")
+    speed = {m: statistics.median(r["steps_per_s"] for r in by_mode[m]) for m in by_mode}
+    lines = ["\n".join(rows), ""]
+    if "pipelined" in speed and "coarse" in speed:
+        lines.append(f"pipelined / coarse env steps/s: {speed['pipelined'] / speed['coarse']:.2f}x "
+                     "(target >= 1.7x)")
+    ttt_a = median_or_none([r["solved_at_s"] for r in by_mode.get("pipelined", [])])
+    ttt_c = median_or_none([r["solved_at_s"] for r in by_mode.get("sb3", [])])
+    if ttt_a is not None and ttt_c is not None:
+        lines.append(f"time to threshold, SB3 / hetrun pipelined: {ttt_c / ttt_a:.2f}x "
+                     "(target > 1)")
+    stale = [r["mean_staleness"] for r in by_mode.get("pipelined", []) if r["mean_staleness"]]
+    if stale:
+        lines.append(f"pipelined: mean policy staleness of the learned batches "
+                     f"{statistics.fmean(stale):.2f} versions")
+    lines.append(f"seeds {args.seeds}, {args.iterations} updates x 1024 env steps, eval every "
+                 f"{args.eval_interval} updates, window {args.window}; load average before: "
+                 f"{args.load_before}, after: {os.getloadavg()[0]:.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--eval-interval", type=int, default=5)
+    ap.add_argument("--window", type=int, default=1, help="tolerance window of the rollout (a)")
+    ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", "sb3"],
+                    choices=["pipelined", "coarse", "sb3"])
+    ap.add_argument("--run-timeout", type=float, default=300.0)
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="keep job files and run directories here (default: a temporary folder)")
+    ap.add_argument("--json", type=Path, default=None, help="also write all results here")
+    ap.add_argument("--sb3-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.sb3_worker:
+        print(json.dumps(sb3_worker(args.seeds[0], args.iterations, args.eval_interval)))
+        return
+    args.load_before = f"{os.getloadavg()[0]:.2f}"
+    results = []
+    with tempfile.TemporaryDirectory(prefix="ppo-bench-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for seed in args.seeds:
+            # Interleave the three ways per seed so machine load hits them alike.
+            for mode in args.modes:
+                r = run_sb3(seed, args) if mode == "sb3" else run_hetrun(mode, seed, args, workdir)
+                r.pop("solved_wall", None)
+                results.append(r)
+                print(f"seed {seed} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s, "
+                      f"solved at {r['solved_at_s'] if r['solved_at_s'] is None else round(r['solved_at_s'], 1)} s, "
+                      f"evals {r['eval_returns']}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print()
+    print(report(results, args))
+
+
+if __name__ == "__main__":
+    main()
