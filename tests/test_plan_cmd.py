@@ -124,3 +124,22 @@ def test_console_script_subprocess_no_traceback(tmp_path: Path) -> None:
                           text=True, timeout=120, env=env)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("hetrun: error:") and "Traceback" not in proc.stderr
+
+
+def test_plan_checks_against_the_real_cluster(slurm_cluster: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a cluster up, resources are checked against sinfo's nodes, not the spec."""
+    from hetrun.slurm_plugin.inventory import node_capacities
+
+    caps = node_capacities("debug")
+    assert caps, "sinfo answered no nodes"
+    code, out, err = run(["plan", str(PPO), "--capacity", "cluster", "-p", "debug"], capsys)
+    assert code == 0, err
+    assert f"resources checked against sinfo: {len(caps)} nodes of debug" in out
+    too_many = len(caps) + 1
+    code, _, err = run(["plan", str(PPO), "--capacity", "cluster", "-p", "debug", "-N", f"rollout={too_many}"],
+                       capsys)
+    assert code == 2 and f"needs {too_many} nodes" in err and f"only {len(caps)} such nodes" in err
+    biggest = max(c.mem_mb for c in caps)
+    code, _, err = run(["plan", str(PPO), "--capacity", "cluster", "-p", "debug",
+                        "--set", f"components.learner.mem={biggest + 1}M"], capsys)
+    assert code == 2 and f"(max {biggest})" in err

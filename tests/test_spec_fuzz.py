@@ -139,3 +139,26 @@ def test_huge_numbers(digits: int) -> None:
 def test_random_overrides(sets: list[str], nodes: list[str], gres: list[str], time: str | None) -> None:
     ov = Overrides(time=time, nodes=nodes, gres=gres, sets=sets)
     _only_spec_errors(_write(yaml.safe_dump(VALID)), ov)
+
+
+_EXAMPLE_TEXT = (Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole.yaml").read_text()
+
+
+@_SETTINGS
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=10_000), st.sampled_from(["del", "dup", "ins"]),
+                          st.text(max_size=8)), min_size=1, max_size=5))
+def test_text_mutations_of_an_example(edits: list[tuple[int, str, str]]) -> None:
+    """Typos as people make them: lines lost, repeated, characters slipped in."""
+    lines = _EXAMPLE_TEXT.splitlines(keepends=True)
+    for pos, kind, chars in edits:
+        i = pos % len(lines)
+        if kind == "del":
+            del lines[i]
+        elif kind == "dup":
+            lines.insert(i, lines[i])
+        else:
+            col = pos % max(1, len(lines[i]))
+            lines[i] = lines[i][:col] + chars + lines[i][col:]
+        if not lines:
+            break
+    _only_spec_errors(_write("".join(lines)))
