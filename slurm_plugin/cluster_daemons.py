@@ -47,7 +47,6 @@ def daemon_env(cfg: ClusterConfig) -> dict[str, str]:
     }
 
 
-
 def munge_pid() -> int | None:
     pid = read_pid(MUNGE_PID)
     if process_matches(pid, MUNGED):
@@ -105,7 +104,13 @@ def start_mariadb(cfg: ClusterConfig) -> None:
 
 
 def _ensure_database(cfg: ClusterConfig) -> None:
-    password = db_password(cfg)  # hex only, safe inside SQL quotes
+    password = db_password(cfg)
+    if not password.isalnum():
+        # It is pasted into SQL below; ours is always hex.
+        raise SlurmError(
+            f"local cluster: {cfg.directory}/db_password holds characters other than letters and digits",
+            hint=f"delete {cfg.directory}/db_password; the next `hetrun cluster up` writes a new one",
+        )
     sql = (
         "CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
         f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{password}'; "
