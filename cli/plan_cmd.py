@@ -95,7 +95,8 @@ def _print_plan(console: Console, build: PlanBuild, spec: JobSpec, cap_source: s
 
     comps = Table(title="het components (one hetjob group each)", title_justify="left")
     for col in ("group", "component", "nodes", "tasks/node", "ntasks", "cpus/task", "gpus/node", "mem/node", "action types"):
-        comps.add_column(col, justify="right" if col not in ("component", "action types") else "left")
+        comps.add_column(col, justify="right" if col not in ("component", "action types") else "left",
+                         overflow="fold")
     for c in plan.components:
         comps.add_row(str(c.index), c.name, str(c.nodes), str(c.tasks_per_node), str(c.ntasks),
                       str(c.cpus_per_task), str(c.gpus_per_node), f"{c.mem_mb} MB", ", ".join(c.actions))
@@ -104,7 +105,8 @@ def _print_plan(console: Console, build: PlanBuild, spec: JobSpec, cap_source: s
     acts = Table(title="action DAG per iteration, in scheduling order (dep@-k = of iteration i-k)",
                  title_justify="left")
     for col in ("#", "action", "component", "deps", "tol", "qos", "priority", "every"):
-        acts.add_column(col, justify="right" if col in ("#", "tol", "priority", "every") else "left")
+        acts.add_column(col, justify="right" if col in ("#", "tol", "priority", "every") else "left",
+                        overflow="fold")
     by_id = {a.id: a for a in plan.actions}
     for pos, aid in enumerate(plan.order):
         a = by_id[aid]

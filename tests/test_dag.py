@@ -379,3 +379,15 @@ def test_user_after_must_name_an_action_that_runs() -> None:
         build_plan(spec(SUP, training__eval_interval=0, actions={"checkpoint": {"after": ["eval"]}}))
     with pytest.raises(GraphError, match="dependency cycle: eval -> eval"):
         build_plan(spec(SUP, actions={"eval": {"after": ["eval"]}}))
+
+
+def test_dag_imports_no_torch_numpy_or_slurm() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys, hetrun.dag.plan, hetrun.dag.unroll, hetrun.dag.overrides\n"
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'mpi4py', 'pyslurm')"
+             " or m.startswith('hetrun.slurm_plugin') or m.startswith('hetrun.runtime'))\n"
+             "print('BAD=' + ','.join(bad))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip().endswith("BAD="), proc.stdout + proc.stderr
