@@ -23,6 +23,8 @@ MAX_NODES = 200_000
 
 KeyPath = tuple[str | int, ...]
 
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+
 
 @dataclass
 class SourceDoc:
@@ -80,6 +82,9 @@ class _Builder:
             raise self.fail(node, path, f"nesting deeper than {MAX_DEPTH} levels",
                             hint="flatten the document; job specs are at most a few levels deep")
         self.marks.setdefault(path, (node.start_mark.line + 1, node.start_mark.column + 1))
+        if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)) and node.tag not in _PLAIN_TAGS:
+            raise self.fail(node, path, f"YAML tag {node.tag!r} is not supported in a job spec",
+                            hint="remove the !tag; plain mappings and lists only")
         if isinstance(node, yaml.MappingNode):
             return self._mapping(node, path, depth)
         if isinstance(node, yaml.SequenceNode):

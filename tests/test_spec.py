@@ -379,3 +379,10 @@ def test_several_errors_are_all_listed(tmp_path: Path) -> None:
     text = replace("    nodes: 2\n", "    nodes: zero\n", replace("  iterations: 10", "  iterations: -3"))
     err = spec_error(tmp_path, text)
     assert "also" in str(err) and "training.iterations" in str(err) and "components.rollout.nodes" in str(err)
+
+
+def test_yaml_tags_are_refused(tmp_path: Path) -> None:
+    err = spec_error(tmp_path, BASE + "workload_args: !!python/object:os.system {a: 1}\n")
+    assert "not supported" in str(err) and err.key_path == "workload_args"
+    err = spec_error(tmp_path, BASE + "workload_args: {a: !!python/name:os.system ''}\n")
+    assert err.key_path == "workload_args.a" and "cannot read value" in str(err)
