@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 
 # --unroll prints one line per dispatch; beyond this the table is cut (the counts stay exact).
 _MAX_UNROLL_ROWS = 400
+# The rank-level window is built to report its size and scheduling cost; beyond this
+# it would only cost memory (about 100 bytes per action).
+_MAX_SCALE_ACTIONS = 5_000_000
 
 
 def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, str]:
@@ -158,6 +161,12 @@ def _print_scale(console: Console, build: PlanBuild) -> None:
 
     plan = build.plan
     window = plan.training.pipeline_window
+    ntasks = {c.name: c.ntasks for c in plan.components}
+    estimate = sum(ntasks[a.component] for it in range(window) for a in plan.actions if a.runs_at(it))
+    if estimate > _MAX_SCALE_ACTIONS:
+        console.print(f"pipeline window across all ranks: {estimate} rank-level actions "
+                      f"(not materialized here: more than {_MAX_SCALE_ACTIONS})")
+        return
     t0 = time.perf_counter()
     g = unroll(plan, window, per_rank=True)
     t1 = time.perf_counter()
