@@ -166,7 +166,8 @@ class _Supervisor:
 
     def _start(self, restarts: int) -> str:
         comps, plan = _plan_components(self.run_dir)
-        launcher, cmds = launch_commands(self.run_dir, comps)
+        # HETRUN_LOCAL_PYTHON: the interpreter for the ranks, when it is not the supervisor's.
+        launcher, cmds = launch_commands(self.run_dir, comps, os.environ.get("HETRUN_LOCAL_PYTHON"))
         env = _job_env(plan, self.run_dir, restarts)
         self.children = []
         if launcher == "processes":
