@@ -74,9 +74,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"run directory: {run.run_dir}")
         if not wait:
             return
+        from hetrun.slurm_plugin.backends.base import RunStatus
         from hetrun.slurm_plugin.submit import backend_for
 
-        def show(status) -> None:  # type: ignore[no-untyped-def]
+        def show(status: RunStatus) -> None:
             parts = ", ".join(f"{c.name}={c.state}" for c in status.components)
             typer.echo(f"  {parts}")
 

@@ -48,7 +48,7 @@ class RetryPolicy:
     def from_env(cls, env: Mapping[str, str] | None = None) -> RetryPolicy:
         """``HETRUN_SLURM_ATTEMPTS`` / ``HETRUN_SLURM_TIMEOUT`` override the defaults."""
         env = os.environ if env is None else env
-        kwargs = {}
+        kwargs: dict[str, float] = {}
         try:
             if env.get("HETRUN_SLURM_ATTEMPTS"):
                 kwargs["attempts"] = max(1, int(env["HETRUN_SLURM_ATTEMPTS"]))
@@ -57,7 +57,8 @@ class RetryPolicy:
         except ValueError as exc:
             raise SlurmError(f"bad HETRUN_SLURM_ATTEMPTS/HETRUN_SLURM_TIMEOUT: {exc}",
                              hint="give an integer number of attempts and seconds") from exc
-        return cls(**kwargs)  # type: ignore[arg-type]
+        return cls(attempts=int(kwargs.get("attempts", cls.attempts)),
+                   timeout_s=kwargs.get("timeout_s", cls.timeout_s))
 
 
 def is_transient(stderr: str) -> bool:
