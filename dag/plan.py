@@ -29,7 +29,6 @@ from hetrun.dag.schedule import (
     assign_priorities,
     check_fits_nodes,
     check_fits_rank,
-    spec_capacities,
 )
 from hetrun.dag.spec import (
     ACTION_TYPES,
@@ -255,8 +254,11 @@ def build_plan_explained(
         w = Weights(*weights)
     template = expand(spec)
     # Resource checks on the coarse template, so errors name action types the user wrote.
+    # Without cluster capacities the spec is its own capacity: every action must fit a
+    # rank of its component. With them, every component must also fit real nodes.
     check_fits_rank(template, spec)
-    check_fits_nodes(template, spec, capacities if capacities is not None else spec_capacities(spec))
+    if capacities is not None:
+        check_fits_nodes(template, spec, capacities)
     compiled, passes, memory = compile_template(template, spec)
     assign_priorities(compiled, spec, w)
     order = compiled.topological_order()
