@@ -38,6 +38,20 @@ class ActionSpec:
     fused: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def every(self) -> int:
+        return max(1, int(self.extra.get("every", 1) or 1))
+
+    def runs_at(self, iteration: int) -> bool:
+        """The planner's rule: runs on iterations i with (i + 1) % every == 0."""
+        return (iteration + 1) % self.every == 0
+
+    def last_run_at_or_before(self, iteration: int) -> int:
+        """The newest iteration <= ``iteration`` this action runs at (-1: none)."""
+        if iteration < 0:
+            return -1
+        return ((iteration + 1) // self.every) * self.every - 1
+
 
 @dataclass(frozen=True)
 class ComponentSpec:
@@ -83,6 +97,11 @@ class PlanView:
     @property
     def seed(self) -> int:
         return int(self.training.get("seed", 0))
+
+    @property
+    def mode(self) -> str:
+        """``pipelined`` (default) or ``coarse`` (the synchronous loop)."""
+        return str(self.training.get("mode", "pipelined"))
 
     @property
     def kind(self) -> str:

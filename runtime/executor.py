@@ -1,0 +1,582 @@
+"""The executor: this rank's share of the plan, iteration after iteration.
+
+Each rank runs the template actions of its component, one iteration after
+the other (a component's iterations never overlap: gradient state is per
+iteration). Components overlap each other: a rollout rank keeps collecting
+for the next iterations while the learner trains, as far as its tolerance
+window allows.
+
+Dependencies (``{"id": X, "lag": k}``: X of iteration i-k):
+- same component: local order (done set);
+- on another component's ``rollout``: a *data* message per feeding rank
+  (batch sent point-to-point, rollout rank j feeds learner rank j mod L);
+- on any other action of another component (optimize / weight sync): a
+  *state* message from that component's leader carrying ``policy_state()``;
+  the consumer loads the newest state it has, which must come from at least
+  iteration i - lag_eff. Weight sends are non-blocking.
+
+Staleness: the planner writes a rollout's tolerance window w as lag 1 + w on
+its weight dep; the executor caps it at 1 + pipeline_window. ``training.mode:
+coarse`` (or pipeline_window 0) is the synchronous loop: rollout(i) waits for
+the weights of iteration i-1 and the learner waits for rollout(i).
+
+Gradient ``sync`` launches bucketed async all-reduces (torch.distributed,
+gloo on CPU) and is completed only by the first action that depends on it, so
+the reduction overlaps whatever runs in between.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import HetrunError, RuntimeFailure
+
+from .context import RankContext
+from .events import EventLog
+from .hooks import Hooks, load_hooks
+from .plan_view import ActionSpec, Dep, PlanView
+from .workload import load_workload_class
+
+EXIT_OK = 0
+BUCKET_BYTES = 8 << 20
+
+
+class RankFailed(Exception):
+    """An action raised; carries which one for the error event."""
+
+    def __init__(self, action: str | None, iteration: int | None, cause: BaseException) -> None:
+        super().__init__(f"{action}@{iteration}: {cause}")
+        self.action = action
+        self.iteration = iteration
+        self.cause = cause
+
+
+def peak_memory_bytes() -> int:
+    """Peak resident memory of this process (Linux ru_maxrss is in KiB); GPU peak if used."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak = max(peak, int(torch.cuda.max_memory_allocated()))
+    except Exception:  # pragma: no cover - no CUDA here
+        pass
+    return int(peak)
+
+
+def effective_lag(plan: PlanView, consumer: ActionSpec, dep: Dep, producer: ActionSpec) -> int:
+    """The lag the executor enforces for ``dep`` of ``consumer``.
+
+    The planner encodes a tolerance window w as lag 1 + w on the weight dep.
+    Across components the runtime caps it by the pipeline window, and the
+    coarse mode (or pipeline_window 0) is the synchronous loop: lag 1.
+    """
+    if dep.lag <= 0 or producer.component == consumer.component:
+        return dep.lag
+    if plan.mode == "coarse" or plan.pipeline_window <= 0:
+        return 1
+    return min(dep.lag, 1 + plan.pipeline_window)
+
+
+def sub_actions(plan: PlanView, action: ActionSpec) -> list[tuple[str, str, int | None]]:
+    """(id, type, micro) of what one dispatch runs: the action itself or its fused parts."""
+    if not action.fused:
+        return [(action.id, action.type, action.micro)]
+    known = {a.id: a for a in plan.actions}
+    parts = []
+    for fid in action.fused:
+        if fid in known:
+            parts.append((fid, known[fid].type, known[fid].micro))
+            continue
+        head, _, tail = fid.partition(".")
+        micro = int(tail[1:]) if tail.startswith("m") and tail[1:].isdigit() else None
+        parts.append((fid, head, micro))
+    return parts
+
+
+def feeding_ranks(n_src: int, n_dst: int, dst_index: int) -> list[int]:
+    """Which producer ranks (indices in their component) feed consumer rank ``dst_index``."""
+    mine = [j for j in range(n_src) if j % n_dst == dst_index]
+    return mine or [dst_index % n_src]
+
+
+def fed_ranks(n_src: int, n_dst: int, src_index: int) -> list[int]:
+    return [d for d in range(n_dst) if src_index in feeding_ranks(n_src, n_dst, d)]
+
+
+@dataclass
+class _Sync:
+    handles: list[Any]
+    buckets: list[tuple[Any, list[Any]]]  # (flat tensor, grads it came from)
+    started: float
+    nbytes: int
+    action: ActionSpec
+    iteration: int
+
+
+@dataclass
+class _IterState:
+    losses: dict[int, Any] = field(default_factory=dict)
+    batch: Any = None
+
+
+class Executor:
+    """Runs one rank of a plan under MPI (see runtime/inprocess.py for one process)."""
+
+    def __init__(self, plan: PlanView, world: Any, log: EventLog, run_dir: Path,
+                 hooks: Hooks | None = None) -> None:
+        import torch
+
+        from .comms.p2p import Mailbox
+
+        self.plan = plan
+        self.world = world
+        self.log = log
+        self.run_dir = run_dir
+        self.me = world.component.name
+        self.actions = plan.actions_of(self.me)
+        self.by_id = {a.id: a for a in plan.actions}
+        self.hooks = hooks or load_hooks()
+        use_cuda = world.component.gpus_per_node > 0 and torch.cuda.is_available()
+        if world.size > 1:
+            world.init_torch(use_cuda=use_cuda)
+        device = "cpu"
+        if use_cuda:
+            local = world.node_rank % max(1, torch.cuda.device_count())
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        self.ctx = RankContext(
+            rank=world.rank, world_size=world.size, component=self.me,
+            comp_rank=world.comp_rank, comp_size=world.comp_size, group=world.torch_group,
+            comm=world.comp_comm, device=device, seed=plan.seed, run_dir=run_dir,
+            node=world.node, node_comm=world.node_comm, world_comm=world.comm,
+            world_group=world.torch_world, comp_ranks=world.comp_ranks, plan=plan,
+            mode="mpi", comms=plan.comms,
+        )
+        self.mailbox = Mailbox(world.comm)
+        self.timeout_s = world.timeout_s
+        self._init_routes()
+        # inbox: data[(producer id, iteration)] = {source rank: Message}
+        self.data: dict[tuple[str, int], dict[int, Any]] = defaultdict(dict)
+        self.states: dict[str, Any] = {}  # newest state message per producer id
+        self.loaded_version: int | None = None
+        self.version = 0  # optimize steps taken on this rank
+        self.syncs: dict[str, _Sync] = {}
+        self.stop_at: int | None = None
+        self.stop_requested_sent = False
+        self.workload: Any = None
+        micros = {m for a in self.actions for _, kind, m in sub_actions(plan, a) if kind == "forward"}
+        self.num_micro = max(len(micros), 1)
+
+    # ----------------------------------------------------------------- routes
+    def _init_routes(self) -> None:
+        plan, me = self.plan, self.me
+        ranks = self.world.comp_ranks
+        self.in_data: dict[str, list[int]] = {}  # producer id -> global ranks feeding me
+        self.in_state: dict[str, int] = {}  # producer id -> global rank of its leader
+        self.out_data: dict[str, list[int]] = {}  # my action id -> global ranks I feed
+        self.out_state: dict[str, list[int]] = {}  # my action id -> global ranks to send state to
+        self.lags: dict[tuple[str, str], int] = {}
+        for consumer in plan.actions:
+            for dep in consumer.deps:
+                producer = self.by_id[dep.id]
+                self.lags[(consumer.id, dep.id)] = effective_lag(plan, consumer, dep, producer)
+                if producer.component == consumer.component:
+                    continue
+                src, dst = ranks[producer.component], ranks[consumer.component]
+                is_data = producer.type == "rollout"
+                if consumer.component == me:
+                    if is_data:
+                        idx = dst.index(self.world.rank)
+                        self.in_data[producer.id] = [
+                            src[j] for j in feeding_ranks(len(src), len(dst), idx)]
+                    else:
+                        self.in_state[producer.id] = src[0]
+                if producer.component == me:
+                    if is_data:
+                        idx = src.index(self.world.rank)
+                        targets = [dst[d] for d in fed_ranks(len(src), len(dst), idx)]
+                        self.out_data.setdefault(producer.id, [])
+                        for t in targets:
+                            if t not in self.out_data[producer.id]:
+                                self.out_data[producer.id].append(t)
+                    elif self.world.comp_rank == 0:
+                        self.out_state.setdefault(producer.id, [])
+                        for t in dst:
+                            if t not in self.out_state[producer.id]:
+                                self.out_state[producer.id].append(t)
+
+    # ------------------------------------------------------------------- run
+    def run(self) -> int:
+        for line in self.hooks.missing:
+            self.log.emit("warning", message=f"no {line}")
+        wl_cls = load_workload_class(self.plan.workload, self._search_dirs())
+        try:
+            self.workload = wl_cls(self.ctx, **self.plan.workload_args)
+        except HetrunError:
+            raise
+        except Exception as exc:
+            raise RankFailed("workload.__init__", None, exc) from exc
+        start = self.hooks.restore(self.ctx, self.workload)
+        if start:
+            self.version = start
+            self.log.emit("restore", iteration=start)
+        self._send_initial_states(start)
+        last_done = start - 1
+        for it in range(start, self.plan.iterations):
+            if self._stop_before(it):
+                break
+            self.ctx.iteration = it
+            try:
+                self._run_iteration(it)
+            except _Stop:
+                break
+            last_done = it
+        self._finish_syncs()
+        # Every rank gets here; after the drain every stop token has arrived,
+        # so all ranks agree on whether this is a stop.
+        dropped = self.mailbox.drain(self._accept)
+        if dropped:
+            self.log.emit("drain", dropped=dropped)
+        if self.stop_at is not None and self.stop_at < self.plan.iterations:
+            resume_at = min(last_done + 1, self.stop_at)
+            self.log.emit("preempt", iteration=resume_at)
+            if self.hooks.save_checkpoint is not None:
+                self._checkpoint(resume_at, reason="preempt")
+            return self.hooks.stop_exit_code(self.ctx)
+        return EXIT_OK
+
+    def _search_dirs(self) -> list[Path]:
+        dirs = [self.run_dir]
+        for key in ("job_dir", "job_file"):
+            value = self.plan.raw.get(key)
+            if value:
+                p = Path(value)
+                dirs.append(p if key == "job_dir" else p.parent)
+        env_dir = os.environ.get("HETRUN_JOB_DIR")
+        if env_dir:
+            dirs.append(Path(env_dir))
+        return dirs
+
+    def _send_initial_states(self, start: int) -> None:
+        # Consumers wait for a state of iteration >= start-1 before their
+        # first action: every rank then starts from the leader's weights.
+        for producer_id, targets in self.out_state.items():
+            self._send_state(producer_id, start - 1, targets)
+
+    def _run_iteration(self, it: int) -> None:
+        pending = list(self.actions)
+        done: set[str] = set()
+        state = _IterState()
+        while pending:
+            ready = [a for a in pending if self._ready(a, it, done)]
+            if not ready:
+                self._wait_for_progress(pending, it, done)
+                continue
+            action = max(ready, key=lambda a: a.priority)
+            pending.remove(action)
+            if action.runs_at(it):
+                self._run_action(action, it, state)
+            done.add(action.id)
+            self._check_stop(it)
+        # Data of this iteration is consumed; keep the inbox small.
+        for key in [k for k in self.data if k[1] <= it - self._max_data_lag()]:
+            del self.data[key]
+
+    def _max_data_lag(self) -> int:
+        lags = [self.lags[(a.id, d.id)] for a in self.actions for d in a.deps
+                if d.id in self.in_data]
+        return max(lags, default=0)
+
+    # ------------------------------------------------------------------ deps
+    def _ready(self, action: ActionSpec, it: int, done: set[str]) -> bool:
+        for dep in action.deps:
+            lag = self.lags[(action.id, dep.id)]
+            src_it = it - lag
+            producer = self.by_id[dep.id]
+            if producer.component == self.me:
+                if lag == 0 and dep.id not in done:
+                    return False
+                continue
+            if dep.id in self.in_data:
+                if src_it < 0:
+                    continue
+                got = self.data.get((dep.id, src_it), {})
+                if any(r not in got for r in self.in_data[dep.id]):
+                    return False
+            elif dep.id in self.in_state:
+                newest = self.states.get(dep.id)
+                need = producer.last_run_at_or_before(src_it)
+                if newest is None or newest.iteration < need:
+                    return False
+        # A deferred sync is completed by its consumer, not waited on here.
+        return True
+
+    def _wait_for_progress(self, pending: list[ActionSpec], it: int, done: set[str]) -> None:
+        t0 = time.monotonic()
+        delay = 0.0002
+        while True:
+            if self._pump() or self._check_stop(it):
+                return
+            if self.stop_at is not None and it >= self.stop_at:
+                raise _Stop()
+            waited = time.monotonic() - t0
+            if waited > self.timeout_s:
+                blocked = ", ".join(f"{a.id} (needs {[d.id for d in a.deps]})" for a in pending)
+                raise RuntimeFailure(
+                    f"rank {self.world.rank} ({self.me}) waited {waited:.0f}s in iteration {it} "
+                    f"for {blocked}; no message arrived",
+                    hint="a peer is stuck or dead; raise HETRUN_COLLECTIVE_TIMEOUT if an "
+                         "action legitimately takes longer",
+                )
+            # Back off: ranks share cores with the ranks they wait for.
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+
+    def _accept(self, msg: Any) -> None:
+        if msg.kind == "data":
+            self.data[(msg.producer, msg.iteration)][msg.source] = msg
+        elif msg.kind == "state":
+            old = self.states.get(msg.producer)
+            if old is None or msg.iteration >= old.iteration:
+                self.states[msg.producer] = msg
+        elif msg.kind == "stop":
+            at = int(msg.meta["at"])
+            self.stop_at = at if self.stop_at is None else min(self.stop_at, at)
+        elif msg.kind == "stop_request" and self.world.rank == 0:
+            self._decide_stop(int(msg.meta["iteration"]) + 1)
+
+    # ---------------------------------------------------------------- stop
+    def _pump(self) -> int:
+        """Accept every message that has arrived; returns how many."""
+        n = 0
+        while (msg := self.mailbox.poll()) is not None:
+            self._accept(msg)
+            n += 1
+        return n
+
+    def _check_stop(self, it: int) -> int:
+        """Ask the preempt hook; returns how many messages were accepted meanwhile."""
+        # Accept what has arrived so stop tokens are seen between actions.
+        got = self._pump()
+        if self.stop_requested_sent or not self.hooks.stop_requested(self.ctx):
+            return got
+        self.stop_requested_sent = True
+        if self.world.rank == 0:
+            self._decide_stop(it + 1)
+        else:
+            from .comms.p2p import pack
+
+            self.mailbox.isend(pack("stop_request", "", it, {}, {"iteration": it}), 0)
+        return got
+
+    def _decide_stop(self, at: int) -> None:
+        """World rank 0 fixes the first iteration nobody starts and tells every rank."""
+        if self.stop_at is not None:
+            return
+        from .comms.p2p import pack
+
+        # Nobody may be asked to stop before an iteration it already started:
+        # rank 0 (a learner) is never ahead of the ranks feeding it.
+        self.stop_at = at
+        for r in range(self.world.size):
+            if r != 0:
+                self.mailbox.isend(pack("stop", "", at, {}, {"at": at}), r)
+
+    def _stop_before(self, it: int) -> bool:
+        return self.stop_at is not None and it >= self.stop_at
+
+    # --------------------------------------------------------------- actions
+    def _run_action(self, action: ActionSpec, it: int, state: _IterState) -> None:
+        self._complete_syncs_for(action)
+        self._load_newest_state(action, it)
+        t0 = time.time()
+        extra: dict[str, Any] = {}
+        nbytes = 0
+        try:
+            for sub_id, sub_type, micro in sub_actions(self.plan, action):
+                nbytes += self._dispatch(action, sub_id, sub_type, micro, it, state, extra)
+            nbytes += self._send_outputs(action, it, extra, state)
+        except RankFailed:
+            raise
+        except Exception as exc:
+            raise RankFailed(action.id, it, exc) from exc
+        t1 = time.time()
+        if action.type == "sync" and action.id in self.syncs:
+            return  # its event is written when the reduction completes
+        self.log.emit(
+            "action", type=action.type, id=action.id, iteration=it, start=t0, end=t1,
+            bytes=nbytes, peak_mem=peak_memory_bytes(),
+            **({"fused": list(action.fused)} if action.fused else {}), **extra,
+        )
+
+    def _dispatch(self, action: ActionSpec, sub_id: str, kind: str, micro: int | None, it: int,
+                  state: _IterState, extra: dict[str, Any]) -> int:
+        wl = self.workload
+        m = 0 if micro is None else micro
+        if kind == "rollout":
+            version = self.loaded_version if self.loaded_version is not None else self.version
+            state.batch = wl.rollout(version)
+            extra["policy_version"] = version
+            extra["steps"] = int(wl.batch_steps(state.batch))
+            return 0
+        if kind == "forward":
+            batch = self._batch_for(action, it, m, state)
+            state.losses[m] = wl.forward(batch, m, self.num_micro)
+            return 0
+        if kind == "backward":
+            loss = state.losses.pop(m, None)
+            if loss is None:
+                raise RuntimeFailure(
+                    f"{sub_id} of iteration {it} has no loss: forward.m{m} did not run before it",
+                    hint="the plan must make backward.mK depend on forward.mK")
+            wl.backward(loss)
+            return 0
+        if kind == "sync":
+            if any(self.by_id[c].component != self.me for c in self._consumers_of(action.id)):
+                return 0  # weight sync: the state is sent by _send_outputs
+            return self._launch_grad_sync(action, it)
+        if kind == "optimize":
+            self._finish_syncs()
+            metrics = wl.optimize() or {}
+            self.version += 1
+            extra["metrics"] = dict(metrics)
+            extra["policy_version"] = self.version
+            return 0
+        if kind == "eval":
+            extra["metrics"] = dict(wl.evaluate() or {})
+            return 0
+        if kind == "checkpoint":
+            if self.hooks.save_checkpoint is None:
+                extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
+                return 0
+            self._checkpoint(it + 1, reason="interval", quiet=True)
+            return 0
+        raise RuntimeFailure(
+            f"action {sub_id!r} has type {kind!r}, which this runtime does not execute",
+            hint="types: rollout, forward, backward, sync, optimize, eval, checkpoint")
+
+    def _consumers_of(self, action_id: str) -> list[str]:
+        return [a.id for a in self.plan.actions if any(d.id == action_id for d in a.deps)]
+
+    def _batch_for(self, action: ActionSpec, it: int, micro: int, state: _IterState) -> Any:
+        data_deps = [d for d in action.deps if d.id in self.in_data]
+        if not data_deps:
+            # Rollout on the same component (one-component RL), else supervised.
+            if state.batch is not None:
+                return state.batch
+            return self.workload.next_batch(it, micro)
+        if state.batch is None:
+            batches = []
+            for dep in data_deps:
+                src_it = it - self.lags[(action.id, dep.id)]
+                got = self.data.get((dep.id, src_it), {})
+                batches.extend(got[r].tensors for r in self.in_data[dep.id])
+            state.batch = self.workload.merge_batches(batches)
+        return state.batch
+
+    def _load_newest_state(self, action: ActionSpec, it: int) -> None:
+        for dep in action.deps:
+            msg = self.states.get(dep.id) if dep.id in self.in_state else None
+            if msg is None:
+                continue
+            version = int(msg.meta.get("version", msg.iteration + 1))
+            if self.loaded_version is None or version > self.loaded_version:
+                self.workload.load_policy(msg.tensors, version)
+                self.loaded_version = version
+
+    def _send_outputs(self, action: ActionSpec, it: int, extra: dict[str, Any],
+                      state: _IterState) -> int:
+        from .comms.p2p import pack
+
+        nbytes = 0
+        targets = self.out_data.get(action.id)
+        if targets:
+            buf = pack("data", action.id, it, state.batch, {"steps": extra.get("steps", 0)})
+            for t in targets:
+                nbytes += self.mailbox.isend(buf, t)
+        if action.id in self.out_state and it + 1 < self.plan.iterations:
+            nbytes += self._send_state(action.id, it, self.out_state[action.id])
+        return nbytes
+
+    def _send_state(self, producer_id: str, it: int, targets: list[int]) -> int:
+        from .comms.p2p import pack
+
+        buf = pack("state", producer_id, it, self.workload.policy_state(),
+                   {"version": it + 1})
+        return sum(self.mailbox.isend(buf, t) for t in targets)
+
+    # --------------------------------------------------------- gradient sync
+    def _launch_grad_sync(self, action: ActionSpec, it: int) -> int:
+        import torch
+        import torch.distributed as dist
+
+        if self.world.comp_size <= 1:
+            return 0
+        params = list(self.workload.parameters_to_sync())
+        grads = []
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        handles, buckets, nbytes = [], [], 0
+        bucket: list[Any] = []
+        size = 0
+        for g in [*grads, None]:
+            if g is not None:
+                bucket.append(g)
+                size += g.numel() * g.element_size()
+            if bucket and (g is None or size >= BUCKET_BYTES):
+                flat = torch.cat([x.reshape(-1) for x in bucket])
+                handles.append(dist.all_reduce(flat, group=self.world.torch_group, async_op=True))
+                buckets.append((flat, bucket))
+                nbytes += flat.numel() * flat.element_size()
+                bucket, size = [], 0
+        self.syncs[action.id] = _Sync(handles, buckets, time.time(), nbytes, action, it)
+        return nbytes
+
+    def _complete_syncs_for(self, action: ActionSpec) -> None:
+        for dep in action.deps:
+            if dep.id in self.syncs:
+                self._complete_sync(dep.id)
+
+    def _finish_syncs(self) -> None:
+        for sid in list(self.syncs):
+            self._complete_sync(sid)
+
+    def _complete_sync(self, sync_id: str) -> None:
+        s = self.syncs.pop(sync_id)
+        wait0 = time.time()
+        for h in s.handles:
+            h.wait()
+        for flat, grads in s.buckets:
+            flat.div_(self.world.comp_size)
+            offset = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+        end = time.time()
+        self.log.emit(
+            "action", type="sync", id=sync_id, iteration=s.iteration, start=s.started, end=end,
+            bytes=s.nbytes, peak_mem=peak_memory_bytes(), overlapped=round(wait0 - s.started, 6),
+            waited=round(end - wait0, 6),
+        )
+
+    # ----------------------------------------------------------- checkpoints
+    def _checkpoint(self, resume_at: int, reason: str, quiet: bool = False) -> None:
+        assert self.hooks.save_checkpoint is not None
+        t0 = time.time()
+        info = self.hooks.save_checkpoint(self.ctx, self.workload, resume_at)
+        self.log.emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
+                      end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
+
+
+class _Stop(Exception):
+    """Internal: the agreed stop iteration was reached while waiting."""

@@ -1,0 +1,81 @@
+"""The checkpoint/preemption hooks the executor calls, and how they are found.
+
+The checkpoint engineer implements them in ``hetrun.runtime.resume`` and
+``hetrun.runtime.preempt``:
+
+- ``resume.restore_if_any(ctx, workload) -> int``: before the loop, on every
+  rank; returns the iteration to start from (0 on a first run).
+- ``resume.save_checkpoint(ctx, workload, iteration) -> dict | None``: the
+  ``checkpoint`` action and the checkpoint after a stop; ``iteration`` is the
+  iteration a resumed run starts from. Called on every rank at the same point
+  of the protocol (it may use collectives on ``ctx.comm``/``ctx.world_comm``).
+- ``preempt.should_stop(ctx) -> bool``: a LOCAL check (signal flag, deadline),
+  called at every action boundary and while waiting. Ranks of different
+  components are at different iterations (that is the pipelining), so the
+  executor itself makes the agreement: world rank 0 picks a stop iteration and
+  tells every rank, all ranks stop before it, drain messages, checkpoint
+  together and exit with ``preempt.exit_code(ctx)`` (default 85).
+
+A module that is absent means no support, said once in the log; nothing is
+faked.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_REQUEUE = 85
+
+
+def _import(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return None
+        raise
+
+
+@dataclass
+class Hooks:
+    restore_if_any: Callable[[Any, Any], int] | None = None
+    save_checkpoint: Callable[[Any, Any, int], Any] | None = None
+    should_stop: Callable[[Any], bool] | None = None
+    exit_code: Callable[[Any], int] | None = None
+    missing: list[str] = field(default_factory=list)
+
+    def restore(self, ctx: Any, workload: Any) -> int:
+        if self.restore_if_any is None:
+            return 0
+        start = self.restore_if_any(ctx, workload)
+        return int(start or 0)
+
+    def stop_requested(self, ctx: Any) -> bool:
+        return bool(self.should_stop(ctx)) if self.should_stop is not None else False
+
+    def stop_exit_code(self, ctx: Any) -> int:
+        return int(self.exit_code(ctx)) if self.exit_code is not None else EXIT_REQUEUE
+
+
+def load_hooks() -> Hooks:
+    resume = _import("hetrun.runtime.resume")
+    preempt = _import("hetrun.runtime.preempt")
+    hooks = Hooks()
+    if resume is not None:
+        hooks.restore_if_any = getattr(resume, "restore_if_any", None)
+        hooks.save_checkpoint = getattr(resume, "save_checkpoint", None)
+    if preempt is not None:
+        hooks.should_stop = getattr(preempt, "should_stop", None)
+        hooks.exit_code = getattr(preempt, "exit_code", None)
+    if hooks.restore_if_any is None:
+        hooks.missing.append("resume (hetrun.runtime.resume.restore_if_any): runs start at iteration 0")
+    if hooks.save_checkpoint is None:
+        hooks.missing.append(
+            "checkpoints (hetrun.runtime.resume.save_checkpoint): checkpoint actions are skipped"
+        )
+    if hooks.should_stop is None:
+        hooks.missing.append("preemption (hetrun.runtime.preempt.should_stop): signals are not handled")
+    return hooks
