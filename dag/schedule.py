@@ -81,16 +81,6 @@ def check_fits_rank(graph: ActionGraph, spec: JobSpec) -> None:
                              hint=f"raise {where} resources or lower actions.{a.action_type} in the job YAML")
 
 
-def spec_capacities(spec: JobSpec, max_per_component: int = 1024) -> list[NodeCapacity]:
-    """Node shapes the spec itself implies (at most ``max_per_component`` listed per component)."""
-    out = []
-    for cname, comp in spec.components.items():
-        for i in range(min(comp.nodes, max_per_component)):
-            out.append(NodeCapacity(f"{cname}-{i}", comp.cpus_per_task * comp.tasks_per_node,
-                                    comp.gpus_per_node, comp.mem_mb))
-    return out
-
-
 def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[NodeCapacity]) -> None:
     """Each component's per-node needs, and each action's per-rank needs, must fit real nodes."""
     if not capacities:
