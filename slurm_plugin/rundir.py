@@ -193,6 +193,9 @@ def find_run(ref: str, root: Path) -> RunInfo:
     if (as_path / RUN_JSON).is_file():
         return read_run(as_path)
     runs = list_runs(root)
+    same_id = [r for r in runs if r.job_id == ref]
+    if same_id:
+        return same_id[-1]
     job_id = ref.split("+", 1)[0].split(".", 1)[0]
     if job_id.isdigit():
         hits = [r for r in runs if r.job_id is not None and r.job_id.split(";")[0] == job_id]

@@ -169,3 +169,27 @@ def test_exit_85_requeues_the_het_job(slurm_cluster, shared_tmp: Path) -> None: 
         assert "restart=0" in (run_dir / "fake-attempts").read_text()
     finally:
         subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+
+
+def test_status_asks_squeue_once_for_many_runs(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """`hetrun status` over many runs: one squeue call (and one sacct for runs squeue forgot)."""
+    from hetrun.slurm_plugin.rundir import RunInfo, create_run_dir, write_run
+
+    counted = shared_tmp / "bin"
+    counted.mkdir()
+    for tool in ("squeue", "sacct"):
+        real = subprocess.run(["which", tool], capture_output=True, text=True, check=True).stdout.strip()
+        (counted / tool).write_text(f'#!/bin/sh\necho {tool} >> "{shared_tmp}/calls"\nexec {real} "$@"\n')
+        (counted / tool).chmod(0o755)
+    runs = shared_tmp / "runs"
+    for i in range(6):
+        d = create_run_dir(runs, f"many{i}")
+        # Job ids far beyond what the test cluster has used: squeue does not know them.
+        write_run(RunInfo(name=f"many{i}", run_dir=str(d), backend="sbatch", job_id=str(9_000_000 + i),
+                          components=["learner", "rollout"]))
+    env = dict(os.environ, PATH=f"{counted}:{os.environ['PATH']}", HETRUN_RUNS=str(runs))
+    st = hetrun("status", env=env)
+    assert st.returncode == 0, st.stderr
+    calls = (shared_tmp / "calls").read_text().split()
+    assert calls.count("squeue") == 1 and calls.count("sacct") == 1, calls
+    assert st.stdout.count("UNKNOWN") == 12, st.stdout
