@@ -193,12 +193,12 @@ def register(app: typer.Typer) -> None:
         explain: Annotated[bool, typer.Option("--explain", help="Show each compiler pass before/after.")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print only plan.json.")] = False,
         unroll_n: Annotated[Optional[int], typer.Option(
-            "--unroll", min=1, max=10_000, help="Also show the DAG unrolled over N iterations.")] = None,
+            "--unroll", min=1, max=10_000, metavar="N", help="Also show the DAG unrolled over N iterations.")] = None,
         capacity: Annotated[str, typer.Option(
-            "--capacity", help="Check resources against: auto (sinfo if a cluster answers, else the spec), "
+            "--capacity", metavar="auto|cluster|spec", help="Check resources against: auto (sinfo if a cluster answers, else the spec), "
                                "cluster, or spec.")] = "auto",
         runs_dir: Annotated[Optional[Path], typer.Option(
-            "--runs-dir", help="Runs root shown in the script (default $HETRUN_RUNS, else ./runs).")] = None,
+            "--runs-dir", metavar="DIR", help="Runs root shown in the script (default $HETRUN_RUNS, else ./runs).")] = None,
     ) -> None:
         """Show the action DAG, priorities, het components and the exact sbatch script of a job."""
         from hetrun.dag.errors import SpecError

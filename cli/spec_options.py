@@ -26,25 +26,25 @@ if TYPE_CHECKING:
 
 _PANEL = "Overrides (sbatch-style)"
 
-JobArg = Annotated[Path, typer.Argument(help="Job YAML file.", show_default=False)]
+JobArg = Annotated[Path, typer.Argument(help="Job YAML file.", show_default=False, metavar="JOB.yaml")]
 PartitionOpt = Annotated[Optional[str], typer.Option(
-    "-p", "--partition", help="Partition (slurm.partition).", rich_help_panel=_PANEL)]
+    "-p", "--partition", metavar="PARTITION", help="Partition (slurm.partition).", rich_help_panel=_PANEL)]
 TimeOpt = Annotated[Optional[str], typer.Option(
-    "-t", "--time", help="Time limit, e.g. 00:30:00 or 1-00:00 (slurm.time).", rich_help_panel=_PANEL)]
+    "-t", "--time", metavar="TIME", help="Time limit, e.g. 00:30:00 or 1-00:00 (slurm.time).", rich_help_panel=_PANEL)]
 AccountOpt = Annotated[Optional[str], typer.Option(
-    "-A", "--account", help="Account to charge (slurm.account).", rich_help_panel=_PANEL)]
+    "-A", "--account", metavar="ACCOUNT", help="Account to charge (slurm.account).", rich_help_panel=_PANEL)]
 QosOpt = Annotated[Optional[str], typer.Option(
-    "-q", "--qos", help="Slurm QOS (slurm.qos).", rich_help_panel=_PANEL)]
+    "-q", "--qos", metavar="QOS", help="Slurm QOS (slurm.qos).", rich_help_panel=_PANEL)]
 NodesOpt = Annotated[Optional[list[str]], typer.Option(
-    "-N", "--nodes", help="Nodes: N for the first component, or COMPONENT=N. Repeatable.",
+    "-N", "--nodes", metavar="[COMPONENT=]N", help="Nodes: N for the first component, or COMPONENT=N. Repeatable.",
     rich_help_panel=_PANEL)]
 GresOpt = Annotated[Optional[list[str]], typer.Option(
-    "--gres", help="gpu:N for the first GPU component, or COMPONENT=gpu:N. Repeatable.",
+    "--gres", metavar="[COMPONENT=]gpu:N", help="gpu:N for the first GPU component, or COMPONENT=gpu:N. Repeatable.",
     rich_help_panel=_PANEL)]
 ConstraintOpt = Annotated[Optional[str], typer.Option(
-    "-C", "--constraint", help="Node features (slurm.constraint).", rich_help_panel=_PANEL)]
+    "-C", "--constraint", metavar="FEATURES", help="Node features (slurm.constraint).", rich_help_panel=_PANEL)]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Any key: key.path=value (value read as YAML), e.g. training.iterations=100. Repeatable.",
+    "--set", metavar="KEY.PATH=VALUE", help="Any key: key.path=value (value read as YAML), e.g. training.iterations=100. Repeatable.",
     rich_help_panel=_PANEL)]
 
 
