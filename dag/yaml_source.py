@@ -190,6 +190,8 @@ def read_yaml_file(path: str | Path) -> SourceDoc:
         raise SpecError("is a directory, not a job YAML file", file=name) from None
     except OSError as exc:
         raise SpecError(f"cannot read: {exc.strerror or exc}", file=name) from None
+    except ValueError as exc:  # e.g. a NUL byte in the path
+        raise SpecError(f"invalid path: {exc}", file=repr(name)) from None
     if len(raw) > MAX_FILE_BYTES:
         raise SpecError(f"file is larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB; not a job spec", file=name)
     try:

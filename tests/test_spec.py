@@ -386,3 +386,8 @@ def test_yaml_tags_are_refused(tmp_path: Path) -> None:
     assert "not supported" in str(err) and err.key_path == "workload_args"
     err = spec_error(tmp_path, BASE + "workload_args: {a: !!python/name:os.system ''}\n")
     assert err.key_path == "workload_args.a" and "cannot read value" in str(err)
+
+
+def test_path_with_nul_byte() -> None:
+    with pytest.raises(SpecError, match="invalid path"):
+        load_spec("job\x00.yaml")
