@@ -193,3 +193,50 @@ def test_status_asks_squeue_once_for_many_runs(slurm_cluster, shared_tmp: Path) 
     calls = (shared_tmp / "calls").read_text().split()
     assert calls.count("squeue") == 1 and calls.count("sacct") == 1, calls
     assert st.stdout.count("UNKNOWN") == 12, st.stdout
+
+
+SIGNAL_RUNTIME = """#!/bin/bash
+# fake runtime for tests: waits; on USR1 records it and exits 85 (checkpointed), like the runtime.
+if [ "${SLURM_RESTART_COUNT:-0}" != "0" ]; then exit 0; fi
+trap 'echo "usr1 rank=$SLURM_PROCID" >> "$HETRUN_RUN_DIR/fake-signals"; exit 85' USR1
+touch "$HETRUN_RUN_DIR/fake-ready-$SLURM_PROCID"
+for _ in $(seq 600); do sleep 0.1; done
+exit 1
+"""
+
+
+def test_usr1_reaches_every_rank_through_the_batch_shell(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """Slurm's --signal=B:USR1 goes to the batch shell only; the script must pass it on
+    through srun to every rank of every component, then requeue on exit 85."""
+    fake = shared_tmp / "signal_runtime.sh"
+    fake.write_text(SIGNAL_RUNTIME)
+    fake.chmod(0o755)
+    spec = spec_from_dict({
+        "name": "sig", "workload": "hetrun.examples.ppo:PPOWorkload",
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                        "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 2, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 1},
+        "slurm": {"time": "00:03:00"},
+    })
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
+    run_dir = Path(res.run.run_dir)
+    backend = SbatchBackend()
+    try:
+        assert wait_for(lambda: len(list(run_dir.glob("fake-ready-*"))) == 3, 90, 0.5)
+        # What --signal=B:USR1@grace does at the deadline: USR1 to the batch shell alone.
+        subprocess.run(["scancel", "--batch", "--signal=USR1", str(res.run.job_id)], check=True)
+        assert wait_for(lambda: (run_dir / "fake-signals").exists()
+                        and len((run_dir / "fake-signals").read_text().splitlines()) == 3, 30, 0.5)
+        got = sorted((run_dir / "fake-signals").read_text().splitlines())
+        assert got == ["usr1 rank=0", "usr1 rank=1", "usr1 rank=2"]
+
+        def requeued() -> bool:
+            comps = backend.status([res.run])[res.run.run_dir].components
+            return bool(comps) and all(c.restarts >= 1 for c in comps)
+
+        assert wait_for(requeued, 60, 1.0), backend.status([res.run])
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
