@@ -22,6 +22,8 @@ from hetrun.dag.plan import Plan, build_plan, build_plan_explained
 from hetrun.dag.schedule import Weights, check_fits_nodes
 from hetrun.dag.spec import JobSpec, spec_from_dict
 from hetrun.dag.unroll import schedule_order, unroll
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 RL: dict[str, Any] = {
     "name": "rl",
@@ -391,3 +393,52 @@ def test_dag_imports_no_torch_numpy_or_slurm() -> None:
              "print('BAD=' + ','.join(bad))\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip().endswith("BAD="), proc.stdout + proc.stderr
+
+
+# -- properties --------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=25).flatmap(lambda n: st.tuples(
+    st.just(n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=3 * n),
+    st.lists(st.floats(0, 1), min_size=n, max_size=n))))
+def test_topological_order_is_greedy_by_priority(case: tuple[int, list[tuple[int, int]], list[float]]) -> None:
+    n, edges, prios = case
+    deps: dict[int, set[int]] = {i: set() for i in range(n)}
+    for a, b in edges:
+        if a < b:
+            deps[b].add(a)  # edges only forward: a DAG
+    g = ActionGraph(action(f"a{i}", [Dep(f"a{d}") for d in sorted(deps[i])], prio=prios[i]) for i in range(n))
+    order = [int(x[1:]) for x in g.topological_order()]
+    done: set[int] = set()
+    for node in order:
+        ready = [i for i in range(n) if i not in done and deps[i] <= done]
+        assert node in ready
+        best = max(ready, key=lambda i: (prios[i], -i))
+        assert (prios[node], -node) == (prios[best], -best)
+        done.add(node)
+    assert len(order) == n
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 4), st.integers(1, 5), st.integers(0, 2), st.integers(1, 3),
+       st.sampled_from(["rl", "supervised"]), st.integers(1, 4))
+def test_unrolled_schedule_is_topological(micro: int, learners: int, rollouts: int, tolerance: int,
+                                          window: int, kind: str, inflight: int) -> None:
+    changes: dict[str, Any] = {"training__micro_batches": micro, "training__pipeline_window": window,
+                               "components__learner__nodes": learners,
+                               "schedule": {"max_inflight_micro": inflight}}
+    if kind == "rl":
+        changes.update(components__rollout__nodes=rollouts, actions={"rollout": {"tolerance_window": tolerance}})
+    s = spec(RL if kind == "rl" else SUP, **changes)
+    plan = build_plan(s)
+    for per_rank in (False, True):
+        g = unroll(plan, window + 1, per_rank=per_rank)
+        order = schedule_order(g, [a.priority for a in plan.actions])
+        assert sorted(order) == list(range(len(g)))
+        pos = {node: i for i, node in enumerate(order)}
+        for node, preds in enumerate(g.predecessors()):
+            assert len(preds) == g.indeg[node]
+            for p in preds:
+                assert pos[p] < pos[node]
