@@ -20,6 +20,7 @@ from hetrun.dag.errors import HetrunError, RunDirError
 from . import quoting
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES, Backend, DryRun, RunStatus
+from .backends.sbatch import SbatchBackend
 from .render import render_sbatch
 from .rundir import (
     JOB_YAML,
@@ -117,6 +118,8 @@ def submit_spec(
         run.cluster = job_id.split(";", 1)[1]
     elif backend_obj.name == "local":
         run.cluster = "local"
+    elif isinstance(backend_obj, SbatchBackend):
+        run.cluster = backend_obj.cluster_name()
     write_run(run)
     return SubmitResult(run, script, backend_obj.name)
 

@@ -60,6 +60,9 @@ def test_het_job_starts_every_rank_status_and_cancel(slurm_cluster, shared_tmp: 
                         if line.startswith("run directory: ")))
     run = read_run(run_dir)
     assert run.job_id and run.job_id.isdigit() and run.components == ["learner", "rollout"]
+    from hetrun.slurm_plugin.cluster_conf import CLUSTER_NAME
+
+    assert run.cluster == CLUSTER_NAME
     for name in ("job.yaml", "plan.json", "hetjob.sbatch", "run.json"):
         assert (run_dir / name).is_file(), name
     try:

@@ -101,6 +101,19 @@ class SbatchBackend(Backend):
                              hint="is sbatch wrapped by a site script that changes its output?")
         return job_id
 
+    def cluster_name(self) -> str | None:
+        """The cluster's ClusterName (for run.json); None when it cannot be read."""
+        try:
+            out = run_slurm(["scontrol", "show", "config"], RetryPolicy(attempts=1, timeout_s=10),
+                            env=self.env).stdout
+        except SlurmError:
+            return None
+        for line in out.splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "ClusterName":
+                return value.strip() or None
+        return None
+
     # -- status -------------------------------------------------------------
     def _squeue(self) -> list[dict[str, Any]]:
         # 22.05's squeue ignores job filters with --json, so one call serves every run.
