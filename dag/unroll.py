@@ -9,8 +9,9 @@ deps that point before the window are taken as done.
 
 Rank mapping of an edge: on the same component rank r waits for rank r (a
 collective's cross-rank wait happens inside the collective); across
-components rank r of the consumer waits for its block of producer ranks
-(``r*P//C`` up to ``(r+1)*P//C``), so edges stay O(max(P, C)), not O(P*C).
+components consumer rank d waits for the producer ranks p with p % C == d
+(or for p = d % P when producers are fewer), the runtime's own routing, so
+edges stay O(max(P, C)), not O(P*C).
 
 Representation: nodes come in *blocks* (one template action of one iteration,
 one node per rank, contiguous ids) and edges are stored per block pair with
@@ -33,13 +34,17 @@ _SPREAD = 1  # block mapping between components of different sizes
 
 
 def _consumer_lists(producers: int, consumers: int) -> list[list[int]]:
-    """For each producer rank, the consumer ranks whose block contains it."""
+    """For each producer rank, the consumer ranks it feeds.
+
+    The runtime's rule (``feeding_ranks`` in runtime/executor.py): consumer d takes
+    the producers p with p % consumers == d; when producers are fewer, consumer d
+    takes producer d % producers.
+    """
+    if producers >= consumers:
+        return [[p % consumers] for p in range(producers)]
     out: list[list[int]] = [[] for _ in range(producers)]
-    for r in range(consumers):
-        lo = r * producers // consumers
-        hi = max(lo + 1, (r + 1) * producers // consumers)
-        for p in range(lo, hi):
-            out[p].append(r)
+    for d in range(consumers):
+        out[d % producers].append(d)
     return out
 
 

@@ -361,9 +361,14 @@ def test_unroll_per_rank_maps_ranks() -> None:
     per_tpl = {a.id: 2 if a.component == "learner" else 3 for a in plan.actions if a.runs_at(0)}
     assert len(g) == sum(per_tpl.values())
     preds = {g.name(n): [g.name(p) for p in ps] for n, ps in enumerate(g.predecessors())}
-    # learner rank r consumes its block of rollout ranks: 0 <- [0], 1 <- [1, 2]
-    assert sorted(preds["i0/forward.m0+backward.m0@r0"]) == ["i0/rollout@r0"]
-    assert sorted(preds["i0/forward.m0+backward.m0@r1"]) == ["i0/rollout@r1", "i0/rollout@r2"]
+    # learner rank d consumes the rollout ranks p with p % 2 == d (the runtime's routing)
+    assert sorted(preds["i0/forward.m0+backward.m0@r0"]) == ["i0/rollout@r0", "i0/rollout@r2"]
+    assert sorted(preds["i0/forward.m0+backward.m0@r1"]) == ["i0/rollout@r1"]
+    # and the other way: rollout rank d takes the weights from learner rank d % 2
+    g3 = unroll(plan, 3, per_rank=True)
+    preds3 = {g3.name(n): [g3.name(p) for p in ps] for n, ps in enumerate(g3.predecessors())}
+    assert preds3["i2/rollout@r2"] == ["i0/sync.policy@r0"]
+    assert preds3["i2/rollout@r1"] == ["i0/sync.policy@r1"]
     # same component: rank to rank
     assert preds["i0/sync.grads+optimize@r1"] == ["i0/forward.m0+backward.m0@r1", "i0/forward.m1+backward.m1@r1",
                                                   "i0/forward.m2+backward.m2@r1"]
