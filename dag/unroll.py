@@ -160,7 +160,8 @@ def unroll(plan: Plan, iterations: int, *, per_rank: bool = False, start: int = 
 def schedule_order(graph: UnrolledGraph, priorities: Sequence[float]) -> list[int]:
     """Topological order, highest template priority first, then earlier iteration/rank.
 
-    Heap-based Kahn over int keys: O(E log V). ``priorities`` is per template action.
+    Heap-based Kahn over int keys ``priority rank << bits | node``: O(E log V).
+    ``priorities`` is per template action.
     """
     n = len(graph)
     ranked = sorted(range(len(priorities)), key=lambda t: (-priorities[t], t))
@@ -169,8 +170,16 @@ def schedule_order(graph: UnrolledGraph, priorities: Sequence[float]) -> list[in
         prio_rank[t] = pos
     shift = max(1, n).bit_length()
     mask = (1 << shift) - 1
+    base, width, node_block = graph.block_base, graph.block_width, graph.node_block
     block_key = [prio_rank[t] << shift for t in graph.block_tpl]
-    base, width, out, node_block = graph.block_base, graph.block_width, graph.out, graph.node_block
+    # Per block: identity edges as (first node of the consumer block, its key base),
+    # so the hot loop is two additions; a node's key is key base + node id.
+    ident: list[list[tuple[int, int]]] = []
+    spread: list[list[tuple[int, int, list[list[int]]]]] = []
+    for b, outs in enumerate(graph.out):
+        ident.append([(base[c], block_key[c] + base[c]) for c, mode in outs if mode == _IDENTITY])
+        spread.append([(base[c], block_key[c] + base[c], graph.spread(width[b], width[c]))
+                       for c, mode in outs if mode != _IDENTITY])
     indeg = list(graph.indeg)
     heap = [block_key[node_block[i]] | i for i in range(n) if not indeg[i]]
     heapq.heapify(heap)
@@ -181,19 +190,20 @@ def schedule_order(graph: UnrolledGraph, priorities: Sequence[float]) -> list[in
         append(node)
         b = node_block[node]
         r = node - base[b]
-        for c, mode in out[b]:
-            if mode == _IDENTITY:
-                t = base[c] + r
-                indeg[t] -= 1
-                if not indeg[t]:
-                    push(heap, block_key[c] | t)
-            else:
-                cb = base[c]
-                for x in graph.spread(width[b], width[c])[r]:
-                    t = cb + x
-                    indeg[t] -= 1
-                    if not indeg[t]:
-                        push(heap, block_key[c] | t)
+        for cbase, ckey in ident[b]:
+            t = cbase + r
+            d = indeg[t] - 1
+            indeg[t] = d
+            if not d:
+                push(heap, ckey + r)
+        if spread[b]:
+            for cbase, ckey, lists in spread[b]:
+                for x in lists[r]:
+                    t = cbase + x
+                    d = indeg[t] - 1
+                    indeg[t] = d
+                    if not d:
+                        push(heap, ckey + x)
     if len(order) != n:
         stuck = next(i for i in range(n) if indeg[i] > 0)
         raise GraphError(f"the unrolled graph has a cycle through {graph.name(stuck)}")
