@@ -133,11 +133,17 @@ def test_huge_numbers(digits: int) -> None:
     _only_spec_errors(_write(text))
 
 
+_opt_text = st.one_of(st.none(), st.text(max_size=20), st.sampled_from(["debug", "a;b", "$(id)", "x\ny"]))
+
+
 @_SETTINGS
 @given(st.lists(st.text(max_size=40), max_size=4), st.lists(st.text(max_size=12), max_size=3),
-       st.lists(st.text(max_size=12), max_size=3), st.one_of(st.none(), st.text(max_size=20)))
-def test_random_overrides(sets: list[str], nodes: list[str], gres: list[str], time: str | None) -> None:
-    ov = Overrides(time=time, nodes=nodes, gres=gres, sets=sets)
+       st.lists(st.text(max_size=12), max_size=3), _opt_text, _opt_text, _opt_text, _opt_text, _opt_text)
+def test_random_overrides(sets: list[str], nodes: list[str], gres: list[str], time: str | None,
+                          partition: str | None, account: str | None, qos: str | None,
+                          constraint: str | None) -> None:
+    ov = Overrides(time=time, partition=partition, account=account, qos=qos, constraint=constraint,
+                   nodes=nodes, gres=gres, sets=sets)
     _only_spec_errors(_write(yaml.safe_dump(VALID)), ov)
 
 
