@@ -130,6 +130,15 @@ def _body(backend: str, out_dir: str) -> None:
             limit = {"int8": 0.27, "fp8": 0.27}.get(name, 0.05)
             assert sent <= raw * limit + 64 * size, (name, sent, raw)
 
+    # A caller's buffer: the same result written into it.
+    case = 1
+    sends, recvs = _splits(rank, size, case), recvs_of(case)
+    x = _rows(rank, size, case)
+    buf = torch.full((sum(recvs), WIDTH), float("nan"))
+    got = compressed_all_to_all(x, sends, recvs, comm, codec="int8", out=buf)
+    assert got is buf
+    assert torch.equal(buf, compressed_all_to_all(x, sends, recvs, comm, codec="int8"))
+
     # Error feedback: the second exchange on a stream encodes chunk + residual of the first.
     case = 1
     sends, recvs = _splits(rank, size, case), recvs_of(case)
