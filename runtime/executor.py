@@ -118,6 +118,7 @@ class _Sync:
     nbytes: int
     action: ActionSpec
     iteration: int
+    sub_id: str
 
 
 @dataclass
@@ -408,8 +409,8 @@ class Executor:
         except Exception as exc:
             raise RankFailed(action.id, it, exc) from exc
         t1 = time.time()
-        if action.type == "sync" and action.id in self.syncs:
-            return  # its event is written when the reduction completes
+        if action.id in self.syncs and not action.fused:
+            return  # a plain sync's event is written when the reduction completes
         self.log.emit(
             "action", type=action.type, id=action.id, iteration=it, start=t0, end=t1,
             bytes=nbytes, peak_mem=peak_memory_bytes(),
@@ -441,7 +442,7 @@ class Executor:
         if kind == "sync":
             if any(self.by_id[c].component != self.me for c in self._consumers_of(action.id)):
                 return 0  # weight sync: the state is sent by _send_outputs
-            return self._launch_grad_sync(action, it)
+            return self._launch_grad_sync(action, sub_id, it)
         if kind == "optimize":
             self._finish_syncs()
             metrics = wl.optimize() or {}
@@ -513,7 +514,7 @@ class Executor:
         return sum(self.mailbox.isend(buf, t) for t in targets)
 
     # --------------------------------------------------------- gradient sync
-    def _launch_grad_sync(self, action: ActionSpec, it: int) -> int:
+    def _launch_grad_sync(self, action: ActionSpec, sub_id: str, it: int) -> int:
         import torch
         import torch.distributed as dist
 
@@ -538,7 +539,7 @@ class Executor:
                 buckets.append((flat, bucket))
                 nbytes += flat.numel() * flat.element_size()
                 bucket, size = [], 0
-        self.syncs[action.id] = _Sync(handles, buckets, time.time(), nbytes, action, it)
+        self.syncs[action.id] = _Sync(handles, buckets, time.time(), nbytes, action, it, sub_id)
         return nbytes
 
     def _complete_syncs_for(self, action: ActionSpec) -> None:
@@ -563,10 +564,13 @@ class Executor:
                 g.copy_(flat[offset : offset + n].view_as(g))
                 offset += n
         end = time.time()
+        # A sync fused into a bigger dispatch is reported as a part of it
+        # ("part_of"), so reports do not count its time twice.
+        fused = s.sub_id != sync_id
         self.log.emit(
-            "action", type="sync", id=sync_id, iteration=s.iteration, start=s.started, end=end,
+            "action", type="sync", id=s.sub_id, iteration=s.iteration, start=s.started, end=end,
             bytes=s.nbytes, peak_mem=peak_memory_bytes(), overlapped=round(wait0 - s.started, 6),
-            waited=round(end - wait0, 6),
+            waited=round(end - wait0, 6), **({"part_of": sync_id} if fused else {}),
         )
 
     # ----------------------------------------------------------- checkpoints
