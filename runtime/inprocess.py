@@ -1,0 +1,276 @@
+"""In-process mode: every component's actions of a plan in one process.
+
+Same plan, same workload code, same events as the MPI executor, but one
+workload instance per component (each component has one "rank") and no MPI
+world: for fast tests and for a laptop without MPI. Actions run in the plan's
+topological order, iteration after iteration, so this is the synchronous
+(coarse) schedule: a rollout always gets the newest weights.
+
+    from hetrun.runtime.inprocess import run_inprocess
+    result = run_inprocess("runs/ppo-...")          # a run dir with plan.json
+    result = run_inprocess(plan_dict, run_dir=tmp)  # or a plan as a dict
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import HetrunError, RuntimeFailure
+
+from .context import RankContext
+from .events import EventLog
+from .executor import peak_memory_bytes, sub_actions
+from .hooks import Hooks, load_hooks
+from .plan_view import PlanView, load_plan, plan_from_dict
+from .workload import load_workload_class
+
+
+@dataclass
+class InProcessResult:
+    exit_code: int
+    workloads: dict[str, Any]  # component name -> workload instance
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # per optimize/eval action
+    iterations_done: int = 0
+    wall_s: float = 0.0
+    env_steps: int = 0
+
+
+def _self_comm() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError:  # no MPI library on this machine: in-process needs none
+        return None
+    return MPI.COMM_SELF
+
+
+def run_inprocess(
+    plan_or_run_dir: str | os.PathLike[str] | dict[str, Any] | PlanView,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    iterations: int | None = None,
+    hooks: Hooks | None = None,
+    extra_search_dirs: list[Path] | None = None,
+) -> InProcessResult:
+    """Run a whole plan in this process; events go to ``<run_dir>/events.jsonl``."""
+    if isinstance(plan_or_run_dir, PlanView):
+        plan = plan_or_run_dir
+    elif isinstance(plan_or_run_dir, dict):
+        plan = plan_from_dict(plan_or_run_dir, Path(run_dir or ".") / "plan.json")
+    else:
+        run_dir = run_dir or plan_or_run_dir
+        plan = load_plan(plan_or_run_dir)
+    if run_dir is None:
+        raise RuntimeFailure("run_inprocess needs a run_dir for events.jsonl when given a plan object")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return _InProcess(plan, run_dir, hooks or load_hooks(), extra_search_dirs or []).run(
+        iterations if iterations is not None else plan.iterations)
+
+
+class _InProcess:
+    def __init__(self, plan: PlanView, run_dir: Path, hooks: Hooks, search: list[Path]) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.hooks = hooks
+        self.search = [run_dir, *search]
+        for key in ("job_dir", "job_file"):
+            if plan.raw.get(key):
+                p = Path(plan.raw[key])
+                self.search.append(p if key == "job_dir" else p.parent)
+        self.node = socket.gethostname()
+        self.by_id = {a.id: a for a in plan.actions}
+        self.logs: dict[str, EventLog] = {}
+        self.ctxs: dict[str, RankContext] = {}
+        self.workloads: dict[str, Any] = {}
+        comm = _self_comm()
+        names = [c.name for c in plan.components]
+        for c in plan.components:
+            self.ctxs[c.name] = RankContext(
+                rank=c.index, world_size=len(names), component=c.name, comp_rank=0, comp_size=1,
+                group=None, comm=comm, device="cpu", seed=plan.seed, run_dir=run_dir,
+                node=self.node, comp_ranks={n: [i] for i, n in enumerate(names)}, plan=plan,
+                mode="inprocess", comms=plan.comms,
+            )
+            self.logs[c.name] = EventLog(run_dir, rank=c.index, component=c.name, node=self.node)
+        # newest state snapshot per producer action: (iteration, tensors)
+        self.states: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.loaded: dict[str, int] = {}
+        self.version: dict[str, int] = dict.fromkeys(names, 0)
+        self.data: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def run(self, iterations: int) -> InProcessResult:
+        t_start = time.time()
+        for c in self.plan.components:
+            log = self.logs[c.name]
+            log.emit("start", size=len(self.plan.components), comp_rank=0, comp_size=1,
+                     node_rank=c.index, node_size=len(self.plan.components), pid=os.getpid(),
+                     host=self.node, mode="inprocess", cpus=c.cpus_per_task,
+                     gpus=c.gpus_per_node, job_id=None, restart_count=0)
+            for line in self.hooks.missing:
+                log.emit("warning", message=f"no {line}")
+        cls = load_workload_class(self.plan.workload, self.search)
+        used = {a.component for a in self.plan.actions}
+        for name, ctx in self.ctxs.items():
+            if name in used:
+                self.workloads[name] = cls(ctx, **self.plan.workload_args)
+        start = 0
+        for name, wl in self.workloads.items():
+            s = self.hooks.restore(self.ctxs[name], wl)
+            if s:
+                self.logs[name].emit("restore", iteration=s)
+                self.version[name] = s
+            start = max(start, s)
+        result = InProcessResult(exit_code=0, workloads=self.workloads)
+        order = [self.by_id[i] for i in self.plan.order if i in self.by_id]
+        order += [a for a in self.plan.actions if a.id not in self.plan.order]
+        it = start
+        stop = False
+        for it in range(start, iterations):
+            state: dict[str, Any] = {"losses": {}, "batch": {}}
+            for action in order:
+                if not action.runs_at(it):
+                    continue
+                ctx = self.ctxs[action.component]
+                ctx.iteration = it
+                try:
+                    self._run_action(action, it, state, result)
+                except HetrunError:
+                    raise
+                except Exception as exc:
+                    self.logs[action.component].emit(
+                        "error", action=action.id, iteration=it,
+                        error=f"{type(exc).__name__}: {exc}", traceback=_tb(exc), code=6)
+                    raise RuntimeFailure(
+                        f"in-process run: component {action.component!r} failed in action "
+                        f"{action.id} (iteration {it}): {type(exc).__name__}: {exc}") from exc
+                if any(self.hooks.stop_requested(c) for c in self.ctxs.values()):
+                    stop = True
+            result.iterations_done = it + 1 - start
+            for key in [k for k in self.data if k[1] < it - 8]:
+                del self.data[key]
+            if stop:
+                break
+        if stop and it + 1 < iterations:
+            for name, wl in self.workloads.items():
+                self.logs[name].emit("preempt", iteration=it + 1)
+                if self.hooks.save_checkpoint is not None:
+                    self._checkpoint(name, wl, it + 1, "preempt")
+            result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
+        result.wall_s = time.time() - t_start
+        for name in self.ctxs:
+            self.logs[name].emit("exit", code=result.exit_code, elapsed=result.wall_s)
+            self.logs[name].close()
+        return result
+
+    def _checkpoint(self, comp: str, wl: Any, resume_at: int, reason: str) -> None:
+        assert self.hooks.save_checkpoint is not None
+        t0 = time.time()
+        info = self.hooks.save_checkpoint(self.ctxs[comp], wl, resume_at)
+        self.logs[comp].emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
+                             end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
+
+    def _run_action(self, action: Any, it: int, state: dict[str, Any],
+                    result: InProcessResult) -> None:
+        comp = action.component
+        wl = self.workloads[comp]
+        # Newest weights from other components this action depends on.
+        for dep in action.deps:
+            producer = self.by_id[dep.id]
+            if producer.component != comp and producer.type != "rollout" and dep.id in self.states:
+                s_it, tensors = self.states[dep.id]
+                if self.loaded.get(comp, -1) < s_it + 1:
+                    wl.load_policy(tensors, s_it + 1)
+                    self.loaded[comp] = s_it + 1
+        t0 = time.time()
+        extra: dict[str, Any] = {}
+        nbytes = 0
+        num_micro = max(1, len({m for a in self.plan.actions_of(comp)
+                                for _, k, m in sub_actions(self.plan, a) if k == "forward"}))
+        for sub_id, kind, micro in sub_actions(self.plan, action):
+            m = 0 if micro is None else micro
+            if kind == "rollout":
+                version = self.loaded.get(comp, self.version[comp])
+                batch = wl.rollout(version)
+                self.data[(action.id, it)] = batch
+                state["batch"][comp] = batch
+                extra["policy_version"] = version
+                extra["steps"] = int(wl.batch_steps(batch))
+                result.env_steps += extra["steps"]
+                nbytes += sum(t.numel() * t.element_size() for t in batch.values())
+            elif kind == "forward":
+                batch = state["batch"].get(comp)
+                if batch is None:
+                    srcs = [d for d in action.deps if self.by_id[d.id].type == "rollout"]
+                    if srcs:
+                        batch = self.data[(srcs[0].id, it - srcs[0].lag)]
+                    else:
+                        batch = wl.next_batch(it, m)
+                    if srcs:
+                        state["batch"][comp] = batch
+                state["losses"][(comp, m)] = wl.forward(batch, m, num_micro)
+            elif kind == "backward":
+                wl.backward(state["losses"].pop((comp, m)))
+            elif kind == "sync":
+                consumers = [a for a in self.plan.actions
+                             if any(d.id == action.id for d in a.deps) and a.component != comp]
+                if consumers:
+                    tensors = {k: v.detach().clone() for k, v in wl.policy_state().items()}
+                    self.states[action.id] = (it, tensors)
+                    nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
+                # a gradient sync over one rank moves nothing
+            elif kind == "optimize":
+                metrics = dict(wl.optimize() or {})
+                self.version[comp] += 1
+                extra["metrics"] = metrics
+                extra["policy_version"] = self.version[comp]
+                result.metrics.append({"iteration": it, "action": sub_id, **metrics})
+            elif kind == "eval":
+                metrics = dict(wl.evaluate() or {})
+                extra["metrics"] = metrics
+                result.metrics.append({"iteration": it, "action": sub_id, **metrics})
+            elif kind == "checkpoint":
+                if self.hooks.save_checkpoint is None:
+                    extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
+                else:
+                    self._checkpoint(comp, wl, it + 1, "interval")
+            else:
+                raise RuntimeFailure(f"action {sub_id!r} has type {kind!r}, which this runtime "
+                                     "does not execute")
+        self.logs[comp].emit(
+            "action", type=action.type, id=action.id, iteration=it, start=t0, end=time.time(),
+            bytes=nbytes, peak_mem=peak_memory_bytes(),
+            **({"fused": list(action.fused)} if action.fused else {}), **extra)
+
+
+def _tb(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - thin CLI shim
+    """``python -m hetrun.runtime.inprocess RUN_DIR``: run a plan in this process."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        sys.stderr.write("usage: python -m hetrun.runtime.inprocess <run_dir>\n")
+        return 2
+    try:
+        res = run_inprocess(args[0])
+    except HetrunError as exc:
+        sys.stderr.write(f"hetrun.runtime: error: {exc}\n")
+        return exc.exit_code
+    print(json.dumps({"exit_code": res.exit_code, "iterations": res.iterations_done,
+                      "wall_s": round(res.wall_s, 3), "env_steps": res.env_steps}))
+    return res.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
