@@ -21,6 +21,8 @@ Published reference points (not measured here): Ray asynchronous tasks cost abou
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,15 +66,23 @@ def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
-def cold(cmd: list[str], repeats: int) -> float:
-    times = []
+def cold(cmd: list[str], repeats: int) -> tuple[float, float]:
+    """Median wall time and median CPU time (user + sys) of a fresh process.
+
+    CPU time is what the command costs; wall time also holds waiting for a core,
+    which on a shared machine can dominate.
+    """
+    walls, cpus = [], []
     for _ in range(repeats):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        times.append(time.perf_counter() - t0)
+        walls.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
-    return statistics.median(times)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main() -> None:
@@ -152,14 +162,16 @@ def main() -> None:
     t_cli_json = cold([sys.executable, "-m", "hetrun.cli", "plan", str(job), "--capacity", "spec", "--json"],
                       cold_repeats)
     rows += [
-        ("cold: python -c pass", t_py, None),
-        ("cold: hetrun plan JOB (tables, rank-level window, sbatch script)", t_cli, None),
-        ("cold: hetrun plan JOB --json", t_cli_json, None),
+        (f"cold: python -c pass (CPU {t_py[1] * 1e3:.0f} ms)", t_py[0], None),
+        (f"cold: hetrun plan JOB: tables, rank-level window, sbatch script (CPU {t_cli[1] * 1e3:.0f} ms)",
+         t_cli[0], None),
+        (f"cold: hetrun plan JOB --json (CPU {t_cli_json[1] * 1e3:.0f} ms)", t_cli_json[0], None),
     ]
 
     print(f"job: {args.nodes} nodes x {args.gpus_per_node} GPUs = {gpus} GPUs; "
           f"{len(plan.actions)} template dispatches; rank-level window: {n} actions, {e} edges")
-    print(f"median of {args.repeats} (cold: {cold_repeats}) runs\n")
+    print(f"median of {args.repeats} (cold: {cold_repeats}) runs; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs\n")
     print("| step | time | per rank-level action |")
     print("|---|---:|---:|")
     for name, t, per in rows:
