@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 _DIR = Path(tempfile.mkdtemp(prefix="hetrun-spec-fuzz-"))
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)
 _SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 
 VALID: dict[str, Any] = {
