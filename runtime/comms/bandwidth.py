@@ -2,18 +2,19 @@
 
 On shared memory a compressed exchange is ~4x slower than a plain copy; on a
 1 Gbit/s link it is several times faster. The decision is per (source,
-destination) pair, from two measurements taken with all ranks busy at once,
-as they are during an all-to-all:
+destination) pair, from timings taken with all ranks busy at once, as they
+are during an all-to-all: each round every rank sends a buffer to one peer
+raw, then encoded + sent + decoded (:func:`measure_pair_times`). A pair
+compresses when that is faster by a margin. Timing the real thing, rather
+than predicting it from codec throughput, catches what a model misses: the
+CPU that the transport itself burns on shared memory and loopback, and the
+CPU co-located ranks take from each other's codecs.
 
-- the link bandwidth of every pair (timed ``Sendrecv`` rounds over MPI);
-- the codec's encode and decode throughput on this rank.
-
-A chunk of ``n`` raw bytes costs ``n / bw`` exact, and at most
-``n / enc + n / (ratio * bw) + n / dec`` compressed (no overlap assumed, so
-the decision errs towards exact). Compression pays while
-``bw < (1 - 1 / ratio) / (1 / enc + 1 / dec)`` -- the break-even link speed.
-The resulting matrix is allgathered so every rank holds the same one
-(sender and receiver must agree on a chunk's format).
+Reported alongside: the break-even link speed, from the no-overlap model
+``n / bw = t_cpu + n / (ratio * bw)``, i.e. compression pays while
+``bw < n (1 - 1/ratio) / t_cpu`` (:func:`break_even_bandwidth` does the same
+from codec throughput alone). Every rank holds the same allgathered matrix,
+so sender and receiver always agree on a chunk's format.
 """
 
 from __future__ import annotations
@@ -110,36 +111,87 @@ def measure_pair_bandwidth(comm: Any, nbytes: int = 8 << 20, reps: int = 2) -> l
     return [list(r) for r in mpi.allgather(row)]
 
 
+def measure_pair_times(
+    comm: Any, codec: Codec, nbytes: int = 8 << 20, reps: int = 2
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Seconds per pair for ``nbytes`` of fp32 sent raw, and encoded + sent + decoded.
+
+    Both timed in the same rounds as :func:`measure_pair_bandwidth`, all
+    ranks at once, into warm buffers: the compressed time includes the CPU
+    the codec really gets next to its co-located peers. Collective.
+    """
+    mpi = _mpi_comm(comm)
+    rank, size = mpi.Get_rank(), mpi.Get_size()
+    numel = nbytes // 4
+    x = torch.randn(numel)
+    y = torch.empty(numel)
+    y.fill_(0)
+    wb = codec.wire_bytes(numel)
+    pay = torch.zeros(wb, dtype=torch.uint8)
+    pin = torch.zeros(wb, dtype=torch.uint8)
+    xb, yb = x.view(torch.uint8).numpy(), y.view(torch.uint8).numpy()
+    raw_row = [0.0] * size
+    comp_row = [0.0] * size
+    state = codec.new_state() if codec.stateful else None
+    for k in range(1, size):
+        dst, src = (rank + k) % size, (rank - k) % size
+        raw = comp = float("inf")
+        for _ in range(reps):
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            mpi.Sendrecv(xb, dest=dst, sendtag=k, recvbuf=yb, source=src, recvtag=k)
+            raw = min(raw, time.perf_counter() - t0)
+            mpi.Barrier()
+            t0 = time.perf_counter()
+            codec.encode_into(x, pay, state)
+            mpi.Sendrecv(pay.numpy(), dest=dst, sendtag=k, recvbuf=pin.numpy(), source=src, recvtag=k)
+            codec.decode_into(pin, y)
+            comp = min(comp, time.perf_counter() - t0)
+        raw_row[dst], comp_row[dst] = raw, comp
+    return [list(r) for r in mpi.allgather(raw_row)], [list(r) for r in mpi.allgather(comp_row)]
+
+
 def calibrate(
     comm: Any,
     codec: str | Codec = "onebit",
     *,
     nbytes: int = 8 << 20,
-    codec_numel: int = 1 << 22,
+    margin: float = 0.1,
 ) -> PairPolicy:
-    """Measure links and codec speed, install the resulting pair policy on ``comm``. Collective.
+    """Time every pair raw and compressed; compress where it is faster by ``margin``. Collective.
 
-    The codec speed used is the slowest rank's (all ranks measure at the same
-    time, so CPU sharing between ranks of a node is included).
+    Installs the policy on ``comm`` (every rank computes the same matrix from
+    the allgathered timings) and returns it, with ``bandwidth`` (bytes/s per
+    pair), ``raw_s`` / ``compressed_s`` (seconds per pair) and
+    ``break_even_bps``: the link speed at which this codec stops paying here,
+    from the CPU time the compressed exchanges took (median over pairs).
     """
-    mpi = _mpi_comm(comm)
+    import statistics
+
     cod = codec if isinstance(codec, Codec) else get_codec(codec, key_path="comms")
-    bw = measure_pair_bandwidth(comm, nbytes)
-    mpi.Barrier()
-    mine = codec_speed(cod, codec_numel)
-    speeds = mpi.allgather((mine.encode_bps, mine.decode_bps))
-    speed = CodecSpeed(min(s[0] for s in speeds), min(s[1] for s in speeds), mine.ratio)
-    limit = break_even_bandwidth(speed)
-    size = len(bw)
-    matrix = [[s != d and bw[s][d] < limit for d in range(size)] for s in range(size)]
-    off = sum(1 for s in range(size) for d in range(size) if s != d and not matrix[s][d])
+    raw, comp = measure_pair_times(comm, cod, nbytes)
+    size = len(raw)
+    pairs = [(s, d) for s in range(size) for d in range(size) if s != d]
+    matrix = [[False] * size for _ in range(size)]
+    for s, d in pairs:
+        matrix[s][d] = comp[s][d] < raw[s][d] * (1.0 - margin)
+    bw = [[nbytes / raw[s][d] if s != d else float("inf") for d in range(size)] for s in range(size)]
+    ratio = cod.ratio(nbytes // 4)
+    wire = nbytes / ratio
+    # t_comp = t_cpu + wire / bw, so compression pays while bw < nbytes (1 - 1/ratio) / t_cpu.
+    limits = [
+        nbytes * (1.0 - 1.0 / ratio) / max(comp[s][d] - wire / bw[s][d], 1e-9) for s, d in pairs
+    ]
+    limit = statistics.median(limits) if limits else float("inf")
+    off = sum(1 for s, d in pairs if not matrix[s][d])
     policy = PairPolicy(
         matrix,
-        reason=f"break-even {limit * 8 / 1e9:.1f} Gbit/s for {cod.name}; "
-        f"{off} of {size * (size - 1)} pairs faster, sent raw",
+        reason=f"{cod.name} pays below ~{limit * 8 / 1e9:.1f} Gbit/s here; "
+        f"{off} of {len(pairs)} pairs faster raw, sent raw",
     )
     policy.bandwidth = bw  # type: ignore[attr-defined]
-    policy.speed = speed  # type: ignore[attr-defined]
+    policy.raw_s = raw  # type: ignore[attr-defined]
+    policy.compressed_s = comp  # type: ignore[attr-defined]
     policy.break_even_bps = limit  # type: ignore[attr-defined]
     exchange_for(comm).policy = policy
     return policy
