@@ -92,14 +92,16 @@ def main() -> None:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--no-peers", action="store_true")
     args = ap.parse_args()
+    gpus = args.nodes * args.gpus_per_node
+    with tempfile.TemporaryDirectory(prefix="hetrun-plan-scale-") as tmp:
+        run(Path(tmp) / "moe_big.yaml", args, gpus)
 
+
+def run(job: Path, args: argparse.Namespace, gpus: int) -> None:
     from hetrun.dag.plan import build_plan
     from hetrun.dag.spec import load_spec
     from hetrun.dag.unroll import schedule_order, unroll
 
-    gpus = args.nodes * args.gpus_per_node
-    tmp = Path(tempfile.mkdtemp(prefix="hetrun-plan-scale-"))
-    job = tmp / "moe_big.yaml"
     job.write_text(BIG_JOB.format(nodes=args.nodes, gpn=args.gpus_per_node, gpus=gpus))
 
     t_load, spec = median_time(lambda: load_spec(job), args.repeats)
