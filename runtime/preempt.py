@@ -1,0 +1,212 @@
+"""Preemption: turn a signal or an approaching time limit into "stop at the next
+action boundary, checkpoint, exit".
+
+The executor calls ``should_stop(ctx)`` (a local check) at every action
+boundary; when it says yes, world rank 0 picks the stop iteration, every rank
+stops before it, all checkpoint together (``resume.save_checkpoint``) and
+exit with ``exit_code(ctx)``:
+
+- 85 after the job's warning signal (``--signal=B:USR1@<grace>``, forwarded
+  by the batch script) or a time limit seen coming: the script turns 85 into
+  ``scontrol requeue`` (up to ``preemption.max_restarts``);
+- 143 after SIGTERM: Slurm itself is preempting (or cancelling) the job and
+  requeues it by its own policy, so the runtime simply exits.
+
+The signal handler only sets a flag (no I/O, no locks: a handler may run
+between any two bytecodes) and chains a Python handler that was installed
+before. We handle the configured signal (USR1 by default) and SIGTERM only;
+NCCL and torch install handlers for SIGSEGV/SIGABRT and friends, which we
+leave alone. A hard deadline (grace time minus a margin) exits with the code
+above if the agreement and checkpoint cannot finish in time: the newest
+complete checkpoint is then what a restart restores.
+
+Without any signal: the remaining time limit (``SLURM_JOB_END_TIME`` or
+``squeue -o %L`` once) is compared at every boundary with the measured cost of
+a checkpoint times a safety factor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+from hetrun.dag.errors import RuntimeFailure
+
+EXIT_REQUEUE = 85
+EXIT_TERMINATED = 128 + signal.SIGTERM
+SAFETY_FACTOR = 3.0
+SAFETY_MARGIN_S = 10.0
+DEFAULT_CKPT_COST_S = 5.0
+TERM_GRACE_S = 20.0  # Slurm's default KillWait is 30 s between SIGTERM and SIGKILL
+_ALLOWED = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "TERM": signal.SIGTERM,
+            "INT": signal.SIGINT, "HUP": signal.SIGHUP, "URG": signal.SIGURG}
+
+
+class _State:
+    def __init__(self) -> None:
+        self.installed = False
+        self.signum: int | None = None  # first signal received
+        self.received_at: float | None = None
+        self.reason: str | None = None
+        self.previous: dict[int, Any] = {}
+        self.deadline: float | None = None  # job end (epoch seconds), if known
+        self.deadline_checked = False
+        self.watchdog: threading.Timer | None = None
+        self.grace_s = 60.0
+        self.on_hard_deadline: Any = None
+
+
+_S = _State()
+
+
+def _handler(signum: int, frame: Any) -> None:
+    if _S.signum is None:
+        _S.signum = signum
+        _S.received_at = time.time()
+    prev = _S.previous.get(signum)
+    if callable(prev):
+        prev(signum, frame)
+
+
+def warning_signal(ctx: Any) -> int:
+    pre = getattr(getattr(ctx, "plan", None), "preemption", None) or {}
+    name = str(pre.get("signal") or "USR1").upper().removeprefix("SIG")
+    if name not in _ALLOWED:
+        raise RuntimeFailure(f"preemption.signal={name!r} is not supported",
+                             hint=f"use one of {', '.join(_ALLOWED)}")
+    return _ALLOWED[name]
+
+
+def install(ctx: Any) -> None:
+    """Install the handlers (main thread, once). Called by ``resume.restore_if_any``
+    before the loop so that an early signal is not fatal (USR1's default action
+    terminates the process)."""
+    if _S.installed or threading.current_thread() is not threading.main_thread():
+        return
+    pre = getattr(getattr(ctx, "plan", None), "preemption", None) or {}
+    _S.grace_s = float(pre.get("grace_seconds", 60) or 60)
+    for signum in {warning_signal(ctx), signal.SIGTERM}:
+        prev = signal.signal(signum, _handler)
+        if prev is not _handler:
+            _S.previous[signum] = prev
+    _S.installed = True
+
+
+def uninstall() -> None:
+    """Restore the previous handlers and forget any request (tests, embedding)."""
+    for signum, prev in _S.previous.items():
+        signal.signal(signum, prev if prev is not None else signal.SIG_DFL)
+    if _S.watchdog is not None:
+        _S.watchdog.cancel()
+    _S.__init__()  # type: ignore[misc]
+
+
+def _job_end_time() -> float | None:
+    end = os.environ.get("SLURM_JOB_END_TIME")
+    if end and end.isdigit():
+        return float(end)
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or not job.isdigit():
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    left = parse_time_left(out)
+    return time.time() + left if left is not None else None
+
+
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` (``[days-]hours:minutes:seconds``, ``MM:SS``,
+    ``UNLIMITED``/``NOT_SET`` -> None)."""
+    text = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not text or not text[0].isdigit():
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts[-3:]
+    return float(((days * 24 + h) * 60 + m) * 60 + s)
+
+
+def _checkpoint_cost() -> float:
+    from hetrun.runtime import resume
+
+    return resume.measured_checkpoint_cost() or DEFAULT_CKPT_COST_S
+
+
+def _arm_watchdog(code: int) -> None:
+    """After the grace time (minus a margin) exit no matter what: a rank stuck in
+    the agreement must not be SIGKILLed in the middle of nothing. Whatever was
+    committed before is intact; the restart restores the newest complete one."""
+    if _S.watchdog is not None:
+        return
+    budget = TERM_GRACE_S if _S.signum == signal.SIGTERM else max(1.0, _S.grace_s - 5.0)
+    budget = float(os.environ.get("HETRUN_PREEMPT_DEADLINE_S", budget))
+
+    def fire() -> None:
+        cb = _S.on_hard_deadline
+        if cb is not None:
+            with contextlib.suppress(Exception):  # exiting is what matters now
+                cb(code, budget)
+        os._exit(code)
+
+    _S.watchdog = threading.Timer(budget, fire)
+    _S.watchdog.daemon = True
+    _S.watchdog.start()
+
+
+def should_stop(ctx: Any) -> bool:
+    """Local check at an action boundary: a signal arrived, or the time limit is
+    closer than a checkpoint costs (times a safety factor)."""
+    if not _S.installed:
+        install(ctx)
+    if _S.signum is not None:
+        if _S.reason is None:
+            _S.reason = "SIGTERM" if _S.signum == signal.SIGTERM else f"signal {signal.Signals(_S.signum).name}"
+            _arm_watchdog(_code())
+        return True
+    if not _S.deadline_checked:
+        _S.deadline_checked = True
+        _S.deadline = _job_end_time()
+    if _S.deadline is not None:
+        left = _S.deadline - time.time()
+        if left < SAFETY_FACTOR * _checkpoint_cost() + SAFETY_MARGIN_S:
+            _S.reason = f"time limit in {left:.0f}s"
+            return True
+    return False
+
+
+def stop_reason() -> str | None:
+    return _S.reason
+
+
+def requested_by_signal() -> int | None:
+    return _S.signum
+
+
+def exit_code(ctx: Any) -> int:
+    """85 (requeue me) unless Slurm's own SIGTERM ended the job (143). Waits for
+    the checkpoint in flight first: exiting earlier would lose it."""
+    from hetrun.runtime import resume
+
+    resume.flush(ctx)
+    return _code()
+
+
+def _code() -> int:
+    return EXIT_TERMINATED if _S.signum == signal.SIGTERM else EXIT_REQUEUE
+
+
+def set_hard_deadline_callback(cb: Any) -> None:
+    _S.on_hard_deadline = cb

@@ -1,0 +1,283 @@
+"""Checkpoint and resume hooks of the executor (see ``hetrun.runtime.hooks``).
+
+- ``restore_if_any(ctx, workload) -> int``: before the loop, on every rank.
+  All ranks agree (a collective over the world) on the newest checkpoint step
+  that every component running ``checkpoint`` actions can load and verify;
+  components without that action restore their own state at that step when
+  they have one (e.g. after a preemption checkpoint) and otherwise start
+  from the weights the learner sends. Restores workload state and the
+  python/numpy/torch RNG states, and returns the iteration to start from
+  (0 on a first run, which is normal). Writes a ``restore`` event with the
+  restart count, the limit, the checkpoint used, the ones skipped (and why)
+  and the work lost.
+- ``save_checkpoint(ctx, workload, iteration) -> dict``: snapshot + background
+  write into ``<checkpoint dir>/<component>/`` (one store per component, its
+  ranks committing together over the component communicator).
+- ``flush(ctx)``: wait for the write in flight (before exiting).
+
+The checkpoint directory is ``checkpoint.directory`` of the plan (relative to
+the run directory), else ``<run_dir>/ckpt``. ``$HETRUN_CKPT_LOCAL`` adds a
+node-local fast tier (e.g. ``/tmp/hetrun-ckpt``), drained to the shared one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import CheckpointError, RuntimeFailure
+from hetrun.runtime import preempt
+
+LOCAL_ENV = "HETRUN_CKPT_LOCAL"
+
+
+@dataclass
+class _Slot:
+    writer: Any  # CheckpointWriter
+    store: Any  # CheckpointStore
+    coll: Any
+    last_step: int | None = None
+
+
+_SLOTS: dict[tuple[str, int], _Slot] = {}
+
+
+def restart_count() -> int:
+    for key in ("SLURM_RESTART_COUNT", "HETRUN_RESTART_COUNT"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def max_restarts(ctx: Any) -> int | None:
+    """``preemption.max_restarts``; a component may override it with its own
+    ``max_restarts`` (plan.json components[i]) where components differ."""
+    plan = getattr(ctx, "plan", None)
+    if plan is None:
+        return None
+    for comp in (plan.raw or {}).get("components", []):
+        if isinstance(comp, dict) and comp.get("name") == ctx.component and comp.get("max_restarts") is not None:
+            return int(comp["max_restarts"])
+    value = (plan.preemption or {}).get("max_restarts")
+    return int(value) if value is not None else None
+
+
+def checkpoint_dir(ctx: Any) -> Path:
+    plan = getattr(ctx, "plan", None)
+    directory = ((plan.checkpoint if plan is not None else {}) or {}).get("directory")
+    root = Path(directory) if directory else Path(ctx.run_dir) / "ckpt"
+    if not root.is_absolute():
+        root = Path(ctx.run_dir) / root
+    return root / ctx.component
+
+
+def _local_dir(ctx: Any) -> Path | None:
+    base = os.environ.get(LOCAL_ENV)
+    if not base:
+        return None
+    return Path(base) / Path(ctx.run_dir).name / ctx.component
+
+
+def _collective(comm: Any) -> Any:
+    from hetrun.runtime.ckpt.collective import MPICollective, SoloCollective
+
+    if comm is None or comm.Get_size() == 1:
+        return SoloCollective()
+    return MPICollective(comm)
+
+
+def _slot(ctx: Any) -> _Slot:
+    key = (ctx.component, ctx.comp_rank)
+    slot = _SLOTS.get(key)
+    if slot is None:
+        from hetrun.runtime.ckpt import open_store, tiers_for
+        from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+        cfg = (getattr(ctx, "plan", None) and ctx.plan.checkpoint) or {}
+        coll = _collective(getattr(ctx, "comm", None))
+        tiers = tiers_for(checkpoint_dir(ctx), _local_dir(ctx))
+        writer = CheckpointWriter(tiers, collective=coll, keep=int(cfg.get("keep", 3) or 3),
+                                  threads=max(1, min(4, os.cpu_count() or 1)))
+        slot = _Slot(writer, open_store(checkpoint_dir(ctx), _local_dir(ctx)), coll)
+        _SLOTS[key] = slot
+        if len(_SLOTS) == 1:
+            atexit.register(_close_all)
+    return slot
+
+
+def _close_all() -> None:
+    for slot in _SLOTS.values():
+        with contextlib.suppress(Exception):  # exiting; committed checkpoints stay valid
+            slot.writer.close()
+    _SLOTS.clear()
+
+
+def _events(ctx: Any) -> Any:
+    from hetrun.runtime.events import EventLog
+
+    return EventLog(ctx.run_dir, rank=ctx.rank, component=ctx.component, node=getattr(ctx, "node", None))
+
+
+def _has_checkpoint_action(ctx: Any, component: str) -> bool:
+    plan = getattr(ctx, "plan", None)
+    if plan is None:
+        return True
+    return any(a.type == "checkpoint" and a.component == component for a in plan.actions)
+
+
+def _world_allgather(ctx: Any, value: Any) -> list[Any]:
+    comm = getattr(ctx, "world_comm", None)
+    if comm is None or comm.Get_size() == 1:
+        return [value]
+    return list(comm.allgather(value))
+
+
+def _last_iteration_done(ctx: Any) -> int | None:
+    """The newest iteration this rank started before the restart (events.jsonl)."""
+    path = Path(ctx.run_dir) / "events.jsonl"
+    best = None
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue  # a truncated last line
+                if ev.get("ev") == "action" and ev.get("rank") == ctx.rank and isinstance(ev.get("iteration"), int):
+                    best = ev["iteration"] if best is None else max(best, ev["iteration"])
+    except OSError:
+        return None
+    return best
+
+
+def restore_if_any(ctx: Any, workload: Any) -> int:
+    from hetrun.runtime.ckpt.state import restore_rng
+
+    preempt.install(ctx)
+    t0 = time.perf_counter()
+    restarts = restart_count()
+    limit = max_restarts(ctx)
+    slot = _slot(ctx)
+    log = _events(ctx)
+    preempt.set_hard_deadline_callback(
+        lambda code, budget: _events(ctx).emit(
+            "preempt", deadline=True, code=code, budget_s=budget,
+            message="grace time over before the agreement/checkpoint finished; "
+                    "the newest complete checkpoint stays the restore point"))
+    if limit is not None and restarts > limit:
+        raise RuntimeFailure(
+            f"component {ctx.component}: restart {restarts} exceeds preemption.max_restarts={limit}",
+            hint="the checkpoints are kept; raise preemption.max_restarts or resubmit to continue")
+    mine = {"component": ctx.component, "required": _has_checkpoint_action(ctx, ctx.component),
+            "steps": slot.store.steps()}
+    everyone = _world_allgather(ctx, mine)
+    with_steps = [e for e in everyone if e["steps"]]
+    required = [e for e in with_steps if e["required"]] or with_steps
+    candidates: set[int] | None = None
+    for comp in {e["component"] for e in required}:
+        steps = set.intersection(*(set(e["steps"]) for e in required if e["component"] == comp))
+        candidates = steps if candidates is None else candidates & steps
+    lost_before = _last_iteration_done(ctx)
+    skipped: list[tuple[int, str]] = []
+    chosen = None
+    for step in sorted(candidates or (), reverse=True):
+        need = mine["required"] or not any(e["required"] for e in with_steps)
+        value, problem = None, None
+        if step in mine["steps"] or need:
+            try:
+                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank)
+            except CheckpointError as exc:
+                if need:
+                    problem = f"rank {ctx.rank} ({ctx.component}): {exc}"
+        problems = [p for p in _world_allgather(ctx, problem) if p]
+        if not problems:
+            chosen = (step, value)
+            break
+        skipped.append((step, "; ".join(problems)))
+    if chosen is None:
+        if skipped:
+            raise CheckpointError(
+                "no checkpoint could be restored: " + " | ".join(f"step {s}: {w}" for s, w in skipped),
+                hint="inspect with `hetrun ckpt verify RUN`")
+        if restarts:
+            log.emit("restore", step=None, iteration=0, restart_count=restarts, max_restarts=limit,
+                     message="restarted, but no checkpoint yet: starting from the beginning",
+                     work_lost=(lost_before + 1) if lost_before is not None else None)
+        log.close()
+        return 0
+    step, value = chosen
+    iteration = step
+    restored_state = False
+    if value is not None:
+        try:
+            workload.load_state_dict(value["workload"])
+            restore_rng(value["rng"])
+            iteration = int(value["iteration"])
+        except (KeyError, TypeError) as exc:
+            raise CheckpointError(f"checkpoint step {step} of {ctx.component} lacks workload/rng state ({exc})") from exc
+        restored_state = True
+    slot.last_step = step
+    log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
+             restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4),
+             skipped=[{"step": s, "why": w} for s, w in skipped],
+             work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
+    log.close()
+    return iteration
+
+
+def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
+    """Snapshot now, write in the background; returns what the event should say."""
+    from hetrun.runtime.ckpt.state import capture_rng
+
+    slot = _slot(ctx)
+    info: dict[str, Any] = {"step": iteration}
+    failed = slot.writer.take_error()
+    if failed is not None:
+        info["previous_error"] = failed.error  # training goes on; this save retries
+    if slot.last_step == iteration:
+        done = slot.writer.wait()
+        if done is None or (done.ok and done.step == iteration):
+            info["skipped"] = "already saved at this iteration"
+            return info
+    state = {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration}
+    meta = {"iteration": iteration, "component": ctx.component, "restart_count": restart_count(),
+            "reason": preempt.stop_reason() or "interval"}
+    info["stall_s"] = round(slot.writer.save(iteration, state, meta), 6)
+    slot.last_step = iteration
+    plan = getattr(ctx, "plan", None)
+    if plan is not None and iteration >= plan.iterations:
+        # The run ends right after this: wait, since the interpreter's exit
+        # stops the writer's thread pool before atexit handlers run.
+        done = slot.writer.wait()
+        info["ok"] = bool(done and done.ok)
+        if done is not None and not done.ok:
+            info["error"] = done.error
+    return info
+
+
+def flush(ctx: Any) -> dict[str, Any] | None:
+    """Wait for this rank's checkpoint in flight; returns its outcome."""
+    slot = _SLOTS.get((ctx.component, ctx.comp_rank))
+    if slot is None:
+        return None
+    res = slot.writer.wait()
+    if res is None:
+        return None
+    return {"step": res.step, "ok": res.ok, "error": res.error, "write_s": round(res.write_s, 4)}
+
+
+def measured_checkpoint_cost() -> float:
+    return max((s.writer.last_cost_s for s in _SLOTS.values()), default=0.0)
+
+
+def reset() -> None:
+    """Close every writer and forget them (tests; a process running several jobs)."""
+    _close_all()
+    preempt.uninstall()
