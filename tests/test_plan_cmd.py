@@ -143,3 +143,11 @@ def test_plan_checks_against_the_real_cluster(slurm_cluster: object, capsys: pyt
     code, _, err = run(["plan", str(PPO), "--capacity", "cluster", "-p", "debug",
                         "--set", f"components.learner.mem={biggest + 1}M"], capsys)
     assert code == 2 and f"(max {biggest})" in err
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_plans(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["plan", str(example), "--json", "--capacity", "spec"], capsys)
+    assert code == 0, err
+    plan = Plan.from_json(out)
+    assert plan.order and len(plan.components) >= 2  # every example is a real het job
