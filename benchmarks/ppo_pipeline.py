@@ -71,13 +71,14 @@ def job_yaml(mode: str, seed: int, iterations: int, eval_interval: int, window: 
     return yaml.safe_dump(job, sort_keys=False)
 
 
-def run_hetrun(mode: str, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
+               args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from hetrun.dag.errors import HetrunError
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
 
-    job = workdir / f"{mode}-s{seed}.yaml"
-    job.write_text(job_yaml(mode, seed, args.iterations, args.eval_interval, args.window))
+    job = workdir / f"{mode}-s{seed}-e{eval_interval}.yaml"
+    job.write_text(job_yaml(mode, seed, iterations, eval_interval, args.window))
     launched = time.time()
     res = submit_file(job, None, backend="local", runs_dir=workdir / "runs")
     backend = backend_for(res.run)
@@ -132,10 +133,10 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
 # ------------------------------------------------------------------ stable-baselines3 (c)
 
 
-def run_sb3(seed: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_sb3(seed: int, iterations: int, eval_interval: int, args: argparse.Namespace) -> dict[str, Any]:
     launched = time.time()
     cmd = [sys.executable, __file__, "--sb3-worker", "--seeds", str(seed),
-           "--iterations", str(args.iterations), "--eval-interval", str(args.eval_interval)]
+           "--iterations", str(iterations), "--eval-interval", str(eval_interval)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
@@ -200,26 +201,25 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
 
         def _on_rollout_start(self) -> None:
             version = self.model.num_timesteps // batch  # updates done so far
-            if version and version % eval_interval == 0:
+            if eval_interval and version and version % eval_interval == 0:
                 self._evaluate_now(version)
 
         def _on_training_end(self) -> None:
-            # After the last update (hetrun evaluates its last iteration too).
-            self._evaluate_now(iterations)
+            if eval_interval:  # after the last update, as hetrun evaluates its last iteration
+                self._evaluate_now(iterations)
 
         def _on_step(self) -> bool:
             return True
 
     started = time.time()
+    cpu0 = time.process_time()
     model.learn(total_timesteps=iterations * batch, callback=EvalEvery())
     span = time.time() - started
     steps = int(model.num_timesteps)
-    log.update(env_steps=steps, span_s=span, steps_per_s=steps / span,
-               # SB3's loop, counted in hetrun's action granularity: a rollout, 2 x
-               # (forward+backward), optimize, eval every eval_interval.
-               actions=iterations * 4 + iterations // eval_interval,
-               busy={"process": 1.0 / 2}, mean_staleness=0.0)
-    log["actions_per_s"] = log["actions"] / span
+    # One loop, no actions to count; busy = CPU time of the process over the 2 cores' time.
+    log.update(env_steps=steps, span_s=span, steps_per_s=steps / span, actions=None,
+               actions_per_s=None, busy={"process": (time.process_time() - cpu0) / (2 * span)},
+               mean_staleness=0.0)
     return log
 
 
@@ -234,61 +234,87 @@ def median_or_none(values: list[float | None]) -> float | None:
     return None if med == float("inf") else med
 
 
-def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    rows = []
-    by_mode: dict[str, list[dict[str, Any]]] = {}
+NAMES = {"pipelined": "(a) hetrun pipelined", "coarse": "(b) hetrun coarse (synchronous loop)",
+         "sb3": "(c) stable-baselines3 PPO"}
+
+
+def _by_mode(results: list[dict[str, Any]], phase: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        by_mode.setdefault(r["mode"], []).append(r)
-    names = {"pipelined": "(a) hetrun pipelined", "coarse": "(b) hetrun coarse (sync loop)",
-             "sb3": "(c) stable-baselines3 PPO"}
-    head = ("| run | env steps/s | actions/s | busy: learner / rollout cores | "
-            "time to 475 (s, median) | from launch (s) | per seed (s) |")
-    rows = [head, "|" + "---|" * 7]
+        if r["phase"] == phase:
+            out.setdefault(r["mode"], []).append(r)
+    return out
+
+
+def _med(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [f"Throughput: {args.speed_iterations} updates x 1024 env steps, no evaluation; "
+             f"median of seeds {args.seeds}.", "",
+             "| run | env steps/s | actions/s | busy: learner core / rollout core |",
+             "|---|---|---|---|"]
+    speed = _by_mode(results, "speed")
     for mode in ("pipelined", "coarse", "sb3"):
-        runs = by_mode.get(mode, [])
+        runs = speed.get(mode)
         if not runs:
             continue
-        sps = statistics.median(r["steps_per_s"] for r in runs)
-        aps = statistics.median(r["actions_per_s"] for r in runs)
         if mode == "sb3":
-            busy = "one process (1 of 2 cores)"
+            aps = "n/a (one loop)"
+            busy = f"one process: {statistics.median(r['busy']['process'] for r in runs):.0%} of 2 cores"
         else:
+            aps = f"{_med(runs, 'actions_per_s'):,.1f}"
             busy = " / ".join(f"{statistics.median(r['busy'][c] for r in runs):.0%}"
                               for c in ("learner", "rollout"))
-        ttt = median_or_none([r["solved_at_s"] for r in runs])
-        ttl = median_or_none([r.get("solved_from_launch_s") for r in runs])
-        per = ", ".join("-" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}" for r in runs)
-        rows.append(f"| {names[mode]} | {sps:,.0f} | {aps:,.1f} | {busy} | "
-                    f"{'not reached' if ttt is None else f'{ttt:.1f}'} | "
-                    f"{'-' if ttl is None else f'{ttl:.1f}'} | {per} |")
-    speed = {m: statistics.median(r["steps_per_s"] for r in by_mode[m]) for m in by_mode}
-    lines = ["\n".join(rows), ""]
+        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | {busy} |")
     if "pipelined" in speed and "coarse" in speed:
-        lines.append(f"pipelined / coarse env steps/s: {speed['pipelined'] / speed['coarse']:.2f}x "
-                     "(target >= 1.7x)")
-    ttt_a = median_or_none([r["solved_at_s"] for r in by_mode.get("pipelined", [])])
-    ttt_c = median_or_none([r["solved_at_s"] for r in by_mode.get("sb3", [])])
-    if ttt_a is not None and ttt_c is not None:
-        lines.append(f"time to threshold, SB3 / hetrun pipelined: {ttt_c / ttt_a:.2f}x "
-                     "(target > 1)")
-    stale = [r["mean_staleness"] for r in by_mode.get("pipelined", []) if r["mean_staleness"]]
+        ratio = _med(speed["pipelined"], "steps_per_s") / _med(speed["coarse"], "steps_per_s")
+        lines += ["", f"(a) / (b) env steps/s: **{ratio:.2f}x** (target >= 1.7x)"]
+    stale = [r["mean_staleness"] for r in speed.get("pipelined", []) if r["mean_staleness"] is not None]
     if stale:
-        lines.append(f"pipelined: mean policy staleness of the learned batches "
-                     f"{statistics.fmean(stale):.2f} versions")
-    lines.append(f"seeds {args.seeds}, {args.iterations} updates x 1024 env steps, eval every "
-                 f"{args.eval_interval} updates, window {args.window}; load average before: "
-                 f"{args.load_before}, after: {os.getloadavg()[0]:.2f}")
+        lines.append(f"(a) mean staleness of the learned batches: {statistics.fmean(stale):.2f} "
+                     f"policy versions (window {args.window})")
+
+    lines += ["", f"Time to CartPole-v1's reward_threshold (475, mean of 20 sampled-action "
+              f"evaluation episodes every {args.eval_interval} updates, at most "
+              f"{args.iterations} updates); median of seeds {args.seeds}.", "",
+              "| run | time to 475 (s) | from launch (s) | per seed (s) | updates to 475 per seed |",
+              "|---|---|---|---|---|"]
+    ttt = _by_mode(results, "ttt")
+    for mode in ("pipelined", "coarse", "sb3"):
+        runs = ttt.get(mode)
+        if not runs:
+            continue
+        med = median_or_none([r["solved_at_s"] for r in runs])
+        launch = median_or_none([r.get("solved_from_launch_s") for r in runs])
+        per = ", ".join("not reached" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}"
+                        for r in runs)
+        vers = ", ".join("-" if r["solved_version"] is None else str(int(r["solved_version"]))
+                         for r in runs)
+        lines.append(f"| {NAMES[mode]} | {'not reached' if med is None else f'**{med:.1f}**'} | "
+                     f"{'-' if launch is None else f'{launch:.1f}'} | {per} | {vers} |")
+    a = median_or_none([r["solved_at_s"] for r in ttt.get("pipelined", [])])
+    c = median_or_none([r["solved_at_s"] for r in ttt.get("sb3", [])])
+    if a is not None and c is not None:
+        lines += ["", f"(c) / (a) time to threshold: **{c / a:.2f}x** (target > 1)"]
+    lines += ["", f"load average (1 min) before: {args.load_before}, after: "
+              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"]
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--speed-iterations", type=int, default=40,
+                    help="updates of the throughput runs (no evaluation)")
+    ap.add_argument("--iterations", type=int, default=60,
+                    help="updates of the time-to-threshold runs")
     ap.add_argument("--eval-interval", type=int, default=5)
     ap.add_argument("--window", type=int, default=1, help="tolerance window of the rollout (a)")
     ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", "sb3"],
                     choices=["pipelined", "coarse", "sb3"])
+    ap.add_argument("--phases", nargs="+", default=["speed", "ttt"], choices=["speed", "ttt"])
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="keep job files and run directories here (default: a temporary folder)")
@@ -304,14 +330,21 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for seed in args.seeds:
-            # Interleave the three ways per seed so machine load hits them alike.
-            for mode in args.modes:
-                r = run_sb3(seed, args) if mode == "sb3" else run_hetrun(mode, seed, args, workdir)
-                r.pop("solved_wall", None)
-                results.append(r)
-                print(f"seed {seed} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s, "
-                      f"solved at {r['solved_at_s'] if r['solved_at_s'] is None else round(r['solved_at_s'], 1)} s, "
-                      f"evals {r['eval_returns']}", flush=True)
+            for phase in args.phases:
+                iterations, every = ((args.speed_iterations, 0) if phase == "speed"
+                                     else (args.iterations, args.eval_interval))
+                # Interleave the three ways per seed so machine load hits them alike.
+                for mode in args.modes:
+                    r = (run_sb3(seed, iterations, every, args) if mode == "sb3"
+                         else run_hetrun(mode, seed, iterations, every, args, workdir))
+                    r.pop("solved_wall", None)
+                    r["phase"] = phase
+                    results.append(r)
+                    solved = "" if phase == "speed" else (
+                        f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None
+                        else ", not solved")
+                    print(f"seed {seed} {phase:5s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s"
+                          f"{solved}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print()

@@ -1,0 +1,79 @@
+"""The PPO example as a real hetrun job: local backend, one mpirun MPMD launch, real ranks.
+
+A learner rank and two rollout ranks (3 ranks, 2 components) run a few
+iterations; every action lands in events.jsonl, the learner sees exactly the
+staleness the mode allows (pipelined: at most the tolerance window; coarse:
+none), and evaluation metrics come back through the runtime.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from hetrun.dag.overrides import Overrides
+from hetrun.runtime.events import read_events
+from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
+ITERATIONS = 4
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun"),
+]
+
+
+def run_job(tmp_path: Path, mode: str) -> list[dict]:
+    overrides = Overrides(sets=[
+        f"training.iterations={ITERATIONS}", f"training.mode={mode}", "training.eval_interval=2",
+        "checkpoint.interval=0",
+        "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 4}",
+    ])
+    res = submit_file(EXAMPLE, overrides, backend="local", runs_dir=tmp_path / "runs")
+    status = wait_for_end(res.run, backend_for(res.run), timeout_s=240, poll_s=0.5)
+    events = list(read_events(Path(res.run.run_dir)))
+    errors = [e.get("error") for e in events if e.get("ev") == "error"]
+    assert not errors, errors
+    assert [c.state for c in status.components] == ["COMPLETED", "COMPLETED"]
+    return events
+
+
+def actions(events: list[dict], kind: str) -> list[dict]:
+    """Action events that ran an action of type ``kind``, alone or fused with others."""
+    def kinds(e: dict) -> set[str]:
+        return {part.split(".")[0] for part in (e.get("fused") or [e["id"]])} | {e["type"]}
+
+    return [e for e in events if e.get("ev") == "action" and kind in kinds(e)]
+
+
+@pytest.mark.parametrize(("mode", "max_staleness"), [("pipelined", 2), ("coarse", 0)])
+def test_ppo_job_runs_every_action_with_the_modes_staleness(
+    tmp_path: Path, mode: str, max_staleness: int
+) -> None:
+    events = run_job(tmp_path, mode)
+    starts = [e for e in events if e.get("ev") == "start"]
+    assert sorted(e["component"] for e in starts) == ["learner", "rollout", "rollout"]
+
+    rollouts = actions(events, "rollout")
+    assert len(rollouts) == 2 * ITERATIONS  # each rollout rank, every iteration
+    assert {e["rank"] for e in rollouts} == {e["rank"] for e in starts if e["component"] == "rollout"}
+    assert all(e["steps"] == 4 * 64 for e in rollouts)
+
+    optimizes = actions(events, "optimize")
+    assert [e["iteration"] for e in optimizes] == list(range(ITERATIONS))
+    for e in optimizes:
+        m = e["metrics"]
+        assert m["env_steps"] == 2 * 4 * 64 * (e["iteration"] + 1)  # both ranks' batches merged
+        assert m["policy_version"] == e["iteration"] + 1
+        assert 0 <= m["staleness"] <= max_staleness, (mode, m["staleness"])
+    assert len(actions(events, "forward")) == len(actions(events, "backward")) == 2 * ITERATIONS
+
+    evals = [e for e in actions(events, "eval") if not e.get("skipped")]
+    assert [e["iteration"] for e in evals] == [1, 3]
+    for e in evals:
+        assert e["metrics"]["reward_threshold"] == 475.0
+        assert e["metrics"]["eval_episodes"] == 4
+        assert 8 <= e["metrics"]["eval_return_mean"] <= 500
