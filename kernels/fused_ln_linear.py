@@ -23,8 +23,12 @@ import torch.nn.functional as F
 
 __all__ = ["FusedLayerNormLinear", "ln_linear_gelu", "ln_linear_gelu_reference"]
 
-#: Rows per block: a 256 x 1024 fp32 pre-activation is 1 MiB (an L2).
-ROW_BLOCK = 256
+#: Elements of pre-activation per row block: 256 Ki fp32 = 1 MiB (an L2).
+BLOCK_ELEMS = 1 << 18
+
+
+def _row_block(fdim: int) -> int:
+    return max(16, BLOCK_ELEMS // max(1, fdim))
 
 
 def ln_linear_gelu_reference(
@@ -66,8 +70,9 @@ class _LNLinearGELU(torch.autograd.Function):
         h = torch.empty(rows, w.shape[0], dtype=x2d.dtype, device=x2d.device)
         y = torch.empty_like(h) if gelu else h
         w_ft = w_f.t()
-        for r0 in range(0, rows, ROW_BLOCK):
-            r1 = min(rows, r0 + ROW_BLOCK)
+        rb = _row_block(w.shape[0])
+        for r0 in range(0, rows, rb):
+            r1 = min(rows, r0 + rb)
             torch.addmm(b_f, xhat[r0:r1], w_ft, out=h[r0:r1])
             if gelu:
                 torch.ops.aten.gelu.out(h[r0:r1], approximate=approximate, out=y[r0:r1])
@@ -86,8 +91,9 @@ class _LNLinearGELU(torch.autograd.Function):
         if ctx.gelu:
             # Blockwise, so each block of h is read once from memory and its gradient written once.
             gh = torch.empty_like(gy)
-            for r0 in range(0, rows, ROW_BLOCK):
-                r1 = min(rows, r0 + ROW_BLOCK)
+            rb = _row_block(w.shape[0])
+            for r0 in range(0, rows, rb):
+                r1 = min(rows, r0 + rb)
                 torch.ops.aten.gelu_backward.grad_input(
                     gy[r0:r1], h[r0:r1], approximate=ctx.approximate, grad_input=gh[r0:r1]
                 )

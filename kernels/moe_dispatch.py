@@ -136,7 +136,7 @@ def gate_topk_permute_reference(
 def unpermute_combine_reference(
     expert_out: torch.Tensor, token_index: torch.Tensor, weights: torch.Tensor, num_tokens: int
 ) -> torch.Tensor:
-    weighted = expert_out * weights[:, None]
-    onehot = torch.zeros(num_tokens, expert_out.shape[0], dtype=expert_out.dtype, device=expert_out.device)
-    onehot[token_index, torch.arange(expert_out.shape[0])] = 1.0
-    return onehot @ weighted
+    out = torch.zeros(
+        (num_tokens, *expert_out.shape[1:]), dtype=expert_out.dtype, device=expert_out.device
+    )
+    return out.index_add(0, token_index, expert_out * weights[:, None])
