@@ -1,0 +1,117 @@
+"""`hetrun report RUN`: what ran where, busy time, throughput, checkpoints, cost.
+
+Reads only the run directory (hetrun.runtime.report imports neither torch nor
+mpi4py); rich is imported inside the command.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _dur(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f}s"
+    m, sec = divmod(int(s), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{sec:02d}"
+
+
+def _resolve(ref: str, runs_dir: Path | None) -> Path:
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    from hetrun.slurm_plugin.rundir import find_run, runs_root
+
+    return Path(find_run(ref, runs_root(runs_dir)).run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def report(
+        run: Annotated[str, typer.Argument(help="Run: directory, name (prefix) or Slurm job id.")],
+        runs_dir: Annotated[Optional[Path], typer.Option(
+            "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
+            help="Where run directories live (default ./runs).")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+        per_rank: Annotated[bool, typer.Option(
+            "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
+    ) -> None:
+        """What ran where: per component, rank and node; throughput; checkpoints; cost."""
+        from hetrun.runtime.report import build_report
+
+        rep = build_report(_resolve(run, runs_dir))
+        if as_json:
+            typer.echo(json.dumps(rep.to_dict(), indent=2, default=str))
+            return
+
+        from rich.console import Console
+        from rich.table import Table
+
+        console = Console(width=200 if not Console().is_terminal else None)
+        head = f"run {rep.name}"
+        if rep.job_id:
+            head += f"  job {rep.job_id}"
+        if rep.backend:
+            head += f"  backend {rep.backend}"
+        console.print(head)
+        console.print(
+            f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
+            f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps} ({rep.steps_per_s:.1f}/s)"
+        )
+
+        t = Table(title="components", show_edge=False, pad_edge=False)
+        for col in ("COMPONENT", "RANKS", "NODES", "ITERS", "ACTIONS", "BUSY", "BUSY%", "MOVED",
+                    "NODE-H", "CORE-H", "GPU-H"):
+            t.add_column(col)
+        for c in rep.components:
+            t.add_row(c.name, str(c.ranks), ",".join(c.nodes), str(c.iterations), str(c.actions),
+                      _dur(c.busy_s), f"{100 * c.busy_fraction:.0f}%", _bytes(c.bytes),
+                      f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
+        console.print(t)
+
+        if per_rank and rep.ranks:
+            r = Table(title="ranks", show_edge=False, pad_edge=False)
+            for col in ("RANK", "COMPONENT", "NODE", "ACTIONS", "BY TYPE", "BUSY", "BUSY%",
+                        "MOVED", "PEAK MEM"):
+                r.add_column(col)
+            for row in rep.ranks:
+                types = " ".join(f"{k}:{v}" for k, v in sorted(row.by_type.items()))
+                r.add_row(str(row.rank), row.component, row.node, str(row.actions), types,
+                          _dur(row.busy_s), f"{100 * row.busy_fraction:.0f}%", _bytes(row.bytes),
+                          _bytes(row.peak_mem))
+            console.print(r)
+
+        for kind, m in rep.metrics.items():
+            vals = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in m.items())
+            console.print(f"last {kind}: {vals}")
+        console.print(
+            f"checkpoints {len(rep.checkpoints)}  restores {len(rep.restores)}  "
+            f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
+            f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
+        )
+        for e in rep.restores:
+            console.print(f"  restore: rank {e.get('rank')} from iteration {e.get('iteration')}")
+        if rep.errors:
+            first = rep.errors[0]
+            console.print(
+                f"[red]failed[/red]: rank {first.get('rank')} ({first.get('component')}) in "
+                f"action {first.get('action')} iteration {first.get('iteration')}: "
+                f"{first.get('error')}", markup=True, highlight=False)
+        for w in rep.warnings:
+            console.print(f"note: {w}", highlight=False)
+        if rep.skipped_lines:
+            console.print(f"note: skipped {rep.skipped_lines} truncated/corrupt event line(s)")
