@@ -205,3 +205,26 @@ def test_bad_workload_args_are_spec_errors(args: dict[str, object], match: str) 
 def test_defaults_are_valid() -> None:
     cfg = PPOConfig.from_args({})
     assert cfg.env_id == "CartPole-v1" and cfg.torch_threads == 1
+
+
+def test_state_through_hetruns_checkpoint_store_resumes_exactly(tmp_path: Path) -> None:
+    """The real store (no pickle) keeps everything PPO needs, 128-bit env RNG states included."""
+    from hetrun.runtime.ckpt import open_store, tiers_for
+    from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+    learner, roller = pair(seed=2)
+    learn(learner, roller.rollout(0))
+    writer = CheckpointWriter(tiers_for(tmp_path / "ckpt"), keep=2)
+    writer.save(1, {"learner": learner.state_dict(), "rollout": roller.state_dict()})
+    writer.wait()
+    writer.close()
+    batch = roller.rollout(1)
+    expect = learn(learner, batch)
+
+    tree, _, _ = open_store(tmp_path / "ckpt").load_rank(1, 0)
+    learner2, roller2 = pair(seed=2)
+    learner2.load_state_dict(tree["learner"])
+    roller2.load_state_dict(tree["rollout"])
+    batch2 = roller2.rollout(1)
+    assert all(torch.equal(batch[k], batch2[k]) for k in batch)
+    assert learn(learner2, batch2) == expect
