@@ -2,8 +2,10 @@
 
 RUN is a run directory, a run name (prefix) or a Slurm job id (resolved with
 ``hetrun.slurm_plugin.rundir.find_run``), or a checkpoint store directory
-itself. The store is the run's ``checkpoint.directory`` from plan.json, else
-``<run_dir>/ckpt``. Thin: the work is in ``hetrun.runtime.ckpt``.
+itself. A run's checkpoints live in ``checkpoint.directory`` from plan.json,
+else ``<run_dir>/ckpt``, one store per component (``ckpt/<component>/``);
+``--component`` picks one, by default every component is shown. Thin: the
+work is in ``hetrun.runtime.ckpt``.
 """
 
 from __future__ import annotations
@@ -28,12 +30,40 @@ RunsDir = Annotated[Optional[str], typer.Option("--runs-dir", envvar="HETRUN_RUN
 LocalDir = Annotated[Optional[str], typer.Option("--local-dir", help="Also read this node-local tier.")]
 
 
-def store_dir(ref: str, runs_dir: str | None) -> Path:
-    """The checkpoint store directory that ``ref`` names."""
+Component = Annotated[Optional[str], typer.Option("--component", "-c", help="Only this component's store.")]
+
+
+def _is_store(path: Path) -> bool:
+    return (path / "manifests").is_dir()
+
+
+def store_dirs(ref: str, runs_dir: str | None, component: str | None = None) -> list[tuple[str, Path]]:
+    """(label, store directory) for every store ``ref`` names."""
+    from hetrun.dag.errors import RunDirError, closest
+
+    root = store_root(ref, runs_dir)
+    if _is_store(root):
+        return [(root.name, root)]
+    found = sorted((p.name, p) for p in root.iterdir() if p.is_dir() and _is_store(p)) if root.is_dir() else []
+    if component is not None:
+        names = [n for n, _ in found]
+        if component not in names:
+            near = closest(component, names)
+            raise RunDirError(f"no checkpoints for component {component!r} in {root}",
+                              hint=(f"did you mean {near!r}? " if near else "") + f"components with checkpoints: {', '.join(names) or 'none'}")
+        found = [(n, p) for n, p in found if n == component]
+    if not found:
+        raise RunDirError(f"no checkpoints yet in {root}",
+                          hint="checkpoints appear after the first checkpoint interval")
+    return found
+
+
+def store_root(ref: str, runs_dir: str | None) -> Path:
+    """The checkpoint directory that ``ref`` names (a store, or one store per component)."""
     from hetrun.dag.errors import RunDirError
 
     path = Path(ref).expanduser()
-    if (path / "manifests").is_dir():
+    if _is_store(path):
         return path
     from hetrun.slurm_plugin.rundir import find_run, runs_root
 
@@ -48,104 +78,118 @@ def store_dir(ref: str, runs_dir: str | None) -> Path:
     ckpt = Path(directory) if directory else run_dir / "ckpt"
     if not ckpt.is_absolute():
         ckpt = run_dir / ckpt
-    if not (ckpt / "manifests").is_dir():
-        raise RunDirError(f"run {run_dir.name} has no checkpoints yet (looked in {ckpt})",
-                          hint="checkpoints appear after the first checkpoint interval")
     return ckpt
 
 
-def _open(ref: str, runs_dir: str | None, local_dir: str | None) -> Any:
+def _open(ref: str, runs_dir: str | None, local_dir: str | None, component: str | None = None) -> list[tuple[str, Any]]:
     from hetrun.runtime.ckpt import open_store
 
-    return open_store(store_dir(ref, runs_dir), local_dir)
+    out = []
+    for label, path in store_dirs(ref, runs_dir, component):
+        local = Path(local_dir) / label if local_dir and not _is_store(Path(local_dir)) else local_dir
+        out.append((label, open_store(path, local)))
+    return out
 
 
 def _mb(n: float) -> str:
     return f"{n / 1e6:.1f}"
 
 
+def _section(label: str, many: bool) -> None:
+    if many:
+        typer.echo(f"== component {label}")
+
+
 @ckpt_app.command("ls")
-def ls_cmd(run: RunArg, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+def ls_cmd(run: RunArg, component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """List checkpoints: step, time, size, bytes stored (new), delta ratio, save times."""
-    store = _open(run, runs_dir, local_dir)
-    rows = store.info()
-    if not rows:
-        typer.echo("no checkpoints")
-        return
-    head = f"{'STEP':>8}  {'CREATED (UTC)':19}  {'RANKS':>5}  {'STATE MB':>9}  {'NEW MB':>8}  {'RATIO':>6}  {'STALL s':>7}  {'WRITE s':>7}  TIERS"
-    typer.echo(head)
-    for r in rows:
-        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created))
-        typer.echo(f"{r.step:>8}  {created:19}  {r.world_size:>5}  {_mb(r.raw_bytes):>9}  {_mb(r.stored_bytes):>8}  "
-                   f"{r.delta_ratio:>6.3f}  {r.stall_s:>7.3f}  {r.write_s:>7.2f}  {','.join(r.tiers)}")
+    stores = _open(run, runs_dir, local_dir, component)
+    for label, store in stores:
+        _section(label, len(stores) > 1)
+        rows = store.info()
+        if not rows:
+            typer.echo("no checkpoints")
+            continue
+        typer.echo(f"{'STEP':>8}  {'CREATED (UTC)':19}  {'RANKS':>5}  {'STATE MB':>9}  {'NEW MB':>8}  "
+                   f"{'RATIO':>6}  {'STALL s':>7}  {'WRITE s':>7}  TIERS")
+        for r in rows:
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created))
+            typer.echo(f"{r.step:>8}  {created:19}  {r.world_size:>5}  {_mb(r.raw_bytes):>9}  "
+                       f"{_mb(r.stored_bytes):>8}  {r.delta_ratio:>6.3f}  {r.stall_s:>7.3f}  "
+                       f"{r.write_s:>7.2f}  {','.join(r.tiers)}")
 
 
 @ckpt_app.command("show")
 def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step (default: newest).")] = None,
-             runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+             component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Show one checkpoint's manifest: ranks, shard stats, metadata."""
     from hetrun.dag.errors import CheckpointError
 
-    store = _open(run, runs_dir, local_dir)
-    steps = store.steps()
-    if not steps:
-        raise CheckpointError("no checkpoints in this store")
-    chosen = steps[0] if step is None else step
-    for tier in store.tiers:
-        if chosen in tier.manifest_steps():
-            doc = tier.read_manifest(chosen)
-            break
-    else:
-        raise CheckpointError(f"no checkpoint at step {chosen}", hint=f"steps: {sorted(steps)}")
-    typer.echo(f"step {chosen}  tier {tier.name}  {tier.manifest_path(chosen)}")
-    typer.echo(f"created {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(doc.get('created', 0)))} UTC, "
-               f"{doc['world_size']} rank(s)")
-    if doc.get("meta"):
-        typer.echo(f"meta {json.dumps(doc['meta'], sort_keys=True)}")
-    for s in doc["shards"]:
-        st = s.get("stats", {})
-        typer.echo(f"  rank {s['rank']:>4}: {s['path']}  state {_mb(st.get('raw_bytes', 0))} MB, "
-                   f"new {_mb(st.get('stored_bytes', 0))} MB, stall {st.get('stall_s', 0):.3f}s, "
-                   f"write {st.get('write_s', 0):.2f}s")
+    stores = _open(run, runs_dir, local_dir, component)
+    for label, store in stores:
+        _section(label, len(stores) > 1)
+        steps = store.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoints in {label}")
+        chosen = steps[0] if step is None else step
+        for tier in store.tiers:
+            if chosen in tier.manifest_steps():
+                doc = tier.read_manifest(chosen)
+                break
+        else:
+            raise CheckpointError(f"{label}: no checkpoint at step {chosen}", hint=f"steps: {sorted(steps)}")
+        typer.echo(f"step {chosen}  tier {tier.name}  {tier.manifest_path(chosen)}")
+        typer.echo(f"created {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(doc.get('created', 0)))} UTC, "
+                   f"{doc['world_size']} rank(s)")
+        if doc.get("meta"):
+            typer.echo(f"meta {json.dumps(doc['meta'], sort_keys=True)}")
+        for sh in doc["shards"]:
+            st = sh.get("stats", {})
+            typer.echo(f"  rank {sh['rank']:>4}: {sh['path']}  state {_mb(st.get('raw_bytes', 0))} MB, "
+                       f"new {_mb(st.get('stored_bytes', 0))} MB, stall {st.get('stall_s', 0):.3f}s, "
+                       f"write {st.get('write_s', 0):.2f}s")
 
 
 @ckpt_app.command("verify")
 def verify_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Only this step.")] = None,
-               runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Decode every chunk of every rank and check its hash; exit 5 if any checkpoint is invalid."""
     from hetrun.dag.errors import CheckpointError
 
-    store = _open(run, runs_dir, local_dir)
-    steps = [step] if step is not None else sorted(store.steps())
-    bad = 0
-    for s in steps:
-        t0 = time.perf_counter()
-        problems = store.verify(s)
-        if problems:
-            bad += 1
-            typer.echo(f"step {s}: INVALID")
-            for p in problems:
-                typer.echo(f"  {p}")
-        else:
-            typer.echo(f"step {s}: ok ({time.perf_counter() - t0:.2f}s)")
+    stores = _open(run, runs_dir, local_dir, component)
+    bad = total = 0
+    for label, store in stores:
+        _section(label, len(stores) > 1)
+        steps = [step] if step is not None else sorted(store.steps())
+        for s in steps:
+            total += 1
+            t0 = time.perf_counter()
+            problems = store.verify(s)
+            if problems:
+                bad += 1
+                typer.echo(f"step {s}: INVALID")
+                for p in problems:
+                    typer.echo(f"  {p}")
+            else:
+                typer.echo(f"step {s}: ok ({time.perf_counter() - t0:.2f}s)")
     if bad:
-        raise CheckpointError(f"{bad} of {len(steps)} checkpoint(s) failed verification",
-                              hint="restore falls back to the newest valid one; `hetrun ckpt gc` keeps the store tidy")
+        raise CheckpointError(f"{bad} of {total} checkpoint(s) failed verification",
+                              hint="restore falls back to the newest valid one; `hetrun ckpt gc --keep N` drops old ones")
 
 
 @ckpt_app.command("gc")
 def gc_cmd(run: RunArg,
            keep: Annotated[Optional[int], typer.Option(help="Also delete all but the newest KEEP checkpoints.")] = None,
-           runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+           component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Delete chunks and shards no checkpoint references (never ones newer than the newest checkpoint)."""
     from hetrun.runtime.ckpt import gc, retain
 
-    store = _open(run, runs_dir, local_dir)
-    for tier in store.tiers:
-        dropped = retain(tier, keep) if keep is not None else []
-        files, freed = gc(tier)
-        typer.echo(f"{tier.name}: removed {len(dropped)} checkpoint(s){' ' + str(dropped) if dropped else ''}, "
-                   f"{files} file(s), {_mb(freed)} MB freed")
+    for label, store in _open(run, runs_dir, local_dir, component):
+        for tier in store.tiers:
+            dropped = retain(tier, keep) if keep is not None else []
+            files, freed = gc(tier)
+            typer.echo(f"{label} ({tier.name}): removed {len(dropped)} checkpoint(s)"
+                       f"{' ' + str(dropped) if dropped else ''}, {files} file(s), {_mb(freed)} MB freed")
 
 
 @ckpt_app.command("export")
@@ -154,12 +198,16 @@ def export_cmd(run: RunArg,
                fmt: Annotated[str, typer.Option("--format", help="torch (torch.save file) or dcp (torch.distributed.checkpoint).")] = "torch",
                step: Annotated[Optional[int], typer.Option(help="Step (default: newest valid).")] = None,
                rank: Annotated[Optional[int], typer.Option(help="Only this rank's state.")] = None,
-               runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Export a checkpoint to a plain torch.save state dict or to DCP format."""
     from hetrun.dag.errors import CheckpointError
     from hetrun.runtime.ckpt.export import export
 
-    store = _open(run, runs_dir, local_dir)
+    stores = _open(run, runs_dir, local_dir, component)
+    if len(stores) > 1:
+        raise CheckpointError(f"this run has checkpoints for {len(stores)} components",
+                              hint="choose one with --component " + " | ".join(n for n, _ in stores))
+    _label, store = stores[0]
     if step is None:
         for s in store.steps():
             if not store.verify(s):

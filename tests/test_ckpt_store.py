@@ -367,7 +367,8 @@ def _cli(capsys: pytest.CaptureFixture[str], args: list[str]) -> _Out:
 
 
 def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    versions = _save_three(tmp_path / "run" / "ckpt")
+    store_dir = tmp_path / "run" / "ckpt" / "learner"  # one store per component
+    versions = _save_three(store_dir)
     (tmp_path / "run" / "run.json").write_text(json.dumps({
         "name": "t", "run_dir": str(tmp_path / "run"), "backend": "local", "job_id": None,
         "submitted_at": "2026-01-01T00:00:00Z", "components": ["learner"], "cluster": None}))
@@ -379,8 +380,8 @@ def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixt
     assert r.exit_code == 0 and "rank    0" in r.output, r.output
     r = _cli(capsys, ["ckpt", "verify", run])
     assert r.exit_code == 0 and r.output.count(": ok") == 3, r.output
-    newest_only = set(_objects_of(tmp_path / "run" / "ckpt", 30)) - set(_objects_of(tmp_path / "run" / "ckpt", 20))
-    Tier(tmp_path / "run" / "ckpt").object_path(sorted(newest_only)[0]).write_bytes(b"x")
+    newest_only = set(_objects_of(store_dir, 30)) - set(_objects_of(store_dir, 20))
+    Tier(store_dir).object_path(sorted(newest_only)[0]).write_bytes(b"x")
     r = _cli(capsys, ["ckpt", "verify", run])
     assert r.exit_code == 5 and "step 30: INVALID" in r.output, r.output
     r = _cli(capsys, ["ckpt", "export", run, "--out", str(tmp_path / "e.pt")])
@@ -389,4 +390,6 @@ def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixt
     r = _cli(capsys, ["ckpt", "gc", run, "--keep", "1"])
     assert r.exit_code == 0 and "removed 2 checkpoint(s)" in r.output, r.output
     r = _cli(capsys, ["ckpt", "ls", str(tmp_path / "nowhere")])
-    assert r.exit_code != 0
+    assert r.exit_code == 4 and "no run matches" in r.output and "Traceback" not in r.output, r.output
+    r = _cli(capsys, ["ckpt", "ls", run, "--component", "lerner"])
+    assert r.exit_code == 4 and "did you mean 'learner'" in r.output, r.output
