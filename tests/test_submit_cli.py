@@ -1,0 +1,56 @@
+"""`hetrun submit/status/cancel` at the command line: dry runs, errors and exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "ppo_cartpole.yaml"
+
+
+def hetrun(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "HETRUN_RUNS"}
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=120, check=False)
+
+
+def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+    proc = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "sbatch", "-p", "high", "-t", "00:10:00",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash\n")
+    assert "#SBATCH --partition=high" in proc.stdout and "#SBATCH --time=00:10:00" in proc.stdout
+    assert "would run: sbatch --parsable " in proc.stderr
+    assert f"{tmp_path}/runs/ppo-cartpole-" in proc.stderr  # ./runs by default
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_local_dry_run_shows_the_mpirun_launch(tmp_path: Path) -> None:
+    proc = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "local", "--runs-dir", str(tmp_path / "r"),
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "HETRUN_COMPONENT=learner" in proc.stderr and "HETRUN_COMPONENT=rollout" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_user_errors_are_one_line_with_the_right_exit_code(tmp_path: Path) -> None:
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "-p", "debug;touch x", cwd=tmp_path)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "partition" in bad.stderr
+    assert not (tmp_path / "x").exists()
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "slurmm", cwd=tmp_path)
+    assert bad.returncode == 3 and "unknown backend" in bad.stderr and "Traceback" not in bad.stderr
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "--runs-dir", str(tmp_path / "a b"), cwd=tmp_path)
+    assert bad.returncode == 4 and "#SBATCH" in bad.stderr and "Traceback" not in bad.stderr
+    bad = hetrun("cancel", "nope", cwd=tmp_path)
+    assert bad.returncode == 4 and "no run matches" in bad.stderr
+    bad = hetrun("status", "nope", cwd=tmp_path)
+    assert bad.returncode == 4 and "Traceback" not in bad.stderr
+
+
+def test_status_without_runs(tmp_path: Path) -> None:
+    proc = hetrun("status", cwd=tmp_path, HETRUN_RUNS=str(tmp_path / "none"))
+    assert proc.returncode == 0 and "no runs under" in proc.stdout
