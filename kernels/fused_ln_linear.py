@@ -16,6 +16,7 @@ What the fusion saves on CPU:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -25,6 +26,23 @@ __all__ = ["FusedLayerNormLinear", "ln_linear_gelu", "ln_linear_gelu_reference"]
 
 #: Elements of pre-activation per row block: 256 Ki fp32 = 1 MiB (an L2).
 BLOCK_ELEMS = 1 << 18
+
+
+_scratch = threading.local()
+
+
+def _workspace(like: torch.Tensor) -> torch.Tensor:
+    """A per-thread scratch tensor shaped like ``like``, reused across calls.
+
+    The GELU gradient lives only inside backward; a fresh T x F buffer per
+    call costs more in first-touch page faults than the GELU itself.
+    """
+    key = (tuple(like.shape), like.dtype, like.device)
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or getattr(_scratch, "key", None) != key:
+        buf = torch.empty_like(like)
+        _scratch.buf, _scratch.key = buf, key
+    return buf
 
 
 def _row_block(fdim: int) -> int:
@@ -81,6 +99,7 @@ class _LNLinearGELU(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h = ctx.saved_tensors
         need_x, need_lnw, need_lnb, need_w, need_b = ctx.needs_input_grad[:5]
@@ -90,7 +109,7 @@ class _LNLinearGELU(torch.autograd.Function):
         gx = g_lnw = g_lnb = gw = gb = None
         if ctx.gelu:
             # Blockwise, so each block of h is read once from memory and its gradient written once.
-            gh = torch.empty_like(gy)
+            gh = _workspace(gy)
             rb = _row_block(w.shape[0])
             for r0 in range(0, rows, rb):
                 r1 = min(rows, r0 + rb)
