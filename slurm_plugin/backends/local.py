@@ -206,6 +206,9 @@ class _Supervisor:
         self._write(state="RUNNING", supervisor_pid=os.getpid(), started_at=utc_now_iso(),
                     restarts=0, exit_code=None, ended_at=None)
         while True:
+            if self.cancelled:  # cancelled between attempts, or before the first started
+                self._write(state="CANCELLED", ended_at=utc_now_iso())
+                return 143
             launcher = self._start(restarts)
             self._write(state="RUNNING", launcher=launcher, restarts=restarts,
                         child_pids=[c.pid for c in self.children])
