@@ -44,7 +44,8 @@ SAFETY_MARGIN_S = 10.0
 DEFAULT_CKPT_COST_S = 5.0
 TERM_GRACE_S = 20.0  # Slurm's default KillWait is 30 s between SIGTERM and SIGKILL
 _ALLOWED = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "TERM": signal.SIGTERM,
-            "INT": signal.SIGINT, "HUP": signal.SIGHUP, "URG": signal.SIGURG}
+            "INT": signal.SIGINT, "HUP": signal.SIGHUP, "URG": signal.SIGURG, "QUIT": signal.SIGQUIT,
+            "ALRM": signal.SIGALRM, "XCPU": signal.SIGXCPU}
 
 
 class _State:
