@@ -330,12 +330,12 @@ class Executor:
             waited = time.monotonic() - t0
             if waited > self.timeout_s:
                 blocked = ", ".join(f"{a.id} (needs {[d.id for d in a.deps]})" for a in pending)
-                raise RuntimeFailure(
+                raise RankFailed(pending[0].id, it, RuntimeFailure(
                     f"rank {self.world.rank} ({self.me}) waited {waited:.0f}s in iteration {it} "
                     f"for {blocked}; no message arrived",
                     hint="a peer is stuck or dead; raise HETRUN_COLLECTIVE_TIMEOUT if an "
                          "action legitimately takes longer",
-                )
+                ))
             # Back off: ranks share cores with the ranks they wait for.
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
@@ -502,7 +502,8 @@ class Executor:
             buf = pack("data", action.id, it, state.batch, {"steps": extra.get("steps", 0)})
             for t in targets:
                 nbytes += self.mailbox.isend(buf, t)
-        if action.id in self.out_state and it + 1 < self.plan.iterations:
+        if action.id in self.out_state:
+            # Even after the last iteration: a lag-0 consumer (an evaluator) needs it.
             nbytes += self._send_state(action.id, it, self.out_state[action.id])
         return nbytes
 
