@@ -1,0 +1,110 @@
+"""Whole jobs through the runtime: the toy job, PPO and the MoE LM, a few iterations each,
+through the local backend (mpirun) and as real Slurm het jobs on the local cluster
+(2 components, >= 4 ranks across 3 nodes). Events must record every action."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hetrun.runtime.events import read_events
+from hetrun.runtime.report import build_report
+from runtime_toy import toy_job_yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+# (job file or None for the toy, overrides); every job: 2 components, >= 4 ranks, 3 nodes.
+JOBS = {
+    "toy": (None, ["--set", "training.iterations=6"]),
+    "ppo": (REPO / "examples" / "ppo_cartpole.yaml",
+            ["--set", "training.iterations=3", "--set", "training.eval_interval=3",
+             "--set", "components.learner.tasks_per_node=2", "--set", "checkpoint.interval=0"]),
+    "moe": (REPO / "examples" / "moe_lm.yaml",
+            ["--set", "training.iterations=3", "--set", "training.eval_interval=3",
+             "--set", "checkpoint.interval=0"]),
+}
+
+
+def _job_file(name: str, where: Path) -> Path:
+    path, _ = JOBS[name]
+    if path is not None:
+        return path
+    toy = where / "toy.yaml"
+    # learner: 2 ranks on one node; rollout: 2 nodes x 1 rank -> 4 ranks on 3 nodes.
+    doc = json.loads(toy_job_yaml(iterations=6, learners=2, rollouts=2, rollout_nodes=2,
+                                  env={"OMP_NUM_THREADS": "1", "HETRUN_JOB_DIR": str(TESTS)}))
+    toy.write_text(json.dumps(doc))
+    return toy
+
+
+def _submit(job: Path, backend: str, runs: Path, overrides: list[str],
+            timeout: float) -> tuple[subprocess.CompletedProcess[str], Path]:
+    env = {**os.environ, "HETRUN_RUNS": str(runs)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "hetrun.cli", "submit", str(job), "--backend", backend, *overrides,
+         "--wait", "--wait-timeout", str(timeout)],
+        capture_output=True, text=True, env=env, timeout=timeout + 60)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("run directory: ")]
+    assert lines, proc.stdout + proc.stderr
+    return proc, Path(lines[0].split(": ", 1)[1])
+
+
+def _check_run(run_dir: Path, proc: subprocess.CompletedProcess[str]) -> list[dict]:
+    events = list(read_events(run_dir))
+    errors = [e for e in events if e["ev"] == "error"]
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))
+    assert proc.returncode == 0 and not errors, (proc.stdout, proc.stderr, errors, logs)
+    plan = json.loads((run_dir / "plan.json").read_text())
+    starts = {e["rank"]: e for e in events if e["ev"] == "start"}
+    ntasks = sum(c["ntasks"] for c in plan["components"])
+    assert sorted(starts) == list(range(ntasks))
+    iterations = plan["training"]["iterations"]
+    acts = [e for e in events if e["ev"] == "action" and "part_of" not in e]
+    for rank, start in starts.items():
+        for a in plan["actions"]:
+            if a["component"] != start["component"]:
+                continue
+            want = [i for i in range(iterations) if (i + 1) % a["every"] == 0]
+            got = sorted(e["iteration"] for e in acts if e["rank"] == rank and e["id"] == a["id"])
+            assert got == want, (rank, a["id"], got, want)
+    assert sorted(e["rank"] for e in events if e["ev"] == "exit" and e["code"] == 0) == list(
+        range(ntasks))
+    rep = build_report(run_dir)
+    assert {c.name for c in rep.components} == {c["name"] for c in plan["components"]}
+    return events
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["toy", "moe"])
+def test_local_backend_runs_the_job(name: str, tmp_path: Path) -> None:
+    if name == "moe":
+        pytest.importorskip("hetrun.examples.moe_lm")
+    job = _job_file(name, tmp_path)
+    proc, run_dir = _submit(job, "local", tmp_path / "runs", JOBS[name][1], timeout=300)
+    _check_run(run_dir, proc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["toy", "ppo", "moe"])
+def test_slurm_het_job_runs_the_job(name: str, slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip({"toy": "torch", "ppo": "hetrun.examples.ppo",
+                         "moe": "hetrun.examples.moe_lm"}[name])
+    job = _job_file(name, shared_tmp)
+    proc, run_dir = _submit(job, "sbatch", shared_tmp / "runs", JOBS[name][1], timeout=400)
+    events = _check_run(run_dir, proc)
+    starts = [e for e in events if e["ev"] == "start"]
+    assert len(starts) >= 4
+    assert len({e["node"] for e in starts}) >= 3, [(e["rank"], e["node"]) for e in starts]
+    comps = {e["component"]: set() for e in starts}
+    for e in starts:
+        comps[e["component"]].add(e["node"])
+    # Components are Slurm het groups: they do not share nodes.
+    nodesets = list(comps.values())
+    assert len(nodesets) == 2 and not (nodesets[0] & nodesets[1]), comps
+    assert all(e["job_id"] for e in starts)
