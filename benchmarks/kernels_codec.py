@@ -48,7 +48,7 @@ def main() -> None:
         codec = get_codec(name)
         payload = torch.zeros(codec.wire_bytes(n), dtype=torch.uint8)
         state = codec.new_state() if codec.stateful else None
-        paths = ["native", "numpy"] if name in ("onebit", "onebit_ef", "int8") else ["numpy" if name == "onebit_stochastic" else "torch"]
+        paths = ["torch"] if name == "fp8" else ["native", "numpy"]
         for path in paths:
             def enc(c=codec, p=payload, s=state, path=path) -> None:
                 os.environ["HETRUN_NATIVE_CODECS"] = "1" if path == "native" else "0"

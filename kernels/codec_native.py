@@ -22,7 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["int8_decode", "int8_encode", "lib", "onebit_decode", "onebit_encode"]
+__all__ = [
+    "int8_decode",
+    "int8_encode",
+    "lib",
+    "onebit_decode",
+    "onebit_encode",
+    "onebit_stochastic_encode",
+]
 
 _SRC = Path(__file__).with_name("csrc") / "codec_simd.c"
 _lib: ctypes.CDLL | None = None
@@ -69,7 +76,9 @@ def _build() -> ctypes.CDLL | None:
     dll.hr_onebit_decode.argtypes = [p, p, i64, i64, p]
     dll.hr_int8_encode.argtypes = [p, i64, i64, p, p]
     dll.hr_int8_decode.argtypes = [p, p, i64, i64, p]
-    for f in (dll.hr_onebit_encode, dll.hr_onebit_decode, dll.hr_int8_encode, dll.hr_int8_decode):
+    dll.hr_onebit_stochastic_encode.argtypes = [p, i64, i64, p, p, p]
+    for f in (dll.hr_onebit_encode, dll.hr_onebit_decode, dll.hr_int8_encode, dll.hr_int8_decode,
+              dll.hr_onebit_stochastic_encode):
         f.restype = None
     dll.hr_has_avx2.restype = ctypes.c_int
     return dll
@@ -128,3 +137,14 @@ def int8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
     dll = lib()
     assert dll is not None
     dll.hr_int8_decode(_ptr(payload[: 4 * nb]), _ptr(payload[4 * nb :]), n, block, _ptr(out))
+
+
+def onebit_stochastic_encode(x: np.ndarray, out: np.ndarray, block: int, state: np.ndarray) -> None:
+    """``state``: 4 uint64 words of xoshiro256+ state, advanced in place (never all zero)."""
+    n = x.size
+    nb = -(-n // block)
+    dll = lib()
+    assert dll is not None
+    dll.hr_onebit_stochastic_encode(
+        _ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]), _ptr(state)
+    )

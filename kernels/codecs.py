@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import codec_cpu, codec_reference
+from . import codec_cpu, codec_native, codec_reference
 from .codec import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
 
 __all__ = ["Fp8Codec", "Int8Codec", "OneBitCodec", "OneBitEFCodec", "OneBitStochasticCodec"]
@@ -132,6 +132,8 @@ class OneBitStochasticCodec(OneBitCodec):
         super().__init__(block_size)
         self.seed = seed
         self._rng = np.random.default_rng(seed)
+        # xoshiro256+ state for the C kernel, seeded from the same seed (never all zero)
+        self._xs = np.random.default_rng(seed).integers(1, 2**63, size=4, dtype=np.uint64)
         self._gen: torch.Generator | None = None
 
     def encode_into(
@@ -141,7 +143,10 @@ class OneBitStochasticCodec(OneBitCodec):
         if x.numel() == 0:
             return
         if x.device.type == "cpu":
-            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, rng=self._rng)
+            if codec_native.lib() is not None:
+                codec_native.onebit_stochastic_encode(_as_f32_numpy(x), out.numpy(), self.block_size, self._xs)
+            else:
+                codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, rng=self._rng)
             return
         if self._gen is None or self._gen.device != x.device:
             self._gen = torch.Generator(device=x.device).manual_seed(self.seed)

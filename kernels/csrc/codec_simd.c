@@ -197,3 +197,34 @@ void hr_int8_decode(const float *scales, const int8_t *q, int64_t n, int64_t blo
         for (; i < m; i++) out[s + i] = (float)q[s + i] * sc;
     }
 }
+
+/* Stochastic 1-bit: scales[nb] = absmax per block; element negative iff
+ * x < M * (1 - 2u), u ~ U[0, 1) from xoshiro256+ (state: 4 words, advanced),
+ * so the decoded value (+-M) equals x in expectation. */
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t xoshiro_next(uint64_t *s) {
+    uint64_t r = s[0] + s[3], t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return r;
+}
+
+void hr_onebit_stochastic_encode(const float *x, int64_t n, int64_t block, float *scales,
+                                 uint8_t *bits, uint64_t *state) {
+    int64_t nb = (n + block - 1) / block;
+    const float inv24 = 1.0f / 16777216.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block, m = n - s < block ? n - s : block;
+        const float *c = x + s;
+        float amax = 0.f;
+        for (int64_t i = 0; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
+        scales[b] = amax;
+        for (int64_t i = 0; i < m; i += 8) {
+            uint8_t byte = 0;
+            for (int64_t j = 0; j < 8 && i + j < m; j++) {
+                float u = (float)(xoshiro_next(state) >> 40) * inv24;  /* top 24 bits */
+                byte |= (uint8_t)((c[i + j] < amax * (1.0f - 2.0f * u)) << j);
+            }
+            bits[(s + i) / 8] = byte;
+        }
+    }
+}
