@@ -162,6 +162,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
 
     preempt.install(ctx)
     t0 = time.perf_counter()
+    entered = time.time()
     restarts = restart_count()
     limit = max_restarts(ctx)
     slot = _slot(ctx)
@@ -225,7 +226,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
         restored_state = True
     slot.last_step = step
     log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
-             restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4),
+             restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4), entered=entered,
              skipped=[{"step": s, "why": w} for s, w in skipped],
              work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
     log.close()
