@@ -245,13 +245,17 @@ class Executor:
         dropped = self.mailbox.drain(self._accept)
         if dropped:
             self.log.emit("drain", dropped=dropped)
+        code = EXIT_OK
         if self.stop_at is not None and self.stop_at < self.plan.iterations:
             resume_at = min(last_done + 1, self.stop_at)
             self.log.emit("preempt", iteration=resume_at)
             if self.hooks.save_checkpoint is not None:
                 self._checkpoint(resume_at, reason="preempt")
-            return self.hooks.stop_exit_code(self.ctx)
-        return EXIT_OK
+            code = self.hooks.stop_exit_code(self.ctx)
+        flushed = self.hooks.flush_checkpoints(self.ctx)
+        if isinstance(flushed, dict) and flushed.get("ok") is False:
+            self.log.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
+        return code
 
     def _search_dirs(self) -> list[Path]:
         dirs = [self.run_dir]
@@ -474,7 +478,7 @@ class Executor:
                 return state.batch
             return self.workload.next_batch(it, micro)
         if state.batch is None:
-            batches = []
+            batches: list[Any] = []
             for dep in data_deps:
                 src_it = it - self.lags[(action.id, dep.id)]
                 got = self.data.get((dep.id, src_it), {})

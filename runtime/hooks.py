@@ -9,6 +9,7 @@ The checkpoint engineer implements them in ``hetrun.runtime.resume`` and
   ``checkpoint`` action and the checkpoint after a stop; ``iteration`` is the
   iteration a resumed run starts from. Called on every rank at the same point
   of the protocol (it may use collectives on ``ctx.comm``/``ctx.world_comm``).
+- ``resume.flush(ctx)``: before the rank exits, wait for a background write.
 - ``preempt.should_stop(ctx) -> bool``: a LOCAL check (signal flag, deadline),
   called at every action boundary and while waiting. Ranks of different
   components are at different iterations (that is the pipelining), so the
@@ -45,6 +46,7 @@ class Hooks:
     save_checkpoint: Callable[[Any, Any, int], Any] | None = None
     should_stop: Callable[[Any], bool] | None = None
     exit_code: Callable[[Any], int] | None = None
+    flush: Callable[[Any], Any] | None = None
     missing: list[str] = field(default_factory=list)
 
     def restore(self, ctx: Any, workload: Any) -> int:
@@ -55,6 +57,10 @@ class Hooks:
 
     def stop_requested(self, ctx: Any) -> bool:
         return bool(self.should_stop(ctx)) if self.should_stop is not None else False
+
+    def flush_checkpoints(self, ctx: Any) -> Any:
+        """Wait for a background checkpoint write in flight (before the rank exits)."""
+        return self.flush(ctx) if self.flush is not None else None
 
     def stop_exit_code(self, ctx: Any) -> int:
         return int(self.exit_code(ctx)) if self.exit_code is not None else EXIT_REQUEUE
@@ -67,6 +73,7 @@ def load_hooks() -> Hooks:
     if resume is not None:
         hooks.restore_if_any = getattr(resume, "restore_if_any", None)
         hooks.save_checkpoint = getattr(resume, "save_checkpoint", None)
+        hooks.flush = getattr(resume, "flush", None)
     if preempt is not None:
         hooks.should_stop = getattr(preempt, "should_stop", None)
         hooks.exit_code = getattr(preempt, "exit_code", None)

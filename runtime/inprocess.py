@@ -162,6 +162,8 @@ class _InProcess:
                 if self.hooks.save_checkpoint is not None:
                     self._checkpoint(name, wl, it + 1, "preempt")
             result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
+        for ctx in self.ctxs.values():
+            self.hooks.flush_checkpoints(ctx)
         result.wall_s = time.time() - t_start
         for name in self.ctxs:
             self.logs[name].emit("exit", code=result.exit_code, elapsed=result.wall_s)

@@ -113,8 +113,8 @@ class RunReport:
                  core_hours=self.core_hours, gpu_hours=self.gpu_hours)
         for row, src in zip(d["ranks"], self.ranks, strict=True):
             row["busy_fraction"] = src.busy_fraction
-        for row, src in zip(d["components"], self.components, strict=True):
-            row["busy_fraction"] = src.busy_fraction
+        for crow, csrc in zip(d["components"], self.components, strict=True):
+            crow["busy_fraction"] = csrc.busy_fraction
         return d
 
 
@@ -146,7 +146,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         )
     run = _read_json(run_dir / "run.json")
     plan = _read_json(run_dir / "plan.json")
-    comp_spec = {c.get("name"): c for c in plan.get("components", []) if isinstance(c, dict)}
+    comp_spec = {str(c.get("name")): c for c in plan.get("components", []) if isinstance(c, dict)}
     events = list(read_events(run_dir))
     skipped = _count_lines(events_path) - len(events)
 

@@ -76,11 +76,12 @@ class SharedWeights:
         """Collective over ``node_comm``; the node root passes the template (layout + values)."""
         from mpi4py import MPI
 
-        layout = None
+        layout: str | None = None
         if node_comm.Get_rank() == 0:
             if template is None:
                 raise RuntimeFailure("SharedWeights.create: the node root must pass the tensors")
-            layout, offset = [], _HEADER
+            slots_out: list[tuple[str, str, list[int], int, int]] = []
+            offset = _HEADER
             for key, t in template.items():
                 if t.device.type != "cpu":
                     raise RuntimeFailure(
@@ -89,17 +90,17 @@ class SharedWeights:
                         hint="pass CPU tensors (host shared memory) and copy to the device per rank",
                     )
                 nbytes = t.numel() * t.element_size()
-                layout.append((key, str(t.dtype).removeprefix("torch."), list(t.shape), offset,
-                               nbytes))
+                slots_out.append((key, str(t.dtype).removeprefix("torch."), list(t.shape), offset,
+                                  nbytes))
                 offset += _align(nbytes)
-            layout = json.dumps({"slots": layout, "total": offset})
+            layout = json.dumps({"slots": slots_out, "total": offset})
         layout = node_comm.bcast(layout, root=0)
         info = json.loads(layout)
         total = int(info["total"])
         size = total if node_comm.Get_rank() == 0 else 0
         win = MPI.Win.Allocate_shared(size, 1, comm=node_comm)
         mem, _ = win.Shared_query(0)
-        buf = np.frombuffer(mem, dtype=np.uint8, count=total)
+        buf = np.frombuffer(mem, dtype=np.uint8, count=total)  # type: ignore[call-overload]
         slots = [_Slot(k, d, tuple(s), o, n) for k, d, s, o, n in info["slots"]]
         shared = cls(node_comm, win, buf, slots)
         if shared.is_root:

@@ -48,7 +48,7 @@ def _align(n: int, to: int = 64) -> int:
 def pack(kind: str, producer: str, iteration: int, tensors: dict[str, torch.Tensor],
          meta: dict[str, Any] | None = None) -> np.ndarray:
     """One uint8 buffer holding header + tensor bytes."""
-    entries = []
+    entries: list[dict[str, Any]] = []
     offset = 0
     flats = []
     for key, t in tensors.items():
