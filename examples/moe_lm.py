@@ -38,7 +38,10 @@ _MODEL_KEYS = {
     "d_model", "n_heads", "n_layers", "seq_len", "num_experts", "num_groups", "top_k",
     "expert_hidden", "aux_loss_coef",
 }
-_WORKLOAD_KEYS = {"batch_size", "lr", "warmup", "weight_decay", "corpus_bytes", "heldout_every"}
+_WORKLOAD_KEYS = {
+    "batch_size", "lr", "warmup", "weight_decay", "corpus_bytes", "heldout_every", "transport",
+}
+_TRANSPORTS = ("auto", "mpi", "torch")
 
 
 def _codec(comms: dict[str, Any], key: str) -> str | None:
@@ -79,6 +82,7 @@ class MoELMWorkload(Workload):
         weight_decay: float = 0.01,
         corpus_bytes: int = 4_000_000,
         heldout_every: int = 20,
+        transport: str = "auto",
         **model_args: Any,
     ) -> None:
         super().__init__(ctx, batch_size=batch_size, lr=lr, **model_args)
@@ -98,6 +102,12 @@ class MoELMWorkload(Workload):
                 f"MoE LM: workload_args.batch_size={batch_size!r} is invalid",
                 hint="use a positive integer (sequences per micro-batch per rank)",
             )
+        if transport not in _TRANSPORTS:
+            raise HetrunError(
+                f"MoE LM: workload_args.transport={transport!r} is not one of {list(_TRANSPORTS)}",
+                hint="auto: torch.distributed on GPUs and on oversubscribed CPU nodes, "
+                "else mpi4py Alltoallv",
+            )
         self.cfg = MoEConfig(**model_args)
         self.cfg.validate()
         self.batch_size = batch_size
@@ -116,9 +126,11 @@ class MoELMWorkload(Workload):
         self.ep_size, self.ep_rank = size, rank
         self.expert_range = expert_slice(self.cfg.num_experts, rank, size)
         self.comm: AllToAllComm | None = None
+        self.transport = "none"
         if size > 1:
             _require_codecs(self.forward_codec, self.backward_codec)
-            if self.device.type == "cuda" and ctx.group is not None:
+            self.transport = transport if transport != "auto" else _auto_transport(ctx)
+            if self.transport == "torch":
                 self.comm = AllToAllComm.from_torch(ctx.group, device=self.device)
             else:
                 self.comm = AllToAllComm.from_mpi(ctx.comm)
@@ -340,6 +352,24 @@ class MoELMWorkload(Workload):
         self.step = int(state["step"])
         if self._publishing:
             self._gather_full_state()  # restore runs on every rank: a collective is safe
+
+
+def _auto_transport(ctx: RankContext) -> str:
+    """torch.distributed on GPUs (NCCL); on CPU, MPI unless the node is oversubscribed.
+
+    MPI waits by polling: with more ranks than cores on a node, a waiting rank
+    only makes progress when it is scheduled, and an exchange crawls (5x slower
+    per step than gloo's blocking sockets on 2 shared cores, benchmarks/moe.md).
+    With a core per rank, as Slurm gives, MPI's Alltoallv is the faster one.
+    """
+    if ctx.group is None:
+        return "mpi"
+    if str(ctx.device).startswith("cuda"):
+        return "torch"
+    import os
+
+    node_ranks = ctx.node_comm.Get_size() if ctx.node_comm is not None else ctx.comp_size
+    return "torch" if node_ranks > len(os.sched_getaffinity(0)) else "mpi"
 
 
 def _publishing_actions(ctx: RankContext) -> list[Any]:

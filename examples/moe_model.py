@@ -216,7 +216,7 @@ class MoEFFN(nn.Module):
             )
             # Received rows are grouped by source, then expert; regroup by expert.
             local_expert = torch.repeat_interleave(
-                torch.arange(per_rank).repeat(self.size), recv_counts.reshape(-1)
+                torch.arange(per_rank, device=x.device).repeat(self.size), recv_counts.reshape(-1)
             )
             regroup = torch.argsort(local_expert, stable=True)
             local_counts = recv_counts.sum(dim=0).tolist()

@@ -38,6 +38,22 @@ def _context(comm, seed: int = 0):
     )
 
 
+def _init_gloo(comm) -> None:
+    """torch.distributed over gloo; rank 0 picks a free port and MPI tells the others."""
+    import socket
+
+    import torch.distributed as dist
+
+    port = 0
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=comm.Get_rank(), world_size=comm.Get_size())
+
+
 def _sync(workload, comm) -> None:
     """What the runtime's ``sync`` does: average the replicated gradients over the component."""
     import torch
@@ -65,7 +81,11 @@ def _equivalence(out_dir: Path) -> dict[str, object]:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     ctx = _context(comm)
-    work = MoELMWorkload(ctx, **SMALL)
+    transport = os.environ.get("MOE_TEST_TRANSPORT", "mpi")
+    if transport == "torch":
+        _init_gloo(comm)
+    work = MoELMWorkload(ctx, transport=transport, **SMALL)
+    assert work.transport == transport and work.comm is not None
     cfg = work.cfg
     torch.manual_seed(ctx.seed)
     ref = MoELM(cfg, reference=True)
@@ -238,8 +258,9 @@ def _publish(out_dir: Path) -> dict[str, object]:
     return {"rank": comm.Get_rank(), "checks": checks, "refused": refused}
 
 
-def mpirun(np_: int, mode: str, out_dir: Path, timeout: float = 240) -> list[dict]:
-    env = {**os.environ, **MPI_ENV}
+def mpirun(np_: int, mode: str, out_dir: Path, timeout: float = 240,
+           transport: str = "mpi") -> list[dict]:
+    env = {**os.environ, **MPI_ENV, "MOE_TEST_TRANSPORT": transport}
     cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable,
            str(Path(__file__).resolve()), mode, str(out_dir)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -254,9 +275,11 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 
 @pytest.mark.mpi
 @needs_mpirun
-@pytest.mark.parametrize("np_", [2, 4])
-def test_expert_parallel_equals_single_rank_reference(np_: int, tmp_path: Path) -> None:
-    for res in mpirun(np_, "equivalence", tmp_path):
+@pytest.mark.parametrize(("np_", "transport"), [(2, "mpi"), (4, "mpi"), (2, "torch")])
+def test_expert_parallel_equals_single_rank_reference(
+    np_: int, transport: str, tmp_path: Path
+) -> None:
+    for res in mpirun(np_, "equivalence", tmp_path, transport=transport):
         assert res["same_batch"]
         assert res["a2a_calls"] > 0  # the exchange really ran
         assert res["weight_err"] == 0.0
@@ -297,3 +320,7 @@ if __name__ == "__main__":
     mode, out = sys.argv[1], Path(sys.argv[2])
     result = {"equivalence": _equivalence, "train": _train, "publish": _publish}[mode](out)
     (out / f"rank-{result['rank']}.json").write_text(json.dumps(result))
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()  # a live gloo group at exit aborts the process

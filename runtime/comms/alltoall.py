@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 _DIRECTIONS = ("forward", "backward")
+_POLLS = ("polite", "block")
 
 
 class AllToAllComm:
@@ -57,6 +58,7 @@ class AllToAllComm:
         group: Any | None = None,
         use_torch: bool = False,
         device: torch.device | str | None = None,
+        poll: str = "polite",
     ) -> None:
         if mpi_comm is not None and use_torch:
             raise HetrunError(
@@ -68,6 +70,12 @@ class AllToAllComm:
                 "AllToAllComm needs an mpi4py communicator or a torch.distributed group",
                 hint="build it with AllToAllComm.from_mpi(comm) or AllToAllComm.from_torch(group)",
             )
+        if poll not in _POLLS:
+            raise HetrunError(
+                f"AllToAllComm: poll={poll!r} is not one of {list(_POLLS)}",
+                hint="polite: yield the core between progress polls (shared cores); block: MPI_Alltoallv",
+            )
+        self.poll = poll
         self.mpi_comm = mpi_comm
         self.group = group
         self.backend = "mpi" if mpi_comm is not None else "torch"
@@ -91,8 +99,10 @@ class AllToAllComm:
         self._row_types: dict[int, Any] = {}
 
     @classmethod
-    def from_mpi(cls, comm: Any) -> AllToAllComm:
-        return cls(mpi_comm=comm)
+    def from_mpi(cls, comm: Any, poll: str = "polite") -> AllToAllComm:
+        """``poll``: ``"polite"`` (non-blocking exchange, yields the core while waiting) or
+        ``"block"`` (plain ``MPI_Alltoallv``, which spins a core while it waits)."""
+        return cls(mpi_comm=comm, poll=poll)
 
     @classmethod
     def from_torch(
@@ -185,11 +195,28 @@ def _mpi_all_to_all(
         send_displs[p] = send_displs[p - 1] + sends[p - 1]
         recv_displs[p] = recv_displs[p - 1] + recvs[p - 1]
     row_t = comm.row_type(row_bytes)
-    comm.mpi_comm.Alltoallv(
-        [send_bytes, (sends, send_displs), row_t],
-        [recv_bytes, (recvs, recv_displs), row_t],
-    )
+    send_spec = [send_bytes, (sends, send_displs), row_t]
+    recv_spec = [recv_bytes, (recvs, recv_displs), row_t]
+    if comm.poll == "block":
+        comm.mpi_comm.Alltoallv(send_spec, recv_spec)
+    else:
+        _wait_politely(comm.mpi_comm.Ialltoallv(send_spec, recv_spec))
     return out
+
+
+def _wait_politely(request: Any) -> None:
+    """Complete ``request`` without holding a core that a peer needs.
+
+    A blocking MPI wait busy-polls. Expert-parallel ranks are often
+    oversubscribed (2 cores here, or ranks sharing a node with rollout workers),
+    and a peer still computing its experts then loses CPU to our spinning. Each
+    Test drives Open MPI's progress engine (bytes over TCP move only then), so
+    we keep testing, but yield the core between tests.
+    """
+    import os
+
+    while not request.Test():
+        os.sched_yield()
 
 
 def _torch_all_to_all(
