@@ -67,7 +67,7 @@ def ln_linear_gelu_reference(
 
 class _LNLinearGELU(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x2d: torch.Tensor,
         ln_w: torch.Tensor | None,
@@ -100,7 +100,7 @@ class _LNLinearGELU(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, ...]:
         x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h = ctx.saved_tensors
         need_x, need_lnw, need_lnb, need_w, need_b = ctx.needs_input_grad[:5]
         gy = gy.contiguous()

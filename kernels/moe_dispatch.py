@@ -63,13 +63,13 @@ def _route(
 
 class _Permute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(token_index)
         ctx.rows = x.shape[0]
         return x.index_select(0, token_index)
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         (token_index,) = ctx.saved_tensors
         gx = torch.zeros((ctx.rows, *g.shape[1:]), dtype=g.dtype, device=g.device)
         gx.index_add_(0, token_index, g)
@@ -78,7 +78,7 @@ class _Permute(torch.autograd.Function):
 
 class _Combine(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, y: torch.Tensor, token_index: torch.Tensor, w: torch.Tensor, num_tokens: int
     ) -> torch.Tensor:
         ctx.save_for_backward(y, token_index, w)
@@ -87,7 +87,7 @@ class _Combine(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         y, token_index, w = ctx.saved_tensors
         g_rows = g.index_select(0, token_index)  # gathered once, used twice
         gy = gw = None
