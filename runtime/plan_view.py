@@ -163,7 +163,10 @@ def _validate_with_planner(text: str, path: Path) -> None:
     if from_json is None:
         return
     try:
-        from_json(text)
+        try:
+            from_json(text, source=str(path))
+        except TypeError:  # a planner without the source argument
+            from_json(text)
     except RunDirError:
         raise
     except Exception as exc:
