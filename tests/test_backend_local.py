@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hetrun.dag.errors import SlurmError
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend, launch_commands, proc_start_ticks
 from hetrun.slurm_plugin.rundir import read_run, wait_for
@@ -43,8 +44,11 @@ def test_launch_command_is_one_mpmd_mpirun(tmp_path: Path) -> None:
     assert argv.count(":") == 1
     assert argv[argv.index("-x") + 1] == "HETRUN_COMPONENT=learner"
     assert "HETRUN_COMPONENT=rollout" in argv and argv[argv.index("HETRUN_COMPONENT=rollout") + 2] == "2"
-    launcher, cmds = launch_commands(tmp_path, [("learner", 1), ("rollout", 2)], "/usr/bin/python3", mpirun="")
-    assert launcher == "processes" and len(cmds) == 3
+    # Without mpirun only a single-rank job can run: several ranks would each be a world of one.
+    with pytest.raises(SlurmError, match="mpirun"):
+        launch_commands(tmp_path, [("learner", 1), ("rollout", 2)], "/usr/bin/python3", mpirun="")
+    launcher, cmds = launch_commands(tmp_path, [("learner", 1)], "/usr/bin/python3", mpirun="")
+    assert launcher == "processes" and len(cmds) == 1
 
 
 def test_example_runs_every_component_then_cancel(tmp_path: Path) -> None:
@@ -119,3 +123,33 @@ def test_dry_run_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
     assert res.dry_run is not None and res.dry_run.command[-1] == res.run.run_dir
     assert any("HETRUN_COMPONENT=learner" in n for n in res.dry_run.notes)
+
+
+SINGLE_RUNTIME = """#!/bin/bash
+# fake runtime for tests: records how it was started.
+echo "component=$HETRUN_COMPONENT run_dir=$3 restart=$HETRUN_RESTART_COUNT" > "$3/fake-single"
+"""
+
+
+def test_without_mpirun_a_single_rank_job_runs_as_a_plain_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "fake_runtime.sh"
+    fake.write_text(SINGLE_RUNTIME)
+    fake.chmod(0o755)
+    bin_dir = tmp_path / "bin"  # a PATH with a shell and no mpirun
+    bin_dir.mkdir()
+    os.symlink(shutil.which("sh") or "/bin/sh", bin_dir / "sh")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("HETRUN_LOCAL_PYTHON", str(fake))
+    spec = spec_from_dict({
+        "name": "single", "workload": "hetrun.examples.moe_lm:MoEWorkload",
+        "components": {"learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                                   "actions": ["forward", "backward", "optimize"]}},
+        "training": {"kind": "supervised", "iterations": 1},
+    })
+    res = submit_spec(spec, backend="local", runs_dir=tmp_path / "runs")
+    final = wait_for_end(res.run, LocalBackend(), timeout_s=60, poll_s=0.3)
+    assert [c.state for c in final.components] == ["COMPLETED"], final
+    run_dir = Path(res.run.run_dir)
+    assert (run_dir / "fake-single").read_text().strip() == f"component=learner run_dir={run_dir} restart=0"
+    assert json.loads((run_dir / "local.json").read_text())["launcher"] == "processes"

@@ -4,8 +4,9 @@
 own session. The supervisor runs every rank of every component at once, as
 one ``mpirun`` MPMD launch with one app context per component and
 ``-x HETRUN_COMPONENT=<name>`` (one MPI_COMM_WORLD, like the Slurm het step),
-or, when ``mpirun`` is absent, as plain processes given torch's standard
-rendezvous variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). It plays
+or, when ``mpirun`` is absent and the job has a single rank, as one plain
+process (the runtime's MPI world is then a singleton; several ranks without
+mpirun would each see a world of one, so that is refused). It plays
 the batch script's part: forwards USR1/TERM, restarts on exit code 85 up to
 ``preemption.max_restarts`` (HETRUN_RESTART_COUNT tells the runtime it is a
 restart), and records the outcome in ``<run_dir>/local.json``.
@@ -22,7 +23,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -101,21 +101,19 @@ def launch_commands(run_dir: Path, comps: Sequence[tuple[str, int]], python: str
             argv += ["-x", f"HETRUN_COMPONENT={name}", "-np", str(ntasks),
                      *_log_wrapper(python, run_dir, name, "OMPI_COMM_WORLD_RANK")]
         return "mpirun", [argv]
-    cmds = []
-    for name, ntasks in comps:
-        for _ in range(ntasks):
-            cmds.append(_log_wrapper(python, run_dir, name, "RANK"))
-    return "processes", cmds
+    total = sum(n for _, n in comps)
+    if total != 1:
+        raise SlurmError(
+            f"the local backend needs Open MPI's mpirun to start {total} ranks "
+            f"({', '.join(f'{n}={k}' for n, k in comps)}), and mpirun is not on PATH",
+            hint="install Open MPI (apt-get install openmpi-bin) or submit to Slurm with --backend sbatch",
+        )
+    # No launcher sets a rank variable: the log name falls back to rank 0.
+    return "processes", [_log_wrapper(python, run_dir, comps[0][0], "HETRUN_NO_RANK")]
 
 
 def _epoch(iso: str) -> float:
     return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _job_env(plan: Mapping[str, Any], run_dir: Path, restarts: int) -> dict[str, str]:
@@ -171,13 +169,9 @@ class _Supervisor:
         env = _job_env(plan, self.run_dir, restarts)
         self.children = []
         if launcher == "processes":
-            env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-                       WORLD_SIZE=str(len(cmds)))
-            names = [n for n, k in comps for _ in range(k)]
-        for rank, argv in enumerate(cmds):
+            env["HETRUN_COMPONENT"] = comps[0][0]
+        for argv in cmds:
             child_env = env
-            if launcher == "processes":
-                child_env = dict(env, RANK=str(rank), HETRUN_COMPONENT=names[rank])
             # Own process group: signals reach mpirun and every rank it started.
             self.children.append(subprocess.Popen(argv, env=child_env, cwd=self.run_dir,
                                                   stdin=subprocess.DEVNULL, start_new_session=True))
