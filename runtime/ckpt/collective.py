@@ -10,6 +10,7 @@ with the training's.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any, Protocol
 
@@ -57,9 +58,11 @@ class MPICollective:
         self._comm.Free()
 
 
-def node_leaders(coll: Collective) -> tuple[bool, str]:
-    """(whether this rank is the lowest rank on its host, the host name).
-    Node-local tiers get their manifest from the host's leader."""
-    host = socket.gethostname()
-    hosts = coll.allgather(host)
-    return hosts.index(host) == coll.rank, host
+def node_leaders(coll: Collective, local_dir: str | None = None) -> tuple[bool, str]:
+    """(whether this rank is the lowest rank sharing its node-local directory,
+    the node name). That rank writes the local tier's manifest. The node is
+    Slurm's node name when set (emulated nodes share one host name)."""
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    key = f"{host}:{local_dir or ''}"
+    keys = coll.allgather(key)
+    return keys.index(key) == coll.rank, host

@@ -115,7 +115,8 @@ class CheckpointWriter:
         self.on_event = on_event
         for t in tiers:
             t.ensure()
-        self._node_leader, self._host = node_leaders(self.coll)
+        local = next((str(t.root.resolve()) for t in tiers if t.name == "local"), None)
+        self._node_leader, self._host = node_leaders(self.coll, local)
         self._bufs: list[torch.Tensor | None] = [None, None]
         self._committed: _Committed | None = None
         self._queue: queue.Queue[_Snapshot | None] = queue.Queue(maxsize=1)
