@@ -20,9 +20,13 @@ its weight dep; the executor caps it at 1 + pipeline_window. ``training.mode:
 coarse`` (or pipeline_window 0) is the synchronous loop: rollout(i) waits for
 the weights of iteration i-1 and the learner waits for rollout(i).
 
-Gradient ``sync`` launches bucketed async all-reduces (torch.distributed,
-gloo on CPU) and is completed only by the first action that depends on it, so
-the reduction overlaps whatever runs in between.
+Gradient ``sync`` (runtime/grad_sync.py): bucketed async all-reduces
+(torch.distributed, gloo on CPU). Buckets start during the backward of the
+last micro-batch, as soon as their gradients are final (autograd hooks), the
+sync action starts the rest, and the first action that depends on the sync
+waits: the reduction overlaps the backward and whatever runs in between.
+``HETRUN_SYNC_OVERLAP=0`` turns the hooks off; ``HETRUN_BUCKET_MB`` sizes
+buckets (default 1).
 """
 
 from __future__ import annotations
@@ -44,7 +48,6 @@ from .plan_view import ActionSpec, Dep, PlanView
 from .workload import load_workload_class
 
 EXIT_OK = 0
-BUCKET_BYTES = 8 << 20
 
 
 class RankFailed(Exception):
@@ -112,8 +115,7 @@ def fed_ranks(n_src: int, n_dst: int, src_index: int) -> list[int]:
 
 @dataclass
 class _Sync:
-    handles: list[Any]
-    buckets: list[tuple[Any, list[Any]]]  # (flat tensor, grads it came from)
+    gs: Any  # grad_sync.BucketedGradSync
     started: float
     nbytes: int
     action: ActionSpec
@@ -174,6 +176,11 @@ class Executor:
         self.workload: Any = None
         micros = {m for a in self.actions for _, kind, m in sub_actions(plan, a) if kind == "forward"}
         self.num_micro = max(len(micros), 1)
+        self.overlap: Any = None  # grad sync armed for the last backward of this iteration
+        self.grad_sync_id = next(
+            (a.id for a in self.actions for _, kind, _ in sub_actions(plan, a)
+             if kind == "sync" and not any(self.by_id[c].component != self.me
+                                          for c in self._consumers_of(a.id))), None)
 
     # ----------------------------------------------------------------- routes
     def _init_routes(self) -> None:
@@ -441,7 +448,12 @@ class Executor:
                 raise RuntimeFailure(
                     f"{sub_id} of iteration {it} has no loss: forward.m{m} did not run before it",
                     hint="the plan must make backward.mK depend on forward.mK")
-            wl.backward(loss)
+            self._arm_overlap(m)
+            try:
+                wl.backward(loss)
+            finally:
+                if self.overlap is not None:
+                    self.overlap.disarm()
             return 0
         if kind == "sync":
             if any(self.by_id[c].component != self.me for c in self._consumers_of(action.id)):
@@ -519,33 +531,30 @@ class Executor:
         return sum(self.mailbox.isend(buf, t) for t in targets)
 
     # --------------------------------------------------------- gradient sync
-    def _launch_grad_sync(self, action: ActionSpec, sub_id: str, it: int) -> int:
-        import torch
-        import torch.distributed as dist
+    def _grad_sync(self, params: list[Any]) -> Any:
+        from .grad_sync import BucketedGradSync
 
+        mb = float(os.environ.get("HETRUN_BUCKET_MB", "1") or 1)
+        return BucketedGradSync(params, self.world.torch_group, self.world.comp_size,
+                                bucket_bytes=max(1, int(mb * (1 << 20))))
+
+    def _arm_overlap(self, micro: int) -> None:
+        """Before the last micro-batch's backward: buckets launch as gradients become final."""
+        if (self.grad_sync_id is None or self.world.comp_size <= 1 or micro != self.num_micro - 1
+                or os.environ.get("HETRUN_SYNC_OVERLAP", "1") == "0"):
+            return
+        self.overlap = self._grad_sync(list(self.workload.parameters_to_sync()))
+        self.overlap.arm()
+
+    def _launch_grad_sync(self, action: ActionSpec, sub_id: str, it: int) -> int:
         if self.world.comp_size <= 1:
             return 0
-        params = list(self.workload.parameters_to_sync())
-        grads = []
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        handles, buckets, nbytes = [], [], 0
-        bucket: list[Any] = []
-        size = 0
-        for g in [*grads, None]:
-            if g is not None:
-                bucket.append(g)
-                size += g.numel() * g.element_size()
-            if bucket and (g is None or size >= BUCKET_BYTES):
-                flat = torch.cat([x.reshape(-1) for x in bucket])
-                handles.append(dist.all_reduce(flat, group=self.world.torch_group, async_op=True))
-                buckets.append((flat, bucket))
-                nbytes += flat.numel() * flat.element_size()
-                bucket, size = [], 0
-        self.syncs[action.id] = _Sync(handles, buckets, time.time(), nbytes, action, it, sub_id)
-        return nbytes
+        gs = self.overlap or self._grad_sync(list(self.workload.parameters_to_sync()))
+        self.overlap = None
+        gs.launch_rest()
+        started = gs.first_launch or time.time()
+        self.syncs[action.id] = _Sync(gs, started, gs.nbytes, action, it, sub_id)
+        return int(gs.nbytes)
 
     def _complete_syncs_for(self, action: ActionSpec) -> None:
         for dep in action.deps:
@@ -559,15 +568,7 @@ class Executor:
     def _complete_sync(self, sync_id: str) -> None:
         s = self.syncs.pop(sync_id)
         wait0 = time.time()
-        for h in s.handles:
-            h.wait()
-        for flat, grads in s.buckets:
-            flat.div_(self.world.comp_size)
-            offset = 0
-            for g in grads:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
+        s.gs.finish()
         end = time.time()
         # A sync fused into a bigger dispatch is reported as a part of it
         # ("part_of"), so reports do not count its time twice.
@@ -575,7 +576,9 @@ class Executor:
         self.log.emit(
             "action", type="sync", id=s.sub_id, iteration=s.iteration, start=s.started, end=end,
             bytes=s.nbytes, peak_mem=peak_memory_bytes(), overlapped=round(wait0 - s.started, 6),
-            waited=round(end - wait0, 6), **({"part_of": sync_id} if fused else {}),
+            waited=round(end - wait0, 6), buckets=len(s.gs.buckets),
+            launched_in_backward=s.gs.launched_in_backward,
+            **({"part_of": sync_id} if fused else {}),
         )
 
     # ----------------------------------------------------------- checkpoints

@@ -67,6 +67,10 @@ def test_pipelined_run_trains_and_records_every_action(tmp_path: Path) -> None:
         if e["id"] == "sync.grads+optimize":
             w0.setdefault(e["iteration"], set()).add(round(e["metrics"]["w0"], 6))
     assert all(len(v) == 1 for v in w0.values()), w0
+    # ...by a bucketed all-reduce launched from the autograd hooks of the last backward.
+    syncs = [e for e in acts if e["type"] == "sync" and e.get("part_of")]
+    assert len(syncs) == 2 * iterations
+    assert all(e["launched_in_backward"] == e["buckets"] == 1 and e["bytes"] == 32 for e in syncs)
 
     # Rollouts ran on weights at most one version stale (tolerance 1) and did get new weights.
     rollouts = [e for e in acts if e["type"] == "rollout"]
