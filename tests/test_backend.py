@@ -175,3 +175,16 @@ def test_sinfo_version_matches_what_pyslurm_check_reads(slurm_cluster) -> None: 
 
     out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True, check=True).stdout
     assert cluster_slurm_version() in out
+
+
+def test_sacct_attempts_of_a_requeued_job_collapse_to_one_record() -> None:
+    from hetrun.slurm_plugin.backends.sbatch import _latest_attempts
+
+    recs = [
+        {"het_job_id": "5", "het_offset": 1, "state": "REQUEUED", "restarts": 0},
+        {"het_job_id": "5", "het_offset": 0, "state": "REQUEUED", "restarts": 0},
+        {"het_job_id": "5", "het_offset": 0, "state": "RUNNING", "restarts": 0},
+        {"het_job_id": "5", "het_offset": 1, "state": "RUNNING", "restarts": 0},
+    ]
+    out = sorted(_latest_attempts(recs), key=lambda r: r["het_offset"])
+    assert [(r["het_offset"], r["state"], r["restarts"]) for r in out] == [(0, "RUNNING", 1), (1, "RUNNING", 1)]

@@ -243,3 +243,51 @@ def test_usr1_reaches_every_rank_through_the_batch_shell(slurm_cluster, shared_t
         assert wait_for(requeued, 60, 1.0), backend.status([res.run])
     finally:
         subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+
+
+SLEEP_RUNTIME = """#!/bin/bash
+# fake runtime for tests: sleeps on the first attempt, finishes at once after a requeue.
+if [ "${SLURM_RESTART_COUNT:-0}" != "0" ]; then exit 0; fi
+touch "$HETRUN_RUN_DIR/fake-ready-$SLURM_PROCID"
+for _ in $(seq 900); do sleep 0.1; done
+"""
+
+
+def test_backend_requeue_and_accounting(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    fake = shared_tmp / "sleep_runtime.sh"
+    fake.write_text(SLEEP_RUNTIME)
+    fake.chmod(0o755)
+    spec = spec_from_dict({
+        "name": "rq", "workload": "hetrun.examples.ppo:PPOWorkload",
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                        "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 1},
+        "slurm": {"time": "00:03:00"},
+    })
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
+    run_dir = Path(res.run.run_dir)
+    backend = SbatchBackend()
+    try:
+        assert wait_for(lambda: len(list(run_dir.glob("fake-ready-*"))) == 2, 90, 0.5)
+        backend.requeue(res.run)
+
+        def restarted() -> bool:
+            comps = backend.status([res.run])[res.run.run_dir].components
+            return bool(comps) and all(c.restarts >= 1 for c in comps)
+
+        assert wait_for(restarted, 60, 1.0), backend.status([res.run])
+        backend.cancel(res.run)
+
+        final = wait_for_end(res.run, backend, timeout_s=60, poll_s=1)
+        assert [c.state for c in final.components] == ["CANCELLED", "CANCELLED"]
+        # sacct lists every attempt of a requeued job; accounting() keeps one record per
+        # component (slurmdbd may lag behind the cancel, so states are not compared here).
+        assert wait_for(lambda: len(backend.accounting(res.run)) == 2, 60, 1.0), backend.accounting(res.run)
+        recs = sorted(backend.accounting(res.run), key=lambda r: r["het_offset"])
+        assert [r["het_offset"] for r in recs] == [0, 1]
+        assert all(r["het_job_id"] == res.run.job_id for r in recs)
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)

@@ -184,7 +184,7 @@ class SbatchBackend(Backend):
             return []
         try:
             raw = self._run(["sacct", "--json", "-j", ids])
-            return [_sacct_json_record(j) for j in json.loads(raw).get("jobs") or []]
+            return _latest_attempts([_sacct_json_record(j) for j in json.loads(raw).get("jobs") or []])
         except (SlurmError, json.JSONDecodeError) as exc:
             # Older sacct has no --json; the parsable format carries the same fields.
             if isinstance(exc, SlurmError) and "unrecognized option" not in str(exc) \
@@ -240,6 +240,23 @@ def _sacct_json_record(job: Mapping[str, Any]) -> dict[str, Any]:
         "exit_code": _exit_code(job.get("exit_code")),
         "restarts": _int(job.get("restart_cnt")) or 0,
     }
+
+
+def _latest_attempts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per het component: sacct --json lists every attempt of a requeued
+    job (oldest first); keep the last and count the earlier ones as restarts."""
+    latest: dict[tuple[str, int], dict[str, Any]] = {}
+    attempts: dict[tuple[str, int], int] = {}
+    for rec in records:
+        key = (str(rec["het_job_id"]), int(rec["het_offset"]))
+        latest[key] = rec
+        attempts[key] = attempts.get(key, 0) + 1
+    out = []
+    for key, rec in latest.items():
+        rec = dict(rec)
+        rec["restarts"] = max(int(rec.get("restarts") or 0), attempts[key] - 1)
+        out.append(rec)
+    return out
 
 
 def _parse_sacct_parsable(raw: str) -> list[dict[str, Any]]:
