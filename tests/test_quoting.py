@@ -62,10 +62,10 @@ def test_extra_options() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=40))
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40))
 def test_sh_quoting_round_trips_through_bash(value: str) -> None:
     out = subprocess.run(["bash", "-c", f"printf %s {quoting.sh(value)}"], capture_output=True, check=True)
-    assert out.stdout == value.encode("utf-8", "surrogateescape")
+    assert out.stdout == value.encode()
 
 
 def test_sbatch_path() -> None:
