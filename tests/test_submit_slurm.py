@@ -291,3 +291,49 @@ def test_backend_requeue_and_accounting(slurm_cluster, shared_tmp: Path) -> None
         assert all(r["het_job_id"] == res.run.job_id for r in recs)
     finally:
         subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+
+
+TIME_LIMIT_RUNTIME = """#!/bin/bash
+# fake runtime for tests: on USR1 "checkpoints" (records it) and exits 85.
+trap 'echo "usr1 rank=$SLURM_PROCID" >> "$HETRUN_RUN_DIR/fake-signals"; exit 85' USR1
+for _ in $(seq 1200); do sleep 0.1; done
+exit 1
+"""
+
+
+@pytest.mark.slow
+def test_time_limit_signal_requeues_the_job(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """The rendered --signal=B:USR1@grace, for real: Slurm warns the batch shell before the
+    time limit, the shell passes it to every rank, the ranks exit 85, the job is requeued."""
+    fake = shared_tmp / "time_limit_runtime.sh"
+    fake.write_text(TIME_LIMIT_RUNTIME)
+    fake.chmod(0o755)
+    spec = spec_from_dict({
+        "name": "timelimit", "workload": "hetrun.examples.ppo:PPOWorkload",
+        "components": {
+            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "300M",
+                        "actions": ["forward", "backward", "optimize", "sync"]},
+            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "300M", "actions": ["rollout"]},
+        },
+        "training": {"kind": "rl", "iterations": 1},
+        "slurm": {"time": "00:01:00"},
+        # USR1 about 10-20 s after the start (Slurm checks signal deadlines periodically).
+        "preemption": {"signal": "USR1", "grace_seconds": 50, "max_restarts": 1},
+    })
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
+    run_dir = Path(res.run.run_dir)
+    backend = SbatchBackend()
+    try:
+        signals = run_dir / "fake-signals"
+        assert wait_for(lambda: signals.exists() and len(signals.read_text().splitlines()) == 2, 75, 1.0)
+        assert sorted(signals.read_text().splitlines()) == ["usr1 rank=0", "usr1 rank=1"]
+
+        def requeued() -> bool:
+            comps = backend.status([res.run])[res.run.run_dir].components
+            return bool(comps) and all(c.restarts >= 1 for c in comps)
+
+        assert wait_for(requeued, 30, 1.0), backend.status([res.run])
+        batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
+        assert "requeueing job" in batch_log and "(restart 1 of 1)" in batch_log, batch_log
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
