@@ -49,9 +49,21 @@ def register(app: typer.Typer) -> None:
         by_backend: dict[str, list] = {}
         for run in chosen:
             by_backend.setdefault(resolve_name(run.backend), []).append(run)
+        from hetrun.dag.errors import HetrunError
+        from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+
         results = {}
+        failure: HetrunError | None = None
         for name, group in by_backend.items():
-            results.update(get_backend(name).status(group))
+            try:
+                results.update(get_backend(name).status(group))
+            except HetrunError as exc:
+                # One unreachable backend must not hide the runs of the others.
+                failure = exc
+                reason = str(exc).splitlines()[0][:80]
+                for run in group:
+                    results[run.run_dir] = RunStatus(
+                        run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
 
         from rich.console import Console
         from rich.table import Table
@@ -70,3 +82,5 @@ def register(app: typer.Typer) -> None:
                     str(comp.restarts), comp.reason or "",
                 )
         Console(width=200 if not Console().is_terminal else None).print(table)
+        if failure is not None:
+            raise failure

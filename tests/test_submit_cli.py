@@ -54,3 +54,21 @@ def test_user_errors_are_one_line_with_the_right_exit_code(tmp_path: Path) -> No
 def test_status_without_runs(tmp_path: Path) -> None:
     proc = hetrun("status", cwd=tmp_path, HETRUN_RUNS=str(tmp_path / "none"))
     assert proc.returncode == 0 and "no runs under" in proc.stdout
+
+
+def test_status_shows_other_backends_when_slurm_is_unreachable(tmp_path: Path) -> None:
+    from hetrun.slurm_plugin.rundir import RunInfo, create_run_dir, write_run
+
+    runs = tmp_path / "runs"
+    for backend, job in (("sbatch", "123"), ("local", "local-1")):
+        d = create_run_dir(runs, f"x{backend}")
+        write_run(RunInfo(name=f"x{backend}", run_dir=str(d), backend=backend, job_id=job,
+                          components=["learner"], pids={"supervisor": 2**22 + 7, "start_ticks": 1}))
+    # A PATH with Python but no Slurm tools.
+    proc = hetrun("status", "--runs-dir", str(runs), cwd=tmp_path, PATH=str(Path(sys.executable).parent))
+    assert proc.returncode == 3, proc.stderr
+    assert "not on PATH" in proc.stderr and "Traceback" not in proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith("x")}
+    assert len(rows) == 2
+    assert "ERROR" in next(v for k, v in rows.items() if k.startswith("xsbatch"))
+    assert "localhost" in next(v for k, v in rows.items() if k.startswith("xlocal"))
