@@ -165,6 +165,7 @@ class Executor:
         self.mailbox = Mailbox(world.comm)
         self.timeout_s = world.timeout_s
         self._init_routes()
+        self._init_node_sharing()
         # inbox: data[(producer id, iteration)] = {source rank: Message}
         self.data: dict[tuple[str, int], dict[int, Any]] = defaultdict(dict)
         self.states: dict[str, Any] = {}  # newest state message per producer id
@@ -220,6 +221,68 @@ class Executor:
                             if t not in self.out_state[producer.id]:
                                 self.out_state[producer.id].append(t)
 
+    # ------------------------------------------------- node-local weight fan-out
+    def _init_node_sharing(self) -> None:
+        """Opt-in (``HETRUN_SHARED_WEIGHTS=1`` in the job env): weights to a node once.
+
+        For each state producer, the consumer ranks of one node form a group;
+        the producer's leader sends each new version to the group's first rank
+        only, which publishes it in the group's MPI shared-memory window
+        (runtime/shared_weights.py); the others load from the window. The
+        wire transfer and the receive buffer then exist once per node, not
+        once per rank. Every rank computes the same groups (collective-safe).
+        """
+        from mpi4py import MPI
+
+        self.shared: dict[str, Any] = {}
+        self._shared_groups: dict[str, Any] = {}  # producer id -> (sub comm, leader, src)
+        enabled = os.environ.get("HETRUN_SHARED_WEIGHTS", "0") == "1"
+        nodes = self.world.comm.allgather(self.world.node) if enabled else []
+        if not enabled:
+            return
+        links = sorted({(d.id, c.component) for c in self.plan.actions for d in c.deps
+                        if self.by_id[d.id].component != c.component
+                        and self.by_id[d.id].type != "rollout"})
+        for producer_id, consumer in links:
+            ranks = self.world.comp_ranks[consumer]
+            groups: dict[str, list[int]] = {}
+            for r in ranks:
+                groups.setdefault(nodes[r], []).append(r)
+            leaders = {g[0]: g for g in groups.values() if len(g) >= 2}
+            if producer_id in self.out_state:
+                # Send once per shared node group, to its first rank.
+                self.out_state[producer_id] = [
+                    t for t in self.out_state[producer_id]
+                    if t in leaders or not any(t in g for g in leaders.values())]
+            if self.me != consumer:
+                continue
+            names = sorted(groups)
+            mine = groups[self.world.node]
+            color = names.index(self.world.node) if len(mine) >= 2 else MPI.UNDEFINED
+            sub = self.world.comp_comm.Split(color=color, key=self.world.rank)
+            if len(mine) >= 2:
+                self._shared_groups[producer_id] = (sub, mine[0], self.in_state[producer_id])
+
+    def _open_shared_windows(self) -> None:
+        from .shared_weights import SharedWeights
+
+        for producer_id in sorted(self._shared_groups):
+            sub, leader, src = self._shared_groups[producer_id]
+            template = None
+            if self.world.rank == leader:
+                # The producer sends its initial state first thing: wait for it.
+                while producer_id not in self.states:
+                    self._accept(self.mailbox.recv_from(src))
+                template = self.states[producer_id].tensors
+            shared = SharedWeights.create(sub, template)
+            if self.world.rank == leader:
+                msg = self.states[producer_id]
+                shared.publish(msg.tensors, msg.iteration + 1)
+            sub.Barrier()
+            self.shared[producer_id] = shared
+            self.log.emit("shared_weights", producer=producer_id, group_size=sub.Get_size(),
+                          bytes=shared.nbytes, leader=leader)
+
     # ------------------------------------------------------------------- run
     def run(self) -> int:
         for line in self.hooks.missing:
@@ -236,6 +299,7 @@ class Executor:
             self.version = start
             self.log.emit("restore", iteration=start)
         self._send_initial_states(start)
+        self._open_shared_windows()
         last_done = start - 1
         for it in range(start, self.plan.iterations):
             if self._stop_before(it):
@@ -252,6 +316,9 @@ class Executor:
         dropped = self.mailbox.drain(self._accept)
         if dropped:
             self.log.emit("drain", dropped=dropped)
+        for shared in self.shared.values():
+            shared.free()  # collective over the node group; every member is here
+        self.shared.clear()
         code = EXIT_OK
         if self.stop_at is not None and self.stop_at < self.plan.iterations:
             resume_at = min(last_done + 1, self.stop_at)
@@ -322,6 +389,10 @@ class Executor:
                 got = self.data.get((dep.id, src_it), {})
                 if any(r not in got for r in self.in_data[dep.id]):
                     return False
+            elif dep.id in self.shared:
+                need = producer.last_run_at_or_before(src_it)
+                if self.shared[dep.id].version - 1 < need:
+                    return False
             elif dep.id in self.in_state:
                 newest = self.states.get(dep.id)
                 need = producer.last_run_at_or_before(src_it)
@@ -333,8 +404,12 @@ class Executor:
     def _wait_for_progress(self, pending: list[ActionSpec], it: int, done: set[str]) -> None:
         t0 = time.monotonic()
         delay = 0.0002
+        # Shared weight windows change without a message to this rank.
+        seen = {k: w.version for k, w in self.shared.items()}
         while True:
             if self._pump() or self._check_stop(it):
+                return
+            if any(w.version != seen[k] for k, w in self.shared.items()):
                 return
             if self.stop_at is not None and it >= self.stop_at:
                 raise _Stop()
@@ -358,6 +433,10 @@ class Executor:
             old = self.states.get(msg.producer)
             if old is None or msg.iteration >= old.iteration:
                 self.states[msg.producer] = msg
+                shared = self.shared.get(msg.producer)
+                if shared is not None and msg.iteration + 1 > shared.version:
+                    # Node leader: one copy for every consumer rank of this node.
+                    shared.publish(msg.tensors, msg.iteration + 1)
         elif msg.kind == "stop":
             at = int(msg.meta["at"])
             self.stop_at = at if self.stop_at is None else min(self.stop_at, at)
@@ -500,6 +579,13 @@ class Executor:
 
     def _load_newest_state(self, action: ActionSpec, it: int) -> None:
         for dep in action.deps:
+            shared = self.shared.get(dep.id)
+            if shared is not None:
+                if self.loaded_version is None or shared.version > self.loaded_version:
+                    version, snapshot = shared.read_consistent(self.timeout_s)
+                    self.workload.load_policy(snapshot, version)
+                    self.loaded_version = version
+                continue
             msg = self.states.get(dep.id) if dep.id in self.in_state else None
             if msg is None:
                 continue

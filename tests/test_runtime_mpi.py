@@ -139,3 +139,33 @@ def test_truncated_event_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(json.dumps({"ev": "start", "rank": 0}) + "\n" + '{"ev": "act')
     assert [e["ev"] for e in read_events(tmp_path)] == ["start"]
+
+
+def test_node_local_weight_fan_out(tmp_path: Path) -> None:
+    """HETRUN_SHARED_WEIGHTS=1: the learner sends each version once per node; the node's
+    rollout ranks read it from one MPI shared-memory window."""
+    import torch
+
+    from hetrun.runtime.comms.p2p import pack
+
+    iterations = 8
+    plan = toy_plan(iterations=iterations, learners=1, rollouts=3,
+                    env={"OMP_NUM_THREADS": "1", "HETRUN_SHARED_WEIGHTS": "1"})
+    proc, events, _ = _run(tmp_path, plan)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shared = [e for e in events if e["ev"] == "shared_weights"]
+    assert sorted(e["rank"] for e in shared) == [1, 2, 3]
+    assert all(e["group_size"] == 3 and e["leader"] == 1 for e in shared)
+    acts = _actions(events)
+    # One message per version on the wire (to the node's first rollout rank), not three.
+    for e in acts:
+        if e["id"] == "sync.policy":
+            one = pack("state", "sync.policy", e["iteration"], {"w": torch.zeros(8, 1)},
+                       {"version": e["iteration"] + 1}).size
+            assert e["bytes"] == one, e
+    rollouts = [e for e in acts if e["type"] == "rollout"]
+    assert len(rollouts) == 3 * iterations
+    assert all(e["policy_version"] >= e["iteration"] - 1 for e in rollouts)
+    assert max(e["policy_version"] for e in rollouts) >= iterations - 3
+    evals = [e["metrics"]["loss"] for e in acts if e["type"] == "eval"]
+    assert evals[-1] < evals[0]
