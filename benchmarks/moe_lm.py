@@ -10,7 +10,7 @@ implementation on CPU would use). Plus the bare exchange at two sizes.
     python benchmarks/moe_lm.py --steps 10      # quicker
 
 Each step = one micro-batch per rank (batch x seq bytes), forward + backward
-+ gradient averaging of the replicated parameters (MPI Allreduce, as the
++ gradient averaging of the replicated parameters (gloo all_reduce, as the
 runtime's sync) + AdamW step. The all-to-all time is what the exchanges took
 on each rank, waiting for slower peers included (on 2 shared cores the ranks
 are oversubscribed, so waiting is part of the cost). Figures go to
@@ -39,6 +39,13 @@ MPI_ENV = {
 }
 
 
+TRANSPORTS = ["mpi", "mpi-block", "torch"]
+NAMES = {
+    "mpi": "mpi4py Ialltoallv, polite wait (hetrun default on CPU)",
+    "mpi-block": "mpi4py Alltoallv, blocking (spins)",
+    "torch": "torch.distributed gloo all_to_all_single (peer)",
+}
+
 # ------------------------------------------------------------------ rank side
 
 
@@ -66,7 +73,8 @@ def _rank_lm(transport: str, steps: int, warmup: int, batch: int, seq: int) -> d
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    if transport == "torch" and size > 1:
+    if size > 1:
+        # The runtime's gradient sync is gloo all_reduce over the component, in every mode.
         _init_torch_dist(comm)
     ctx = RankContext(
         rank=rank, world_size=size, component="learner", comp_rank=rank, comp_size=size,
@@ -74,14 +82,18 @@ def _rank_lm(transport: str, steps: int, warmup: int, batch: int, seq: int) -> d
         comms={"forward_codec": "none", "backward_codec": "none"},
     )
     work = MoELMWorkload(ctx, batch_size=batch, seq_len=seq, corpus_bytes=1_000_000,
-                         transport=transport if size > 1 else "auto")
+                         transport=transport.split("-")[0] if size > 1 else "auto")
+    if transport == "mpi-block" and work.comm is not None:
+        work.comm.poll = "block"
 
     def step(it: int) -> dict[str, float]:
         loss = work.forward(work.next_batch(it, 0), 0, 1)
         work.backward(loss)
         if size > 1:
+            import torch.distributed as dist
+
             for p in work.parameters_to_sync():
-                comm.Allreduce(MPI.IN_PLACE, p.grad.numpy(), op=MPI.SUM)
+                dist.all_reduce(p.grad)
                 p.grad.div_(size)
         return work.optimize()
 
@@ -118,7 +130,7 @@ def _rank_exchange(transport: str, rows_list: list[int], width: int, reps: int) 
         _init_torch_dist(comm)
         a2a = AllToAllComm.from_torch(None)
     else:
-        a2a = AllToAllComm.from_mpi(comm)
+        a2a = AllToAllComm.from_mpi(comm, poll="block" if transport == "mpi-block" else "polite")
     out = {}
     for rows in rows_list:
         per_peer = rows // size
@@ -185,7 +197,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         for np_ in ranks:
-            for transport in (["mpi"] if np_ == 1 else ["mpi", "torch"]):
+            for transport in (["mpi"] if np_ == 1 else TRANSPORTS):
                 res = _mpirun(np_, ["lm", transport, "--steps", str(args.steps), "--warmup",
                                     str(args.warmup), "--batch", str(args.batch), "--seq",
                                     str(args.seq)], out)
@@ -196,21 +208,20 @@ def main() -> None:
                 busy = sum(sum(r["times"]) for r in res)
                 a2a_ms = a2a / len(res) / args.steps * 1e3
                 mb = sum(r["bytes_sent"] for r in res) / len(res) / args.steps / 1e6
-                name = "none (1 rank)" if np_ == 1 else (
-                    "mpi4py Alltoallv (hetrun)" if transport == "mpi"
-                    else "gloo all_to_all_single (peer)")
+                name = "none (1 rank, all experts local)" if np_ == 1 else NAMES[transport]
                 print(f"| {np_} | {name} | {tokens / wall:,.0f} | {step_ms:.1f} | "
                       f"{a2a / busy:.1%} | {a2a_ms:.1f} | {mb:.2f} | "
                       f"{statistics.mean(r['last_loss'] for r in res):.3f} |", flush=True)
         print("\nBare exchange (float32 rows of 64, uniform splits, median of 10, slowest rank):\n")
-        print("| ranks | rows/rank | MB/rank | mpi4py Alltoallv ms | gloo all_to_all_single ms |")
-        print("|---|---|---|---|---|")
+        print("| ranks | rows/rank | MB/rank | " + " | ".join(f"{NAMES[t]} ms" for t in TRANSPORTS)
+              + " |")
+        print("|---|---|---|" + "---|" * len(TRANSPORTS))
         for np_ in [r for r in ranks if r > 1]:
-            by = {t: _mpirun(np_, ["exchange", t], out)[0]["median_s"] for t in ("mpi", "torch")}
+            by = {t: _mpirun(np_, ["exchange", t], out)[0]["median_s"] for t in TRANSPORTS}
             for rows in by["mpi"]:
                 mb = int(rows) * 64 * 4 / 1e6
-                print(f"| {np_} | {rows} | {mb:.1f} | {by['mpi'][rows] * 1e3:.2f} | "
-                      f"{by['torch'][rows] * 1e3:.2f} |", flush=True)
+                cells = " | ".join(f"{by[t][rows] * 1e3:.2f}" for t in TRANSPORTS)
+                print(f"| {np_} | {rows} | {mb:.1f} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

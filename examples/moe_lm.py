@@ -105,8 +105,8 @@ class MoELMWorkload(Workload):
         if transport not in _TRANSPORTS:
             raise HetrunError(
                 f"MoE LM: workload_args.transport={transport!r} is not one of {list(_TRANSPORTS)}",
-                hint="auto: torch.distributed on GPUs and on oversubscribed CPU nodes, "
-                "else mpi4py Alltoallv",
+                hint="auto: torch.distributed (NCCL) on GPUs, mpi4py Alltoallv on CPU; "
+                "torch: the component's torch.distributed group (gloo on CPU)",
             )
         self.cfg = MoEConfig(**model_args)
         self.cfg.validate()
@@ -355,21 +355,15 @@ class MoELMWorkload(Workload):
 
 
 def _auto_transport(ctx: RankContext) -> str:
-    """torch.distributed on GPUs (NCCL); on CPU, MPI unless the node is oversubscribed.
+    """torch.distributed (NCCL) on GPUs; mpi4py Alltoallv on CPU.
 
-    MPI waits by polling: with more ranks than cores on a node, a waiting rank
-    only makes progress when it is scheduled, and an exchange crawls (5x slower
-    per step than gloo's blocking sockets on 2 shared cores, benchmarks/moe.md).
-    With a core per rank, as Slurm gives, MPI's Alltoallv is the faster one.
+    On 2 oversubscribed shared cores neither CPU transport won consistently
+    (gloo ahead at 2 ranks, MPI at 4; benchmarks/moe.md), so CPU keeps MPI,
+    which needs no torch.distributed group; ``transport: torch`` picks gloo.
     """
-    if ctx.group is None:
-        return "mpi"
-    if str(ctx.device).startswith("cuda"):
+    if ctx.group is not None and str(ctx.device).startswith("cuda"):
         return "torch"
-    import os
-
-    node_ranks = ctx.node_comm.Get_size() if ctx.node_comm is not None else ctx.comp_size
-    return "torch" if node_ranks > len(os.sched_getaffinity(0)) else "mpi"
+    return "mpi"
 
 
 def _publishing_actions(ctx: RankContext) -> list[Any]:
