@@ -202,6 +202,23 @@ def _body(backend: str, out_dir: str) -> None:
     Path(out_dir, f"ok-{rank}").write_text(f"{rank}/{size} {backend}")
 
 
+def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetrun.dag.errors import HetrunError
+    from hetrun.runtime.comms.compressed import _block_size
+
+    monkeypatch.delenv("HETRUN_A2A_BLOCK", raising=False)
+    monkeypatch.delenv("HETRUN_A2A_BLOCK_BACKWARD", raising=False)
+    assert _block_size(None, "backward") == 256
+    monkeypatch.setenv("HETRUN_A2A_BLOCK", "128")
+    assert _block_size(None, "forward") == _block_size(None, "backward") == 128
+    monkeypatch.setenv("HETRUN_A2A_BLOCK_BACKWARD", "64")
+    assert (_block_size(None, "forward"), _block_size(None, "backward")) == (128, 64)
+    assert _block_size(32, "backward") == 32
+    monkeypatch.setenv("HETRUN_A2A_BLOCK_BACKWARD", "sixty")
+    with pytest.raises(HetrunError, match="HETRUN_A2A_BLOCK_BACKWARD='sixty' is not an integer"):
+        _block_size(None, "backward")
+
+
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
 

@@ -27,6 +27,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import math
+import os
 import time
 import weakref
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from typing import Any
 
 import torch
 from hetrun.dag.errors import HetrunError, RuntimeFailure
-from hetrun.kernels.codec import Codec, ErrorFeedbackState
+from hetrun.kernels.codec import DEFAULT_BLOCK, Codec, ErrorFeedbackState
 from hetrun.kernels.codec_registry import get_codec
 
 __all__ = [
@@ -149,6 +150,30 @@ def _offsets(splits: Sequence[int], width: int) -> list[int]:
     return offs
 
 
+def _block_size(block_size: int | None, direction: str) -> int:
+    """Explicit, else ``$HETRUN_A2A_BLOCK_<DIRECTION>``, else ``$HETRUN_A2A_BLOCK``, else 256.
+
+    A tuning knob: smaller blocks give each scale fewer values (one MoE row
+    of 64 values per scale at 64) at a lower compression ratio; see
+    benchmarks/kernels.md for the loss/volume trade-off measured on the MoE LM.
+    """
+    if block_size is not None:
+        return block_size
+    name = f"HETRUN_A2A_BLOCK_{direction.upper()}"
+    env = os.environ.get(name)
+    if not env:
+        name, env = "HETRUN_A2A_BLOCK", os.environ.get("HETRUN_A2A_BLOCK")
+    if env:
+        try:
+            return int(env)
+        except ValueError:
+            raise HetrunError(
+                f"{name}={env!r} is not an integer",
+                hint="set it to a multiple of 8 such as 64, 128 or 256, or unset it",
+            ) from None
+    return DEFAULT_BLOCK
+
+
 def compressed_all_to_all(
     x: torch.Tensor,
     send_splits: Sequence[int],
@@ -158,7 +183,7 @@ def compressed_all_to_all(
     codec: str | Codec,
     direction: str = "forward",
     stream: str = "moe",
-    block_size: int = 256,
+    block_size: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """All-to-all of the rows of ``x`` with each travelling chunk encoded by ``codec``.
@@ -174,7 +199,7 @@ def compressed_all_to_all(
     """
     c = _wrap(comm)
     ex = exchange_for(c)
-    cod = ex.codec(codec, block_size)
+    cod = ex.codec(codec, _block_size(block_size, direction))
     sends = [int(s) for s in send_splits]
     recvs = [int(s) for s in recv_splits]
     if len(sends) != c.size or len(recvs) != c.size:
