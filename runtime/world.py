@@ -114,6 +114,29 @@ def collective_timeout_s(plan: PlanView | None, env: Mapping[str, str] | None = 
     return value
 
 
+def routable_address() -> str:
+    """An address of this host other nodes can reach (not Debian's 127.0.1.1 alias)."""
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET)
+    except OSError:
+        infos = []
+    for info in infos:
+        addr = str(info[4][0])
+        if not addr.startswith("127."):
+            return addr
+    # The interface of the default route; connect() on UDP sends nothing.
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            addr = str(s.getsockname()[0])
+            if not addr.startswith("127."):
+                return addr
+    except OSError:
+        pass
+    return name
+
+
 @dataclass
 class World:
     """MPI communicators and torch.distributed groups for one rank."""
@@ -166,7 +189,7 @@ class World:
             # Emulated nodes on one host: loopback is the one interface that works.
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         host = os.environ.get("HETRUN_MASTER_ADDR") or (
-            "127.0.0.1" if same_host else socket.gethostbyname(socket.gethostname())
+            "127.0.0.1" if same_host else routable_address()
         )
         store = None
         if self.rank == 0:
