@@ -82,6 +82,17 @@ def register(app: typer.Typer) -> None:
                       f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
         console.print(t)
 
+        tl = Table(title="timeline (seconds from the first event)", show_edge=False,
+                   pad_edge=False)
+        for col in ("COMPONENT", "FIRST ACTION", "LAST ACTION", "ACTIVE", "S/ITER"):
+            tl.add_column(col)
+        for c in rep.components:
+            tl.add_row(c.name, f"{c.first_action or 0:.2f}", f"{c.last_action or 0:.2f}",
+                       _dur(c.active_s), f"{c.s_per_iteration:.3f}")
+        console.print(tl)
+        for pair, secs in rep.overlap_s.items():
+            console.print(f"components running at the same time ({pair}): {_dur(secs)}")
+
         if per_rank and rep.ranks:
             r = Table(title="ranks", show_edge=False, pad_edge=False)
             for col in ("RANK", "COMPONENT", "NODE", "ACTIONS", "BY TYPE", "BUSY", "BUSY%",

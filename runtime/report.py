@@ -54,10 +54,47 @@ class ComponentRow:
     node_hours: float = 0.0
     core_hours: float = 0.0
     gpu_hours: float = 0.0
+    first_action: float | None = None  # seconds after the run's first event
+    last_action: float | None = None
+    active_s: float = 0.0  # time at least one of its ranks was running an action
 
     @property
     def busy_fraction(self) -> float:
         return self.busy_s / self.life_s if self.life_s > 0 else 0.0
+
+    @property
+    def s_per_iteration(self) -> float:
+        if self.first_action is None or self.last_action is None or not self.iterations:
+            return 0.0
+        return (self.last_action - self.first_action) / self.iterations
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if hi > lo:
+            total += hi - lo
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 @dataclass
@@ -81,6 +118,8 @@ class RunReport:
     metrics: dict[str, Any]
     exit_codes: dict[int, int]
     skipped_lines: int = 0
+    # seconds in which components ran actions at the same time (pipelining), per pair
+    overlap_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def wall_s(self) -> float:
@@ -115,6 +154,7 @@ class RunReport:
             row["busy_fraction"] = src.busy_fraction
         for crow, csrc in zip(d["components"], self.components, strict=True):
             crow["busy_fraction"] = csrc.busy_fraction
+            crow["s_per_iteration"] = csrc.s_per_iteration
         return d
 
 
@@ -162,6 +202,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
     warnings: list[str] = []
     exit_codes: dict[int, int] = defaultdict(int)
     times: list[float] = []
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
     for e in events:
         ev = e.get("ev")
@@ -190,6 +231,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         if ev == "action":
             dur = max(0.0, float(e.get("end", 0)) - float(e.get("start", 0)))
             if "part_of" not in e:
+                spans[comp].append((float(e.get("start", 0)), float(e.get("end", 0))))
                 row.actions += 1
                 row.busy_s += dur
                 row.by_type[e.get("type", "?")] = row.by_type.get(e.get("type", "?"), 0) + 1
@@ -241,13 +283,24 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
             if c == name:
                 by_attempt[attempt].append((t0, t1, ranks[(c, rank)].node if (c, rank) in ranks
                                             else "?"))
-        for spans in by_attempt.values():
-            wall_h = (max(s[1] for s in spans) - min(s[0] for s in spans)) / 3600
-            nodes = len({s[2] for s in spans})
+        for rank_lives in by_attempt.values():
+            wall_h = (max(s[1] for s in rank_lives) - min(s[0] for s in rank_lives)) / 3600
+            nodes = len({s[2] for s in rank_lives})
             cr.node_hours += wall_h * nodes
-            cr.core_hours += wall_h * len(spans) * cpus
+            cr.core_hours += wall_h * len(rank_lives) * cpus
             cr.gpu_hours += wall_h * nodes * gpus
+        union = _union(spans.get(name, []))
+        if union and times:
+            cr.first_action = union[0][0] - min(times)
+            cr.last_action = union[-1][1] - min(times)
+            cr.active_s = _length(union)
         comps[name] = cr
+
+    names = list(comps)
+    overlap = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            overlap[f"{a}+{b}"] = _intersection(_union(spans[a]), _union(spans[b]))
 
     return RunReport(
         run_dir=str(run_dir), name=str(run.get("name") or plan.get("name") or run_dir.name),
@@ -259,4 +312,5 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         checkpoints=checkpoints, restores=restores, preempts=preempts,
         errors=sorted(errors, key=lambda e: e.get("time", 0)), warnings=warnings,
         metrics=metrics, exit_codes=dict(exit_codes), skipped_lines=max(0, skipped),
+        overlap_s=overlap,
     )

@@ -68,6 +68,11 @@ def test_synthetic_counts_busy_and_cost(tmp_path: Path) -> None:
     assert rollout.node_hours == pytest.approx(2 * h) and rollout.core_hours == pytest.approx(2 * h)
     assert rep.metrics["optimize"]["loss"] == pytest.approx(1 / 3)
     assert len(rep.checkpoints) == 1 and rep.exit_codes == {0: 3}
+    # timeline: rollouts run [0,6) [10,16) [20,26); the learner [6,10) [16,20) [26,30)
+    assert learner.first_action == pytest.approx(6) and learner.last_action == pytest.approx(30)
+    assert learner.active_s == pytest.approx(12) and rollout.active_s == pytest.approx(18)
+    assert learner.s_per_iteration == pytest.approx(8)
+    assert rep.overlap_s == {"learner+rollout": pytest.approx(0)}  # a synchronous loop
 
 
 def test_cli_report_table_and_json(tmp_path: Path) -> None:
@@ -77,7 +82,7 @@ def test_cli_report_table_and_json(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     for text in ("learner", "rollout", "n2,n3", "env steps 600", "checkpoints 1", "GPU-h",
-                 "skipped 1 truncated"):
+                 "skipped 1 truncated", "timeline", "running at the same time (learner+rollout)"):
         assert text in out.stdout, (text, out.stdout)
     js = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--json"],
                         capture_output=True, text=True, timeout=60)
