@@ -223,6 +223,34 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
     return log
 
 
+# ------------------------------------------------------------------ machine load
+
+
+_SPIN = """
+import subprocess, sys, time
+code = "import time\\nt = time.perf_counter()\\nwhile time.perf_counter() - t < %f: pass\\nprint(time.process_time())"
+procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+         for _ in range(2)]
+print(sum(float(p.communicate()[0]) for p in procs))
+"""
+
+
+def cores_available(seconds: float = 1.5) -> float:
+    """CPU-seconds per second two busy processes of one new session get right now.
+
+    hetrun's local job runs in its own session; with the kernel's autogroup
+    scheduling, sessions (not processes) share the CPUs fairly, so this is how
+    many cores a job could use at the moment: 2.0 on an idle 2-core machine,
+    and the ceiling of any pipelining speed-up when other sessions are busy.
+    """
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _SPIN % seconds], capture_output=True, text=True,
+                         start_new_session=True, check=True)
+    wall = time.perf_counter() - t0
+    # The interpreters' start-up is part of both the CPU time and the wall time.
+    return float(out.stdout.strip()) / max(wall, 1e-9)
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -298,8 +326,11 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     c = median_or_none([r["solved_at_s"] for r in ttt.get("sb3", [])])
     if a is not None and c is not None:
         lines += ["", f"(c) / (a) time to threshold: **{c / a:.2f}x** (target > 1)"]
+    probes = [r["cores_available"] for r in results if r.get("cores_available") is not None]
     lines += ["", f"load average (1 min) before: {args.load_before}, after: "
-              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"]
+              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; cores a job could get "
+              f"(2 busy processes in one session, probed before each seed's runs): "
+              + ", ".join(f"{p:.2f}" for p in probes)]
     return "\n".join(lines)
 
 
@@ -330,6 +361,8 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         for seed in args.seeds:
+            probe = cores_available()
+            print(f"seed {seed}: a job could get {probe:.2f} cores now", flush=True)
             for phase in args.phases:
                 iterations, every = ((args.speed_iterations, 0) if phase == "speed"
                                      else (args.iterations, args.eval_interval))
@@ -339,6 +372,7 @@ def main() -> None:
                          else run_hetrun(mode, seed, iterations, every, args, workdir))
                     r.pop("solved_wall", None)
                     r["phase"] = phase
+                    r["cores_available"] = probe if (phase, mode) == (args.phases[0], args.modes[0]) else None
                     results.append(r)
                     solved = "" if phase == "speed" else (
                         f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None
