@@ -101,6 +101,30 @@ def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
     return out
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def overlap_s(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """Seconds during which both interval sets are active."""
+    xs, ys = _merged(xs), _merged(ys)
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        total += max(0.0, hi - lo)
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
 def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dict[str, Any]:
     actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
     t0 = min(e["start"] for e in actions)
@@ -111,6 +135,10 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
         comp: sum(e["end"] - e["start"] for e in actions if e["component"] == comp) / (span * n)
         for comp, n in cores.items()
     }
+    # How much of the rollout's working time the learner was working too: the pipelining itself.
+    spans = {c: [(e["start"], e["end"]) for e in actions if e["component"] == c] for c in cores}
+    rollout_time = sum(b - a for a, b in _merged(spans["rollout"]))
+    overlap = overlap_s(spans["rollout"], spans["learner"]) / rollout_time if rollout_time else 0.0
     evals = sorted((e for e in actions if e["type"] == "eval"), key=lambda e: e["end"])
     solved = next((e for e in evals if e.get("metrics", {}).get("solved")), None)
     staleness = [e["metrics"]["staleness"] for e in actions
@@ -122,6 +150,7 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
         "actions": len(actions),
         "actions_per_s": len(actions) / span,
         "busy": busy,
+        "overlap": overlap,
         "mean_staleness": statistics.fmean(staleness) if staleness else None,
         "solved_at_s": None if solved is None else solved["end"] - t0,
         "solved_wall": None if solved is None else solved["end"],
@@ -281,8 +310,9 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [f"Throughput: {args.speed_iterations} updates x 1024 env steps, no evaluation; "
              f"median of seeds {args.seeds}.", "",
-             "| run | env steps/s | actions/s | busy: learner core / rollout core |",
-             "|---|---|---|---|"]
+             "| run | env steps/s | actions/s | busy: learner core / rollout core | "
+             "rollout time overlapped by learner work |",
+             "|---|---|---|---|---|"]
     speed = _by_mode(results, "speed")
     for mode in ("pipelined", "coarse", "sb3"):
         runs = speed.get(mode)
@@ -291,11 +321,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         if mode == "sb3":
             aps = "n/a (one loop)"
             busy = f"one process: {statistics.median(r['busy']['process'] for r in runs):.0%} of 2 cores"
+            overlap = "0% (one loop)"
         else:
+            overlap = f"{statistics.median(r['overlap'] for r in runs):.0%}"
             aps = f"{_med(runs, 'actions_per_s'):,.1f}"
             busy = " / ".join(f"{statistics.median(r['busy'][c] for r in runs):.0%}"
                               for c in ("learner", "rollout"))
-        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | {busy} |")
+        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | {busy} | "
+                     f"{overlap} |")
     if "pipelined" in speed and "coarse" in speed:
         ratio = _med(speed["pipelined"], "steps_per_s") / _med(speed["coarse"], "steps_per_s")
         lines += ["", f"(a) / (b) env steps/s: **{ratio:.2f}x** (target >= 1.7x)"]
