@@ -70,6 +70,7 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
             f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps} ({rep.steps_per_s:.1f}/s)"
+            + (f"  samples {rep.samples} ({rep.samples_per_s:.1f}/s)" if rep.samples else "")
         )
 
         t = Table(title="components", show_edge=False, pad_edge=False)

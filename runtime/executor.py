@@ -175,6 +175,7 @@ class Executor:
         self.stop_at: int | None = None
         self.stop_requested_sent = False
         self.workload: Any = None
+        self._samples = 0  # supervised samples read by this dispatch (next_batch)
         micros = {m for a in self.actions for _, kind, m in sub_actions(plan, a) if kind == "forward"}
         self.num_micro = max(len(micros), 1)
         self.overlap: Any = None  # grad sync armed for the last backward of this iteration
@@ -490,6 +491,7 @@ class Executor:
         t0 = time.time()
         extra: dict[str, Any] = {}
         nbytes = 0
+        self._samples = 0
         try:
             for sub_id, sub_type, micro in sub_actions(self.plan, action):
                 nbytes += self._dispatch(action, sub_id, sub_type, micro, it, state, extra)
@@ -499,6 +501,8 @@ class Executor:
         except Exception as exc:
             raise RankFailed(action.id, it, exc) from exc
         t1 = time.time()
+        if self._samples:
+            extra["samples"] = self._samples
         if action.id in self.syncs and not action.fused:
             return  # a plain sync's event is written when the reduction completes
         self.log.emit(
@@ -567,7 +571,9 @@ class Executor:
             # Rollout on the same component (one-component RL), else supervised.
             if state.batch is not None:
                 return state.batch
-            return self.workload.next_batch(it, micro)
+            batch = self.workload.next_batch(it, micro)
+            self._samples += int(self.workload.batch_steps(batch))
+            return batch
         if state.batch is None:
             batches: list[Any] = []
             for dep in data_deps:

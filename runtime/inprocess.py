@@ -213,6 +213,7 @@ class _InProcess:
                         batch = self.data[(srcs[0].id, it - srcs[0].lag)]
                     else:
                         batch = wl.next_batch(it, m)
+                        extra["samples"] = extra.get("samples", 0) + int(wl.batch_steps(batch))
                     if srcs:
                         state["batch"][comp] = batch
                 state["losses"][(comp, m)] = wl.forward(batch, m, num_micro)

@@ -110,6 +110,7 @@ class RunReport:
     components: list[ComponentRow]
     env_steps: int
     actions: int
+    samples: int
     checkpoints: list[dict[str, Any]]
     restores: list[dict[str, Any]]
     preempts: list[dict[str, Any]]
@@ -130,6 +131,10 @@ class RunReport:
         return self.env_steps / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
     def actions_per_s(self) -> float:
         return self.actions / self.wall_s if self.wall_s > 0 else 0.0
 
@@ -147,7 +152,7 @@ class RunReport:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(wall_s=self.wall_s, steps_per_s=self.steps_per_s,
+        d.update(wall_s=self.wall_s, steps_per_s=self.steps_per_s, samples_per_s=self.samples_per_s,
                  actions_per_s=self.actions_per_s, node_hours=self.node_hours,
                  core_hours=self.core_hours, gpu_hours=self.gpu_hours)
         for row, src in zip(d["ranks"], self.ranks, strict=True):
@@ -197,7 +202,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
     attempt_keys: dict[Any, int] = {}
     iterations: dict[str, set[int]] = defaultdict(set)
     metrics: dict[str, Any] = {}
-    env_steps = n_actions = 0
+    env_steps = n_actions = samples = 0
     checkpoints, restores, preempts, errors = [], [], [], []
     warnings: list[str] = []
     exit_codes: dict[int, int] = defaultdict(int)
@@ -242,6 +247,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
                 iterations[comp].add(e["iteration"])
             if e.get("type") == "rollout":
                 env_steps += int(e.get("steps", 0) or 0)
+            samples += int(e.get("samples", 0) or 0)
             if isinstance(e.get("metrics"), dict) and e["metrics"]:
                 metrics[e.get("type", "?")] = {"iteration": e.get("iteration"), **e["metrics"]}
         elif ev == "checkpoint":
@@ -308,7 +314,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         first=min(times) if times else None, last=max(times) if times else None,
         attempts=max(len(attempt_keys), 1 if events else 0),
         ranks=sorted(ranks.values(), key=lambda r: r.rank),
-        components=list(comps.values()), env_steps=env_steps, actions=n_actions,
+        components=list(comps.values()), env_steps=env_steps, actions=n_actions, samples=samples,
         checkpoints=checkpoints, restores=restores, preempts=preempts,
         errors=sorted(errors, key=lambda e: e.get("time", 0)), warnings=warnings,
         metrics=metrics, exit_codes=dict(exit_codes), skipped_lines=max(0, skipped),
