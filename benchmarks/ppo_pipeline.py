@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 ENV_ID = "CartPole-v1"
-HYPER = {  # shared by (a), (b) and (c)
+HYPER: dict[str, Any] = {  # shared by (a), (b) and (c)
     "num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-3, "gamma": 0.99, "gae_lambda": 0.95,
     "clip_coef": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5,
     "update_epochs": 4, "num_minibatches": 4, "hidden": 64, "eval_episodes": 20,

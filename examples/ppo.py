@@ -106,7 +106,7 @@ def _bad(key: str, value: object, why: str) -> None:
                     hint=f"set workload_args.{key} to a valid value")
 
 
-def _coerce(key: str, value: object, kind: type) -> Any:
+def _coerce(key: str, value: Any, kind: type) -> Any:
     ok = (
         (kind is bool and isinstance(value, bool))
         or (kind is int and isinstance(value, int) and not isinstance(value, bool))

@@ -85,9 +85,9 @@ def capture_env_state(envs: SyncVectorEnv, env_id: str) -> list[dict[str, Any]]:
     """JSON-able state of every sub-environment (physics, step counters, RNG)."""
     out: list[dict[str, Any]] = []
     for env in envs.envs:
-        raw = env.unwrapped
+        raw: Any = env.unwrapped  # classic-control envs keep their physics in `state`
         _require_state(env_id, raw)
-        limit = _time_limit(env)
+        limit: Any = _time_limit(env)
         out.append(
             {
                 "state": np.asarray(raw.state, dtype=np.float64).tolist(),
@@ -109,12 +109,12 @@ def restore_env_state(envs: SyncVectorEnv, env_id: str, states: list[dict[str, A
             hint="resume with the same workload_args.num_envs the checkpoint was written with",
         )
     for env, st in zip(envs.envs, states, strict=True):
-        raw = env.unwrapped
+        raw: Any = env.unwrapped  # classic-control envs keep their physics in `state`
         _require_state(env_id, raw)
         raw.state = np.asarray(st["state"], dtype=np.float64)
         if hasattr(raw, "steps_beyond_terminated"):
             raw.steps_beyond_terminated = st["steps_beyond_terminated"]
-        limit = _time_limit(env)
+        limit: Any = _time_limit(env)
         if limit is not None and st["elapsed_steps"] is not None:
             limit._elapsed_steps = int(st["elapsed_steps"])
         raw.np_random.bit_generator.state = st["rng"]
