@@ -148,9 +148,7 @@ class PPOWorkload(Workload):
         super().__init__(ctx, **workload_args)
         self.cfg = cfg = PPOConfig.from_args(workload_args)
         torch.set_num_threads(cfg.torch_threads)
-        self.obs_dim, self.n_actions, self.reward_threshold, self.max_episode_steps = env_facts(
-            cfg.env_id
-        )
+        self.obs_dim, self.n_actions, self.reward_threshold, _ = env_facts(cfg.env_id)
         seed = int(ctx.seed)
         # Same seed on every rank: rollout and learner start from identical weights.
         init_gen = torch.Generator().manual_seed(seed)
