@@ -206,6 +206,20 @@ def _body(backend: str, out_dir: str) -> None:
         else:
             sys.modules["hetrun.runtime.comms.compressed"] = saved
 
+    if backend == "mpi":
+        # The plain blocking MPI_Alltoallv path gives the same rows.
+        blocking = AllToAllComm.from_mpi(world, poll="block")
+        x = _rows_for(rank, size, 0, (3,), torch.float32)
+        _, ref_outs = _reference(size, 0, (3,), torch.float32, requires_grad=False)
+        assert torch.equal(exact_all_to_all(x, sends, recvs, blocking), ref_outs[rank])
+        blocking.close()
+        try:
+            AllToAllComm.from_mpi(world, poll="spin")
+        except HetrunError as err:
+            assert "poll='spin'" in str(err)
+        else:
+            raise AssertionError("unknown poll mode accepted")
+
     assert comm.stats["calls"] > 0 and comm.stats["seconds"] > 0
     comm.close()
     if backend == "torch":

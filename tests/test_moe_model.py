@@ -217,3 +217,24 @@ def test_evaluator_component_evaluates_the_published_model() -> None:
     evaluator.load_policy(learner.policy_state(), version=4)
     assert evaluator.evaluate() == learner.evaluate()
     assert evaluator.step == 4
+
+
+def test_state_through_hetruns_checkpoint_store_resumes_exactly(tmp_path: Path) -> None:
+    """The real store (no pickle) keeps model, AdamW state, step and expert slice."""
+    from hetrun.runtime.ckpt import open_store, tiers_for
+    from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+    torch.set_num_threads(1)
+    first = MoELMWorkload(_ctx(), **SMALL)
+    _train(first, range(3))
+    writer = CheckpointWriter(tiers_for(tmp_path / "ckpt"), keep=2)
+    writer.save(3, {"learner": first.state_dict()})
+    writer.wait()
+    writer.close()
+    expect = _train(first, range(3, 5))
+
+    tree, _, _ = open_store(tmp_path / "ckpt").load_rank(3, 0)
+    second = MoELMWorkload(_ctx(), **SMALL)
+    second.load_state_dict(tree["learner"])
+    assert _train(second, range(3, 5)) == expect
+    assert second.step == first.step == 5
