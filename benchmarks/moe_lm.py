@@ -6,8 +6,8 @@ run: our mpi4py ``Alltoallv`` path and torch.distributed's gloo
 ``all_to_all_single`` (the peer: what a plain PyTorch expert-parallel
 implementation on CPU would use). Plus the bare exchange at two sizes.
 
-    python benchmarks/moe_lm.py                 # full run, prints markdown tables
-    python benchmarks/moe_lm.py --steps 10      # quicker
+    python benchmarks/moe_lm.py                       # 3 interleaved rounds, markdown tables
+    python benchmarks/moe_lm.py --rounds 1 --steps 5  # quicker
 
 Each step = one micro-batch per rank (batch x seq bytes), forward + backward
 + gradient averaging of the replicated parameters (gloo all_reduce, as the
@@ -166,7 +166,8 @@ def _mpirun(np_: int, args: list[str], out_dir: Path) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
@@ -189,40 +190,52 @@ def main() -> None:
         return
 
     ranks = [int(r) for r in args.ranks.split(",")]
+    configs = [(np_, t) for np_ in ranks for t in (["mpi"] if np_ == 1 else TRANSPORTS)]
+    load0 = os.getloadavg()[0]
     print(f"# MoE LM benchmark ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{os.cpu_count()} CPUs, steps={args.steps}, batch={args.batch}, seq={args.seq})\n")
-    print("| ranks | transport | tokens/s (all ranks) | step ms (median) | all-to-all share "
-          "| all-to-all ms/step | MB sent/step/rank | loss at end |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{os.cpu_count()} CPUs, steps={args.steps}, batch={args.batch}, seq={args.seq}, "
+          f"rounds={args.rounds}, load average at start {load0:.1f})\n")
+    rows: dict[tuple[int, str], list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        for np_ in ranks:
-            for transport in (["mpi"] if np_ == 1 else TRANSPORTS):
+        # Rounds interleave the configurations, so drifting load hits them all alike;
+        # each figure is the median over rounds.
+        for _ in range(args.rounds):
+            for np_, transport in configs:
                 res = _mpirun(np_, ["lm", transport, "--steps", str(args.steps), "--warmup",
                                     str(args.warmup), "--batch", str(args.batch), "--seq",
                                     str(args.seq)], out)
-                wall = max(r["total"] for r in res)
-                tokens = sum(r["tokens"] for r in res)
-                step_ms = statistics.median(t for r in res for t in r["times"]) * 1e3
-                a2a = sum(sum(r["a2a"]) for r in res)
                 busy = sum(sum(r["times"]) for r in res)
-                a2a_ms = a2a / len(res) / args.steps * 1e3
-                mb = sum(r["bytes_sent"] for r in res) / len(res) / args.steps / 1e6
-                name = "none (1 rank, all experts local)" if np_ == 1 else NAMES[transport]
-                print(f"| {np_} | {name} | {tokens / wall:,.0f} | {step_ms:.1f} | "
-                      f"{a2a / busy:.1%} | {a2a_ms:.1f} | {mb:.2f} | "
-                      f"{statistics.mean(r['last_loss'] for r in res):.3f} |", flush=True)
-        print("\nBare exchange (float32 rows of 64, uniform splits, median of 10, slowest rank):\n")
+                rows[(np_, transport)].append({
+                    "tok_s": sum(r["tokens"] for r in res) / max(r["total"] for r in res),
+                    "step_ms": statistics.median(t for r in res for t in r["times"]) * 1e3,
+                    "share": sum(sum(r["a2a"]) for r in res) / busy,
+                    "a2a_ms": sum(sum(r["a2a"]) for r in res) / len(res) / args.steps * 1e3,
+                    "mb": sum(r["bytes_sent"] for r in res) / len(res) / args.steps / 1e6,
+                    "loss": statistics.mean(r["last_loss"] for r in res),
+                })
+        print("| ranks | all-to-all transport | tokens/s (all ranks) | step ms | all-to-all "
+              "share of step | all-to-all ms/step/rank | MB sent/step/rank | loss at end |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (np_, transport), runs in rows.items():
+            med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            spread = f" ({min(r['tok_s'] for r in runs):,.0f}-{max(r['tok_s'] for r in runs):,.0f})"
+            name = "none (1 rank, all experts local)" if np_ == 1 else NAMES[transport]
+            print(f"| {np_} | {name} | {med['tok_s']:,.0f}{spread} | {med['step_ms']:.1f} | "
+                  f"{med['share']:.1%} | {med['a2a_ms']:.1f} | {med['mb']:.2f} | "
+                  f"{med['loss']:.3f} |", flush=True)
+        print("\nBare exchange (float32 rows of 64, uniform splits, median of 10 after 2 warm-up, "
+              "time of the slowest rank):\n")
         print("| ranks | rows/rank | MB/rank | " + " | ".join(f"{NAMES[t]} ms" for t in TRANSPORTS)
               + " |")
         print("|---|---|---|" + "---|" * len(TRANSPORTS))
         for np_ in [r for r in ranks if r > 1]:
             by = {t: _mpirun(np_, ["exchange", t], out)[0]["median_s"] for t in TRANSPORTS}
-            for rows in by["mpi"]:
-                mb = int(rows) * 64 * 4 / 1e6
-                cells = " | ".join(f"{by[t][rows] * 1e3:.2f}" for t in TRANSPORTS)
-                print(f"| {np_} | {rows} | {mb:.1f} | {cells} |", flush=True)
-
+            for n_rows in by["mpi"]:
+                mb = int(n_rows) * 64 * 4 / 1e6
+                cells = " | ".join(f"{by[t][n_rows] * 1e3:.2f}" for t in TRANSPORTS)
+                print(f"| {np_} | {n_rows} | {mb:.1f} | {cells} |", flush=True)
+    print(f"\nload average at end {os.getloadavg()[0]:.1f}")
 
 if __name__ == "__main__":
     main()
