@@ -13,6 +13,10 @@ The objective is the mean over learner ranks of each rank's loss. ``sync``
 averages the replicated gradients; expert gradients arrive summed over the
 ranks by the all-to-all backward, so ``optimize`` divides them by P.
 
+``transport``: ``auto`` (NCCL on GPUs, mpi4py on CPU), ``mpi`` or ``torch``
+(the component's torch.distributed group, gloo on CPU). ``fused: true`` uses
+the kernels layer's weighted combine (hetrun.kernels.moe_dispatch).
+
 ``evaluate`` is the held-out loss on a fixed set of 64 windows. On the learner
 it is a collective over the component (the experts are spread); on a
 component without ``forward`` (an evaluator) it runs the whole model from the
@@ -40,6 +44,7 @@ _MODEL_KEYS = {
 }
 _WORKLOAD_KEYS = {
     "batch_size", "lr", "warmup", "weight_decay", "corpus_bytes", "heldout_every", "transport",
+    "fused",
 }
 _TRANSPORTS = ("auto", "mpi", "torch")
 
@@ -83,6 +88,7 @@ class MoELMWorkload(Workload):
         corpus_bytes: int = 4_000_000,
         heldout_every: int = 20,
         transport: str = "auto",
+        fused: bool = False,
         **model_args: Any,
     ) -> None:
         super().__init__(ctx, batch_size=batch_size, lr=lr, **model_args)
@@ -141,6 +147,7 @@ class MoELMWorkload(Workload):
         self.model = MoELM(
             self.cfg, rank=rank, size=size, comm=self.comm,
             forward_codec=self.forward_codec, backward_codec=self.backward_codec,
+            fused=bool(fused),
         ).to(self.device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.lr, betas=(0.9, 0.95), weight_decay=weight_decay

@@ -110,10 +110,12 @@ class MoEFFN(nn.Module):
         forward_codec: str | None = None,
         backward_codec: str | None = None,
         layer: int = 0,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         self.cfg = cfg
         self.layer = layer
+        self.fused = fused
         self.reference = reference
         self.comm = comm
         self.size = 1 if reference else size
@@ -232,6 +234,10 @@ class MoEFFN(nn.Module):
             )
         # y_rows[i] is the output for assignment order[i]; weight it and sum per token.
         w = routing.weights.reshape(-1)[order]
+        if self.fused:
+            from hetrun.kernels.moe_dispatch import unpermute_combine
+
+            return unpermute_combine(y_rows, order // k, w, x.shape[0])
         return torch.zeros_like(x).index_add(0, order // k, y_rows * w[:, None])
 
 
@@ -269,6 +275,7 @@ class MoELM(nn.Module):
         reference: bool = False,
         forward_codec: str | None = None,
         backward_codec: str | None = None,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         cfg.validate()
@@ -281,6 +288,7 @@ class MoELM(nn.Module):
                 MoEFFN(
                     cfg, rank=rank, size=size, comm=comm, reference=reference,
                     forward_codec=forward_codec, backward_codec=backward_codec, layer=i,
+                    fused=fused,
                 ),
             )
             for i in range(cfg.n_layers)

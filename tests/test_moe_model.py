@@ -238,3 +238,22 @@ def test_state_through_hetruns_checkpoint_store_resumes_exactly(tmp_path: Path) 
     second.load_state_dict(tree["learner"])
     assert _train(second, range(3, 5)) == expect
     assert second.step == first.step == 5
+
+
+def test_fused_combine_from_kernels_matches_the_plain_path() -> None:
+    cfg = MoEConfig()
+    torch.manual_seed(3)
+    plain = MoEFFN(cfg)
+    torch.manual_seed(3)
+    fused = MoEFFN(cfg, fused=True)
+    x = torch.randn(200, cfg.d_model, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    groups = torch.randint(0, cfg.num_groups, (200,))
+    y_plain, _ = plain(x, groups)
+    y_fused, _ = fused(x2, groups)
+    torch.testing.assert_close(y_fused, y_plain, atol=1e-6, rtol=0)
+    (y_plain**2).sum().backward()
+    (y_fused**2).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, atol=1e-6, rtol=1e-4)
+    for a, b in zip(fused.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
