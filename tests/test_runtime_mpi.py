@@ -145,7 +145,6 @@ def test_node_local_weight_fan_out(tmp_path: Path) -> None:
     """HETRUN_SHARED_WEIGHTS=1: the learner sends each version once per node; the node's
     rollout ranks read it from one MPI shared-memory window."""
     import torch
-
     from hetrun.runtime.comms.p2p import pack
 
     iterations = 8
