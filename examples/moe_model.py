@@ -297,7 +297,7 @@ class MoELM(nn.Module):
         self.head = nn.Linear(cfg.d_model, VOCAB, bias=False)
 
     def moe_layers(self) -> list[MoEFFN]:
-        return [block.moe for block in self.blocks]  # type: ignore[union-attr]
+        return [m for m in self.modules() if isinstance(m, MoEFFN)]
 
     def expert_parameters(self) -> list[nn.Parameter]:
         return [p for layer in self.moe_layers() for p in layer.expert_parameters()]

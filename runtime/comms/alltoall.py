@@ -78,12 +78,12 @@ class AllToAllComm:
                 hint="polite: sleep between progress polls (shared cores); block: MPI_Alltoallv",
             )
         self.poll = poll
-        self.mpi_comm = mpi_comm
+        self.mpi_comm: Any = mpi_comm
         self.group = group
         self.backend = "mpi" if mpi_comm is not None else "torch"
         if self.backend == "mpi":
-            self.rank = int(mpi_comm.Get_rank())
-            self.size = int(mpi_comm.Get_size())
+            self.rank = int(self.mpi_comm.Get_rank())
+            self.size = int(self.mpi_comm.Get_size())
         else:
             import torch.distributed as dist
 
@@ -306,7 +306,7 @@ def _exchange(
 
 class _AllToAllFunction(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         sends: list[int],
@@ -325,7 +325,7 @@ class _AllToAllFunction(torch.autograd.Function):
         return _exchange(x, sends, recvs, comm, codec, direction, stream)
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         # The gradient of a row lives where the row went; send it home with the splits swapped.
         grad_in = _exchange(
             grad_out.contiguous(), ctx.recvs, ctx.sends, ctx.comm, ctx.backward_codec,
