@@ -81,9 +81,9 @@ class AllToAllComm:
         self.mpi_comm: Any = mpi_comm
         self.group = group
         self.backend = "mpi" if mpi_comm is not None else "torch"
-        if self.backend == "mpi":
-            self.rank = int(self.mpi_comm.Get_rank())
-            self.size = int(self.mpi_comm.Get_size())
+        if mpi_comm is not None:
+            self.rank = int(mpi_comm.Get_rank())
+            self.size = int(mpi_comm.Get_size())
         else:
             import torch.distributed as dist
 
