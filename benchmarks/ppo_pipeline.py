@@ -141,8 +141,8 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
     overlap = overlap_s(spans["rollout"], spans["learner"]) / rollout_time if rollout_time else 0.0
     evals = sorted((e for e in actions if e["type"] == "eval"), key=lambda e: e["end"])
     solved = next((e for e in evals if e.get("metrics", {}).get("solved")), None)
-    staleness = [e["metrics"]["staleness"] for e in actions
-                 if e["type"] == "optimize" and "staleness" in e.get("metrics", {})]
+    # optimize is usually fused with the gradient sync ("sync.grads+optimize"): go by its metrics.
+    staleness = [e["metrics"]["staleness"] for e in actions if "staleness" in e.get("metrics", {})]
     return {
         "env_steps": steps,
         "span_s": span,
