@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
         spec = load_job(job, overrides_from(partition, time, account, qos, nodes, gres, constraint, sets))
-        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run)
+        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run,
+                             job_dir=Path(job).parent)
         if result.dry_run is not None:
             dr = result.dry_run
             typer.echo(result.script, nl=False)

@@ -8,9 +8,15 @@ backend's mpirun). Exit codes: 0 done; 85 checkpointed on a time-limit signal
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import traceback
+
+# First thing a rank does: a crash in C (MPI/PMIx init, torch) then prints the
+# Python stack of every thread to the rank's log. Installed before MPI_Init,
+# Open MPI leaves this SIGSEGV/SIGBUS/SIGABRT handler in place (opal_signal).
+faulthandler.enable(all_threads=True)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

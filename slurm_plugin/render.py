@@ -201,6 +201,54 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
     return words
 
 
+# Slurm 22.05 srun can outlive its het step: every task has ended and the step
+# has left squeue (sacct: COMPLETED/FAILED), yet srun never exits and the batch
+# shell would wait until the time limit. The watchdog ends such an srun after a
+# grace period; the tasks' exit code then comes from accounting, so exit 85
+# still requeues.
+WATCHDOG_GRACE_S = 30
+WATCHDOG = [
+    "",
+    '_hetrun_stuck="$HETRUN_RUN_DIR/logs/.srun-outlived-step-${SLURM_JOB_ID}"',
+    'rm -f "$_hetrun_stuck"',
+    "_hetrun_step_rc() {",
+    "    # Prints the highest task exit code over the step's het components (signal N: 128+N)",
+    "    # once accounting has the step and none of it still runs; prints nothing before.",
+    '    sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State,ExitCode 2>/dev/null | awk -F"|" \'',
+    "        $1 ~ /[.][0-9]+$/ { if ($2 ~ /RUNNING|PENDING|COMPLETING/) busy = 1",
+    "                           split($3, e, \":\"); c = e[2] > 0 ? 128 + e[2] : e[1]",
+    "                           if (c > max) max = c; n++ }",
+    "        END { if (n && !busy) print max + 0 }\'",
+    "}",
+    "_hetrun_watchdog() {",
+    "    # $1: the job ids of the het components, comma-separated.",
+    "    local gone=0 steps rc",
+    '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
+    "        sleep 5",
+    '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
+    "        # Accounting is asked only once squeue lists no step of the job.",
+    "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then gone=0; continue; fi",
+    "        rc=$(_hetrun_step_rc)",
+    '        if [ -z "$rc" ]; then gone=0; continue; fi',
+    "        gone=$((gone + 5))",
+    f'        if [ "$gone" -ge {WATCHDOG_GRACE_S} ]; then',
+    '            echo "hetrun: srun still running ${gone}s after its job step ended (exit $rc); ending it" >&2',
+    '            echo "$rc" > "$_hetrun_stuck"',
+    '            kill -s KILL "$_hetrun_pid" 2>/dev/null',
+    "            return",
+    "        fi",
+    "    done",
+    "}",
+]
+
+
+def _het_job_ids(n: int) -> str:
+    """The shell words for the job ids of ``n`` het components (squeue -j takes a list)."""
+    if n == 1:
+        return '"$SLURM_JOB_ID"'
+    return '"' + ",".join(f"${{SLURM_JOB_ID_HET_GROUP_{i}:-$SLURM_JOB_ID}}" for i in range(n)) + '"'
+
+
 def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = None) -> str:
     """The sbatch script for ``plan`` (a ``Plan`` or its JSON dict) and ``spec``
     (a ``JobSpec`` or dict), running in ``run_dir`` (absolute).
@@ -251,6 +299,11 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         f"mkdir -p {q(run_dir / 'logs')}",
         f"export HETRUN_RUN_DIR={q(run_dir)}",
         "export PYTHONUNBUFFERED=1",
+        "# Slurm 22.05 mpi/pmix: with the default 'mixed' fences the data-less barrier that ends",
+        "# MPI_Init uses the tree collective, which let a het-step rank leave MPI_Init while a peer",
+        "# was still in its modex fence (the peer then segfaults on the first message). Ring fences",
+        "# for every fence keep MPI_Init a real barrier.",
+        "export SLURM_PMIX_FENCE=ring",
     ]
     body += [f"export {k}={q(v)}" for k, v in env]
     body += [
@@ -261,12 +314,15 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
         "}",
     ]
+    body += WATCHDOG
     body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
     body += [
         "",
         # In the background so the shell can run its traps while srun runs.
         f"{srun} &",
         "_hetrun_pid=$!",
+        f"_hetrun_watchdog {_het_job_ids(len(comps))} &",
+        "_hetrun_watch=$!",
         "_hetrun_rc=0",
         "while :; do",
         '    wait "$_hetrun_pid"',
@@ -281,6 +337,8 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "    _hetrun_late=$?",
         '    if [ "$_hetrun_late" -ne 127 ]; then _hetrun_rc=$_hetrun_late; fi',
         "fi",
+        'kill "$_hetrun_watch" 2>/dev/null',
+        'if [ -s "$_hetrun_stuck" ]; then _hetrun_rc=$(cat "$_hetrun_stuck"); fi',
         f'if [ "$_hetrun_rc" -eq {REQUEUE_EXIT_CODE} ]; then',
         f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {opts.max_restarts} ]; then',
         '        echo "hetrun: runtime checkpointed; requeueing job $SLURM_JOB_ID '

@@ -56,6 +56,15 @@ def _check_checkpoint_dir(spec: Any, run_dir: Path) -> None:
         quoting.safe_join(run_dir, directory, "checkpoint.directory")
 
 
+def resolve_job_dir(job_dir: str | Path) -> str:
+    """The job YAML's directory as an absolute path the ranks can import workloads from."""
+    path = Path(job_dir).expanduser().resolve()
+    if not path.is_dir():
+        raise RunDirError(f"job directory {path} (where the job YAML is) is not a directory",
+                          hint="pass the directory that holds the job YAML")
+    return str(path)
+
+
 def plan_for(spec: Any, backend: str) -> Any:
     """Build the plan; against the cluster's real nodes when submitting to Slurm."""
     from hetrun.dag.plan import build_plan
@@ -76,10 +85,17 @@ def submit_spec(
     dry_run: bool = False,
     python: str | None = None,
     plan: Any = None,
+    job_dir: str | Path | None = None,
 ) -> SubmitResult:
-    """Submit a validated ``JobSpec``. ``plan`` defaults to ``plan_for(spec, backend)``."""
+    """Submit a validated ``JobSpec``. ``plan`` defaults to ``plan_for(spec, backend)``.
+
+    ``job_dir`` (the directory of the job YAML) goes into plan.json as ``job_dir``:
+    every rank, on any node, imports workload modules kept next to the YAML from it.
+    """
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
     plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
+    if job_dir is not None:
+        plan_d["job_dir"] = resolve_job_dir(job_dir)
     root = runs_root(runs_dir)
     quoting.sbatch_path(root, "runs directory")
 
@@ -133,6 +149,7 @@ def submit_file(
     from hetrun.dag.spec import load_spec
 
     spec = load_spec(path, overrides)
+    kwargs.setdefault("job_dir", Path(path).parent)
     return submit_spec(spec, **kwargs)
 
 
