@@ -13,8 +13,9 @@ The objective is the mean over learner ranks of each rank's loss. ``sync``
 averages the replicated gradients; expert gradients arrive summed over the
 ranks by the all-to-all backward, so ``optimize`` divides them by P.
 
-``transport``: ``auto`` (NCCL on GPUs, mpi4py on CPU), ``mpi`` or ``torch``
-(the component's torch.distributed group, gloo on CPU). ``fused: true`` uses
+``transport``: ``auto`` (NCCL on GPUs; on CPU mpi4py, or gloo when the node
+has more ranks than cores), ``mpi`` or ``torch`` (the component's
+torch.distributed group, gloo on CPU). ``fused: true`` uses
 the kernels layer's weighted combine (hetrun.kernels.moe_dispatch).
 
 ``evaluate`` is the held-out loss on a fixed set of 64 windows. On the learner
@@ -111,8 +112,8 @@ class MoELMWorkload(Workload):
         if transport not in _TRANSPORTS:
             raise HetrunError(
                 f"MoE LM: workload_args.transport={transport!r} is not one of {list(_TRANSPORTS)}",
-                hint="auto: torch.distributed (NCCL) on GPUs, mpi4py Alltoallv on CPU; "
-                "torch: the component's torch.distributed group (gloo on CPU)",
+                hint="auto: torch.distributed on GPUs and on oversubscribed CPU nodes, else "
+                "mpi4py Alltoallv; torch: the component's torch.distributed group",
             )
         self.cfg = MoEConfig(**model_args)
         self.cfg.validate()
@@ -362,15 +363,22 @@ class MoELMWorkload(Workload):
 
 
 def _auto_transport(ctx: RankContext) -> str:
-    """torch.distributed (NCCL) on GPUs; mpi4py Alltoallv on CPU.
+    """torch.distributed on GPUs (NCCL); on CPU, MPI unless the node is oversubscribed.
 
-    On 2 oversubscribed shared cores neither CPU transport won consistently
-    (gloo ahead at 2 ranks, MPI at 4; benchmarks/moe.md), so CPU keeps MPI,
-    which needs no torch.distributed group; ``transport: torch`` picks gloo.
+    MPI waits by polling and moves bytes only while a rank polls; with more
+    ranks than cores on a node that costs more than it saves: on 2 shared
+    cores the MoE step ran 2.2x (2 ranks) and 1.3x (4 ranks) faster over gloo's
+    blocking sockets (medians of 3 interleaved rounds, benchmarks/moe.md).
+    With a core per rank, as Slurm gives, the exchange is MPI's Alltoallv.
     """
-    if ctx.group is not None and str(ctx.device).startswith("cuda"):
+    if ctx.group is None:
+        return "mpi"
+    if str(ctx.device).startswith("cuda"):
         return "torch"
-    return "mpi"
+    import os
+
+    node_ranks = ctx.node_comm.Get_size() if ctx.node_comm is not None else ctx.comp_size
+    return "torch" if node_ranks > len(os.sched_getaffinity(0)) else "mpi"
 
 
 def _publishing_actions(ctx: RankContext) -> list[Any]:

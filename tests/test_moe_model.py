@@ -257,3 +257,21 @@ def test_fused_combine_from_kernels_matches_the_plain_path() -> None:
     torch.testing.assert_close(x2.grad, x.grad, atol=1e-6, rtol=1e-4)
     for a, b in zip(fused.parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_auto_transport_nccl_on_gpu_gloo_when_oversubscribed_else_mpi() -> None:
+    import dataclasses
+    import os
+
+    from hetrun.examples.moe_lm import _auto_transport
+
+    cores = len(os.sched_getaffinity(0))
+    base = _ctx()
+    assert _auto_transport(base) == "mpi"  # no torch.distributed group: MPI
+    group = object()  # only its presence matters to the choice
+    gpu = dataclasses.replace(base, group=group, device="cuda:0")
+    assert _auto_transport(gpu) == "torch"
+    spare = dataclasses.replace(base, group=group, comp_size=cores)
+    assert _auto_transport(spare) == "mpi"
+    crowded = dataclasses.replace(base, group=group, comp_size=cores + 1)
+    assert _auto_transport(crowded) == "torch"
