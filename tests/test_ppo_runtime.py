@@ -8,13 +8,14 @@ none), and evaluation metrics come back through the runtime.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.overrides import Overrides
 from hetrun.runtime.events import read_events
-from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
 ITERATIONS = 4
@@ -27,17 +28,24 @@ pytestmark = [
 
 
 def run_job(tmp_path: Path, mode: str) -> list[dict]:
-    overrides = Overrides(sets=[
-        f"training.iterations={ITERATIONS}", f"training.mode={mode}", "training.eval_interval=2",
-        "checkpoint.interval=0",
-        "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 4}",
-    ])
-    res = submit_file(EXAMPLE, overrides, backend="local", runs_dir=tmp_path / "runs")
-    status = wait_for_end(res.run, backend_for(res.run), timeout_s=240, poll_s=0.5)
-    events = list(read_events(Path(res.run.run_dir)))
+    """``hetrun submit -b local --wait`` as a user types it; the run's events."""
+    sets = [f"training.iterations={ITERATIONS}", f"training.mode={mode}", "training.eval_interval=2",
+            "checkpoint.interval=0",
+            "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 4}"]
+    cmd = [sys.executable, "-m", "hetrun.cli", "submit", str(EXAMPLE), "-b", "local",
+           "--runs-dir", str(tmp_path / "runs"), "--wait", "--wait-timeout", "240"]
+    for item in sets:
+        cmd += ["--set", item]
+    # os.environ, not the process's C environment: an earlier test may have initialised MPI in
+    # this process (singleton), whose PMIX_*/OMPI_MCA_ess variables would confuse mpirun.
+    proc = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, (proc.stdout, proc.stderr)
+    events = list(read_events(runs[0]))
     errors = [e.get("error") for e in events if e.get("ev") == "error"]
     assert not errors, errors
-    assert [c.state for c in status.components] == ["COMPLETED", "COMPLETED"]
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "learner=COMPLETED, rollout=COMPLETED" in proc.stdout
     return events
 
 
