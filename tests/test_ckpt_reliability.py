@@ -44,9 +44,10 @@ def expected_state(step: int) -> dict[str, object]:
             "fresh": torch.from_numpy(fresh), "step": step, "loader": {"pos": step * 32}}
 
 
-def _child(root: str, start: int) -> None:
+def _child(root: str, start: int, ready: str) -> None:
     torch.set_num_threads(1)
     w = CheckpointWriter(tiers_for(root), keep=2, chunk_bytes=1 << 15, max_delta_chain=3, threads=2)
+    Path(ready).touch()  # the kill timer starts now, whatever the machine's load
     step = start
     while True:
         step += 1
@@ -76,11 +77,15 @@ def test_kill_minus_9_during_saves_never_loses_the_previous_checkpoint(tmp_path:
     rnd = random.Random(7)
     restored = 0
     kills_mid_save = 0
-    for _trial in range(60):
-        p = ctx.Process(target=_child, args=(str(tmp_path), restored))
+    for trial in range(60):
+        ready = tmp_path.parent / f"{tmp_path.name}-ready-{trial}"
+        p = ctx.Process(target=_child, args=(str(tmp_path), restored, str(ready)))
         p.start()
-        # Let it commit at least once in most trials, then kill at a random moment.
-        time.sleep(rnd.uniform(0.05, 0.6))
+        t_end = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < t_end:
+            time.sleep(0.005)
+        # Kill at a random moment: often before the first commit, mostly mid-save.
+        time.sleep(rnd.uniform(0.0, 0.5))
         latest = Tier(tmp_path).read_latest()
         os.kill(p.pid, signal.SIGKILL)
         p.join()
@@ -89,7 +94,7 @@ def test_kill_minus_9_during_saves_never_loses_the_previous_checkpoint(tmp_path:
             kills_mid_save += 1
         restored = _check_restores(tmp_path, latest)
     # The kills really landed inside writes, not only between them.
-    assert kills_mid_save >= 10
+    assert kills_mid_save >= 10, f"only {kills_mid_save} of 60 kills landed inside a write"
     assert restored > 0
 
 
