@@ -9,6 +9,7 @@ ones are the kernels layer's to test.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,18 @@ def _plan(*overrides: str) -> dict:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout)
+
+
+def _env_without_mpi_singleton() -> dict[str, str]:
+    """This process's environment minus what an MPI singleton init put there.
+
+    The in-process test initialises MPI in the pytest process; Open MPI then
+    setenv()s PMIX_* / OMPI_MCA_ess... into the C environment, which a child
+    inherits by default, and an mpirun started below it fails at once (exit 1,
+    no output). ``os.environ`` is Python's snapshot and lacks those; scrub anyway.
+    """
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PMIX_", "OMPI_MCA_ess", "OMPI_MCA_orte", "OMPI_MCA_pmix"))}
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -64,7 +77,7 @@ def test_moe_example_expert_parallel_through_the_local_backend(tmp_path: Path) -
          "--runs-dir", str(tmp_path), "--wait", "--wait-timeout", "400", *EXACT, *SMALL,
          "--set", "training.iterations=5", "--set", "training.eval_interval=2",
          "--set", "checkpoint.interval=100"],
-        capture_output=True, text=True, timeout=480,
+        capture_output=True, text=True, timeout=480, env=_env_without_mpi_singleton(),
     )
     run_dir = next(tmp_path.glob("moe-lm-*"))
     logs = "\n".join(p.read_text()[-2000:] for p in (run_dir / "logs").glob("*"))
