@@ -206,7 +206,8 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
 # shell would wait until the time limit. The watchdog ends such an srun after a
 # grace period; the tasks' exit code then comes from accounting, so exit 85
 # still requeues.
-WATCHDOG_GRACE_S = 30
+WATCHDOG_GRACE_S = 15
+WATCHDOG_POLL_S = 3
 WATCHDOG = [
     "",
     '_hetrun_stuck="$HETRUN_RUN_DIR/logs/.srun-outlived-step-${SLURM_JOB_ID}"',
@@ -224,13 +225,13 @@ WATCHDOG = [
     "    # $1: the job ids of the het components, comma-separated.",
     "    local gone=0 steps rc",
     '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
-    "        sleep 5",
+    f"        sleep {WATCHDOG_POLL_S}",
     '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
     "        # Accounting is asked only once squeue lists no step of the job.",
     "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then gone=0; continue; fi",
     "        rc=$(_hetrun_step_rc)",
     '        if [ -z "$rc" ]; then gone=0; continue; fi',
-    "        gone=$((gone + 5))",
+    f"        gone=$((gone + {WATCHDOG_POLL_S}))",
     f'        if [ "$gone" -ge {WATCHDOG_GRACE_S} ]; then',
     '            echo "hetrun: srun still running ${gone}s after its job step ended (exit $rc); ending it" >&2',
     '            echo "$rc" > "$_hetrun_stuck"',

@@ -72,16 +72,17 @@ def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend(RetryPolicy(attempts=3, first_delay_s=0.5))
     try:
-        def second_attempt_ran() -> bool:
-            attempts = run_dir / "fake-attempts"
-            return attempts.exists() and "restart=1" in attempts.read_text()
+        def requeued() -> bool:
+            comps = backend.status([res.run])[res.run.run_dir].components
+            return bool(comps) and all(c.restarts >= 1 for c in comps)
 
-        ok = wait_for(second_attempt_ran, 150, 1.0)
+        ok = wait_for(requeued, 120, 1.0)
         batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
-        assert ok, f"no requeued attempt; batch log:\n{batch_log}\nstatus: {backend.status([res.run])}"
+        assert ok, f"not requeued; batch log:\n{batch_log}\nstatus: {backend.status([res.run])}"
         assert "now hanging like the stuck srun" in batch_log, batch_log
         assert "after its job step ended (exit 85); ending it" in batch_log, batch_log
         assert "requeueing job" in batch_log, batch_log
+        assert "restart=0" in (run_dir / "fake-attempts").read_text()
     finally:
         subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
 
