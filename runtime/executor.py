@@ -27,6 +27,11 @@ sync action starts the rest, and the first action that depends on the sync
 waits: the reduction overlaps the backward and whatever runs in between.
 ``HETRUN_SYNC_OVERLAP=0`` turns the hooks off; ``HETRUN_BUCKET_MB`` sizes
 buckets (default 1).
+
+Stop agreement (preemption, see ``StopAgreement``): every rank puts its local
+stop flag into a tiny non-blocking all-reduce when it starts an iteration, and
+starts iteration k only once the agreement of iteration k-D is known, so all
+ranks stop before the same iteration and checkpoint the same one.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from __future__ import annotations
 import os
 import resource
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +90,84 @@ def effective_lag(plan: PlanView, consumer: ActionSpec, dep: Dep, producer: Acti
     if plan.mode == "coarse" or plan.pipeline_window <= 0:
         return 1
     return min(dep.lag, 1 + plan.pipeline_window)
+
+
+def agreement_window(plan: PlanView) -> int:
+    """D of the stop agreement: the largest lag the executor enforces between
+    components (at least 1).
+
+    A rank that starts iteration k needs agreement k-D to be complete, i.e.
+    every rank to have started k-D. The cross-component deps already keep a
+    rank at most that far ahead of the ranks it depends on, and ranks of one
+    component are bound to one iteration by the gradient all-reduce, so this
+    gate does not cut into the pipelining it was sized from.
+    """
+    by_id = {a.id: a for a in plan.actions}
+    lags = [effective_lag(plan, a, d, by_id[d.id]) for a in plan.actions for d in a.deps
+            if d.id in by_id and by_id[d.id].component != a.component]
+    return max([1, *lags])
+
+
+class StopAgreement:
+    """All ranks agree on the iteration nobody starts, without ever blocking.
+
+    ``contribute(k, flag)`` at the start of iteration k posts a one-int
+    ``Iallreduce(MAX)`` on a private duplicate of the world communicator
+    (training messages never match it). Requests complete in order; ``poll``
+    tests the oldest. If agreement j says "stop", every rank stops before
+    j + D: nobody can have started j + D (starting it needs agreement j), and
+    every iteration below it can finish, because every rank runs it. So all
+    ranks checkpoint the same iteration, whether the signal reached every
+    rank (Slurm) or only one (``kill -USR1`` on one pid).
+    """
+
+    def __init__(self, comm: Any, window: int, start: int) -> None:
+        from mpi4py import MPI
+
+        self._max = MPI.MAX
+        self.comm = comm.Dup()
+        self.window = max(1, int(window))
+        self.pending: deque[tuple[int, Any, Any, Any]] = deque()
+        self.completed_through = start - 1  # newest iteration whose agreement is known
+        self.stop_at: int | None = None
+        self.stopped_by: int | None = None  # the agreement that said stop
+
+    def contribute(self, iteration: int, flag: bool) -> None:
+        import numpy as np
+
+        send = np.array([1 if flag else 0], dtype=np.int32)
+        recv = np.zeros(1, dtype=np.int32)
+        req = self.comm.Iallreduce(send, recv, op=self._max)
+        self.pending.append((iteration, req, send, recv))  # buffers live until complete
+
+    def poll(self) -> bool:
+        """Take in every completed agreement; True when one completed."""
+        progressed = False
+        while self.pending and self.pending[0][1].Test():
+            self._take(self.pending.popleft())
+            progressed = True
+        return progressed
+
+    def _take(self, item: tuple[int, Any, Any, Any]) -> None:
+        iteration, _, _, recv = item
+        self.completed_through = iteration
+        if recv[0] and self.stop_at is None:
+            self.stop_at = iteration + self.window
+            self.stopped_by = iteration
+
+    def may_start(self, iteration: int) -> bool:
+        return iteration - self.window <= self.completed_through
+
+    def should_stop_before(self, iteration: int) -> bool:
+        return self.stop_at is not None and iteration >= self.stop_at
+
+    def close(self) -> None:
+        """Collective: every rank posted the same agreements; complete and free them."""
+        while self.pending:
+            item = self.pending.popleft()
+            item[1].Wait()
+            self._take(item)
+        self.comm.Free()
 
 
 def sub_actions(plan: PlanView, action: ActionSpec) -> list[tuple[str, str, int | None]]:
@@ -172,8 +255,8 @@ class Executor:
         self.loaded_version: int | None = None
         self.version = 0  # optimize steps taken on this rank
         self.syncs: dict[str, _Sync] = {}
-        self.stop_at: int | None = None
-        self.stop_requested_sent = False
+        self.stop_flag = False  # this rank's local preemption request
+        self.agreement: StopAgreement | None = None
         self.workload: Any = None
         self._samples = 0  # supervised samples read by this dispatch (next_batch)
         micros = {m for a in self.actions for _, kind, m in sub_actions(plan, a) if kind == "forward"}
@@ -295,25 +378,27 @@ class Executor:
             raise
         except Exception as exc:
             raise RankFailed("workload.__init__", None, exc) from exc
+        # resume.restore_if_any writes the restore event (restarts, work lost).
         start = self.hooks.restore(self.ctx, self.workload)
         if start:
             self.version = start
-            self.log.emit("restore", iteration=start)
+        self.agreement = StopAgreement(self.world.comm, agreement_window(self.plan), start)
         self._send_initial_states(start)
         self._open_shared_windows()
         last_done = start - 1
         for it in range(start, self.plan.iterations):
-            if self._stop_before(it):
+            self._await_agreement(it)
+            if self.agreement.should_stop_before(it):
                 break
             self.ctx.iteration = it
-            try:
-                self._run_iteration(it)
-            except _Stop:
-                break
+            self._check_stop(it)
+            self.agreement.contribute(it, self.stop_flag)
+            self._run_iteration(it)
             last_done = it
         self._finish_syncs()
-        # Every rank gets here; after the drain every stop token has arrived,
-        # so all ranks agree on whether this is a stop.
+        # Every rank posted the same agreements (all of them started exactly
+        # the iterations below the stop): completing them is collective-safe.
+        self.agreement.close()
         dropped = self.mailbox.drain(self._accept)
         if dropped:
             self.log.emit("drain", dropped=dropped)
@@ -321,9 +406,11 @@ class Executor:
             shared.free()  # collective over the node group; every member is here
         self.shared.clear()
         code = EXIT_OK
-        if self.stop_at is not None and self.stop_at < self.plan.iterations:
-            resume_at = min(last_done + 1, self.stop_at)
-            self.log.emit("preempt", iteration=resume_at)
+        stop_at = self.agreement.stop_at
+        if stop_at is not None and stop_at < self.plan.iterations:
+            resume_at = min(last_done + 1, stop_at)
+            self.log.emit("preempt", iteration=resume_at, agreed_at=self.agreement.stopped_by,
+                          window=self.agreement.window, signalled=self.stop_flag)
             if self.hooks.save_checkpoint is not None:
                 self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
@@ -412,8 +499,6 @@ class Executor:
                 return
             if any(w.version != seen[k] for k, w in self.shared.items()):
                 return
-            if self.stop_at is not None and it >= self.stop_at:
-                raise _Stop()
             waited = time.monotonic() - t0
             if waited > self.timeout_s:
                 blocked = ", ".join(f"{a.id} (needs {[d.id for d in a.deps]})" for a in pending)
@@ -438,11 +523,6 @@ class Executor:
                 if shared is not None and msg.iteration + 1 > shared.version:
                     # Node leader: one copy for every consumer rank of this node.
                     shared.publish(msg.tensors, msg.iteration + 1)
-        elif msg.kind == "stop":
-            at = int(msg.meta["at"])
-            self.stop_at = at if self.stop_at is None else min(self.stop_at, at)
-        elif msg.kind == "stop_request" and self.world.rank == 0:
-            self._decide_stop(int(msg.meta["iteration"]) + 1)
 
     # ---------------------------------------------------------------- stop
     def _pump(self) -> int:
@@ -454,35 +534,52 @@ class Executor:
         return n
 
     def _check_stop(self, it: int) -> int:
-        """Ask the preempt hook; returns how many messages were accepted meanwhile."""
-        # Accept what has arrived so stop tokens are seen between actions.
-        got = self._pump()
-        if self.stop_requested_sent or not self.hooks.stop_requested(self.ctx):
-            return got
-        self.stop_requested_sent = True
-        if self.world.rank == 0:
-            self._decide_stop(it + 1)
-        else:
-            from .comms.p2p import pack
+        """Between actions: accept messages, advance the agreement, read the local flag.
 
-            self.mailbox.isend(pack("stop_request", "", it, {}, {"iteration": it}), 0)
+        Returns how many messages were accepted. The flag goes into the
+        agreement when the next iteration starts; asking here too arms the
+        preemption watchdog as soon as the signal is seen.
+        """
+        got = self._pump()
+        if self.agreement is not None:
+            self.agreement.poll()
+        if not self.stop_flag and self.hooks.stop_requested(self.ctx):
+            self.stop_flag = True
         return got
 
-    def _decide_stop(self, at: int) -> None:
-        """World rank 0 fixes the first iteration nobody starts and tells every rank."""
-        if self.stop_at is not None:
-            return
-        from .comms.p2p import pack
+    def _await_agreement(self, it: int) -> None:
+        """Before starting ``it``: wait (pumping messages) until agreement it-D is known."""
+        assert self.agreement is not None
+        t0 = time.monotonic()
+        delay = 0.0002
+        while not self.agreement.may_start(it):
+            self._check_stop(it)
+            if self.agreement.may_start(it):
+                return
+            waited = time.monotonic() - t0
+            if waited > self.timeout_s:
+                raise RankFailed("stop-agreement", it, RuntimeFailure(
+                    f"rank {self.world.rank} ({self.me}) waited {waited:.0f}s before iteration {it} "
+                    f"for the stop agreement of iteration {it - self.agreement.window}",
+                    hint="a peer is stuck or dead; raise HETRUN_COLLECTIVE_TIMEOUT if an "
+                         "iteration legitimately takes longer"))
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
 
-        # Nobody may be asked to stop before an iteration it already started:
-        # rank 0 (a learner) is never ahead of the ranks feeding it.
-        self.stop_at = at
-        for r in range(self.world.size):
-            if r != 0:
-                self.mailbox.isend(pack("stop", "", at, {}, {"at": at}), r)
+    def _progress_while(self, busy: Any) -> None:
+        """Wait for ``busy()`` to turn false while keeping the agreement moving.
 
-    def _stop_before(self, it: int) -> bool:
-        return self.stop_at is not None and it >= self.stop_at
+        A blocking wait outside MPI (a gloo all-reduce) would stop this rank's
+        part of the non-blocking agreement; a peer gated on it would then
+        never join that all-reduce.
+        """
+        delay = 0.0001
+        while busy():
+            if self.agreement is None or not self.agreement.pending:
+                return  # nothing of ours to progress: a plain wait is fine
+            self._check_stop(self.ctx.iteration or 0)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.002)
 
     # --------------------------------------------------------------- actions
     def _run_action(self, action: ActionSpec, it: int, state: _IterState) -> None:
@@ -660,6 +757,8 @@ class Executor:
     def _complete_sync(self, sync_id: str) -> None:
         s = self.syncs.pop(sync_id)
         wait0 = time.time()
+        s.gs.launch_rest()
+        self._progress_while(lambda: not all(h.is_completed() for h in s.gs.handles))
         s.gs.finish()
         end = time.time()
         # A sync fused into a bigger dispatch is reported as a part of it
@@ -681,6 +780,3 @@ class Executor:
         self.log.emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
                       end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
 
-
-class _Stop(Exception):
-    """Internal: the agreed stop iteration was reached while waiting."""

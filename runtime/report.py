@@ -121,6 +121,19 @@ class RunReport:
     skipped_lines: int = 0
     # seconds in which components ran actions at the same time (pipelining), per pair
     overlap_s: dict[str, float] = field(default_factory=dict)
+    # one row per restart, from the ``restore`` events of runtime/resume.py
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def restarts(self) -> int:
+        """Restarts seen by the runtime (SLURM_RESTART_COUNT / HETRUN_RESTART_COUNT)."""
+        return max((int(r["restart"]) for r in self.resumes), default=0)
+
+    @property
+    def work_lost(self) -> int | None:
+        """Iterations redone over all restarts (None when no restart could tell)."""
+        known = [int(r["work_lost"]) for r in self.resumes if r.get("work_lost") is not None]
+        return sum(known) if known else (0 if not self.resumes else None)
 
     @property
     def wall_s(self) -> float:
@@ -154,13 +167,52 @@ class RunReport:
         d = asdict(self)
         d.update(wall_s=self.wall_s, steps_per_s=self.steps_per_s, samples_per_s=self.samples_per_s,
                  actions_per_s=self.actions_per_s, node_hours=self.node_hours,
-                 core_hours=self.core_hours, gpu_hours=self.gpu_hours)
+                 core_hours=self.core_hours, gpu_hours=self.gpu_hours,
+                 restarts=self.restarts, work_lost=self.work_lost)
         for row, src in zip(d["ranks"], self.ranks, strict=True):
             row["busy_fraction"] = src.busy_fraction
         for crow, csrc in zip(d["components"], self.components, strict=True):
             crow["busy_fraction"] = csrc.busy_fraction
             crow["s_per_iteration"] = csrc.s_per_iteration
         return d
+
+
+def summarize_resumes(restores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per restart from the per-rank ``restore`` events resume.py writes.
+
+    Every rank writes one (``restart_count``, ``step``, ``work_lost``,
+    ``skipped``, ``seconds``, ``max_restarts``); a row takes the iteration
+    resumed from, the most work any rank lost, the slowest restore and every
+    checkpoint skipped. Events without ``restart_count`` (older runtimes) are
+    ignored here.
+    """
+    by_restart: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for e in restores:
+        if isinstance(e.get("restart_count"), int):
+            by_restart[e["restart_count"]].append(e)
+    rows = []
+    for restart in sorted(by_restart):
+        evs = by_restart[restart]
+        lost = [int(e["work_lost"]) for e in evs if isinstance(e.get("work_lost"), int)]
+        secs = [float(e["seconds"]) for e in evs if isinstance(e.get("seconds"), int | float)]
+        skipped: dict[Any, str] = {}
+        for e in evs:
+            for s in e.get("skipped") or []:
+                if isinstance(s, dict):
+                    skipped.setdefault(s.get("step"), str(s.get("why", "")))
+        iterations = sorted({e["iteration"] for e in evs if isinstance(e.get("iteration"), int)})
+        limits = [e["max_restarts"] for e in evs if isinstance(e.get("max_restarts"), int)]
+        rows.append({
+            "restart": restart,
+            "step": next((e.get("step") for e in evs if e.get("step") is not None), None),
+            "iteration": iterations[0] if len(iterations) == 1 else iterations,
+            "ranks": len({e.get("rank") for e in evs}),
+            "work_lost": max(lost) if lost else None,
+            "seconds": max(secs) if secs else None,
+            "max_restarts": min(limits) if limits else None,
+            "skipped": [{"step": k, "why": v} for k, v in skipped.items()],
+        })
+    return rows
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -318,5 +370,5 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         checkpoints=checkpoints, restores=restores, preempts=preempts,
         errors=sorted(errors, key=lambda e: e.get("time", 0)), warnings=warnings,
         metrics=metrics, exit_codes=dict(exit_codes), skipped_lines=max(0, skipped),
-        overlap_s=overlap,
+        overlap_s=overlap, resumes=summarize_resumes(restores),
     )
