@@ -203,11 +203,15 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
 
 # Slurm 22.05 srun can outlive its het step: every task has ended and the step
 # has left squeue (sacct: COMPLETED/FAILED), yet srun never exits and the batch
-# shell would wait until the time limit. The watchdog ends such an srun after a
-# grace period; the tasks' exit code then comes from accounting, so exit 85
-# still requeues.
+# shell would wait until the time limit. Seen on this cluster: srun's step-wait
+# thread blocks in mpi/pmix's pmixp_abort_agent_stop() joining an abort-agent
+# thread that never leaves its poll loop, holding the launch lock, so srun also
+# ignores SIGTERM. The watchdog ends such an srun (SIGKILL) after a grace
+# period; the tasks' exit code then comes from accounting, so exit 85 still
+# requeues.
 WATCHDOG_GRACE_S = 15
 WATCHDOG_POLL_S = 3
+WATCHDOG_UNSEEN_S = 60
 WATCHDOG = [
     "",
     '_hetrun_stuck="$HETRUN_RUN_DIR/logs/.srun-outlived-step-${SLURM_JOB_ID}"',
@@ -223,12 +227,14 @@ WATCHDOG = [
     "}",
     "_hetrun_watchdog() {",
     "    # $1: the job ids of the het components, comma-separated.",
-    "    local gone=0 steps rc",
+    "    local gone=0 seen=0 waited=0 steps rc",
     '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
     f"        sleep {WATCHDOG_POLL_S}",
+    f"        waited=$((waited + {WATCHDOG_POLL_S}))",
     '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
-    "        # Accounting is asked only once squeue lists no step of the job.",
-    "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then gone=0; continue; fi",
+    "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then seen=1; gone=0; continue; fi",
+    "        # A step never seen running may still be starting (or ended within one poll).",
+    f'        if [ "$seen" -eq 0 ] && [ "$waited" -lt {WATCHDOG_UNSEEN_S} ]; then continue; fi',
     "        rc=$(_hetrun_step_rc)",
     '        if [ -z "$rc" ]; then gone=0; continue; fi',
     f"        gone=$((gone + {WATCHDOG_POLL_S}))",
