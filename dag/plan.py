@@ -130,8 +130,8 @@ class Plan(BaseModel):
     schedule: ScheduleSpec
     memory: MemoryPlan | None = None
     job_dir: str | None = Field(
-        None, description="absolute directory of the job YAML, set by `hetrun submit`: the ranks "
-                          "import workload modules that live next to the YAML from it")
+        default=None, description="absolute directory of the job YAML, set by `hetrun submit`: the ranks "
+                                  "import workload modules that live next to the YAML from it")
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2) + "\n"
