@@ -116,8 +116,27 @@ def _epoch(iso: str) -> float:
     return datetime.strptime(iso, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
+# Set by Open MPI/PMIx in a process that has initialised MPI itself (the
+# in-process runtime, a test run, a notebook). They live in the C-level
+# environment, which a child inherits when Popen is given no env=; a mpirun
+# started with them believes it is a rank of that singleton and exits 1 at once.
+_MPI_INHERITED_PREFIXES = (
+    "PMIX_", "ORTE_", "OMPI_MCA_ess", "OMPI_MCA_orte_", "OMPI_MCA_pmix", "OMPI_APP_CTX_",
+    "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "OMPI_NUM_APP_CTX", "OMPI_FIRST_RANKS",
+    "OMPI_FILE_LOCATION",
+)
+
+
+def launcher_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables of an MPI world this process may belong to.
+
+    Users' own Open MPI settings (``OMPI_MCA_btl*``, ``OMPI_ALLOW_RUN_AS_ROOT``...) stay.
+    """
+    return {k: v for k, v in environ.items() if not k.startswith(_MPI_INHERITED_PREFIXES)}
+
+
 def _job_env(plan: Mapping[str, Any], run_dir: Path, restarts: int) -> dict[str, str]:
-    env = dict(os.environ)
+    env = launcher_env(os.environ)
     for k, v in (plan.get("env") or {}).items():
         env[str(k)] = str(v)
     for k, v in _OMPI_DEFAULTS.items():
@@ -238,8 +257,11 @@ class LocalBackend(Backend):
     def submit(self, run: RunInfo) -> str:
         log = open(run.path / LOGS / "local-supervisor.out", "ab")  # noqa: SIM115 - handed to the child
         try:
+            # env= given explicitly: without it the child inherits the C-level
+            # environment, MPI's variables included (see launcher_env).
             proc = subprocess.Popen(self._supervisor_argv(run), cwd=run.path, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=launcher_env(os.environ))
         finally:
             log.close()
         ticks = proc_start_ticks(proc.pid)
