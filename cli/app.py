@@ -16,7 +16,6 @@ import os
 import sys
 
 import typer
-
 from hetrun.dag.errors import HetrunError
 
 app = typer.Typer(
