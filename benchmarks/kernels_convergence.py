@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+
 DEFAULT_RUNS = "none:none,int8:onebit_ef"
 
 
@@ -80,9 +73,9 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         res_path = Path(tmp, "res.json")
-        cmd = ["mpirun", "--oversubscribe", "-np", str(args.ranks), sys.executable, __file__,
-               "--rank", str(args.steps), str(args.batch), str(args.seq), str(res_path), args.runs]
-        proc = subprocess.run(cmd, env={**os.environ, **MPI_ENV}, capture_output=True, text=True)
+        cmd = mpirun_argv(args.ranks, [sys.executable, __file__, "--rank", str(args.steps), str(args.batch),
+                                       str(args.seq), str(res_path), args.runs])
+        proc = subprocess.run(cmd, env=loopback_mpi_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(proc.stdout[-3000:] + proc.stderr[-3000:])
         res = json.loads(res_path.read_text())

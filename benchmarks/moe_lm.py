@@ -29,15 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
-
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 TRANSPORTS = ["mpi", "mpi-block", "torch"]
 NAMES = {
@@ -152,9 +144,9 @@ def _rank_exchange(transport: str, rows_list: list[int], width: int, reps: int) 
 
 
 def _mpirun(np_: int, args: list[str], out_dir: Path) -> list[dict]:
-    env = {**os.environ, **MPI_ENV}
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable,
-           str(Path(__file__).resolve()), "--rank-mode", *args, "--out", str(out_dir)]
+    env = loopback_mpi_env()
+    cmd = mpirun_argv(np_, [sys.executable, str(Path(__file__).resolve()), "--rank-mode", *args,
+                            "--out", str(out_dir)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"benchmark ranks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -8,7 +8,6 @@ each rank can rebuild locally because the data are seeded by rank.
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import subprocess
@@ -17,22 +16,13 @@ import types
 from pathlib import Path
 
 import pytest
-
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 
 def mpirun(np_: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``python <args>`` on ``np_`` real Open MPI ranks over loopback."""
-    env = {**os.environ, **MPI_ENV}
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable, *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    cmd = mpirun_argv(np_, [sys.executable, *args])
+    return subprocess.run(cmd, env=loopback_mpi_env(), capture_output=True, text=True, timeout=timeout)
 
 
 # ---------------------------------------------------------------- rank body

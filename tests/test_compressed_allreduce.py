@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 
 def _grad(rank: int, shape: tuple[int, ...], seed: int):
@@ -76,8 +67,8 @@ def _body(out_dir: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 def test_onebit_allreduce_converges_to_the_mean(tmp_path: Path) -> None:
-    env = {**os.environ, **MPI_ENV}
-    cmd = ["mpirun", "--oversubscribe", "-np", "3", sys.executable, __file__, str(tmp_path)]
+    env = loopback_mpi_env()
+    cmd = mpirun_argv(3, [sys.executable, __file__, str(tmp_path)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(list(tmp_path.glob("ok-*"))) == 3

@@ -8,7 +8,6 @@ own encode -> decode of that chunk (the own chunk: exact).
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import subprocess
@@ -16,15 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 WIDTH = 37  # row elements: pieces and blocks do not line up with rows
 
@@ -227,8 +218,8 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 @pytest.mark.parametrize("np_", [1, 3])
 def test_compressed_all_to_all(np_: int, backend: str, tmp_path: Path) -> None:
-    env = {**os.environ, **MPI_ENV}
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable, __file__, backend, str(tmp_path)]
+    env = loopback_mpi_env()
+    cmd = mpirun_argv(np_, [sys.executable, __file__, backend, str(tmp_path)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     done = sorted(p.read_text() for p in tmp_path.glob("ok-*"))

@@ -16,15 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp",
-    "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo",
-    "OMP_NUM_THREADS": "1",
-}
 SMALL = {"corpus_bytes": 400_000, "batch_size": 8, "seq_len": 32}
 
 
@@ -260,9 +253,8 @@ def _publish(out_dir: Path) -> dict[str, object]:
 
 def mpirun(np_: int, mode: str, out_dir: Path, timeout: float = 240,
            transport: str = "mpi") -> list[dict]:
-    env = {**os.environ, **MPI_ENV, "MOE_TEST_TRANSPORT": transport}
-    cmd = ["mpirun", "--oversubscribe", "-np", str(np_), sys.executable,
-           str(Path(__file__).resolve()), mode, str(out_dir)]
+    env = loopback_mpi_env(MOE_TEST_TRANSPORT=transport)
+    cmd = mpirun_argv(np_, [sys.executable, str(Path(__file__).resolve()), mode, str(out_dir)])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
