@@ -79,6 +79,15 @@ def test_pipelined_run_trains_and_records_every_action(tmp_path: Path) -> None:
     # Batches moved point to point: bytes recorded on the rollout and weight-sync actions.
     assert all(e["bytes"] > 0 for e in rollouts)
     assert any(e["bytes"] > 0 for e in acts if e["id"] == "sync.policy")
+    # Components still overlap under the per-iteration stop agreement: some
+    # rollout of iteration i+1 starts before the learners' work on i ends.
+    learner_end: dict[int, float] = {}
+    for e in acts:
+        if e["component"] == "learner":
+            learner_end[e["iteration"]] = max(learner_end.get(e["iteration"], 0.0), e["end"])
+    assert any(e["start"] < learner_end.get(e["iteration"] - 1, 0.0) for e in rollouts)
+    # One tiny agreement per iteration, nothing stopped, no duplicate restore lines.
+    assert not [e for e in events if e["ev"] in ("preempt", "restore")]
 
 
 def test_coarse_mode_is_synchronous(tmp_path: Path) -> None:
