@@ -121,3 +121,34 @@ def test_report_reader_imports_no_torch_or_mpi() -> None:
             "bad = [m for m in ('torch', 'mpi4py', 'numpy') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_restarts_and_work_lost_come_from_resume_restore_events(tmp_path: Path) -> None:
+    """One row per restart from resume.py's per-rank restore events (every rank
+    writes one): restarts, the most work any rank lost, skipped checkpoints."""
+    run_dir = tmp_path / "run"
+    _synthetic(run_dir)
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.write("\n")  # after the synthetic run's torn last line: the restarted runtime's lines
+    t = 2000.0
+    for restart, step, lost in ((1, 8, [0, 2, 0]), (2, 16, [1, 0, None])):
+        for r, comp in ((0, "learner"), (1, "rollout"), (2, "rollout")):
+            _ev(run_dir, ev="restore", rank=r, component=comp, node="n1", time=t + restart,
+                step=step, iteration=step, restart_count=restart, max_restarts=3,
+                work_lost=lost[r], seconds=0.1 * (r + 1), entered=t,
+                skipped=[{"step": 12, "why": "chunk hash mismatch"}] if restart == 2 and r == 0 else [])
+    rep = build_report(run_dir)
+    assert [(r["restart"], r["step"], r["iteration"], r["ranks"], r["work_lost"]) for r in rep.resumes] \
+        == [(1, 8, 8, 3, 2), (2, 16, 16, 3, 1)]
+    assert rep.resumes[1]["skipped"] == [{"step": 12, "why": "chunk hash mismatch"}]
+    assert rep.resumes[0]["seconds"] == pytest.approx(0.3) and rep.resumes[0]["max_restarts"] == 3
+    assert rep.restarts == 2 and rep.work_lost == 3
+    d = rep.to_dict()
+    assert d["restarts"] == 2 and d["work_lost"] == 3 and len(d["resumes"]) == 2
+
+
+def test_no_restart_means_no_work_lost(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _synthetic(run_dir)
+    rep = build_report(run_dir)
+    assert rep.resumes == [] and rep.restarts == 0 and rep.work_lost == 0
