@@ -9,11 +9,11 @@ rollout ranks (which proves weights flow back).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from hetrun.runtime.mpi_launch import loopback_mpi_env
 from hetrun.runtime.workload import Workload
 
 DIM = 8
@@ -148,14 +148,6 @@ def write_run_dir(run_dir: Path, plan: dict[str, Any]) -> Path:
     return run_dir
 
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-}
-
-
 def mpirun_cmd(run_dir: Path, plan: dict[str, Any]) -> list[str]:
     """One mpirun app context per component, as the local backend does."""
     import sys
@@ -170,4 +162,4 @@ def mpirun_cmd(run_dir: Path, plan: dict[str, Any]) -> list[str]:
 
 
 def mpi_env() -> dict[str, str]:
-    return {**os.environ, **MPI_ENV}
+    return loopback_mpi_env(OMPI_MCA_rmaps_base_oversubscribe="1")

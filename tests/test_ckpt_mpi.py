@@ -5,7 +5,6 @@ rank can verify: one rank's missing chunk moves ALL ranks back together."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
 
@@ -64,10 +64,7 @@ SCRIPT = textwrap.dedent("""
 def test_three_ranks_commit_restore_and_fall_back_together(tmp_path: Path) -> None:
     script = tmp_path / "ranks.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-           "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1"}
-    r = subprocess.run(["mpirun", "--oversubscribe", "-np", "3", sys.executable, str(script), str(tmp_path)],
-                       env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(mpirun_argv(3, [sys.executable, str(script), str(tmp_path)]),
+                       env=loopback_mpi_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(re.findall(r"rank \d ok", r.stdout)) == ["rank 0 ok", "rank 1 ok", "rank 2 ok"]

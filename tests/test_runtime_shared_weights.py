@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hetrun.runtime.mpi_launch import mpirun_argv
 from runtime_toy import mpi_env
 
 pytestmark = pytest.mark.mpi
@@ -54,8 +55,8 @@ def test_ranks_share_one_copy(tmp_path: Path) -> None:
     probe.write_text(PROBE)
     out = tmp_path / "out.json"
     n = 3
-    proc = subprocess.run(["mpirun", "--oversubscribe", "-np", str(n), sys.executable, str(probe),
-                           str(out)], env=mpi_env(), capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(mpirun_argv(n, [sys.executable, str(probe), str(out)]), env=mpi_env(),
+                          capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert len(rows) == n
