@@ -98,13 +98,15 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 assert comm.allgather(comm.Get_rank()) == list(range(comm.Get_size()))
 comm.Barrier()
+print(f"probe ok rank {comm.Get_rank()}", flush=True)
 """
 
 STRESS = """#!/bin/bash
 # {n} het MPI steps, launched the way hetjob.sbatch launches the runtime.
 export SLURM_PMIX_FENCE=ring
 for i in $(seq 1 {n}); do
-    timeout 60 srun --mpi=pmix --kill-on-bad-exit=0 --het-group=0 {py} {probe} : --het-group=1 {py} {probe} \\
+    # -k: an srun stuck after its step (the other 22.05 bug) ignores SIGTERM.
+    timeout -k 5 45 srun --mpi=pmix --kill-on-bad-exit=0 --het-group=0 {py} {probe} : --het-group=1 {py} {probe} \\
         > {out}/step-$i.out 2>&1
     echo "step $i rc $?"
 done
@@ -125,6 +127,12 @@ def test_het_mpi_init_survives_many_starts(slurm_cluster, shared_tmp: Path) -> N
         capture_output=True, text=True, timeout=600, check=False)
     out = (shared_tmp / "stress.out").read_text() if (shared_tmp / "stress.out").exists() else ""
     assert proc.returncode == 0, proc.stderr + out
-    failed = [line for line in out.splitlines() if line.startswith("step ") and not line.endswith(" rc 0")]
-    details = "".join((shared_tmp / f"step-{line.split()[1]}.out").read_text() for line in failed[:3])
-    assert out.count(" rc 0") == n, f"{failed}\n{details}"
+    assert out.count("step ") == n, out
+    # Every rank of every step got through MPI_Init and a collective. The step's rc is not
+    # checked: an srun that hangs after its tasks ended (killed by timeout) is the other bug.
+    bad = {}
+    for i in range(1, n + 1):
+        text = (shared_tmp / f"step-{i}.out").read_text()
+        if text.count("probe ok rank") != 3 or "Segmentation fault" in text:
+            bad[i] = text[-1500:]
+    assert not bad, bad
