@@ -131,11 +131,12 @@ class StopAgreement:
         self.completed_through = start - 1  # newest iteration whose agreement is known
         self.stop_at: int | None = None
         self.stopped_by: int | None = None  # the agreement that said stop
+        self.level = 0  # its MAX: 1 requeue, 2 SIGTERM (hetrun.runtime.preempt levels)
 
-    def contribute(self, iteration: int, flag: bool) -> None:
+    def contribute(self, iteration: int, level: int) -> None:
         import numpy as np
 
-        send = np.array([1 if flag else 0], dtype=np.int32)
+        send = np.array([level], dtype=np.int32)
         recv = np.zeros(1, dtype=np.int32)
         req = self.comm.Iallreduce(send, recv, op=self._max)
         self.pending.append((iteration, req, send, recv))  # buffers live until complete
@@ -154,6 +155,7 @@ class StopAgreement:
         if recv[0] and self.stop_at is None:
             self.stop_at = iteration + self.window
             self.stopped_by = iteration
+            self.level = int(recv[0])
 
     def may_start(self, iteration: int) -> bool:
         return iteration - self.window <= self.completed_through
@@ -255,7 +257,8 @@ class Executor:
         self.loaded_version: int | None = None
         self.version = 0  # optimize steps taken on this rank
         self.syncs: dict[str, _Sync] = {}
-        self.stop_flag = False  # this rank's local preemption request
+        self.stop_level = 0  # this rank's local preemption request (0 none, 1 requeue, 2 TERM)
+        self._told_hooks = False
         self.agreement: StopAgreement | None = None
         self.workload: Any = None
         self._samples = 0  # supervised samples read by this dispatch (next_batch)
@@ -392,7 +395,7 @@ class Executor:
                 break
             self.ctx.iteration = it
             self._check_stop(it)
-            self.agreement.contribute(it, self.stop_flag)
+            self.agreement.contribute(it, self.stop_level)
             self._run_iteration(it)
             last_done = it
         self._finish_syncs()
@@ -409,8 +412,11 @@ class Executor:
         stop_at = self.agreement.stop_at
         if stop_at is not None and stop_at < self.plan.iterations:
             resume_at = min(last_done + 1, stop_at)
+            if not self._told_hooks:
+                self._told_hooks = True
+                self.hooks.agreed_stop(self.agreement.level)
             self.log.emit("preempt", iteration=resume_at, agreed_at=self.agreement.stopped_by,
-                          window=self.agreement.window, signalled=self.stop_flag)
+                          window=self.agreement.window, signalled=bool(self.stop_level))
             if self.hooks.save_checkpoint is not None:
                 self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
@@ -543,8 +549,11 @@ class Executor:
         got = self._pump()
         if self.agreement is not None:
             self.agreement.poll()
-        if not self.stop_flag and self.hooks.stop_requested(self.ctx):
-            self.stop_flag = True
+            if self.agreement.stop_at is not None and not self._told_hooks:
+                self._told_hooks = True
+                self.hooks.agreed_stop(self.agreement.level)
+        if self.stop_level < 2:
+            self.stop_level = max(self.stop_level, self.hooks.local_stop_level(self.ctx))
         return got
 
     def _await_agreement(self, it: int) -> None:

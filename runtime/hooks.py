@@ -10,12 +10,15 @@ The checkpoint engineer implements them in ``hetrun.runtime.resume`` and
   iteration a resumed run starts from. Called on every rank at the same point
   of the protocol (it may use collectives on ``ctx.comm``/``ctx.world_comm``).
 - ``resume.flush(ctx)``: before the rank exits, wait for a background write.
-- ``preempt.should_stop(ctx) -> bool``: a LOCAL check (signal flag, deadline),
+- ``preempt.should_stop(ctx) -> bool`` / ``preempt.stop_level(ctx) -> int``
+  (0 go on, 1 requeue, 2 SIGTERM): a LOCAL check (signal flag, deadline),
   called at every action boundary and while waiting. Ranks of different
   components are at different iterations (that is the pipelining), so the
-  executor itself makes the agreement: world rank 0 picks a stop iteration and
-  tells every rank, all ranks stop before it, drain messages, checkpoint
-  together and exit with ``preempt.exit_code(ctx)`` (default 85).
+  executor itself makes the agreement (``executor.StopAgreement``: a
+  non-blocking MAX all-reduce per iteration): all ranks stop before the same
+  iteration, tell ``preempt.agree(level)`` what they agreed on, drain
+  messages, checkpoint together and exit with ``preempt.exit_code(ctx)``
+  (default 85).
 
 A module that is absent means no support, said once in the log; nothing is
 faked.
@@ -45,6 +48,8 @@ class Hooks:
     restore_if_any: Callable[[Any, Any], int] | None = None
     save_checkpoint: Callable[[Any, Any, int], Any] | None = None
     should_stop: Callable[[Any], bool] | None = None
+    stop_level: Callable[[Any], int] | None = None
+    agree: Callable[[int], None] | None = None
     exit_code: Callable[[Any], int] | None = None
     flush: Callable[[Any], Any] | None = None
     missing: list[str] = field(default_factory=list)
@@ -57,6 +62,16 @@ class Hooks:
 
     def stop_requested(self, ctx: Any) -> bool:
         return bool(self.should_stop(ctx)) if self.should_stop is not None else False
+
+    def local_stop_level(self, ctx: Any) -> int:
+        """0 go on, 1 stop + requeue, 2 stop on SIGTERM (what this rank alone sees)."""
+        if self.stop_level is not None:
+            return int(self.stop_level(ctx))
+        return 1 if self.stop_requested(ctx) else 0
+
+    def agreed_stop(self, level: int) -> None:
+        if self.agree is not None:
+            self.agree(level)
 
     def flush_checkpoints(self, ctx: Any) -> Any:
         """Wait for a background checkpoint write in flight (before the rank exits)."""
@@ -76,6 +91,8 @@ def load_hooks() -> Hooks:
         hooks.flush = getattr(resume, "flush", None)
     if preempt is not None:
         hooks.should_stop = getattr(preempt, "should_stop", None)
+        hooks.stop_level = getattr(preempt, "stop_level", None)
+        hooks.agree = getattr(preempt, "agree", None)
         hooks.exit_code = getattr(preempt, "exit_code", None)
     if hooks.restore_if_any is None:
         hooks.missing.append("resume (hetrun.runtime.resume.restore_if_any): runs start at iteration 0")

@@ -1,10 +1,13 @@
 """Preemption: turn a signal or an approaching time limit into "stop at the next
 action boundary, checkpoint, exit".
 
-The executor calls ``should_stop(ctx)`` (a local check) at every action
-boundary; when it says yes, world rank 0 picks the stop iteration, every rank
-stops before it, all checkpoint together (``resume.save_checkpoint``) and
-exit with ``exit_code(ctx)``:
+The executor asks ``stop_level(ctx)`` (a local check: 0 go on, 1 requeue,
+2 SIGTERM) at every action boundary and puts it into its per-iteration stop
+agreement (a non-blocking MAX all-reduce over every rank, see
+``hetrun.runtime.executor.StopAgreement``); once the agreement says stop,
+``agree(level)`` tells this module what all ranks agreed on, every rank stops
+before the same iteration, all checkpoint together
+(``resume.save_checkpoint``) and exit with the same ``exit_code(ctx)``:
 
 - 85 after the job's warning signal (``--signal=B:USR1@<grace>``, forwarded
   by the batch script) or a time limit seen coming: the script turns 85 into
@@ -60,6 +63,7 @@ class _State:
         self.watchdog: threading.Timer | None = None
         self.grace_s = 60.0
         self.on_hard_deadline: Any = None
+        self.agreed_level: int | None = None  # max over all ranks, once agreed
 
 
 _S = _State()
@@ -188,6 +192,32 @@ def should_stop(ctx: Any) -> bool:
     return False
 
 
+LEVEL_NONE, LEVEL_REQUEUE, LEVEL_TERMINATED = 0, 1, 2
+
+
+def stop_level(ctx: Any) -> int:
+    """``should_stop`` as a number the ranks can MAX-reduce: 0 go on, 1 stop and
+    ask for a requeue (warning signal, time limit), 2 stop because of SIGTERM."""
+    if not should_stop(ctx):
+        return LEVEL_NONE
+    return LEVEL_TERMINATED if _S.signum == signal.SIGTERM else LEVEL_REQUEUE
+
+
+def agree(level: int) -> None:
+    """The stop all ranks agreed on (the MAX of their ``stop_level``).
+
+    Every rank then exits with the same code, also a rank that never got a
+    signal itself (``kill -USR1`` on one pid), and arms the hard deadline:
+    from now on it too must be gone before the grace time is over.
+    """
+    if level <= LEVEL_NONE:
+        return
+    _S.agreed_level = max(level, _S.agreed_level or 0)
+    if _S.reason is None:
+        _S.reason = "SIGTERM on another rank" if level == LEVEL_TERMINATED else "stop agreed with other ranks"
+    _arm_watchdog(_code())
+
+
 def stop_reason() -> str | None:
     return _S.reason
 
@@ -206,6 +236,8 @@ def exit_code(ctx: Any) -> int:
 
 
 def _code() -> int:
+    if _S.agreed_level is not None:
+        return EXIT_TERMINATED if _S.agreed_level >= LEVEL_TERMINATED else EXIT_REQUEUE
     return EXIT_TERMINATED if _S.signum == signal.SIGTERM else EXIT_REQUEUE
 
 

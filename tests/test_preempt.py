@@ -85,6 +85,33 @@ def test_sigterm_means_slurm_requeues_so_just_exit(tmp_path: Path) -> None:
         signal.signal(signal.SIGTERM, old)
 
 
+def test_stop_levels_and_the_agreed_level_decide_every_ranks_exit_code(tmp_path: Path) -> None:
+    """A rank that never saw a signal exits like the ranks that did: the
+    executor's agreement MAX-reduces stop_level and hands the result to agree()."""
+    ctx = make_ctx(tmp_path)
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        preempt.install(ctx)
+        assert preempt.stop_level(ctx) == preempt.LEVEL_NONE
+        preempt.agree(preempt.LEVEL_NONE)  # nobody asked: nothing changes
+        assert preempt.stop_reason() is None and preempt.exit_code(ctx) == 85
+        preempt.agree(preempt.LEVEL_TERMINATED)  # SIGTERM reached another rank only
+        assert preempt.stop_reason() == "SIGTERM on another rank"
+        assert preempt.exit_code(ctx) == 143 and not preempt.should_stop(ctx)
+        preempt.agree(preempt.LEVEL_REQUEUE)  # the MAX so far stays
+        assert preempt.exit_code(ctx) == 143
+        preempt.uninstall()
+        preempt.install(ctx)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert preempt.stop_level(ctx) == preempt.LEVEL_TERMINATED
+        preempt.agree(preempt.LEVEL_TERMINATED)
+        assert preempt.stop_reason() == "SIGTERM" and preempt.exit_code(ctx) == 143
+    finally:
+        preempt.uninstall()
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_configured_signal_and_unknown_signal(tmp_path: Path) -> None:
     assert preempt.warning_signal(make_ctx(tmp_path, signal="USR2")) == signal.SIGUSR2
     assert preempt.warning_signal(make_ctx(tmp_path, signal="XCPU")) == signal.SIGXCPU
