@@ -9,21 +9,12 @@ each rank can rebuild locally because the data are seeded by rank.
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
 import sys
 import types
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
-
-
-def mpirun(np_: int, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``python <args>`` on ``np_`` real Open MPI ranks over loopback."""
-    cmd = mpirun_argv(np_, [sys.executable, *args])
-    return subprocess.run(cmd, env=loopback_mpi_env(), capture_output=True, text=True, timeout=timeout)
-
+from mpi_helpers import needs_mpirun, open_alltoall_comm, run_ranks
 
 # ---------------------------------------------------------------- rank body
 
@@ -78,24 +69,7 @@ def _body(backend: str, out_dir: str) -> None:
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    if backend == "mpi":
-        comm = AllToAllComm.from_mpi(world)
-    else:
-        import torch.distributed as dist
-
-        # Rank 0 picks a free port; MPI tells the others (no fixed port to collide on).
-        port = 0
-        if rank == 0:
-            import socket
-
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = world.bcast(port, root=0)
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size
-        )
-        comm = AllToAllComm.from_torch(None)
+    comm = open_alltoall_comm(backend, world)
     assert (comm.rank, comm.size) == (rank, size)
 
     for case in (0, 1, 2):
@@ -222,16 +196,12 @@ def _body(backend: str, out_dir: str) -> None:
 
 # ---------------------------------------------------------------- pytest side
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
-
-
 @pytest.mark.mpi
 @needs_mpirun
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 @pytest.mark.parametrize("np_", [1, 2, 4])
 def test_all_to_all_matches_reference(np_: int, backend: str, tmp_path: Path) -> None:
-    proc = mpirun(np_, str(Path(__file__).resolve()), backend, str(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_ranks(np_, str(Path(__file__).resolve()), backend, str(tmp_path), timeout=120)
     done = sorted(p.read_text() for p in tmp_path.glob("ok-*"))
     assert done == [f"{r}/{np_} {backend}" for r in range(np_)]
 

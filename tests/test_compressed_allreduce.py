@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from mpi_helpers import needs_mpirun, run_ranks
 
 
 def _grad(rank: int, shape: tuple[int, ...], seed: int):
@@ -65,12 +63,9 @@ def _body(out_dir: str) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+@needs_mpirun
 def test_onebit_allreduce_converges_to_the_mean(tmp_path: Path) -> None:
-    env = loopback_mpi_env()
-    cmd = mpirun_argv(3, [sys.executable, __file__, str(tmp_path)])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_ranks(3, __file__, str(tmp_path), timeout=180)
     assert len(list(tmp_path.glob("ok-*"))) == 3
 
 

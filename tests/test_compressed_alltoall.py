@@ -9,13 +9,11 @@ own encode -> decode of that chunk (the own chunk: exact).
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from mpi_helpers import needs_mpirun, open_alltoall_comm, run_ranks
 
 WIDTH = 37  # row elements: pieces and blocks do not line up with rows
 
@@ -64,7 +62,7 @@ def _body(backend: str, out_dir: str) -> None:
     import torch
     from hetrun.kernels.codec import ErrorFeedbackState
     from hetrun.kernels.codec_registry import get_codec
-    from hetrun.runtime.comms.alltoall import AllToAllComm, all_to_all
+    from hetrun.runtime.comms.alltoall import all_to_all
     from hetrun.runtime.comms.compressed import (
         PairPolicy,
         compressed_all_to_all,
@@ -74,21 +72,7 @@ def _body(backend: str, out_dir: str) -> None:
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    if backend == "mpi":
-        comm = AllToAllComm.from_mpi(world)
-    else:
-        import socket
-
-        import torch.distributed as dist
-
-        port = 0
-        if rank == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = world.bcast(port, root=0)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-        comm = AllToAllComm.from_torch(None)
+    comm = open_alltoall_comm(backend, world)
     piecewise = backend == "mpi"
 
     def recvs_of(case: int) -> list[int]:
@@ -210,18 +194,12 @@ def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
         _block_size(None, "backward")
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
-
-
 @pytest.mark.mpi
 @needs_mpirun
 @pytest.mark.parametrize("backend", ["mpi", "torch"])
 @pytest.mark.parametrize("np_", [1, 3])
 def test_compressed_all_to_all(np_: int, backend: str, tmp_path: Path) -> None:
-    env = loopback_mpi_env()
-    cmd = mpirun_argv(np_, [sys.executable, __file__, backend, str(tmp_path)])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_ranks(np_, __file__, backend, str(tmp_path), timeout=240)
     done = sorted(p.read_text() for p in tmp_path.glob("ok-*"))
     assert done == [f"{r}/{np_} {backend}" for r in range(np_)]
 

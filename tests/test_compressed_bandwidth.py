@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from mpi_helpers import needs_mpirun, run_ranks
 
 
 def test_break_even_model() -> None:
@@ -71,12 +69,9 @@ def _body(out_dir: str) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+@needs_mpirun
 def test_calibrate_on_real_ranks(tmp_path: Path) -> None:
-    env = loopback_mpi_env()
-    cmd = mpirun_argv(3, [sys.executable, __file__, str(tmp_path)])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_ranks(3, __file__, str(tmp_path), timeout=180)
     assert sorted(p.name for p in tmp_path.glob("ok-*")) == ["ok-0", "ok-1", "ok-2"]
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from hetrun.runtime.mpi_launch import init_loopback_gloo
+from mpi_helpers import needs_mpirun, run_ranks
 
 SMALL = {"corpus_bytes": 400_000, "batch_size": 8, "seq_len": 32}
 
@@ -29,22 +28,6 @@ def _context(comm, seed: int = 0):
         comp_rank=comm.Get_rank(), comp_size=comm.Get_size(), group=None, comm=comm,
         device="cpu", seed=seed, run_dir=Path("."), comms={"forward_codec": "none"},
     )
-
-
-def _init_gloo(comm) -> None:
-    """torch.distributed over gloo; rank 0 picks a free port and MPI tells the others."""
-    import socket
-
-    import torch.distributed as dist
-
-    port = 0
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
 
 
 def _sync(workload, comm) -> None:
@@ -76,7 +59,7 @@ def _equivalence(out_dir: Path) -> dict[str, object]:
     ctx = _context(comm)
     transport = os.environ.get("MOE_TEST_TRANSPORT", "mpi")
     if transport == "torch":
-        _init_gloo(comm)
+        init_loopback_gloo(comm)
     work = MoELMWorkload(ctx, transport=transport, **SMALL)
     assert work.transport == transport and work.comm is not None
     cfg = work.cfg
@@ -253,16 +236,11 @@ def _publish(out_dir: Path) -> dict[str, object]:
 
 def mpirun(np_: int, mode: str, out_dir: Path, timeout: float = 240,
            transport: str = "mpi") -> list[dict]:
-    env = loopback_mpi_env(MOE_TEST_TRANSPORT=transport)
-    cmd = mpirun_argv(np_, [sys.executable, str(Path(__file__).resolve()), mode, str(out_dir)])
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = run_ranks(np_, str(Path(__file__).resolve()), mode, str(out_dir), timeout=timeout,
+                     env={"MOE_TEST_TRANSPORT": transport})
     results = [json.loads(p.read_text()) for p in sorted(out_dir.glob("rank-*.json"))]
     assert len(results) == np_, proc.stdout + proc.stderr
     return results
-
-
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
 
 @pytest.mark.mpi
