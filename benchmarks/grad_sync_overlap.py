@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-}
+from hetrun.runtime.mpi_launch import init_loopback_gloo, loopback_mpi_env, mpirun_argv
 
 
 def worker(args: argparse.Namespace) -> None:
-    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
@@ -43,17 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    store = None
-    if rank == 0:
-        store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False)
-        port = store.port
-    else:
-        port = None
-    port = comm.bcast(port, root=0)
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, size, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=120))
+    init_loopback_gloo(comm, timeout_s=120)
     torch.manual_seed(0)
     layers = []
     for _ in range(args.layers):
@@ -114,11 +98,11 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    cmd = ["mpirun", "--oversubscribe", "-np", str(args.ranks), sys.executable, __file__, "--worker",
-           "--width", str(args.width), "--layers", str(args.layers), "--batch", str(args.batch),
-           "--steps", str(args.steps)]
-    out = subprocess.run(cmd, env={**os.environ, **MPI_ENV}, capture_output=True, text=True,
-                         check=True, timeout=900)
+    cmd = mpirun_argv(args.ranks, [sys.executable, __file__, "--worker", "--width", str(args.width),
+                                   "--layers", str(args.layers), "--batch", str(args.batch),
+                                   "--steps", str(args.steps)])
+    out = subprocess.run(cmd, env=loopback_mpi_env(GLOO_SOCKET_IFNAME="lo"), capture_output=True,
+                         text=True, check=True, timeout=900)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     m = res["median_s"]
     print(f"{res['ranks']} ranks on {socket.gethostname()}, MLP {res['params'] / 1e6:.1f}M params, "

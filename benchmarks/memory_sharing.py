@@ -22,11 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-MPI_ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo",
-    "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1",
-}
+from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
 
 
 def smaps_rollup(pid: int | str = "self") -> dict[str, int]:
@@ -86,9 +82,8 @@ def worker(mode: str, mb: int, out: str) -> None:
 def run(mode: str, ranks: int, mb: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "out.json")
-        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, __file__,
-               "--worker", mode, "--mb", str(mb), "--out", out]
-        subprocess.run(cmd, env={**os.environ, **MPI_ENV}, check=True, timeout=600)
+        cmd = mpirun_argv(ranks, [sys.executable, __file__, "--worker", mode, "--mb", str(mb), "--out", out])
+        subprocess.run(cmd, env=loopback_mpi_env(), check=True, timeout=600)
         return json.loads(Path(out).read_text())
 
 

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from hetrun.runtime.mpi_launch import init_loopback_gloo, loopback_mpi_env, mpirun_argv
 
 TRANSPORTS = ["mpi", "mpi-block", "torch"]
 NAMES = {
@@ -39,21 +39,6 @@ NAMES = {
 }
 
 # ------------------------------------------------------------------ rank side
-
-
-def _init_torch_dist(comm) -> None:
-    import socket
-
-    import torch.distributed as dist
-
-    port = 0
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=comm.Get_rank(), world_size=comm.Get_size())
 
 
 def _rank_lm(transport: str, steps: int, warmup: int, batch: int, seq: int) -> dict:
@@ -67,7 +52,7 @@ def _rank_lm(transport: str, steps: int, warmup: int, batch: int, seq: int) -> d
     rank, size = comm.Get_rank(), comm.Get_size()
     if size > 1:
         # The runtime's gradient sync is gloo all_reduce over the component, in every mode.
-        _init_torch_dist(comm)
+        init_loopback_gloo(comm)
     ctx = RankContext(
         rank=rank, world_size=size, component="learner", comp_rank=rank, comp_size=size,
         group=None, comm=comm, device="cpu", seed=0, run_dir=Path("."),
@@ -119,7 +104,7 @@ def _rank_exchange(transport: str, rows_list: list[int], width: int, reps: int) 
     comm = MPI.COMM_WORLD
     size = comm.Get_size()
     if transport == "torch":
-        _init_torch_dist(comm)
+        init_loopback_gloo(comm)
         a2a = AllToAllComm.from_torch(None)
     else:
         a2a = AllToAllComm.from_mpi(comm, poll="block" if transport == "mpi-block" else "polite")
