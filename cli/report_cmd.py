@@ -115,8 +115,18 @@ def register(app: typer.Typer) -> None:
             f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
-        for e in rep.restores:
-            console.print(f"  restore: rank {e.get('rank')} from iteration {e.get('iteration')}")
+        if rep.resumes:
+            lost = "unknown" if rep.work_lost is None else f"{rep.work_lost} iteration(s)"
+            console.print(f"restarts {rep.restarts}  work lost {lost}")
+        for row in rep.resumes:
+            limit = "" if row.get("max_restarts") is None else f"/{row['max_restarts']}"
+            secs = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
+            skipped = "".join(f"; skipped checkpoint {s['step']}: {s['why']}" for s in row["skipped"])
+            console.print(
+                f"  restart {row['restart']}{limit}: {row['ranks']} rank(s) resumed at iteration "
+                f"{row['iteration']} (checkpoint step {row['step']}){secs}, work lost "
+                f"{'unknown' if row['work_lost'] is None else row['work_lost']}{skipped}",
+                markup=False, highlight=False)
         if rep.errors:
             first = rep.errors[0]
             console.print(

@@ -69,17 +69,24 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(show_edge=False, pad_edge=False)
-        for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS", "REASON"):
+        from hetrun.runtime.report import restart_summary
+
+        for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
+                    "WORK LOST", "REASON"):
             table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
         for run in chosen:
             st = results[run.run_dir]
+            # Iterations redone after restarts, from the runtime's restore events
+            # (whole-run figure, shown on the run's first line).
+            _, lost = restart_summary(run.run_dir)
+            lost_text = "-" if lost is None else str(lost)
             for i, comp in enumerate(st.components):
                 table.add_row(
                     Path(run.run_dir).name if i == 0 else "",
                     run.backend if i == 0 else "",
                     comp.job_id or run.job_id or "-",
                     comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
-                    str(comp.restarts), comp.reason or "",
+                    str(comp.restarts), lost_text if i == 0 else "", comp.reason or "",
                 )
         Console(width=200 if not Console().is_terminal else None).print(table)
         if failure is not None:

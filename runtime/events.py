@@ -71,22 +71,28 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def read_events(run_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+def read_events(run_dir: str | os.PathLike[str], *, only: str | None = None) -> Iterator[dict[str, Any]]:
     """Yield the events of a run, skipping a truncated or corrupt line.
 
     Only the last line can be truncated by a kill; a corrupt line elsewhere is
     also skipped rather than failing a report on a run that is still useful.
+    ``only`` keeps events of that kind and skips parsing the others, so
+    ``hetrun status`` can read the few ``restore`` lines of a long run cheaply.
     """
     path = Path(run_dir) / EVENTS_FILE
     if not path.exists():
         return
+    # A substring test first: most lines of a long run are actions, never parsed then.
+    needle = None if only is None else json.dumps(only).encode()
     with path.open("rb") as fh:
         for raw in fh:
             if not raw.endswith(b"\n"):
                 break  # truncated last line of a killed run
+            if needle is not None and needle not in raw:
+                continue
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
-            if isinstance(record, dict):
+            if isinstance(record, dict) and (only is None or record.get("ev") == only):
                 yield record

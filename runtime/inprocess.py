@@ -123,7 +123,8 @@ class _InProcess:
         for name, wl in self.workloads.items():
             s = self.hooks.restore(self.ctxs[name], wl)
             if s:
-                self.logs[name].emit("restore", iteration=s)
+                # The restore event itself is written by the hook (resume.py), with
+                # restart count and work lost; writing one here would count it twice.
                 self.version[name] = s
             start = max(start, s)
         result = InProcessResult(exit_code=0, workloads=self.workloads)

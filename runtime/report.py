@@ -177,6 +177,18 @@ class RunReport:
         return d
 
 
+def restart_summary(run_dir: str | os.PathLike[str]) -> tuple[int, int | None]:
+    """(restarts, iterations of work lost) from a run's ``restore`` events only.
+
+    Cheap enough for ``hetrun status`` over many runs: other event lines are
+    not parsed. Work lost is None when no restart recorded it.
+    """
+    rows = summarize_resumes(list(read_events(run_dir, only="restore")))
+    restarts = max((int(r["restart"]) for r in rows), default=0)
+    known = [int(r["work_lost"]) for r in rows if r.get("work_lost") is not None]
+    return restarts, (sum(known) if known else (0 if not rows else None))
+
+
 def summarize_resumes(restores: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per restart from the per-rank ``restore`` events resume.py writes.
 

@@ -152,3 +152,24 @@ def test_no_restart_means_no_work_lost(tmp_path: Path) -> None:
     _synthetic(run_dir)
     rep = build_report(run_dir)
     assert rep.resumes == [] and rep.restarts == 0 and rep.work_lost == 0
+
+
+def test_status_reads_restarts_and_work_lost_from_restore_lines_only(tmp_path: Path) -> None:
+    """`hetrun status` shows work lost per run from the restore events alone."""
+    from hetrun.runtime.events import read_events
+    from hetrun.runtime.report import restart_summary
+
+    run_dir = tmp_path / "run"
+    _synthetic(run_dir)
+    assert restart_summary(run_dir) == (0, 0)
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.write("\n")
+    for r, lost in ((0, 2), (1, 0)):
+        _ev(run_dir, ev="restore", rank=r, component="learner", node="n1", time=3000.0,
+            step=8, iteration=8, restart_count=1, max_restarts=3, work_lost=lost, seconds=0.1)
+    # An action whose metrics merely mention the word is not a restore.
+    _ev(run_dir, ev="action", rank=0, component="learner", node="n1", time=3001.0,
+        type="eval", id="eval", iteration=9, start=3000.5, end=3001.0, metrics={"note": "restore"})
+    assert restart_summary(run_dir) == (1, 2)
+    assert {e["ev"] for e in read_events(run_dir, only="restore")} == {"restore"}
+    assert build_report(run_dir).work_lost == restart_summary(run_dir)[1]
