@@ -48,7 +48,7 @@ def _job_field(job_id: str, key: str) -> str | None:
 
 
 def _idle_node() -> str | None:
-    out = subprocess.run(["sinfo", "-h", "-p", "debug", "-t", "idle", "-o", "%n"], capture_output=True, text=True).stdout
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "debug", "-t", "idle", "-o", "%N"], capture_output=True, text=True).stdout
     nodes = sorted(set(out.split()))
     return nodes[-1] if nodes else None
 
