@@ -56,13 +56,13 @@ def _decode_cpu(out: torch.Tensor, fill) -> None:
         out.reshape(-1).copy_(tmp)
 
 
-class OneBitCodec(Codec):
-    """``onebit``: sign bits (8 per byte) + one fp32 scale (mean |x|) per block. ~28x at B=256."""
+class _BlockKernelCodec(Codec):
+    """A codec whose encode/decode are the ``<kernel>_encode``/``<kernel>_decode``
+    functions of the CPU path, the Triton path and the reference, in that order
+    of preference (CPU tensors -> vectorized CPU path; GPU -> Triton when it is
+    installed, else the reference)."""
 
-    name = "onebit"
-
-    def wire_bytes(self, numel: int) -> int:
-        return 4 * self.num_blocks(numel) + (numel + 7) // 8
+    kernel = ""
 
     def encode_into(
         self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
@@ -70,22 +70,34 @@ class OneBitCodec(Codec):
         _check(self, x, out)
         if x.numel() == 0:
             return
+        enc = f"{self.kernel}_encode"
         if x.device.type == "cpu":
-            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
+            getattr(codec_cpu, enc)(_as_f32_numpy(x), out.numpy(), self.block_size)
         elif (tr := _triton(self.block_size)) is not None:
-            tr.onebit_encode(x.reshape(-1), out, self.block_size)
+            getattr(tr, enc)(x.reshape(-1), out, self.block_size)
         else:
-            out.copy_(codec_reference.onebit_encode(x, self.block_size))
+            out.copy_(getattr(codec_reference, enc)(x, self.block_size))
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         if out.numel() == 0:
             return
+        dec = f"{self.kernel}_decode"
         if out.device.type == "cpu":
-            _decode_cpu(out, lambda o: codec_cpu.onebit_decode(payload.numpy(), o, self.block_size))
+            _decode_cpu(out, lambda o: getattr(codec_cpu, dec)(payload.numpy(), o, self.block_size))
         elif (tr := _triton(self.block_size)) is not None:
-            tr.onebit_decode(payload, out, self.block_size)
+            getattr(tr, dec)(payload, out, self.block_size)
         else:
-            out.reshape(-1).copy_(codec_reference.onebit_decode(payload, out.numel(), self.block_size))
+            out.reshape(-1).copy_(getattr(codec_reference, dec)(payload, out.numel(), self.block_size))
+
+
+class OneBitCodec(_BlockKernelCodec):
+    """``onebit``: sign bits (8 per byte) + one fp32 scale (mean |x|) per block. ~28x at B=256."""
+
+    name = "onebit"
+    kernel = "onebit"
+
+    def wire_bytes(self, numel: int) -> int:
+        return 4 * self.num_blocks(numel) + (numel + 7) // 8
 
 
 class OneBitEFCodec(OneBitCodec):
@@ -154,36 +166,14 @@ class OneBitStochasticCodec(OneBitCodec):
         out.copy_(codec_reference.onebit_stochastic_encode(x, self.block_size, u))
 
 
-class Int8Codec(Codec):
+class Int8Codec(_BlockKernelCodec):
     """``int8``: blockwise absmax int8 (scale = absmax / 127 per block). ~3.9x at B=256."""
 
     name = "int8"
+    kernel = "int8"
 
     def wire_bytes(self, numel: int) -> int:
         return 4 * self.num_blocks(numel) + numel
-
-    def encode_into(
-        self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
-    ) -> None:
-        _check(self, x, out)
-        if x.numel() == 0:
-            return
-        if x.device.type == "cpu":
-            codec_cpu.int8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
-        elif (tr := _triton(self.block_size)) is not None:
-            tr.int8_encode(x.reshape(-1), out, self.block_size)
-        else:
-            out.copy_(codec_reference.int8_encode(x, self.block_size))
-
-    def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
-        if out.numel() == 0:
-            return
-        if out.device.type == "cpu":
-            _decode_cpu(out, lambda o: codec_cpu.int8_decode(payload.numpy(), o, self.block_size))
-        elif (tr := _triton(self.block_size)) is not None:
-            tr.int8_decode(payload, out, self.block_size)
-        else:
-            out.reshape(-1).copy_(codec_reference.int8_decode(payload, out.numel(), self.block_size))
 
 
 class Fp8Codec(Codec):
