@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_runtime_jobs import fake_runtime, two_component_spec
 from hetrun.dag.errors import SlurmError
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend, launch_commands, proc_start_ticks
@@ -93,20 +94,12 @@ exit 0
 
 
 def test_supervisor_restarts_on_85_then_completes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = tmp_path / "fake_runtime.sh"
-    fake.write_text(REQUEUE_RUNTIME)
-    fake.chmod(0o755)
+    fake = fake_runtime(tmp_path, "fake_runtime.sh", REQUEUE_RUNTIME)
     monkeypatch.setenv("HETRUN_LOCAL_PYTHON", str(fake))
-    spec = spec_from_dict({
-        "name": "local-requeue", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "preemption": {"max_restarts": 2},
-    })
+    spec = two_component_spec(
+        "local-requeue",
+        preemption={"max_restarts": 2},
+    )
     res = submit_spec(spec, backend="local", runs_dir=tmp_path / "runs")
     final = wait_for_end(res.run, LocalBackend(), timeout_s=120, poll_s=0.5)
     assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
@@ -133,9 +126,7 @@ echo "component=$HETRUN_COMPONENT run_dir=$3 restart=$HETRUN_RESTART_COUNT" > "$
 
 def test_without_mpirun_a_single_rank_job_runs_as_a_plain_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = tmp_path / "fake_runtime.sh"
-    fake.write_text(SINGLE_RUNTIME)
-    fake.chmod(0o755)
+    fake = fake_runtime(tmp_path, "fake_runtime.sh", SINGLE_RUNTIME)
     bin_dir = tmp_path / "bin"  # a PATH with a shell and no mpirun
     bin_dir.mkdir()
     os.symlink(shutil.which("sh") or "/bin/sh", bin_dir / "sh")

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.spec import spec_from_dict
+from fake_runtime_jobs import fake_runtime, two_component_spec
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.backends.slurm_cli import RetryPolicy
 from hetrun.slurm_plugin.rundir import wait_for
@@ -46,17 +46,7 @@ exec sleep 600
 
 
 def _requeue_spec(name: str) -> object:
-    return spec_from_dict({
-        "name": name, "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:04:00"},
-        "preemption": {"max_restarts": 2},
-    })
+    return two_component_spec(name, slurm={"time": "00:04:00"}, preemption={"max_restarts": 2})
 
 
 def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
@@ -66,9 +56,7 @@ def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(HANGING_SRUN.format(srun=real_srun))
     (bin_dir / "srun").chmod(0o755)
-    fake = shared_tmp / "requeue_runtime.sh"
-    fake.write_text(REQUEUE_RUNTIME)
-    fake.chmod(0o755)
+    fake = fake_runtime(shared_tmp, "requeue_runtime.sh", REQUEUE_RUNTIME)
     # sbatch exports the submitting environment: the batch script finds the hanging srun first.
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     res = submit_spec(_requeue_spec("stuck-srun"), backend="sbatch", runs_dir=shared_tmp / "runs",

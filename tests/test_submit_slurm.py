@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.spec import load_spec, spec_from_dict
+from fake_runtime_jobs import fake_runtime, two_component_spec
+from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.backends.slurm_cli import RetryPolicy
 from hetrun.slurm_plugin.rundir import read_run, wait_for
@@ -103,21 +104,13 @@ env -0 > "$HETRUN_RUN_DIR/fake-env-$SLURM_PROCID"
 def test_payload_job_is_inert_on_the_cluster(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
     canary = shared_tmp / "CANARY"
     payload = f"$(touch {canary}); `touch {canary}`; ' \" ; touch {canary}"
-    fake = shared_tmp / "fake_runtime.sh"
-    fake.write_text(FAKE_RUNTIME)
-    fake.chmod(0o755)
-    spec = spec_from_dict({
-        "name": "inj-live", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "workload_args": {"env_id": payload},
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:02:00"},
-        "env": {"PAYLOAD": payload},
-    })
+    fake = fake_runtime(shared_tmp, "fake_runtime.sh", FAKE_RUNTIME)
+    spec = two_component_spec(
+        "inj-live",
+        workload_args={"env_id": payload},
+        slurm={"time": "00:02:00"},
+        env={"PAYLOAD": payload},
+    )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     try:
@@ -144,20 +137,12 @@ exit 0
 
 
 def test_exit_85_requeues_the_het_job(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    fake = shared_tmp / "requeue_runtime.sh"
-    fake.write_text(REQUEUE_RUNTIME)
-    fake.chmod(0o755)
-    spec = spec_from_dict({
-        "name": "requeue", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:02:00"},
-        "preemption": {"max_restarts": 2},
-    })
+    fake = fake_runtime(shared_tmp, "requeue_runtime.sh", REQUEUE_RUNTIME)
+    spec = two_component_spec(
+        "requeue",
+        slurm={"time": "00:02:00"},
+        preemption={"max_restarts": 2},
+    )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend(RetryPolicy(attempts=3, first_delay_s=0.5))
@@ -211,19 +196,12 @@ exit 1
 def test_usr1_reaches_every_rank_through_the_batch_shell(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
     """Slurm's --signal=B:USR1 goes to the batch shell only; the script must pass it on
     through srun to every rank of every component, then requeue on exit 85."""
-    fake = shared_tmp / "signal_runtime.sh"
-    fake.write_text(SIGNAL_RUNTIME)
-    fake.chmod(0o755)
-    spec = spec_from_dict({
-        "name": "sig", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 2, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:03:00"},
-    })
+    fake = fake_runtime(shared_tmp, "signal_runtime.sh", SIGNAL_RUNTIME)
+    spec = two_component_spec(
+        "sig",
+        rollout_nodes=2,
+        slurm={"time": "00:03:00"},
+    )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend()
@@ -254,19 +232,11 @@ for _ in $(seq 900); do sleep 0.1; done
 
 
 def test_backend_requeue_and_accounting(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    fake = shared_tmp / "sleep_runtime.sh"
-    fake.write_text(SLEEP_RUNTIME)
-    fake.chmod(0o755)
-    spec = spec_from_dict({
-        "name": "rq", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "500M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "500M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:03:00"},
-    })
+    fake = fake_runtime(shared_tmp, "sleep_runtime.sh", SLEEP_RUNTIME)
+    spec = two_component_spec(
+        "rq",
+        slurm={"time": "00:03:00"},
+    )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend()
@@ -305,21 +275,14 @@ exit 1
 def test_time_limit_signal_requeues_the_job(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
     """The rendered --signal=B:USR1@grace, for real: Slurm warns the batch shell before the
     time limit, the shell passes it to every rank, the ranks exit 85, the job is requeued."""
-    fake = shared_tmp / "time_limit_runtime.sh"
-    fake.write_text(TIME_LIMIT_RUNTIME)
-    fake.chmod(0o755)
-    spec = spec_from_dict({
-        "name": "timelimit", "workload": "hetrun.examples.ppo:PPOWorkload",
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "300M",
-                        "actions": ["forward", "backward", "optimize", "sync"]},
-            "rollout": {"nodes": 1, "tasks_per_node": 1, "mem": "300M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 1},
-        "slurm": {"time": "00:01:00"},
+    fake = fake_runtime(shared_tmp, "time_limit_runtime.sh", TIME_LIMIT_RUNTIME)
+    spec = two_component_spec(
+        "timelimit",
+        mem="300M",
+        slurm={"time": "00:01:00"},
         # USR1 about 10-20 s after the start (Slurm checks signal deadlines periodically).
-        "preemption": {"signal": "USR1", "grace_seconds": 50, "max_restarts": 1},
-    })
+        preemption={"signal": "USR1", "grace_seconds": 50, "max_restarts": 1},
+    )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend()
