@@ -11,7 +11,12 @@ from __future__ import annotations
 import faulthandler
 import os
 import sys
+import time
 import traceback
+
+# The interpreter is up and the hetrun package imported: the first stage of a
+# rank's startup that the runtime itself can see (see entry.startup_times).
+INTERP_READY = time.time()
 
 # First thing a rank does: a crash in C (MPI/PMIx init, torch) then prints the
 # Python stack of every thread to the rank's log. Installed before MPI_Init,
@@ -31,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from .entry import run_rank
 
     try:
-        return run_rank(argv[0])
+        return run_rank(argv[0], interp_ready=INTERP_READY)
     except SystemExit:
         raise
     except BaseException:  # last resort: entry.run_rank already reports errors

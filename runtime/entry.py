@@ -26,7 +26,50 @@ def has_work(plan: PlanView) -> bool:
     return plan.iterations > 0 and bool(plan.actions)
 
 
-def run_rank(run_dir_arg: str) -> int:
+def process_start_time() -> float | None:
+    """When this process was created (wall clock, 10 ms ticks), from /proc; None elsewhere.
+
+    Field 22 of /proc/self/stat is the start in clock ticks of CLOCK_BOOTTIME;
+    the wall clock now minus the boot clock now dates it (/proc/stat's btime
+    is rounded to the second: too coarse here). No psutil needed.
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        # The command name (field 2) may hold spaces: count fields after its ')'.
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _env_time(name: str) -> float | None:
+    """A time the batch script exported from bash's $EPOCHREALTIME (a locale may use ',')."""
+    raw = os.environ.get(name, "").replace(",", ".")
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def startup_times(world: object, interp_ready: float | None) -> dict[str, float | None]:
+    """Every startup stage this rank can date, in the order they happen.
+
+    batch_start/srun_start come from the sbatch script (absent under the local
+    backend); the rest from this process. ``hetrun report`` and
+    benchmarks/requeue_bench.py break a restart down with them.
+    """
+    times: dict[str, float | None] = {
+        "batch_start": _env_time("HETRUN_BATCH_START"),
+        "srun_start": _env_time("HETRUN_SRUN_START"),
+        "proc_start": process_start_time(),
+        "interp_ready": interp_ready,
+    }
+    times.update(getattr(world, "timings", {}))
+    return times
+
+
+def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
     run_dir = Path(run_dir_arg).resolve()
     if not run_dir.is_dir():
         sys.stderr.write(f"hetrun.runtime: error: run directory {run_dir} does not exist\n")
@@ -82,6 +125,8 @@ def run_rank(run_dir_arg: str) -> int:
 
     try:
         executor = Executor(plan, world, log, run_dir)
+        log.emit("startup", restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+                 executor_ready=time.time(), **startup_times(world, interp_ready))
         code = executor.run()
     except RankFailed as exc:
         _report_failure(log, exc.action, exc.iteration, exc.cause, world)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -157,6 +158,9 @@ class World:
     torch_groups: dict[str, Any] = field(default_factory=dict)
     torch_leaders: Any = None
     backend: str = ""
+    # Wall-clock times (time.time()) this rank reached each startup stage: the
+    # runtime's startup event reports them (where a restart's seconds go).
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def node_rank(self) -> int:
@@ -178,10 +182,12 @@ class World:
         Rank 0 opens a TCPStore on a port the OS picks (port 0), so two jobs on
         one node never collide, and broadcasts host:port over MPI.
         """
-        import torch.distributed as dist
-
         if self.torch_world is not None:
             return
+        self.timings.setdefault("torch_import_start", time.time())
+        import torch.distributed as dist
+
+        self.timings.setdefault("torch_imported", time.time())
         timeout = timedelta(seconds=self.timeout_s)
         nodes = self.comm.allgather(socket.gethostname())
         same_host = len(set(nodes)) == 1
@@ -206,6 +212,7 @@ class World:
             backend=self.backend, store=store, rank=self.rank, world_size=self.size,
             timeout=timeout,
         )
+        self.timings["pg_world_ready"] = time.time()
         self.torch_world = dist.group.WORLD
         # new_group is collective over the world: every rank creates every group
         # in the same order.
@@ -214,6 +221,7 @@ class World:
             self.torch_groups[name] = group
         leaders = [r[0] for r in self.comp_ranks.values()]
         self.torch_leaders = dist.new_group(ranks=leaders, timeout=timeout, backend=self.backend)
+        self.timings["groups_ready"] = time.time()
 
     @property
     def torch_group(self) -> Any:
@@ -231,8 +239,10 @@ class World:
 def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
     """Initialize MPI (mpi4py) and split the communicators for this rank."""
     env = os.environ if env is None else env
-    from mpi4py import MPI
+    mpi_start = time.time()
+    from mpi4py import MPI  # MPI_Init: PMIx wire-up with every peer
 
+    mpi_ready = time.time()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     comp, _ = detect_component(env, plan, rank, size)
@@ -261,4 +271,5 @@ def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
         comm=comm, node_comm=node_comm, comp_comm=comp_comm, rank=rank, size=size,
         component=comp, comp_rank=comp_comm.Get_rank(), comp_size=comp_comm.Get_size(),
         node=node, comp_ranks=comp_ranks, timeout_s=collective_timeout_s(plan, env),
+        timings={"mpi_start": mpi_start, "mpi_ready": mpi_ready, "world_ready": time.time()},
     )
