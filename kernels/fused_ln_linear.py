@@ -11,24 +11,72 @@ What the fusion saves on CPU:
   the LayerNorm input gradient with the single-pass ATen kernel and folds the
   gamma/beta gradients into F x H products instead of T x H passes;
 - the work runs in row blocks so the T x F pre-activation of a block is still
-  in cache when GELU reads it.
+  in cache when GELU reads it;
+- CPU fp32 (chosen automatically, each part switchable with :func:`cpu_paths`):
+  the GELU backward and the bias-gradient column sum run as one C pass
+  (``kernels/fused_native.py``), the input-gradient GEMM goes to oneDNN
+  (``mkldnn._linear_pointwise``, 10-20% faster than MKL's sgemm for these
+  [T, F] x [F, H] shapes), and without autograd the forward writes GELU in
+  place over the pre-activation instead of a second T x F tensor.
+
+The three GEMMs are the floor: on one core they are ~75-85% of the eager
+time, so the fused op cannot be much more than 1.2x faster than eager here
+(``benchmarks/kernels_fused.py`` prints that floor beside every variant).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FusedLayerNormLinear", "ln_linear_gelu", "ln_linear_gelu_reference"]
+__all__ = ["CpuPaths", "FusedLayerNormLinear", "cpu_paths", "ln_linear_gelu", "ln_linear_gelu_reference"]
 
 #: Elements of pre-activation per row block: 256 Ki fp32 = 1 MiB (an L2).
 BLOCK_ELEMS = 1 << 18
 
 
 _scratch = threading.local()
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuPaths:
+    """Which CPU fp32 fast paths the fused op may take (each falls back to ATen when unavailable)."""
+
+    native_gelu_backward: bool = True  # C: GELU backward + bias-gradient sum in one pass
+    onednn_grad_input: bool = True  # oneDNN for the [T, F] x [F, H] input-gradient GEMM
+
+
+_paths = CpuPaths()
+
+
+@contextlib.contextmanager
+def cpu_paths(**overrides: bool) -> Iterator[CpuPaths]:
+    """Switch CPU paths for a block (benchmarks and tests compare them side by side)."""
+    global _paths
+    old = _paths
+    _paths = dataclasses.replace(old, **overrides)
+    try:
+        yield _paths
+    finally:
+        _paths = old
+
+
+def _onednn_ok(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+def _native_gelu_ok(t: torch.Tensor, approximate: str) -> bool:
+    if approximate != "none" or t.device.type != "cpu" or t.dtype != torch.float32:
+        return False
+    from hetrun.kernels.fused_native import lib
+
+    return lib() is not None
 
 
 def _workspace(like: torch.Tensor) -> torch.Tensor:
@@ -86,7 +134,9 @@ class _LNLinearGELU(torch.autograd.Function):
             b_f = torch.addmv(b_f, w, ln_b)
         rows = x2d.shape[0]
         h = torch.empty(rows, w.shape[0], dtype=x2d.dtype, device=x2d.device)
-        y = torch.empty_like(h) if gelu else h
+        # Backward needs h; without autograd GELU overwrites it (no second T x F tensor).
+        training = any(ctx.needs_input_grad[:5])
+        y = torch.empty_like(h) if gelu and training else h
         w_ft = w_f.t()
         rb = _row_block(w.shape[0])
         for r0 in range(0, rows, rb):
@@ -94,6 +144,8 @@ class _LNLinearGELU(torch.autograd.Function):
             torch.addmm(b_f, xhat[r0:r1], w_ft, out=h[r0:r1])
             if gelu:
                 torch.ops.aten.gelu.out(h[r0:r1], approximate=approximate, out=y[r0:r1])
+        if not training:
+            return y
         ctx.save_for_backward(x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h if gelu else None)
         ctx.gelu, ctx.approximate, ctx.has_bias = gelu, approximate, bias is not None
         return y
@@ -107,7 +159,14 @@ class _LNLinearGELU(torch.autograd.Function):
         rows = gy.shape[0]
         need_wf = need_w or need_lnw
         gx = g_lnw = g_lnb = gw = gb = None
-        if ctx.gelu:
+        paths = _paths
+        gb_f = None
+        if ctx.gelu and paths.native_gelu_backward and _native_gelu_ok(gy, ctx.approximate):
+            from hetrun.kernels.fused_native import gelu_backward_bias
+
+            gh = _workspace(gy)
+            gb_f = gelu_backward_bias(gy, h, gh)
+        elif ctx.gelu:
             # Blockwise, so each block of h is read once from memory and its gradient written once.
             gh = _workspace(gy)
             rb = _row_block(w.shape[0])
@@ -118,8 +177,13 @@ class _LNLinearGELU(torch.autograd.Function):
                 )
         else:
             gh = gy
-        gb_f = gh.sum(0)
-        gxhat = gh @ w_f if need_x else None  # [T, H]
+        if gb_f is None:
+            gb_f = gh.sum(0)
+        gxhat = None
+        if need_x and paths.onednn_grad_input and _onednn_ok(gh):
+            gxhat = torch.ops.mkldnn._linear_pointwise(gh, w_f.t().contiguous(), None, "none", [], "")
+        elif need_x:
+            gxhat = gh @ w_f  # [T, H]
         gw_f = gh.t() @ xhat if need_wf else None  # [F, H]
         if gxhat is not None:
             gx = torch.ops.aten.native_layer_norm_backward(
