@@ -12,11 +12,20 @@ later), but after ~100 steps only some planes still profit. Choosing per
 plane (from a small sample) keeps the win where it exists and avoids a delta
 dependency where it does not.
 
+Why rotate (header ``"xf": "rotl1"``): fp32/bf16 words rotated left by one
+bit before the split put the whole exponent in the top plane and the sign in
+the lowest; the exponent plane then has fewer distinct values and the
+mantissa planes lose nothing (benchmarks/ckpt_codec_params.py). Objects
+without ``"xf"`` (the previous format) decode as before.
+
 Encoded layout (the object payload): the concatenation of the per-plane
 payloads; the header (a JSON dict built here, stored by ``objects``) records
 for every plane its mode and byte length:
   ``"r"``  raw plane bytes            ``"z"``  zstd(plane)
   ``"xr"`` raw (plane XOR base plane)  ``"xz"`` zstd(plane XOR base plane)
+The split, the rotation and the XOR with the base run in one pass of the C
+kernel ``hetrun.kernels.byteplanes`` (numpy fallback, same bytes); a delta
+chain decodes in plane space (XOR planes in place, interleave once).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard
 from hetrun.dag.errors import CheckpointError
+from hetrun.kernels import byteplanes
 
 ZSTD_LEVEL = 1
 # Byte planes have few long matches; zstd's time goes into match search. A
@@ -48,7 +58,9 @@ COMPRESS_IF_BELOW = 0.95
 # a delta makes restore depend on the base object, which costs restore time.
 XOR_IF_BELOW = 0.97
 SAMPLE_BYTES = 1 << 15
-_UNPLANE_BLOCK_ROWS = 1 << 15
+# Rotate words before planing (see above); measured in ckpt_codec_params.py.
+ROTATE = True
+ROT_TAG = "rotl1"
 
 _PLANE_MODES = ("r", "z", "xr", "xz")
 
@@ -60,6 +72,7 @@ class Encoded:
     itemsize: int
     planes: list[tuple[str, int]]  # (mode, stored byte length) per plane
     parts: list[bytes | memoryview]
+    rot: bool = False
 
     @property
     def uses_base(self) -> bool:
@@ -70,26 +83,22 @@ class Encoded:
         return sum(n for _, n in self.planes)
 
 
-def _planes(raw_u8: np.ndarray, itemsize: int) -> np.ndarray:
-    """Byte planes (itemsize, n) of a uint8 array of whole items."""
-    if itemsize == 1:
-        return raw_u8.reshape(1, -1)
-    return np.ascontiguousarray(raw_u8.reshape(-1, itemsize).T)
+class Scratch:
+    """Reusable per-thread buffers (fresh memory costs a page fault per 4 KiB,
+    which at GB/s rates is as slow as the work itself)."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[object, np.ndarray] = {}
+
+    def get(self, key: object, n: int) -> np.ndarray:
+        b = self._bufs.get(key)
+        if b is None or b.size < n:
+            b = self._bufs[key] = np.empty(max(n, 1), dtype=np.uint8)
+        return b[:n]
 
 
-def _unplane_into(planes: list[np.ndarray], out_u8: np.ndarray) -> None:
-    """Interleave byte planes back into ``out_u8`` (blocked: a whole-array
-    strided write thrashes the cache and runs ~4x slower)."""
-    itemsize = len(planes)
-    if itemsize == 1:
-        out_u8[:] = planes[0]
-        return
-    rows = out_u8.reshape(-1, itemsize)
-    for start in range(0, rows.shape[0], _UNPLANE_BLOCK_ROWS):
-        stop = start + _UNPLANE_BLOCK_ROWS
-        block = rows[start:stop]
-        for i, plane in enumerate(planes):
-            block[:, i] = plane[start:stop]
+def rotates(itemsize: int, rot: bool) -> bool:
+    return rot and itemsize in byteplanes.ROTATABLE
 
 
 def _sample(plane: np.ndarray) -> np.ndarray:
@@ -106,28 +115,35 @@ def encode(
     base: np.ndarray | None = None,
     *,
     compressor: zstandard.ZstdCompressor | None = None,
+    rot: bool | None = None,
+    scratch: Scratch | None = None,
 ) -> Encoded:
     """Encode ``raw`` (uint8, a multiple of ``itemsize`` long), optionally
-    against ``base`` (the same chunk of the previous checkpoint, same length)."""
+    against ``base`` (the same chunk of the previous checkpoint, same length).
+    With ``scratch``, raw planes in ``parts`` point into its buffers: write
+    them out before the next encode with the same scratch."""
     if raw.size % itemsize:
         itemsize = 1  # a ragged tail chunk: treat as bytes
+    rot = rotates(itemsize, ROTATE if rot is None else rot)
     cctx = compressor or new_compressor()
-    planes = _planes(raw, itemsize)
-    base_planes = (
-        _planes(base, itemsize) if base is not None and base.size == raw.size else None
-    )
+    scratch = scratch or Scratch()
+    use_base = base is not None and base.size == raw.size
+    n = raw.size // itemsize
+    planes = scratch.get("planes", raw.size)
+    xplanes = scratch.get("xplanes", raw.size) if use_base else None
+    byteplanes.split(raw, itemsize, planes, rot=rot, base=base if use_base else None, xplanes=xplanes)
     out_planes: list[tuple[str, int]] = []
     parts: list[bytes | memoryview] = []
     for i in range(itemsize):
-        plane = planes[i]
+        plane = planes[i * n : (i + 1) * n]
         candidate = plane
         prefix = ""
         sample = _sample(plane)
-        plain_est = len(cctx.compress(sample.tobytes())) / max(sample.size, 1)
-        if base_planes is not None:
-            xored = np.bitwise_xor(plane, base_planes[i])
+        plain_est = len(cctx.compress(sample.data)) / max(sample.size, 1)
+        if xplanes is not None:
+            xored = xplanes[i * n : (i + 1) * n]
             xs = _sample(xored)
-            xor_est = len(cctx.compress(xs.tobytes())) / max(xs.size, 1)
+            xor_est = len(cctx.compress(xs.data)) / max(xs.size, 1)
             if xor_est < min(plain_est, 1.0) * XOR_IF_BELOW:
                 candidate, prefix, plain_est = xored, "x", xor_est
         if plain_est < COMPRESS_IF_BELOW:
@@ -137,33 +153,37 @@ def encode(
                 parts.append(z)
                 continue
         out_planes.append((prefix + "r", candidate.size))
-        parts.append(memoryview(np.ascontiguousarray(candidate)).cast("B"))
-    return Encoded(itemsize=itemsize, planes=out_planes, parts=parts)
+        parts.append(memoryview(candidate).cast("B"))
+    return Encoded(itemsize=itemsize, planes=out_planes, parts=parts, rot=rot)
 
 
-def decode_into(
+def decode_planes(
     payload: memoryview,
     itemsize: int,
     planes: list[tuple[str, int]],
-    out: np.ndarray,
-    base: np.ndarray | None,
+    nbytes: int,
+    base_planes: list[np.ndarray] | None,
     *,
     decompressor: zstandard.ZstdDecompressor | None = None,
-) -> None:
-    """Decode ``payload`` into ``out`` (uint8, the chunk's raw length).
-    ``base`` is the decoded base chunk when any plane is an XOR delta."""
-    if len(planes) != itemsize or out.size % itemsize:
+    scratch: np.ndarray | None = None,
+) -> list[np.ndarray]:
+    """The byte planes of a chunk of ``nbytes`` raw bytes, still in plane space
+    (rotated when the object says so). ``base_planes``: the base chunk's planes
+    in the same space, needed when any plane is an XOR delta; a writable base
+    plane is XORed in place (the caller gives up those arrays), a read-only one
+    into ``scratch`` (``nbytes`` bytes). Returned planes may be views of
+    ``payload``."""
+    if len(planes) != itemsize or itemsize <= 0 or nbytes % itemsize:
         raise CheckpointError(
             f"chunk header lists {len(planes)} planes for item size {itemsize} and "
-            f"{out.size} bytes; the object is corrupt",
+            f"{nbytes} bytes; the object is corrupt",
             hint="run `hetrun ckpt verify RUN`; restore falls back to an older checkpoint",
         )
     dctx = decompressor or zstandard.ZstdDecompressor()
-    plane_len = out.size // itemsize
-    base_planes = _planes(base, itemsize) if base is not None else None
+    plane_len = nbytes // itemsize
     decoded: list[np.ndarray] = []
     offset = 0
-    for mode, stored in planes:
+    for i, (mode, stored) in enumerate(planes):
         if mode not in _PLANE_MODES:
             raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")
         piece = payload[offset : offset + stored]
@@ -183,10 +203,39 @@ def decode_into(
                 f"plane decodes to {plane.size} bytes, expected {plane_len}; the object is corrupt"
             )
         if mode.startswith("x"):
-            if base_planes is None:
+            if base_planes is None or len(base_planes) != itemsize:
                 raise CheckpointError("delta chunk without its base chunk")
-            plane = np.bitwise_xor(plane, base_planes[len(decoded)])
+            bp = base_planes[i]
+            if bp.flags.writeable:
+                target = bp
+            else:
+                if scratch is None:
+                    scratch = np.empty(nbytes, dtype=np.uint8)
+                target = scratch[i * plane_len : (i + 1) * plane_len]
+            plane = np.bitwise_xor(bp, plane, out=target)
         decoded.append(plane)
     if offset != len(payload):
         raise CheckpointError("chunk payload has trailing bytes; the object is corrupt")
-    _unplane_into(decoded, out)
+    return decoded
+
+
+def decode_into(
+    payload: memoryview,
+    itemsize: int,
+    planes: list[tuple[str, int]],
+    out: np.ndarray,
+    base: np.ndarray | None,
+    *,
+    rot: bool = False,
+    decompressor: zstandard.ZstdDecompressor | None = None,
+) -> None:
+    """Decode ``payload`` into ``out`` (uint8, the chunk's raw length).
+    ``base`` is the decoded base chunk (raw bytes) when any plane is an XOR delta."""
+    base_planes = None
+    if base is not None and len(planes) == itemsize and base.size == out.size and out.size % itemsize == 0:
+        n = out.size // itemsize
+        flat = np.empty(out.size, dtype=np.uint8)
+        byteplanes.split(np.ascontiguousarray(base), itemsize, flat, rot=rotates(itemsize, rot))
+        base_planes = [flat[i * n : (i + 1) * n] for i in range(itemsize)]
+    decoded = decode_planes(payload, itemsize, planes, out.size, base_planes, decompressor=decompressor)
+    byteplanes.merge([np.ascontiguousarray(p) for p in decoded], out, rot=rotates(itemsize, rot))

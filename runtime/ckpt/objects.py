@@ -151,10 +151,24 @@ class Tier:
         head = json.dumps(header, separators=(",", ":")).encode()
         return atomic_write(path, [MAGIC, struct.pack("<I", len(head)), head, *parts], durable=durable)
 
-    def read_object(self, h: str) -> tuple[dict[str, Any], memoryview]:
+    def read_object(self, h: str, into: ReadBuffer | None = None) -> tuple[dict[str, Any], memoryview]:
+        """Header and payload of object ``h``; with ``into``, read into that
+        reused buffer (the payload is a view of it, valid until its next use)."""
         path = self.safe_path(self.object_rel(check_hash(h, "object name")), "object")
         try:
-            data = path.read_bytes()
+            if into is None:
+                data: Any = path.read_bytes()
+            else:
+                with open(path, "rb", buffering=0) as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = into.get(size)
+                    got = 0
+                    while got < size:
+                        n = f.readinto(data[got:])
+                        if not n:
+                            break
+                        got += n
+                    data = data[:got]
         except FileNotFoundError:
             raise CheckpointError(f"chunk {h[:16]}… is missing from {self.root}") from None
         except OSError as exc:
@@ -269,7 +283,19 @@ class Tier:
             self.manifest_path(step).unlink()
 
 
-def parse_object(data: bytes, h: str) -> tuple[dict[str, Any], memoryview]:
+class ReadBuffer:
+    """A growable read buffer reused across objects (one per thread and chain depth)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def get(self, n: int) -> memoryview:
+        if len(self._buf) < n:
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
+
+
+def parse_object(data: Any, h: str) -> tuple[dict[str, Any], memoryview]:
     view = memoryview(data)
     if view[: len(MAGIC)] != MAGIC or len(view) < len(MAGIC) + 4:
         raise CheckpointError(f"chunk {h[:16]}… has no object header; corrupt")

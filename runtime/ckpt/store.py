@@ -12,18 +12,43 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import zstandard
 from hetrun.dag.errors import CheckpointError
+from hetrun.kernels import byteplanes
 from hetrun.runtime.ckpt import codec, state
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
-from hetrun.runtime.ckpt.objects import Tier, atomic_write, check_hash
+from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
 
 _MAX_CHAIN = 64
+
+
+class _DecodeCtx:
+    """One decoding thread's reused buffers (per chain depth) and stage timers."""
+
+    def __init__(self) -> None:
+        self.dctx = zstandard.ZstdDecompressor()
+        self._reads: dict[int, ReadBuffer] = {}
+        self._scratch = codec.Scratch()
+        self.times: dict[str, float] = {}
+
+    def read_buf(self, depth: int) -> ReadBuffer:
+        b = self._reads.get(depth)
+        if b is None:
+            b = self._reads[depth] = ReadBuffer()
+        return b
+
+    def scratch(self, key: object, n: int) -> np.ndarray:
+        return self._scratch.get(key, n)
+
+    def add(self, stage: str, since: float) -> None:
+        self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - since
 
 
 @dataclass
@@ -61,6 +86,9 @@ class CheckpointStore:
             raise CheckpointError("a checkpoint store needs at least one directory")
         self.tiers = tiers
         self.threads = max(1, threads)
+        self._lock = threading.Lock()
+        self._ctxs: list[_DecodeCtx] = []
+        self._free: list[_DecodeCtx] = []
 
     # -- listing ---------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -97,22 +125,76 @@ class CheckpointStore:
         return rows
 
     # -- loading -----------------------------------------------------------------
-    def _decode_object(self, h: str, out: np.ndarray, prefer: Tier, depth: int = 0) -> None:
+    def _take_ctx(self) -> _DecodeCtx:
+        # Contexts (buffers) outlive the per-restore pool's threads: reused, not refaulted.
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            ctx = _DecodeCtx()
+            self._ctxs.append(ctx)
+            return ctx
+
+    def _planes_of(self, h: str, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx
+                   ) -> tuple[list[np.ndarray], int, bool]:
+        """Object ``h``'s planes in plane space, its chain decoded by XORing
+        planes in place (no interleave per chain level). Returns (planes,
+        itemsize, rotated)."""
         if depth > _MAX_CHAIN:
             raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
+        t = time.perf_counter()
+        header, payload = tier.read_object(h, into=ctx.read_buf(depth))
+        ctx.add("read", t)
+        if int(header.get("raw_len", -1)) != nbytes:
+            raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")
+        itemsize = int(header.get("itemsize", 1))
+        xf = header.get("xf")
+        if xf not in (None, codec.ROT_TAG):
+            raise CheckpointError(f"chunk {h[:16]}… uses transform {xf!r}, unknown to this hetrun version",
+                                  hint="restore with the hetrun version that wrote the checkpoint")
+        rot = codec.rotates(itemsize, xf == codec.ROT_TAG)
+        modes = [(str(m), int(n)) for m, n in header.get("planes", [])]
+        base_planes = None
+        if header.get("base"):
+            base_h = check_hash(header["base"], f"chunk {h[:16]}… base")
+            bp, b_items, b_rot = self._planes_of(base_h, nbytes, tier, depth + 1, ctx)
+            if (b_items, b_rot) != (itemsize, rot):
+                # The base was planed differently (another item size or transform):
+                # back to bytes, then into this object's plane space.
+                t = time.perf_counter()
+                raw = ctx.scratch(("rebase", depth), nbytes)
+                byteplanes.merge([np.ascontiguousarray(p) for p in bp], raw, rot=b_rot)
+                flat = ctx.scratch(("replane", depth), nbytes)
+                byteplanes.split(raw, itemsize, flat, rot=rot)
+                n = nbytes // max(itemsize, 1)
+                bp = [flat[i * n : (i + 1) * n] for i in range(itemsize)]
+                ctx.add("unplane", t)
+            base_planes = bp
+        t = time.perf_counter()
+        planes = codec.decode_planes(payload, itemsize, modes, nbytes, base_planes,
+                                     decompressor=ctx.dctx, scratch=ctx.scratch(("xor", depth), nbytes))
+        ctx.add("decode", t)
+        return planes, itemsize, rot
+
+    def _decode_object(self, h: str, out: np.ndarray, prefer: Tier) -> None:
+        ctx = self._take_ctx()
+        try:
+            self._decode_with(ctx, h, out, prefer)
+        finally:
+            with self._lock:
+                self._free.append(ctx)
+
+    def _decode_with(self, ctx: _DecodeCtx, h: str, out: np.ndarray, prefer: Tier) -> None:
         last: CheckpointError | None = None
         for tier in [prefer, *[t for t in self.tiers if t is not prefer]]:
             try:
-                header, payload = tier.read_object(h)
-                if int(header.get("raw_len", -1)) != out.size:
-                    raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {out.size}; corrupt")
-                base = None
-                if header.get("base"):
-                    base = np.empty(out.size, dtype=np.uint8)
-                    self._decode_object(check_hash(header["base"], f"chunk {h[:16]}… base"), base, tier, depth + 1)
-                codec.decode_into(payload, int(header.get("itemsize", 1)),
-                                  [(str(m), int(n)) for m, n in header.get("planes", [])], out, base)
-                if depth == 0 and hashlib.sha256(out).hexdigest() != h:
+                planes, _, rot = self._planes_of(h, out.size, tier, 0, ctx)
+                t = time.perf_counter()
+                byteplanes.merge(planes, out, rot=rot)
+                ctx.add("unplane", t)
+                t = time.perf_counter()
+                ok = hashlib.sha256(out).hexdigest() == h
+                ctx.add("verify", t)
+                if not ok:
                     raise CheckpointError(f"chunk {h[:16]}… in {tier.root} does not match its hash; corrupt")
                 return
             except CheckpointError as exc:
@@ -164,10 +246,27 @@ class CheckpointStore:
                 off += n
             if off != raw.size:
                 raise CheckpointError(f"tensors[{i}]: chunks cover {off} of {raw.size} bytes; corrupt")
+        # Chunks decode, verify (sha256) and land in place on the pool's threads;
+        # hashlib, zstd, file reads and the C kernel all release the GIL.
         with ThreadPoolExecutor(self.threads) as pool:
             for fut in [pool.submit(self._decode_object, h, out, tier) for h, out in jobs]:
                 fut.result()
         return state.unflatten(skeleton, values)
+
+    def stage_seconds(self) -> dict[str, float]:
+        """CPU seconds per restore stage (read, decode, unplane, verify) summed
+        over the decoding threads since the store was opened: where restore time goes."""
+        out: dict[str, float] = {}
+        with self._lock:
+            for ctx in self._ctxs:
+                for k, v in ctx.times.items():
+                    out[k] = out.get(k, 0.0) + v
+        return {k: round(v, 4) for k, v in out.items()}
+
+    def reset_stage_seconds(self) -> None:
+        with self._lock:
+            for ctx in self._ctxs:
+                ctx.times.clear()
 
     def restore(self, coll: Collective | None = None) -> RestoreResult | None:
         """The newest checkpoint that every rank can load and verify, or None when

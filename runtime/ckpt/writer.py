@@ -214,6 +214,13 @@ class CheckpointWriter:
             c = self._local.cctx = codec.new_compressor()
         return c
 
+    def _scratch(self) -> codec.Scratch:
+        # Per thread: the encoded raw planes point into it until write_object returns.
+        sc = getattr(self._local, "scratch", None)
+        if sc is None:
+            sc = self._local.scratch = codec.Scratch()
+        return sc
+
     def _chunk(self, tier: Tier, raw: np.ndarray, itemsize: int,
                prev: tuple[np.ndarray, str, int] | None) -> tuple[str, int, str, int]:
         """Store one chunk; returns (object name, depth, how, stored bytes)."""
@@ -228,9 +235,11 @@ class CheckpointWriter:
         base = None
         if prev is not None and self.delta and prev[2] + 1 < self.max_delta_chain:
             base = prev[0]
-        enc = codec.encode(raw, itemsize, base, compressor=self._compressor())
+        enc = codec.encode(raw, itemsize, base, compressor=self._compressor(), scratch=self._scratch())
         header: dict[str, Any] = {"raw_len": int(raw.size), "itemsize": enc.itemsize,
                                   "planes": [[m, n] for m, n in enc.planes]}
+        if enc.rot:
+            header["xf"] = codec.ROT_TAG
         depth = 0
         if enc.uses_base:
             assert prev is not None

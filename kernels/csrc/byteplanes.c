@@ -1,0 +1,158 @@
+/* Byte-plane split and merge for checkpoint chunks (AVX2 for 4-byte items,
+ * portable C otherwise).
+ *
+ * split: planes[p * n + i] = byte p of xf(src[i]) (and, with a base,
+ *        xplanes[p * n + i] = byte p of xf(src[i]) ^ xf(base[i])) in one pass,
+ *        so the encoder reads the chunk and its base once.
+ * merge: the inverse, from one pointer per plane (planes need not be adjacent).
+ * xf:    rot != 0 rotates each little-endian word left by one bit, which moves
+ *        the sign bit to bit 0 and makes the top byte exactly the float
+ *        exponent. XOR commutes with the rotation, so deltas stay exact.
+ * Built at first use by kernels/byteplanes.py with the system C compiler.
+ */
+#include <stdint.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+int hr_bp_has_avx2(void) {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static inline uint64_t rotl_w(uint64_t w, int size) {
+    int bits = size * 8;
+    uint64_t mask = bits == 64 ? ~0ull : ((1ull << bits) - 1);
+    return ((w << 1) | (w >> (bits - 1))) & mask;
+}
+static inline uint64_t rotr_w(uint64_t w, int size) {
+    int bits = size * 8;
+    uint64_t mask = bits == 64 ? ~0ull : ((1ull << bits) - 1);
+    return ((w >> 1) | (w << (bits - 1))) & mask;
+}
+static inline uint64_t load_w(const uint8_t *p, int size) {
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)size); /* little-endian hosts only (x86_64, aarch64) */
+    return w;
+}
+
+/* Portable path; rotation only for 2/4/8-byte items (callers pass rot=0 otherwise). */
+static void split_scalar(const uint8_t *src, const uint8_t *base, int64_t lo, int64_t n, int size,
+                         int rot, uint8_t *planes, uint8_t *xplanes) {
+    for (int64_t i = lo; i < n; i++) {
+        if (rot) {
+            uint64_t w = rotl_w(load_w(src + i * size, size), size);
+            uint64_t b = base ? rotl_w(load_w(base + i * size, size), size) : 0;
+            for (int p = 0; p < size; p++) {
+                planes[(int64_t)p * n + i] = (uint8_t)(w >> (8 * p));
+                if (base) xplanes[(int64_t)p * n + i] = (uint8_t)((w ^ b) >> (8 * p));
+            }
+        } else {
+            for (int p = 0; p < size; p++) {
+                uint8_t v = src[i * size + p];
+                planes[(int64_t)p * n + i] = v;
+                if (base) xplanes[(int64_t)p * n + i] = v ^ base[i * size + p];
+            }
+        }
+    }
+}
+
+static void merge_scalar(uint8_t *const *planes, int64_t lo, int64_t n, int size, int rot, uint8_t *out) {
+    for (int64_t i = lo; i < n; i++) {
+        if (rot) {
+            uint64_t w = 0;
+            for (int p = 0; p < size; p++) w |= (uint64_t)planes[p][i] << (8 * p);
+            w = rotr_w(w, size);
+            memcpy(out + i * size, &w, (size_t)size);
+        } else {
+            for (int p = 0; p < size; p++) out[i * size + p] = planes[p][i];
+        }
+    }
+}
+
+#ifdef __AVX2__
+/* 8 words -> [byte0 x8 | byte1 x8 | byte2 x8 | byte3 x8] as four 64-bit lanes. */
+static inline __m256i group4(__m256i v, int rot) {
+    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    if (rot) v = _mm256_or_si256(_mm256_slli_epi32(v, 1), _mm256_srli_epi32(v, 31));
+    return _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, shuf), perm);
+}
+
+/* 4x4 transpose of 64-bit lanes: a_k lane p -> out_p lane k. */
+static inline void transpose4(__m256i a0, __m256i a1, __m256i a2, __m256i a3, __m256i *o) {
+    __m256i t0 = _mm256_unpacklo_epi64(a0, a1), t1 = _mm256_unpackhi_epi64(a0, a1);
+    __m256i t2 = _mm256_unpacklo_epi64(a2, a3), t3 = _mm256_unpackhi_epi64(a2, a3);
+    o[0] = _mm256_permute2x128_si256(t0, t2, 0x20);
+    o[1] = _mm256_permute2x128_si256(t1, t3, 0x20);
+    o[2] = _mm256_permute2x128_si256(t0, t2, 0x31);
+    o[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
+}
+
+static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, int rot,
+                           uint8_t *planes, uint8_t *xplanes) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i a[4], o[4];
+        for (int k = 0; k < 4; k++)
+            a[k] = group4(_mm256_loadu_si256((const __m256i *)(src + 4 * (i + 8 * k))), rot);
+        transpose4(a[0], a[1], a[2], a[3], o);
+        for (int p = 0; p < 4; p++) _mm256_storeu_si256((__m256i *)(planes + p * n + i), o[p]);
+        if (base) {
+            __m256i b[4], x[4];
+            for (int k = 0; k < 4; k++)
+                b[k] = group4(_mm256_loadu_si256((const __m256i *)(base + 4 * (i + 8 * k))), rot);
+            transpose4(b[0], b[1], b[2], b[3], x);
+            for (int p = 0; p < 4; p++)
+                _mm256_storeu_si256((__m256i *)(xplanes + p * n + i), _mm256_xor_si256(o[p], x[p]));
+        }
+    }
+    return i;
+}
+
+static int64_t merge4_avx2(uint8_t *const *planes, int64_t n, int rot, uint8_t *out) {
+    /* Inverses of group4's shuffle (a 4x4 byte transpose is its own inverse) and permute. */
+    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i iperm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i p0 = _mm256_loadu_si256((const __m256i *)(planes[0] + i));
+        __m256i p1 = _mm256_loadu_si256((const __m256i *)(planes[1] + i));
+        __m256i p2 = _mm256_loadu_si256((const __m256i *)(planes[2] + i));
+        __m256i p3 = _mm256_loadu_si256((const __m256i *)(planes[3] + i));
+        __m256i t0 = _mm256_permute2x128_si256(p0, p2, 0x20), t2 = _mm256_permute2x128_si256(p0, p2, 0x31);
+        __m256i t1 = _mm256_permute2x128_si256(p1, p3, 0x20), t3 = _mm256_permute2x128_si256(p1, p3, 0x31);
+        __m256i a[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1),
+                        _mm256_unpacklo_epi64(t2, t3), _mm256_unpackhi_epi64(t2, t3)};
+        for (int k = 0; k < 4; k++) {
+            __m256i v = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(a[k], iperm), shuf);
+            if (rot) v = _mm256_or_si256(_mm256_srli_epi32(v, 1), _mm256_slli_epi32(v, 31));
+            _mm256_storeu_si256((__m256i *)(out + 4 * (i + 8 * k)), v);
+        }
+    }
+    return i;
+}
+#endif
+
+void hr_bp_split(const uint8_t *src, const uint8_t *base, int64_t n, int32_t size, int32_t rot,
+                 uint8_t *planes, uint8_t *xplanes) {
+    int64_t done = 0;
+#ifdef __AVX2__
+    if (size == 4) done = split4_avx2(src, base, n, rot, planes, xplanes);
+#endif
+    split_scalar(src, base, done, n, size, rot, planes, xplanes);
+}
+
+void hr_bp_merge(uint8_t *const *planes, int64_t n, int32_t size, int32_t rot, uint8_t *out) {
+    int64_t done = 0;
+#ifdef __AVX2__
+    if (size == 4) done = merge4_avx2(planes, n, rot, out);
+#endif
+    merge_scalar(planes, done, n, size, rot, out);
+}
