@@ -1,25 +1,45 @@
 """Fused ops vs their eager compositions on CPU, side by side in one run.
 
-    python benchmarks/kernels_fused.py [--reps 9] [--compile]
+    python benchmarks/kernels_fused.py [--reps 9] [--threads 1,2] [--compile] [--quick]
 
-One thread. Each round times every variant once (forward + backward);
-medians over rounds. LayerNorm + Linear + GELU: eager
-(``F.layer_norm -> F.linear -> F.gelu``) vs ``kernels.fused_ln_linear`` (and,
-with ``--compile``, ``torch.compile`` of the eager composition, compile time
-excluded and printed). MoE routing: ``gate_topk_permute`` + expert +
-``unpermute_combine`` vs the reference versions.
+LayerNorm + Linear + GELU (fp32, exact-erf GELU), per shape and thread count,
+every variant timed once per round (interleaved), medians over rounds:
+
+forward + backward (autograd, all five inputs need gradients)
+  eager          F.layer_norm -> F.linear -> F.gelu
+  fused/aten     kernels.fused_ln_linear with every CPU fast path off
+  fused/+cgelu   ... + C GELU backward fused with the bias-gradient sum
+  fused/+dnn     ... + oneDNN input-gradient GEMM
+  fused          the default (all CPU paths on)
+  gemm floor     the three GEMMs alone (MKL addmm, gh @ W, gh^T @ x): no
+                 fused op doing the same GEMMs can beat this
+  compile        torch.compile of the eager function (--compile; compile
+                 time printed, excluded)
+forward only (torch.no_grad)
+  eager, fused, dnn-epilogue (one oneDNN linear with a GELU post-op; its
+  max relative error vs eager is printed, spec is 1e-6), gemm floor (addmm)
+
+"max x" = eager / gemm floor, the best speedup any fusion could reach.
+Then MoE gate + top-k + permute / combine, fused vs reference.
+Writes benchmarks/results/kernels_fused.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+MOE_SHAPES = ((4096, 64, 256), (4096, 128, 512), (2048, 256, 1024), (8192, 64, 256))
+TRANSFORMER_SHAPES = ((8192, 256, 1024), (4096, 512, 2048))
 
-def _bench(variants: dict, reps: int) -> dict[str, float]:
+
+def _bench(variants: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
     for f in variants.values():
         f()
         f()
@@ -32,13 +52,99 @@ def _bench(variants: dict, reps: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--compile", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    from hetrun.kernels.fused_ln_linear import ln_linear_gelu, ln_linear_gelu_reference
+def _row(label: str, med: dict[str, float]) -> str:
+    cells = "  ".join(f"{k} {v * 1e3:8.2f}" for k, v in med.items())
+    best = {k: med["eager"] / v for k, v in med.items() if k.startswith("fused")}
+    return f"  {label}: {cells}  | fused {best['fused']:.2f}x  max x {med['eager'] / med['gemm floor']:.2f}"
+
+
+def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
+    from hetrun.kernels.fused_ln_linear import cpu_paths, ln_linear_gelu, ln_linear_gelu_reference
+
+    lp = torch.ops.mkldnn._linear_pointwise
+    torch.set_num_threads(threads)
+    out = []
+    for tokens, hdim, fdim in shapes:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(tokens, hdim, generator=g, requires_grad=True)
+        lnw = (1 + 0.1 * torch.randn(hdim, generator=g)).requires_grad_()
+        lnb = (0.1 * torch.randn(hdim, generator=g)).requires_grad_()
+        w = (torch.randn(fdim, hdim, generator=g) * hdim**-0.5).requires_grad_()
+        b = (0.1 * torch.randn(fdim, generator=g)).requires_grad_()
+        gy = torch.randn(tokens, fdim, generator=g)
+        ps = (x, lnw, lnb, w, b)
+        xd, wd, bd, gyw = x.detach(), w.detach(), b.detach(), gy @ w.detach()
+
+        def train(fn, ps=ps, gy=gy, **paths):
+            def run() -> None:
+                with cpu_paths(**paths):
+                    fn(*ps).backward(gy)
+            return run
+
+        def floor_train(xd=xd, wd=wd, bd=bd, gy=gy) -> None:
+            torch.addmm(bd, xd, wd.t())
+            torch.mm(gy, wd)
+            torch.mm(gy.t(), xd)
+
+        off = {"native_gelu_backward": False, "onednn_grad_input": False}
+        variants = {
+            "eager": train(ln_linear_gelu_reference),
+            "fused/aten": train(ln_linear_gelu, **off),
+            "fused/+cgelu": train(ln_linear_gelu, **{**off, "native_gelu_backward": True}),
+            "fused/+dnn": train(ln_linear_gelu, **{**off, "onednn_grad_input": True}),
+            "fused": train(ln_linear_gelu),
+            "gemm floor": floor_train,
+        }
+        compile_s = None
+        if compile_:
+            t0 = time.perf_counter()
+            compiled = torch.compile(ln_linear_gelu_reference)
+            compiled(*ps).backward(gy)
+            compile_s = time.perf_counter() - t0
+            variants["compile"] = train(compiled)
+        del gyw
+        train_med = _bench(variants, reps)
+
+        def no_grad(fn):
+            def run() -> None:
+                with torch.no_grad():
+                    fn()
+            return run
+
+        lnwd, lnbd = lnw.detach(), lnb.detach()
+        ln_out = torch.nn.functional.layer_norm(xd, (hdim,), lnwd, lnbd)
+
+        def dnn_epilogue(xd=xd, lnwd=lnwd, lnbd=lnbd, wd=wd, bd=bd) -> torch.Tensor:
+            return lp(torch.nn.functional.layer_norm(xd, (xd.shape[1],), lnwd, lnbd), wd, bd, "gelu", [], "none")
+
+        fwd = {
+            "eager": no_grad(lambda ps=ps: ln_linear_gelu_reference(*ps)),
+            "fused": no_grad(lambda ps=ps: ln_linear_gelu(*ps)),
+            "dnn-epilogue": no_grad(dnn_epilogue),
+            "gemm floor": no_grad(lambda bd=bd, ln_out=ln_out, wd=wd: torch.addmm(bd, ln_out, wd.t())),
+        }
+        fwd_med = _bench(fwd, reps)
+        with torch.no_grad():
+            ref = ln_linear_gelu_reference(*ps)
+            dnn_err = float((dnn_epilogue() - ref).abs().max() / ref.abs().max())
+            fused_err = float((ln_linear_gelu(*ps) - ref).abs().max() / ref.abs().max())
+        label = f"T={tokens} H={hdim} F={fdim}"
+        print(_row(label + " fwd+bwd", train_med)
+              + (f"  (compile {compile_s:.1f} s)" if compile_s is not None else ""))
+        fb = fwd_med["eager"]
+        print(f"  {label} fwd    : " + "  ".join(f"{k} {v * 1e3:8.2f}" for k, v in fwd_med.items())
+              + f"  | fused {fb / fwd_med['fused']:.2f}x  dnn-epilogue {fb / fwd_med['dnn-epilogue']:.2f}x"
+              f"  max x {fb / fwd_med['gemm floor']:.2f}  (rel err: fused {fused_err:.1e},"
+              f" dnn-epilogue {dnn_err:.1e})")
+        out.append({"threads": threads, "tokens": tokens, "hdim": hdim, "fdim": fdim,
+                    "train_ms": {k: v * 1e3 for k, v in train_med.items()},
+                    "forward_ms": {k: v * 1e3 for k, v in fwd_med.items()},
+                    "forward_rel_err": {"fused": fused_err, "dnn-epilogue": dnn_err},
+                    "compile_s": compile_s})
+    return out
+
+
+def moe(reps: int) -> list[dict]:
     from hetrun.kernels.moe_dispatch import (
         gate_topk_permute,
         gate_topk_permute_reference,
@@ -46,32 +152,9 @@ def main() -> None:
         unpermute_combine_reference,
     )
 
-    print("LayerNorm + Linear + GELU, fp32, forward + backward, 1 thread (median ms)")
-    for tokens, hdim, fdim in ((4096, 128, 512), (2048, 256, 1024), (8192, 64, 256)):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(tokens, hdim, generator=g, requires_grad=True)
-        lnw = (1 + 0.1 * torch.randn(hdim, generator=g)).requires_grad_()
-        lnb = (0.1 * torch.randn(hdim, generator=g)).requires_grad_()
-        w = (torch.randn(fdim, hdim, generator=g) * hdim**-0.5).requires_grad_()
-        b = torch.zeros(fdim).requires_grad_()
-        gy = torch.randn(tokens, fdim, generator=g)
-        ps = (x, lnw, lnb, w, b)
-
-        def step(fn, ps=ps, gy=gy):
-            return lambda: fn(*ps).backward(gy)
-
-        variants = {"eager": step(ln_linear_gelu_reference), "fused": step(ln_linear_gelu)}
-        if args.compile:
-            t0 = time.perf_counter()
-            compiled = torch.compile(ln_linear_gelu_reference)
-            compiled(*ps).backward(gy)
-            print(f"  torch.compile: first call (compile) {time.perf_counter() - t0:.1f} s")
-            variants["torch.compile"] = step(compiled)
-        med = _bench(variants, args.reps)
-        cells = "  ".join(f"{k} {v * 1e3:7.2f}" for k, v in med.items())
-        print(f"  T={tokens} H={hdim} F={fdim}: {cells}  fused speedup {med['eager'] / med['fused']:.2f}x")
-
-    print("\nMoE gate + top-k + permute, expert, weighted combine; forward + backward (median ms)")
+    torch.set_num_threads(1)
+    print("\nMoE gate + top-k + permute, expert, weighted combine; forward + backward, 1 thread (median ms)")
+    out = []
     for tokens, hdim, experts, k in ((4096, 128, 16, 2), (2048, 256, 8, 2)):
         g = torch.Generator().manual_seed(1)
         x = torch.randn(tokens, hdim, generator=g, requires_grad=True)
@@ -79,21 +162,39 @@ def main() -> None:
         ew = (torch.randn(hdim, hdim, generator=g) * hdim**-0.5).requires_grad_()
         gy = torch.randn(tokens, hdim, generator=g)
 
-        def moe(dispatch, combine, x=x, gw=gw, ew=ew, gy=gy, k=k, tokens=tokens):
+        def step(dispatch, combine, x=x, gw=gw, ew=ew, gy=gy, k=k, tokens=tokens):
             def run() -> None:
                 d = dispatch(x, gw, k)
                 y = torch.relu(d.permuted_x @ ew)
                 combine(y, d.token_index, d.weights, tokens).backward(gy)
-
             return run
 
-        med = _bench(
-            {"reference": moe(gate_topk_permute_reference, unpermute_combine_reference),
-             "fused": moe(gate_topk_permute, unpermute_combine)},
-            args.reps,
-        )
+        med = _bench({"reference": step(gate_topk_permute_reference, unpermute_combine_reference),
+                      "fused": step(gate_topk_permute, unpermute_combine)}, reps)
         print(f"  T={tokens} H={hdim} E={experts} k={k}: reference {med['reference'] * 1e3:7.2f}  "
               f"fused {med['fused'] * 1e3:7.2f}  speedup {med['reference'] / med['fused']:.2f}x")
+        out.append({"tokens": tokens, "hdim": hdim, "experts": experts, "k": k,
+                    "ms": {n: v * 1e3 for n, v in med.items()}})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="MoE shapes only, no transformer shapes")
+    ap.add_argument("--json", default=str(Path(__file__).with_name("results") / "kernels_fused.json"))
+    args = ap.parse_args()
+    shapes = MOE_SHAPES if args.quick else MOE_SHAPES + TRANSFORMER_SHAPES
+    results: dict[str, object] = {"ln_linear_gelu": []}
+    for threads in (int(t) for t in args.threads.split(",")):
+        print(f"LayerNorm + Linear + GELU, fp32, {threads} thread(s), median ms over {args.reps} rounds")
+        results["ln_linear_gelu"] += ln_linear(shapes, threads, args.reps, args.compile)  # type: ignore[operator]
+    results["moe_routing"] = moe(args.reps)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":
