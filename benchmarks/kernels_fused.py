@@ -9,14 +9,14 @@ forward + backward (autograd, all five inputs need gradients)
   eager          F.layer_norm -> F.linear -> F.gelu
   fused/aten     kernels.fused_ln_linear with every CPU fast path off
   fused/+cgelu   ... + C GELU backward fused with the bias-gradient sum
-  fused/+dnn     ... + oneDNN input-gradient GEMM
+  fused/+dnn     ... + oneDNN forward and input-gradient GEMMs
   fused          the default (all CPU paths on)
   gemm floor     the three GEMMs alone (MKL addmm, gh @ W, gh^T @ x): no
                  fused op doing the same GEMMs can beat this
   compile        torch.compile of the eager function (--compile; compile
                  time printed, excluded)
 forward only (torch.no_grad)
-  eager, fused, dnn-epilogue (one oneDNN linear with a GELU post-op; its
+  eager, fused/aten, fused, dnn-epilogue (one oneDNN linear with a GELU post-op; its
   max relative error vs eager is printed, spec is 1e-6), gemm floor (addmm)
 
 "max x" = eager / gemm floor, the best speedup any fusion could reach.
@@ -37,6 +37,8 @@ import torch
 
 MOE_SHAPES = ((4096, 64, 256), (4096, 128, 512), (2048, 256, 1024), (8192, 64, 256))
 TRANSFORMER_SHAPES = ((8192, 256, 1024), (4096, 512, 2048))
+#: kernels.fused_ln_linear.cpu_paths with every CPU fast path off (the plain ATen fused op).
+ALL_OFF = {"native_gelu_backward": False, "onednn_grad_input": False, "onednn_forward": False}
 
 
 def _bench(variants: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -56,6 +58,13 @@ def _row(label: str, med: dict[str, float]) -> str:
     cells = "  ".join(f"{k} {v * 1e3:8.2f}" for k, v in med.items())
     best = {k: med["eager"] / v for k, v in med.items() if k.startswith("fused")}
     return f"  {label}: {cells}  | fused {best['fused']:.2f}x  max x {med['eager'] / med['gemm floor']:.2f}"
+
+
+def _with(paths: dict[str, bool], fn, args) -> torch.Tensor:
+    from hetrun.kernels.fused_ln_linear import cpu_paths
+
+    with cpu_paths(**paths):
+        return fn(*args)
 
 
 def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
@@ -86,12 +95,11 @@ def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
             torch.mm(gy, wd)
             torch.mm(gy.t(), xd)
 
-        off = {"native_gelu_backward": False, "onednn_grad_input": False}
         variants = {
             "eager": train(ln_linear_gelu_reference),
-            "fused/aten": train(ln_linear_gelu, **off),
-            "fused/+cgelu": train(ln_linear_gelu, **{**off, "native_gelu_backward": True}),
-            "fused/+dnn": train(ln_linear_gelu, **{**off, "onednn_grad_input": True}),
+            "fused/aten": train(ln_linear_gelu, **ALL_OFF),
+            "fused/+cgelu": train(ln_linear_gelu, **{**ALL_OFF, "native_gelu_backward": True}),
+            "fused/+dnn": train(ln_linear_gelu, **{**ALL_OFF, "onednn_grad_input": True, "onednn_forward": True}),
             "fused": train(ln_linear_gelu),
             "gemm floor": floor_train,
         }
@@ -119,6 +127,7 @@ def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
 
         fwd = {
             "eager": no_grad(lambda ps=ps: ln_linear_gelu_reference(*ps)),
+            "fused/aten": no_grad(lambda ps=ps: _with(ALL_OFF, ln_linear_gelu, ps)),
             "fused": no_grad(lambda ps=ps: ln_linear_gelu(*ps)),
             "dnn-epilogue": no_grad(dnn_epilogue),
             "gemm floor": no_grad(lambda bd=bd, ln_out=ln_out, wd=wd: torch.addmm(bd, ln_out, wd.t())),

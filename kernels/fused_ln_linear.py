@@ -50,6 +50,7 @@ class CpuPaths:
 
     native_gelu_backward: bool = True  # C: GELU backward + bias-gradient sum in one pass
     onednn_grad_input: bool = True  # oneDNN for the [T, F] x [F, H] input-gradient GEMM
+    onednn_forward: bool = True  # oneDNN for the forward GEMM, bias in its epilogue
 
 
 _paths = CpuPaths()
@@ -133,17 +134,28 @@ class _LNLinearGELU(torch.autograd.Function):
         if ln_b is not None:
             b_f = torch.addmv(b_f, w, ln_b)
         rows = x2d.shape[0]
-        h = torch.empty(rows, w.shape[0], dtype=x2d.dtype, device=x2d.device)
         # Backward needs h; without autograd GELU overwrites it (no second T x F tensor).
         training = any(ctx.needs_input_grad[:5])
-        y = torch.empty_like(h) if gelu and training else h
-        w_ft = w_f.t()
-        rb = _row_block(w.shape[0])
-        for r0 in range(0, rows, rb):
-            r1 = min(rows, r0 + rb)
-            torch.addmm(b_f, xhat[r0:r1], w_ft, out=h[r0:r1])
-            if gelu:
-                torch.ops.aten.gelu.out(h[r0:r1], approximate=approximate, out=y[r0:r1])
+        if rows and _paths.onednn_forward and _onednn_ok(x2d):
+            # One oneDNN call with the bias in its epilogue: addmm would first broadcast
+            # the bias over a fresh T x F buffer. GELU stays ATen's, bit for bit eager's.
+            h = torch.ops.mkldnn._linear_pointwise(xhat, w_f.contiguous(), b_f, "none", [], "")
+            if not gelu:
+                y = h
+            elif training:
+                y = F.gelu(h, approximate=approximate)
+            else:
+                y = torch.ops.aten.gelu_(h, approximate=approximate)
+        else:
+            h = torch.empty(rows, w.shape[0], dtype=x2d.dtype, device=x2d.device)
+            y = torch.empty_like(h) if gelu and training else h
+            w_ft = w_f.t()
+            rb = _row_block(w.shape[0])
+            for r0 in range(0, rows, rb):
+                r1 = min(rows, r0 + rb)
+                torch.addmm(b_f, xhat[r0:r1], w_ft, out=h[r0:r1])
+                if gelu:
+                    torch.ops.aten.gelu.out(h[r0:r1], approximate=approximate, out=y[r0:r1])
         if not training:
             return y
         ctx.save_for_backward(x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h if gelu else None)
