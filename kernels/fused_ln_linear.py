@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from hetrun.dag.errors import HetrunError
 
 __all__ = ["CpuPaths", "FusedLayerNormLinear", "cpu_paths", "ln_linear_gelu", "ln_linear_gelu_reference"]
 
@@ -61,6 +62,12 @@ def cpu_paths(**overrides: bool) -> Iterator[CpuPaths]:
     """Switch CPU paths for a block (benchmarks and tests compare them side by side)."""
     global _paths
     old = _paths
+    known = {f.name for f in dataclasses.fields(CpuPaths)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise HetrunError(
+            f"cpu_paths: unknown CPU path(s) {unknown}", hint=f"use some of {sorted(known)}"
+        )
     _paths = dataclasses.replace(old, **overrides)
     try:
         yield _paths

@@ -1,7 +1,7 @@
 """``csrc/fused_gelu.c`` built at first use: GELU backward fused with the bias-gradient sum.
 
-Built with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (glibc's vector
-``erff``/``expf``) into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
+Built with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (the inline
+erf/exp polynomials vectorise) into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
 keyed by source and CPU like the codec library. No compiler, a failed build, or
 ``HETRUN_NATIVE_FUSED=0``: :func:`lib` returns None and callers use ATen.
 """
@@ -82,7 +82,7 @@ def gelu_backward_bias(gy: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> t
     assert dll is not None
     rows, cols = gy.shape
     nthreads = max(1, min(torch.get_num_threads(), rows // 64))
-    partial = torch.zeros(nthreads, cols, dtype=torch.float32)
+    partial = torch.zeros(nthreads, cols, dtype=torch.float64)
     args = (gy.data_ptr(), h.data_ptr(), gh.data_ptr())
     bounds = [rows * i // nthreads for i in range(nthreads + 1)]
 
@@ -93,10 +93,10 @@ def gelu_backward_bias(gy: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> t
 
     if nthreads == 1:
         part(0)
-        return partial[0]
+        return partial[0].to(torch.float32)
     global _pool, _pool_size
     if _pool is None or _pool_size < nthreads:
         _pool = ThreadPoolExecutor(max_workers=nthreads, thread_name_prefix="hetrun-fused")
         _pool_size = nthreads
     list(_pool.map(part, range(nthreads)))
-    return partial.sum(0)
+    return partial.sum(0).to(torch.float32)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from hetrun.dag.errors import HetrunError
+from hetrun.kernels import fused_native
 from hetrun.kernels.fused_ln_linear import (
     FusedLayerNormLinear,
+    cpu_paths,
     ln_linear_gelu,
     ln_linear_gelu_reference,
 )
@@ -65,6 +67,79 @@ def test_ln_linear_gelu_matches_eager(lead, hdim, fdim, gelu, bias, affine, appr
         assert (a is None) == (r is None), name
         if a is not None:
             assert _rel(a, r) < 1e-4, (name, _rel(a, r))
+
+
+_ALL_OFF = {"native_gelu_backward": False, "onednn_grad_input": False, "onednn_forward": False}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "paths",
+    [
+        _ALL_OFF,
+        {**_ALL_OFF, "native_gelu_backward": True},
+        {**_ALL_OFF, "onednn_grad_input": True},
+        {**_ALL_OFF, "onednn_forward": True},
+        {},  # the defaults: every CPU path on
+    ],
+    ids=["aten", "native-gelu", "onednn-grad-input", "onednn-forward", "default"],
+)
+def test_every_cpu_path_matches_eager(paths: dict[str, bool], threads: int) -> None:
+    """Each CPU fast path on its own and together, 1 and 2 threads (the C kernel splits rows)."""
+    lead, hdim, fdim = (4100,), 64, 136  # long bias-gradient columns; rows not a multiple of the split
+    x, lnw, lnb, w, b = _leaves((*lead, hdim), (hdim,), (hdim,), (fdim, hdim), (fdim,), seed=5)
+    with torch.no_grad():
+        lnw.mul_(0.2).add_(1.0)
+        w.mul_(hdim**-0.5)
+        x.mul_(3.0).add_(1.5)  # an offset mean: the LayerNorm fold must not cancel badly
+    params = [x, lnw, lnb, w, b]
+    gy = torch.randn((*lead, fdim), generator=torch.Generator().manual_seed(11))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y_ref, g_ref = _grads(lambda: ln_linear_gelu_reference(*params), params, gy)
+        with cpu_paths(**paths):
+            y, g = _grads(lambda: ln_linear_gelu(*params), params, gy)
+            with torch.no_grad():  # the inference branch: GELU in place over the pre-activation
+                y_inf = ln_linear_gelu(*params)
+    finally:
+        torch.set_num_threads(old)
+    assert _rel(y, y_ref) < 1e-6
+    assert _rel(y_inf, y_ref) < 1e-6 and not y_inf.requires_grad
+    for name, a, r in zip(("x", "ln_weight", "ln_bias", "weight", "bias"), g, g_ref, strict=True):
+        assert _rel(a, r) < 1e-4, (name, _rel(a, r))
+
+
+def test_cpu_paths_restores_and_rejects_unknown() -> None:
+    with cpu_paths(native_gelu_backward=False) as p:
+        assert not p.native_gelu_backward
+    with cpu_paths() as p:
+        assert p.native_gelu_backward
+    with pytest.raises(HetrunError, match=r"unknown CPU path\(s\) \['no_such_path'\]"), cpu_paths(no_such_path=True):
+        pass
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_gelu_backward_bias_matches_aten(threads: int) -> None:
+    if fused_native.lib() is None:
+        pytest.skip("no C compiler here: the fused op uses the ATen GELU backward instead")
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(3001, 77, generator=g) * 3
+    h[0, :8] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-8, -14.0, 95.0, -95.0])
+    gy = torch.randn(3001, 77, generator=g)
+    gh = torch.empty_like(h)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gb = fused_native.gelu_backward_bias(gy, h, gh)
+    finally:
+        torch.set_num_threads(old)
+    ref = torch.ops.aten.gelu_backward(gy.double(), h.double())
+    assert float((gh.double() - ref).abs().max()) < 1e-6 * float(ref.abs().max())
+    assert _rel(gb.double(), ref.sum(0)) < 1e-6 and gb.dtype == torch.float32
+    h[1, 3] = float("nan")  # a diverged activation must stay visible in the gradient
+    fused_native.gelu_backward_bias(gy, h, gh)
+    assert torch.isnan(gh[1, 3]) and torch.isfinite(gh[1, 4])
 
 
 def test_ln_linear_gelu_gradcheck_float64() -> None:
