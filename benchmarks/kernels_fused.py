@@ -8,7 +8,7 @@ every variant timed once per round (interleaved), medians over rounds:
 forward + backward (autograd, all five inputs need gradients)
   eager          F.layer_norm -> F.linear -> F.gelu
   fused/aten     kernels.fused_ln_linear with every CPU fast path off
-  fused/+cgelu   ... + C GELU backward fused with the bias-gradient sum
+  fused/+cgelu   ... + C GELU forward, and C GELU backward fused with the bias-gradient sum
   fused/+dnn     ... + oneDNN forward and input-gradient GEMMs
   fused          the default (all CPU paths on)
   gemm floor     the three GEMMs alone (MKL addmm, gh @ W, gh^T @ x): no
@@ -38,7 +38,8 @@ import torch
 MOE_SHAPES = ((4096, 64, 256), (4096, 128, 512), (2048, 256, 1024), (8192, 64, 256))
 TRANSFORMER_SHAPES = ((8192, 256, 1024), (4096, 512, 2048))
 #: kernels.fused_ln_linear.cpu_paths with every CPU fast path off (the plain ATen fused op).
-ALL_OFF = {"native_gelu_backward": False, "onednn_grad_input": False, "onednn_forward": False}
+ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
+           "onednn_grad_input": False, "onednn_forward": False}
 
 
 def _bench(variants: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
@@ -98,7 +99,7 @@ def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
         variants = {
             "eager": train(ln_linear_gelu_reference),
             "fused/aten": train(ln_linear_gelu, **ALL_OFF),
-            "fused/+cgelu": train(ln_linear_gelu, **{**ALL_OFF, "native_gelu_backward": True}),
+            "fused/+cgelu": train(ln_linear_gelu, **{**ALL_OFF, "native_gelu_backward": True, "native_gelu_forward": True}),
             "fused/+dnn": train(ln_linear_gelu, **{**ALL_OFF, "onednn_grad_input": True, "onednn_forward": True}),
             "fused": train(ln_linear_gelu),
             "gemm floor": floor_train,

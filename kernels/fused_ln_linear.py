@@ -50,6 +50,7 @@ class CpuPaths:
     """Which CPU fp32 fast paths the fused op may take (each falls back to ATen when unavailable)."""
 
     native_gelu_backward: bool = True  # C: GELU backward + bias-gradient sum in one pass
+    native_gelu_forward: bool = True  # C: GELU forward (ATen's erf formula, one inline exp)
     onednn_grad_input: bool = True  # oneDNN for the [T, F] x [F, H] input-gradient GEMM
     onednn_forward: bool = True  # oneDNN for the forward GEMM, bias in its epilogue
 
@@ -149,6 +150,10 @@ class _LNLinearGELU(torch.autograd.Function):
             h = torch.ops.mkldnn._linear_pointwise(xhat, w_f.contiguous(), b_f, "none", [], "")
             if not gelu:
                 y = h
+            elif _paths.native_gelu_forward and _native_gelu_ok(h, approximate):
+                from hetrun.kernels.fused_native import gelu_forward
+
+                y = gelu_forward(h, torch.empty_like(h) if training else h)
             elif training:
                 y = F.gelu(h, approximate=approximate)
             else:

@@ -1,4 +1,4 @@
-"""``csrc/fused_gelu.c`` built at first use: GELU backward fused with the bias-gradient sum.
+"""``csrc/fused_gelu.c`` built at first use: GELU forward, and backward fused with the bias-gradient sum.
 
 Built with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (the inline
 erf/exp polynomials vectorise) into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
@@ -14,13 +14,14 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from hetrun.kernels.codec_native import _cpu_tag
 
-__all__ = ["gelu_backward_bias", "lib"]
+__all__ = ["gelu_backward_bias", "gelu_forward", "lib"]
 
 _SRC = Path(__file__).with_name("csrc") / "fused_gelu.c"
 _lib: ctypes.CDLL | None = None
@@ -55,6 +56,8 @@ def _build() -> ctypes.CDLL | None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     dll.hr_gelu_backward_bias.argtypes = [p, p, p, p, i64, i64, i64]
     dll.hr_gelu_backward_bias.restype = None
+    dll.hr_gelu_forward.argtypes = [p, p, i64, i64]
+    dll.hr_gelu_forward.restype = None
     return dll
 
 
@@ -72,31 +75,49 @@ def lib() -> ctypes.CDLL | None:
     return _lib
 
 
+def _split(n: int, min_per_thread: int) -> list[int]:
+    """Bounds of ``torch.get_num_threads()`` (or fewer) equal parts of ``range(n)``."""
+    parts = max(1, min(torch.get_num_threads(), n // min_per_thread))
+    return [n * i // parts for i in range(parts + 1)]
+
+
+def _run_parts(part: Callable[[int], None], parts: int) -> None:
+    """``part(0..parts-1)``, on Python threads when more than one: ctypes drops the GIL."""
+    global _pool, _pool_size
+    if parts == 1:
+        part(0)
+        return
+    if _pool is None or _pool_size < parts:
+        _pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="hetrun-fused")
+        _pool_size = parts
+    list(_pool.map(part, range(parts)))
+
+
+def gelu_forward(h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Exact-erf GELU of ``h`` into ``out`` (fp32 contiguous CPU; ``out`` may be ``h``)."""
+    dll = lib()
+    assert dll is not None
+    bounds = _split(h.numel(), 1 << 14)
+    src, dst = h.data_ptr(), out.data_ptr()
+    _run_parts(lambda i: dll.hr_gelu_forward(src, dst, bounds[i], bounds[i + 1]), len(bounds) - 1)
+    return out
+
+
 def gelu_backward_bias(gy: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> torch.Tensor:
     """Write ``gelu'(h) * gy`` into ``gh`` and return its column sum (all [T, F] fp32 contiguous CPU).
 
-    Splits rows over ``torch.get_num_threads()`` Python threads: ctypes drops
-    the GIL, and each thread sums into its own bias row.
+    Rows are split over ``torch.get_num_threads()`` threads, each summing into
+    its own float64 bias row.
     """
     dll = lib()
     assert dll is not None
     rows, cols = gy.shape
-    nthreads = max(1, min(torch.get_num_threads(), rows // 64))
-    partial = torch.zeros(nthreads, cols, dtype=torch.float64)
+    bounds = _split(rows, 64)
+    partial = torch.zeros(len(bounds) - 1, cols, dtype=torch.float64)
     args = (gy.data_ptr(), h.data_ptr(), gh.data_ptr())
-    bounds = [rows * i // nthreads for i in range(nthreads + 1)]
 
     def part(i: int) -> None:
-        dll.hr_gelu_backward_bias(
-            *args, partial[i].data_ptr(), bounds[i], bounds[i + 1], cols
-        )
+        dll.hr_gelu_backward_bias(*args, partial[i].data_ptr(), bounds[i], bounds[i + 1], cols)
 
-    if nthreads == 1:
-        part(0)
-        return partial[0].to(torch.float32)
-    global _pool, _pool_size
-    if _pool is None or _pool_size < nthreads:
-        _pool = ThreadPoolExecutor(max_workers=nthreads, thread_name_prefix="hetrun-fused")
-        _pool_size = nthreads
-    list(_pool.map(part, range(nthreads)))
+    _run_parts(part, len(bounds) - 1)
     return partial.sum(0).to(torch.float32)

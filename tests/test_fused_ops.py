@@ -69,7 +69,8 @@ def test_ln_linear_gelu_matches_eager(lead, hdim, fdim, gelu, bias, affine, appr
             assert _rel(a, r) < 1e-4, (name, _rel(a, r))
 
 
-_ALL_OFF = {"native_gelu_backward": False, "onednn_grad_input": False, "onednn_forward": False}
+_ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
+           "onednn_grad_input": False, "onednn_forward": False}
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -78,11 +79,12 @@ _ALL_OFF = {"native_gelu_backward": False, "onednn_grad_input": False, "onednn_f
     [
         _ALL_OFF,
         {**_ALL_OFF, "native_gelu_backward": True},
+        {**_ALL_OFF, "native_gelu_forward": True, "onednn_forward": True},
         {**_ALL_OFF, "onednn_grad_input": True},
         {**_ALL_OFF, "onednn_forward": True},
         {},  # the defaults: every CPU path on
     ],
-    ids=["aten", "native-gelu", "onednn-grad-input", "onednn-forward", "default"],
+    ids=["aten", "native-gelu-backward", "native-gelu-forward", "onednn-grad-input", "onednn-forward", "default"],
 )
 def test_every_cpu_path_matches_eager(paths: dict[str, bool], threads: int) -> None:
     """Each CPU fast path on its own and together, 1 and 2 threads (the C kernel splits rows)."""
@@ -140,6 +142,23 @@ def test_native_gelu_backward_bias_matches_aten(threads: int) -> None:
     h[1, 3] = float("nan")  # a diverged activation must stay visible in the gradient
     fused_native.gelu_backward_bias(gy, h, gh)
     assert torch.isnan(gh[1, 3]) and torch.isfinite(gh[1, 4])
+
+
+def test_native_gelu_forward_matches_aten_in_place_too() -> None:
+    if fused_native.lib() is None:
+        pytest.skip("no C compiler here: the fused op uses the ATen GELU instead")
+    h = torch.randn(70001, generator=torch.Generator().manual_seed(6)) * 4  # not a multiple of the split
+    h[:6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-8, -95.0])
+    ref = torch.nn.functional.gelu(h.double())
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        y = fused_native.gelu_forward(h, torch.empty_like(h))
+        fused_native.gelu_forward(h, h)
+    finally:
+        torch.set_num_threads(old)
+    assert _rel(y.double(), ref) < 1e-7
+    assert torch.equal(h, y)
 
 
 def test_ln_linear_gelu_gradcheck_float64() -> None:

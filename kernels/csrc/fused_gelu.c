@@ -1,4 +1,4 @@
-/* GELU (exact erf form) backward fused with the bias-gradient column sum.
+/* GELU (exact erf form) forward, and backward fused with the bias-gradient column sum.
  *
  * gelu'(v) = cdf(v) + v * pdf(v), cdf = (1 + erf(v / sqrt 2)) / 2,
  * pdf = exp(-v^2 / 2) / sqrt(2 pi). erf is ATen's vectorised one
@@ -29,6 +29,25 @@ static inline float hr_exp_neg(float x) {
     return p * scale.f;
 }
 
+/* erf(z) as ATen's vectorised CPU erf computes it (A-S 7.1.26); *e gets exp(-z^2). */
+static inline float hr_erf(float z, float *e) {
+    float t = 1.0f / fmaf(0.3275911f, fabsf(z), 1.0f);
+    float p = fmaf(fmaf(fmaf(fmaf(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
+                       -0.284496736f), t, 0.254829592f);
+    *e = hr_exp_neg(-z * z);
+    float erf_abs = 1.0f - p * t * *e;
+    return z < 0.0f ? -erf_abs : erf_abs;
+}
+
+/* y = gelu(h) over [i0, i1); y may be h (in place: each element is read before it is written). */
+void hr_gelu_forward(const float *h, float *y, int64_t i0, int64_t i1) {
+#pragma omp simd
+    for (int64_t i = i0; i < i1; i++) {
+        float v = h[i], e;
+        y[i] = v * 0.5f * (1.0f + hr_erf(v * HR_SQRT1_2, &e));
+    }
+}
+
 /* Rows [r0, r1) of a row-major [rows, cols] problem; gb (cols doubles: long
  * columns summed in float drift) is accumulated into (the caller zeroes it),
  * so threads pass their own. */
@@ -40,14 +59,8 @@ void hr_gelu_backward_bias(const float *restrict gy, const float *restrict h,
         float *o = gh + r * cols;
 #pragma omp simd
         for (int64_t j = 0; j < cols; j++) {
-            float v = x[j];
-            float z = v * HR_SQRT1_2;
-            float t = 1.0f / fmaf(0.3275911f, fabsf(z), 1.0f);
-            float p = fmaf(fmaf(fmaf(fmaf(1.061405429f, t, -1.453152027f), t, 1.421413741f), t,
-                               -0.284496736f), t, 0.254829592f);
-            float e = hr_exp_neg(-z * z);
-            float erf_abs = 1.0f - p * t * e;
-            float erf = z < 0.0f ? -erf_abs : erf_abs;
+            float v = x[j], e;
+            float erf = hr_erf(v * HR_SQRT1_2, &e);
             float g = a[j] * (0.5f * (1.0f + erf) + v * e * HR_INV_SQRT_2PI);
             o[j] = g;
             gb[j] += (double)g;
