@@ -15,6 +15,11 @@
   ranks committing together over the component communicator).
 - ``flush(ctx)``: wait for the write in flight (before exiting).
 
+``checkpoint.optimizer_encoding: lossy-4bit`` (opt-in, LOSSY) stores the Adam
+moments of the workload state as 4-bit codes (``hetrun.runtime.ckpt.lossy``);
+the checkpoint meta then says ``"lossy": true``. Restore decodes them; weights,
+step counters, RNG and the iteration are always exact.
+
 The checkpoint directory is ``checkpoint.directory`` of the plan (relative to
 the run directory), else ``<run_dir>/ckpt``. ``$HETRUN_CKPT_LOCAL`` adds a
 node-local fast tier (e.g. ``/tmp/hetrun-ckpt``), drained to the shared one.
@@ -218,7 +223,9 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     restored_state = False
     if value is not None:
         try:
-            workload.load_state_dict(value["workload"])
+            from hetrun.runtime.ckpt.lossy import decode_state
+
+            workload.load_state_dict(decode_state(value["workload"]))
             restore_rng(value["rng"])
             iteration = int(value["iteration"])
         except (KeyError, TypeError) as exc:
@@ -247,10 +254,17 @@ def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
         if done is None or (done.ok and done.step == iteration):
             info["skipped"] = "already saved at this iteration"
             return info
-    state = {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration}
+    from hetrun.runtime.ckpt.lossy import encode_state, lossy_meta
+
+    t_encode = time.perf_counter()
+    tree, encoded = encode_state(workload.state_dict(), optimizer_encoding(ctx))
+    encode_s = time.perf_counter() - t_encode if encoded["lossy"] else 0.0  # training waits for it too
+    state = {"workload": tree, "rng": capture_rng(), "iteration": iteration}
     meta = {"iteration": iteration, "component": ctx.component, "restart_count": restart_count(),
-            "reason": preempt.stop_reason() or "interval"}
-    info["stall_s"] = round(slot.writer.save(iteration, state, meta), 6)
+            "reason": preempt.stop_reason() or "interval", **lossy_meta(encoded)}
+    if encoded["lossy"]:
+        info["lossy"] = True
+    info["stall_s"] = round(encode_s + slot.writer.save(iteration, state, meta), 6)
     slot.last_step = iteration
     plan = getattr(ctx, "plan", None)
     if plan is not None and iteration >= plan.iterations:
@@ -261,6 +275,13 @@ def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
         if done is not None and not done.ok:
             info["error"] = done.error
     return info
+
+
+def optimizer_encoding(ctx: Any) -> str:
+    """``checkpoint.optimizer_encoding`` of the plan ("exact" without a plan)."""
+    plan = getattr(ctx, "plan", None)
+    cfg = (plan.checkpoint if plan is not None else {}) or {}
+    return str(cfg.get("optimizer_encoding") or "exact")
 
 
 def flush(ctx: Any) -> dict[str, Any] | None:
