@@ -47,6 +47,7 @@ def _grads(fn, params, gy):
         ((513,), 48, 40, False, True, True, "none"),
         ((64,), 16, 24, True, False, False, "none"),
         ((1,), 8, 8, True, True, True, "none"),
+        ((512,), 256, 1024, True, True, True, "none"),  # K = 256: the summation order matters
     ],
 )
 def test_ln_linear_gelu_matches_eager(lead, hdim, fdim, gelu, bias, affine, approximate) -> None:
@@ -70,7 +71,7 @@ def test_ln_linear_gelu_matches_eager(lead, hdim, fdim, gelu, bias, affine, appr
 
 
 _ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
-           "onednn_grad_input": False, "onednn_forward": False}
+           "onednn_grad_input": False, "onednn_forward_max_h": 0}
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -79,14 +80,14 @@ _ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
     [
         _ALL_OFF,
         {**_ALL_OFF, "native_gelu_backward": True},
-        {**_ALL_OFF, "native_gelu_forward": True, "onednn_forward": True},
+        {**_ALL_OFF, "native_gelu_forward": True, "onednn_forward_max_h": 1 << 30},
         {**_ALL_OFF, "onednn_grad_input": True},
-        {**_ALL_OFF, "onednn_forward": True},
+        {**_ALL_OFF, "onednn_forward_max_h": 1 << 30},
         {},  # the defaults: every CPU path on
     ],
     ids=["aten", "native-gelu-backward", "native-gelu-forward", "onednn-grad-input", "onednn-forward", "default"],
 )
-def test_every_cpu_path_matches_eager(paths: dict[str, bool], threads: int) -> None:
+def test_every_cpu_path_matches_eager(paths: dict[str, bool | int], threads: int) -> None:
     """Each CPU fast path on its own and together, 1 and 2 threads (the C kernel splits rows)."""
     lead, hdim, fdim = (4100,), 64, 136  # long bias-gradient columns; rows not a multiple of the split
     x, lnw, lnb, w, b = _leaves((*lead, hdim), (hdim,), (hdim,), (fdim, hdim), (fdim,), seed=5)
