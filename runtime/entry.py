@@ -121,6 +121,12 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
         world.comm.Barrier()
         return EXIT_OK
 
+    # torch is what every workload needs and the longest import of a start:
+    # dated here so the startup event shows it apart from process groups.
+    world.timings["torch_import_start"] = time.time()
+    import torch  # noqa: F401
+
+    world.timings["torch_imported"] = time.time()
     from .executor import Executor, RankFailed
 
     try:

@@ -155,8 +155,7 @@ class World:
     comp_ranks: dict[str, list[int]]
     timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
     torch_world: Any = None
-    torch_groups: dict[str, Any] = field(default_factory=dict)
-    torch_leaders: Any = None
+    torch_groups: dict[str, Any] = field(default_factory=dict)  # this rank's component only
     backend: str = ""
     # Wall-clock times (time.time()) this rank reached each startup stage: the
     # runtime's startup event reports them (where a restart's seconds go).
@@ -177,7 +176,7 @@ class World:
         self.comm.Abort(code)
 
     def init_torch(self, use_cuda: bool = False) -> None:
-        """torch.distributed: a world group, one group per component, one of the leaders.
+        """torch.distributed: a world group and this rank's component group.
 
         Rank 0 opens a TCPStore on a port the OS picks (port 0), so two jobs on
         one node never collide, and broadcasts host:port over MPI.
@@ -214,13 +213,14 @@ class World:
         )
         self.timings["pg_world_ready"] = time.time()
         self.torch_world = dist.group.WORLD
-        # new_group is collective over the world: every rank creates every group
-        # in the same order.
-        for name, ranks in self.comp_ranks.items():
-            group = dist.new_group(ranks=ranks, timeout=timeout, backend=self.backend)
-            self.torch_groups[name] = group
-        leaders = [r[0] for r in self.comp_ranks.values()]
-        self.torch_leaders = dist.new_group(ranks=leaders, timeout=timeout, backend=self.backend)
+        # Only this rank's own component group: nothing uses another component's
+        # group, and with use_local_synchronization only its members take part
+        # in creating it (the rest of the world does not wait for it).
+        mine = self.component.name
+        self.torch_groups[mine] = dist.new_group(
+            ranks=self.comp_ranks[mine], timeout=timeout, backend=self.backend,
+            use_local_synchronization=True,
+        )
         self.timings["groups_ready"] = time.time()
 
     @property

@@ -1,0 +1,249 @@
+"""Requeue to first resumed step, broken down, for the example jobs on the local Slurm cluster.
+
+    python benchmarks/requeue_bench.py            # each example preempted twice
+    python benchmarks/requeue_bench.py --quick    # once each
+    python benchmarks/requeue_bench.py --examples moe_lm --restarts 3
+
+Each example job (examples/ppo_cartpole.yaml, examples/moe_lm.yaml) is
+submitted with `hetrun submit` (many iterations, a checkpoint every
+--interval), preempted mid-interval by a job in the high-priority partition
+``high`` on the learner's node (PreemptMode=REQUEUE: Slurm signals it, the
+runtime checkpoints and exits, Slurm requeues it), and timed from Slurm's
+StartTime of the new attempt to the end of its first resumed optimizer step.
+Every stage is a real timestamp: sacct's Start (1 s resolution: the first
+stage carries up to 1 s of rounding), the batch script's $EPOCHREALTIME
+exports, and the runtime's ``startup``/``restore``/``action`` events. A stage
+ends when its slowest rank reached it (the critical path). Prints a markdown
+table; writes every timestamp to benchmarks/results/requeue.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "requeue.json"
+
+# (label, timestamp key) in the order a restart reaches them; durations are
+# differences between consecutive critical-path times.
+STAGES = [
+    ("Slurm StartTime -> batch script start", "batch_start"),
+    ("batch script -> srun", "srun_start"),
+    ("srun -> rank processes started", "proc_start"),
+    ("interpreter + hetrun package", "interp_ready"),
+    ("plan.json load + check", "mpi_start"),
+    ("MPI_Init (mpi4py, PMIx)", "mpi_ready"),
+    ("communicators (component, node)", "world_ready"),
+    ("import torch", "torch_imported"),
+    ("torch process groups (TCPStore, gloo)", "groups_ready"),
+    ("executor (routes, mailbox, node sharing)", "executor_ready"),
+    ("workload import + init", "restore_entered"),
+    ("restore (agree, read, verify, load)", "restore_done"),
+    ("first resumed step", "first_step"),
+]
+
+
+def sh(argv: list[str], check: bool = True) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=check).stdout
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    path = run_dir / "events.jsonl"
+    if path.exists():
+        for line in path.read_bytes().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written
+    return out
+
+
+def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        time.sleep(poll)
+    raise SystemExit(f"requeue_bench: timed out after {timeout:.0f} s waiting for {what}")
+
+
+def is_step(e: dict[str, Any]) -> bool:
+    """An action event that ends an optimizer step (optimize alone or fused into a sync)."""
+    return e.get("ev") == "action" and (
+        e.get("type") == "optimize" or "optimize" in str(e.get("id", "")).split("+"))
+
+
+def submit(example: str, args: argparse.Namespace, runs_dir: Path) -> tuple[str, Path]:
+    out = sh([sys.executable, "-m", "hetrun.cli", "submit", str(ROOT / "examples" / f"{example}.yaml"),
+              "--runs-dir", str(runs_dir),
+              "--set", f"training.iterations={args.iterations}",
+              "--set", f"checkpoint.interval={args.interval}",
+              "--set", f"preemption.max_restarts={args.restarts + 1}",
+              "--set", "slurm.partition=debug", "--set", "slurm.time=00:30:00"])
+    job = re.search(r"as job (\d+)", out)
+    run = re.search(r"run directory: (\S+)", out)
+    if not job or not run:
+        raise SystemExit(f"requeue_bench: cannot read job id / run directory from:\n{out}")
+    return job.group(1), Path(run.group(1))
+
+
+def learner_node(job_id: str) -> str:
+    """The first node of the first het component (the learner)."""
+    line = sh(["scontrol", "-o", "show", "job", job_id]).splitlines()[0]
+    nodes = re.search(r"\bNodeList=(\S+)", line)
+    if not nodes or nodes.group(1) == "(null)":
+        raise SystemExit(f"requeue_bench: job {job_id} has no nodes: {line}")
+    return sh(["scontrol", "show", "hostnames", nodes.group(1)]).split()[0]
+
+
+def preempt(node: str) -> str:
+    out = sh(["sbatch", "--parsable", "-p", "high", "-w", node, "--exclusive", "-t", "00:02:00",
+              "-J", "requeue-bench-preemptor", "--output=/dev/null", "--wrap", "sleep 2"])
+    return out.strip().split(";")[0]
+
+
+def slurm_start(job_id: str) -> float:
+    """sacct's Start of the current attempt (earliest het component), epoch seconds (1 s resolution)."""
+    starts = []
+    for line in sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,Start"]).splitlines():
+        jid, _, start = line.partition("|")
+        if start and start not in ("Unknown", "None"):
+            starts.append(datetime.fromisoformat(start).timestamp())  # local time, as sacct prints
+    if not starts:
+        raise SystemExit(f"requeue_bench: sacct has no Start for job {job_id}")
+    return min(starts)
+
+
+def restart_breakdown(evs: list[dict[str, Any]], restart: int, nranks: int) -> dict[str, Any] | None:
+    """Critical-path times of one restart, or None while some rank has not got that far."""
+    startups = {e["rank"]: e for e in evs if e.get("ev") == "startup" and e.get("restart_count") == restart}
+    restores = {e["rank"]: e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == restart
+                and "seconds" in e}
+    if len(startups) < nranks or len(restores) < nranks:
+        return None
+    since = min(s["time"] for s in startups.values())
+    steps: dict[int, float] = {}
+    for e in evs:
+        if is_step(e) and e.get("start", 0) >= since and e["rank"] not in steps:
+            steps[e["rank"]] = e["end"]
+    learners = {e["rank"] for e in evs if is_step(e)}
+    if not learners or not learners <= set(steps):
+        return None
+    per_rank: dict[int, dict[str, float]] = {}
+    for rank, s in startups.items():
+        t: dict[str, float] = {}
+        last = 0.0
+        for _, key in STAGES[:10]:
+            last = float(s[key]) if s.get(key) is not None else last  # a 1-rank world has no groups
+            t[key] = last
+        t["restore_entered"] = restores[rank]["entered"]
+        t["restore_done"] = restores[rank]["time"]
+        if rank in steps:
+            t["first_step"] = steps[rank]
+        per_rank[rank] = t
+    crit = {key: max(t[key] for t in per_rank.values() if key in t) for _, key in STAGES}
+    # batch_start/srun_start are the same on every rank (one batch script).
+    restore0 = restores[min(restores)]
+    return {"critical": crit, "per_rank": per_rank, "restored_step": restore0.get("step"),
+            "work_lost": max((r.get("work_lost") or 0) for r in restores.values())}
+
+
+def run_example(example: str, args: argparse.Namespace, runs_dir: Path) -> list[dict[str, Any]]:
+    job_id, run_dir = submit(example, args, runs_dir)
+    print(f"{example}: job {job_id}, run {run_dir}", file=sys.stderr)
+    rows = []
+    try:
+        nranks = wait_for(lambda: len({e["rank"] for e in events(run_dir) if e.get("ev") == "startup"}),
+                          300, f"{example} to start")
+        time.sleep(2)  # every rank's startup event (they come within a second of each other)
+        nranks = len({e["rank"] for e in events(run_dir) if e.get("ev") == "startup"})
+        resumed_at = 0
+        for restart in range(1, args.restarts + 1):
+            # Mid-interval, past a checkpoint: the preemption checkpoint is what saves the work.
+            target = resumed_at + args.interval + args.interval // 2
+            wait_for(lambda t=target: any(is_step(e) and e.get("iteration", -1) >= t for e in events(run_dir)),
+                     600, f"{example} to pass iteration {target}")
+            preempted_at = time.time()
+            preempt(learner_node(job_id))
+            got = wait_for(lambda r=restart: restart_breakdown(events(run_dir), r, nranks), 600,
+                           f"{example} restart {restart} to take its first step")
+            start = slurm_start(job_id)
+            got["critical"]["slurm_start"] = start
+            got.update(example=example, restart=restart, job_id=job_id, ranks=nranks,
+                       preempted_at=preempted_at, run_dir=str(run_dir))
+            resumed_at = int(got["restored_step"] or 0)
+            rows.append(got)
+            total = got["critical"]["first_step"] - start
+            print(f"{example} restart {restart}: {total:.2f} s from Slurm start to first step", file=sys.stderr)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
+    return rows
+
+
+def durations(row: dict[str, Any]) -> list[float]:
+    crit = row["critical"]
+    prev = crit["slurm_start"]
+    out = []
+    for _, key in STAGES:
+        out.append(crit[key] - prev)
+        prev = crit[key]
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    heads = [f"{r['example']} #{r['restart']} ({r['ranks']} ranks)" for r in rows]
+    cols = [durations(r) for r in rows]
+    lines = ["| stage (critical path: slowest rank) | " + " | ".join(heads) + " |",
+             "|---|" + "---|" * len(rows)]
+    for i, (label, _) in enumerate(STAGES):
+        lines.append(f"| {label} | " + " | ".join(f"{c[i]:.2f}" for c in cols) + " |")
+    lines.append("| **total: Slurm StartTime -> first resumed step** | "
+                 + " | ".join(f"**{sum(c):.2f}**" for c in cols) + " |")
+    lines.append("| (not counted) preempted -> Slurm StartTime of the requeued job | "
+                 + " | ".join(f"{r['critical']['slurm_start'] - r['preempted_at']:.1f}" for r in rows) + " |")
+    lines.append("| work lost (iterations) | " + " | ".join(str(r["work_lost"]) for r in rows) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one restart per example (default two)")
+    ap.add_argument("--restarts", type=int, default=None, help="restarts per example")
+    ap.add_argument("--examples", default="ppo_cartpole,moe_lm")
+    ap.add_argument("--iterations", type=int, default=100000, help="never reached: the job is cancelled after")
+    ap.add_argument("--interval", type=int, default=10, help="checkpoint.interval")
+    ap.add_argument("--runs-dir", type=Path, default=Path("/var/tmp/hetrun-requeue-bench"),
+                    help="outside /tmp: slurmd runs jobs with a private /tmp")
+    ap.add_argument("--json", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    args.restarts = args.restarts or (1 if args.quick else 2)
+    if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
+        raise SystemExit("requeue_bench: Slurm does not answer (sinfo); start it with `hetrun cluster up`")
+    args.runs_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for example in args.examples.split(","):
+        rows += run_example(example.strip(), args, args.runs_dir)
+    print(table(rows))
+    totals = [sum(durations(r)) for r in rows]
+    print(f"\nmedian total {statistics.median(totals):.2f} s, max {max(totals):.2f} s "
+          f"(target < 10 s); Slurm StartTime has 1 s resolution. "
+          f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"stages": STAGES, "rows": rows,
+                                     "command": " ".join(sys.argv)}, indent=1, default=str))
+    print(f"wrote {args.json}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
