@@ -20,6 +20,7 @@ table; writes every timestamp to benchmarks/results/requeue.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -61,10 +62,8 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "events.jsonl"
     if path.exists():
         for line in path.read_bytes().splitlines():
-            try:
+            with contextlib.suppress(ValueError):  # a line being written
                 out.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
     return out
 
 
@@ -117,7 +116,7 @@ def slurm_start(job_id: str) -> float:
     """sacct's Start of the current attempt (earliest het component), epoch seconds (1 s resolution)."""
     starts = []
     for line in sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,Start"]).splitlines():
-        jid, _, start = line.partition("|")
+        _, _, start = line.partition("|")
         if start and start not in ("Unknown", "None"):
             starts.append(datetime.fromisoformat(start).timestamp())  # local time, as sacct prints
     if not starts:
