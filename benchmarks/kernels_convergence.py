@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,11 +27,20 @@ DEFAULT_RUNS = "none:none,int8:onebit_ef"
 
 
 def _runs(spec: str) -> dict[str, tuple[str, str]]:
-    """``fwd:bwd,fwd:bwd`` -> {label: (forward_codec, backward_codec)}; the first is the baseline."""
+    """``fwd:bwd,fwd:bwd`` -> {label: (forward_codec, backward_codec)}; the first is the baseline.
+
+    A codec may carry a block size, ``int8@512:onebit_ef@64`` (else the default of
+    ``runtime/comms/compressed``), passed through ``$HETRUN_A2A_BLOCK_<DIRECTION>``.
+    """
     return {f"fwd {f} / bwd {b}": (f, b) for f, b in (r.split(":") for r in spec.split(","))}
 
 
-def _rank(steps: int, batch: int, seq: int, out: str, spec: str) -> None:
+def _codec_block(token: str) -> tuple[str, str | None]:
+    name, _, block = token.partition("@")
+    return name, (block or None)
+
+
+def _rank(steps: int, batch: int, seq: int, out: str, spec: str, eval_every: int, seeds: str) -> None:
     import torch
     from hetrun.examples.moe_lm import MoELMWorkload
     from hetrun.runtime.context import RankContext
@@ -40,14 +50,23 @@ def _rank(steps: int, batch: int, seq: int, out: str, spec: str) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     result = {}
-    for label, (fwd, bwd) in _runs(spec).items():
+    for seed, (label, (fwd_tok, bwd_tok)) in (
+        (int(sd), run) for sd in seeds.split(",") for run in _runs(spec).items()
+    ):
+        (fwd, fblock), (bwd, bblock) = _codec_block(fwd_tok), _codec_block(bwd_tok)
+        for direction, block in (("FORWARD", fblock), ("BACKWARD", bblock)):
+            os.environ.pop(f"HETRUN_A2A_BLOCK_{direction}", None)
+            if block:
+                os.environ[f"HETRUN_A2A_BLOCK_{direction}"] = block
         ctx = RankContext(
             rank=rank, world_size=size, component="learner", comp_rank=rank, comp_size=size,
-            group=None, comm=comm, device="cpu", seed=0, run_dir=Path("."),
+            group=None, comm=comm, device="cpu", seed=seed, run_dir=Path("."),
             comms={"forward_codec": fwd, "backward_codec": bwd},
         )
         work = MoELMWorkload(ctx, batch_size=batch, seq_len=seq, corpus_bytes=1_000_000)
-        losses = []
+        losses: list[float] = []
+        evals: list[tuple[int, float]] = []
+        sent = 0.0
         for it in range(steps):
             loss = work.forward(work.next_batch(it, 0), 0, 1)
             work.backward(loss)
@@ -56,10 +75,47 @@ def _rank(steps: int, batch: int, seq: int, out: str, spec: str) -> None:
                 p.grad.div_(size)
             work.optimize()
             losses.append(comm.allreduce(float(loss.detach()), op=MPI.SUM) / size)
-        sent = comm.allreduce(work.comm.stats["bytes_sent"] if work.comm else 0.0, op=MPI.SUM)
-        result[label] = {"loss": losses, "bytes_sent": sent}
+            if (it + 1) % eval_every == 0 or it + 1 == steps:
+                # Held-out loss on a fixed set of windows (less noisy than the training
+                # loss); its all-to-all bytes are left out of the training volume.
+                before = work.comm.stats["bytes_sent"] if work.comm else 0.0
+                evals.append((it + 1, work.evaluate()["eval_loss"]))
+                if work.comm:
+                    sent -= work.comm.stats["bytes_sent"] - before
+        sent += work.comm.stats["bytes_sent"] if work.comm else 0.0
+        sent = comm.allreduce(sent, op=MPI.SUM)
+        result.setdefault(label, []).append(
+            {"seed": seed, "loss": losses, "eval": evals, "bytes_sent": sent}
+        )
     if rank == 0:
         Path(out).write_text(json.dumps(result))
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def _report(res: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    """Per run: training loss (mean of the last 20 steps) and final held-out loss vs the
+    baseline of the same seed, averaged over seeds, and the all-to-all volume cut."""
+    base_label = next(iter(res))
+    base = res[base_label]
+    print(f"MoE LM, {args.ranks} ranks, {args.steps} steps, batch {args.batch} x seq {args.seq}, "
+          f"seeds {args.seeds} (first run is the baseline; target: within 1% of its loss, "
+          "volume cut >= 85%)")
+    print(f"  {'run':44s} {'train last20':>12s} {'vs base':>8s} {'held-out':>9s} {'vs base':>8s} "
+          f"{'worst':>7s} {'a2a MB':>8s} {'cut':>7s}")
+    for k, runs in res.items():
+        tail = [_mean(r["loss"][-20:]) for r in runs]
+        final = [r["eval"][-1][1] for r in runs]
+        btail = [_mean(b["loss"][-20:]) for b in base]
+        bfinal = [b["eval"][-1][1] for b in base]
+        dt = [100 * (t - b) / b for t, b in zip(tail, btail, strict=True)]
+        de = [100 * (f - b) / b for f, b in zip(final, bfinal, strict=True)]
+        cut = 100 * (1 - _mean([r["bytes_sent"] for r in runs]) / _mean([b["bytes_sent"] for b in base]))
+        print(f"  {k:44s} {_mean(tail):12.4f} {_mean(dt):+7.2f}% {_mean(final):9.4f} "
+              f"{_mean(de):+7.2f}% {max(dt + de):+6.2f}% {_mean([r['bytes_sent'] for r in runs]) / 1e6:8.1f} "
+              f"{cut:6.2f}%")
 
 
 def main() -> None:
@@ -69,12 +125,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--eval-every", type=int, default=25, help="held-out evaluation period (steps)")
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds (model init and data order)")
     ap.add_argument("--runs", default=DEFAULT_RUNS, help="fwd:bwd codec pairs; the first is the baseline")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         res_path = Path(tmp, "res.json")
         cmd = mpirun_argv(args.ranks, [sys.executable, __file__, "--rank", str(args.steps), str(args.batch),
-                                       str(args.seq), str(res_path), args.runs])
+                                       str(args.seq), str(res_path), args.runs,
+                                       str(args.eval_every), args.seeds])
         proc = subprocess.run(cmd, env=loopback_mpi_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -82,14 +141,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "moe_convergence.json").write_text(json.dumps(res))
-    tail = {k: sum(v["loss"][-20:]) / len(v["loss"][-20:]) for k, v in res.items()}
-    base = next(iter(tail.values()))
-    print(f"MoE LM, {args.ranks} ranks, {args.steps} steps, batch {args.batch} x seq {args.seq}")
-    for k, v in res.items():
-        print(f"  {k:26s} first loss {v['loss'][0]:.4f}  mean of last 20 {tail[k]:.4f}  "
-              f"all-to-all bytes sent {v['bytes_sent'] / 1e6:.1f} MB")
-    for k, v in list(tail.items())[1:]:
-        print(f"  {k} vs baseline: {100 * (v - base) / base:+.2f}% (target within +-1%)")
+    _report(res, args)
     try:
         import matplotlib
 
@@ -99,10 +151,13 @@ def main() -> None:
         print("  matplotlib not installed: no plot (pip install matplotlib)")
         return
     fig, ax = plt.subplots(figsize=(7, 4))
-    for k, v in res.items():
+    for k, per_seed in res.items():
+        v = per_seed[0]
         ax.plot(range(1, len(v["loss"]) + 1), v["loss"], label=k, linewidth=1)
+        ax.plot([e[0] for e in v["eval"]], [e[1] for e in v["eval"]], "o--", markersize=3,
+                label=f"{k} (held-out)")
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats/byte)")
+    ax.set_ylabel("loss (nats/byte)")
     ax.set_title(f"MoE LM, {args.ranks} expert-parallel ranks: exact vs compressed all-to-all")
     ax.legend()
     fig.tight_layout()
@@ -112,6 +167,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--rank":
-        _rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        _rank(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6], int(sys.argv[7]),
+              sys.argv[8])
     else:
         main()

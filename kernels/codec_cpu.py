@@ -1,8 +1,8 @@
 """The CPU codecs: the single-pass C kernels when built, else cache-blocked numpy.
 
-``codec_native`` (C, one pass per block) serves 1-bit (plain and error
-feedback) and int8 when a C compiler is present; the numpy versions below
-serve the rest (stochastic 1-bit) and every codec where there is none.
+``codec_native`` (C, one pass per block) serves every codec here when a C
+compiler is present; the numpy versions below serve them where there is none
+(``HETRUN_NATIVE_CODECS=0``), and write the same bytes.
 
 Why this shape: at 64 MB a whole-array temporary costs more in page faults
 than the arithmetic, and naive torch versions run at 0.05-0.25x memcpy. Each
@@ -84,16 +84,20 @@ def onebit_encode(
     out: np.ndarray,
     block: int,
     residual: np.ndarray | None = None,
-    rng: np.random.Generator | None = None,
+    keys: tuple[int, int] | None = None,
 ) -> None:
     """Sign bits + per-block scale of ``x`` into ``out``.
 
     ``residual`` (error feedback): encode ``x + residual`` and leave in
-    ``residual`` what the code lost. ``rng`` (stochastic): scale = block absmax
-    and signs drawn so the decoded value is unbiased.
+    ``residual`` what the code lost. ``keys`` (stochastic): scale = block absmax
+    and signs drawn, from the counter-based generator keyed by ``keys``, so the
+    decoded value is unbiased.
     """
-    if rng is None and codec_native.lib() is not None:
-        codec_native.onebit_encode(x, out, block, residual)
+    if codec_native.lib() is not None:
+        if keys is None:
+            codec_native.onebit_encode(x, out, block, residual)
+        else:
+            codec_native.onebit_stochastic_encode(x, out, block, keys)
         return
     n = x.size
     scales, bits = wire_split(out, n, block)
@@ -115,7 +119,7 @@ def onebit_encode(
         absx = s.f32a[:mp]
         np.abs(xb, out=absx)
         sc = scales[b0 : b0 + nbc]
-        if rng is None:
+        if keys is None:
             np.add.reduce(absx.reshape(nbc, block), axis=1, out=sc)
             if partial:
                 counts = np.full(nbc, block, dtype=np.float32)
@@ -127,10 +131,10 @@ def onebit_encode(
             np.signbit(xc, out=neg)
         else:
             np.maximum.reduce(absx.reshape(nbc, block), axis=1, out=sc)
-            # negative iff x < M * (1 - 2u)
+            # negative iff x < M * (1 - u24 * 2^-23), u24 as codec_reference.stochastic_uniform24
             u = s.f32a[:mp]
-            rng.random(out=u, dtype=np.float32)
-            np.multiply(u, np.float32(-2.0), out=u)
+            u[:] = _uniform24(start, mp, keys)
+            np.multiply(u, np.float32(-(2.0**-23)), out=u)
             u += np.float32(1.0)
             np.multiply(u.reshape(nbc, block), sc[:, None], out=u.reshape(nbc, block))
             neg = s.bool_[:m]
@@ -141,6 +145,30 @@ def onebit_encode(
             dec = s.f32a[:mp]
             _decode_piece(bits[start // 8 : (end + 7) // 8], sc, block, mp, dec, s)
             np.subtract(xc, dec[:m], out=residual[start:end])
+
+
+def _lowbias32(x: np.ndarray) -> np.ndarray:
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)  # uint32 arrays wrap mod 2^32, as the C code
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def _uniform24(start: int, m: int, keys: tuple[int, int]) -> np.ndarray:
+    """u24 of elements ``start .. start + m`` (codec_reference.stochastic_uniform24)."""
+    k0, k1 = np.uint32(keys[0]), np.uint32(keys[1])
+    if (start >> 32) == ((start + m) >> 32):  # one high word for the whole piece
+        lo = np.arange(start & 0xFFFFFFFF, (start & 0xFFFFFFFF) + m, dtype=np.uint64).astype(np.uint32)
+        k0 = np.uint32((keys[0] + (start >> 32) * 0x9E3779B9) & 0xFFFFFFFF)
+    else:
+        i = np.arange(start, start + m, dtype=np.uint64)
+        lo = (i & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+        lo += (i >> np.uint64(32)).astype(np.uint32) * np.uint32(0x9E3779B9)
+    h = _lowbias32(lo + k0)
+    h ^= k1
+    return h >> np.uint32(8)
 
 
 def _decode_piece(

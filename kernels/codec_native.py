@@ -23,6 +23,9 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "fp8_decode",
+    "fp8_e4m3_saturate",
+    "fp8_encode",
     "int8_decode",
     "int8_encode",
     "lib",
@@ -76,9 +79,14 @@ def _build() -> ctypes.CDLL | None:
     dll.hr_onebit_decode.argtypes = [p, p, i64, i64, p]
     dll.hr_int8_encode.argtypes = [p, i64, i64, p, p]
     dll.hr_int8_decode.argtypes = [p, p, i64, i64, p]
-    dll.hr_onebit_stochastic_encode.argtypes = [p, i64, i64, p, p, p]
+    u32 = ctypes.c_uint32
+    dll.hr_onebit_stochastic_encode.argtypes = [p, i64, i64, p, p, u32, u32]
+    dll.hr_fp8_encode.argtypes = [p, i64, i64, p, p]
+    dll.hr_fp8_decode.argtypes = [p, p, i64, i64, p]
+    dll.hr_fp8_e4m3_saturate.argtypes = [p, i64, p]
     for f in (dll.hr_onebit_encode, dll.hr_onebit_decode, dll.hr_int8_encode, dll.hr_int8_decode,
-              dll.hr_onebit_stochastic_encode):
+              dll.hr_onebit_stochastic_encode, dll.hr_fp8_encode, dll.hr_fp8_decode,
+              dll.hr_fp8_e4m3_saturate):
         f.restype = None
     dll.hr_has_avx2.restype = ctypes.c_int
     return dll
@@ -139,12 +147,35 @@ def int8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
     dll.hr_int8_decode(_ptr(payload[: 4 * nb]), _ptr(payload[4 * nb :]), n, block, _ptr(out))
 
 
-def onebit_stochastic_encode(x: np.ndarray, out: np.ndarray, block: int, state: np.ndarray) -> None:
-    """``state``: 4 uint64 words of xoshiro256+ state, advanced in place (never all zero)."""
+def onebit_stochastic_encode(x: np.ndarray, out: np.ndarray, block: int, keys: tuple[int, int]) -> None:
+    """``keys``: the two 32-bit words keying the counter-based draws (one pair per call)."""
     n = x.size
     nb = -(-n // block)
     dll = lib()
     assert dll is not None
     dll.hr_onebit_stochastic_encode(
-        _ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]), _ptr(state)
+        _ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]), keys[0], keys[1]
     )
+
+
+def fp8_encode(x: np.ndarray, out: np.ndarray, block: int) -> None:
+    n = x.size
+    nb = -(-n // block)
+    dll = lib()
+    assert dll is not None
+    dll.hr_fp8_encode(_ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]))
+
+
+def fp8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
+    n = out.size
+    nb = -(-n // block)
+    dll = lib()
+    assert dll is not None
+    dll.hr_fp8_decode(_ptr(payload[: 4 * nb]), _ptr(payload[4 * nb :]), n, block, _ptr(out))
+
+
+def fp8_e4m3_saturate(x: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` = the float8_e4m3fn bits of clamp(x[i], -448, 448) (the cast alone, for tests)."""
+    dll = lib()
+    assert dll is not None
+    dll.hr_fp8_e4m3_saturate(_ptr(x), x.size, _ptr(out))

@@ -9,8 +9,10 @@ Formats (``n`` elements, block size ``B``, ``nb = ceil(n / B)`` blocks):
 - 1-bit: ``nb`` fp32 scales, then ``ceil(n / 8)`` bytes of sign bits, element
   ``8*i + j`` in bit ``j`` of byte ``i`` (little bit order); a set bit means
   negative. Deterministic scale: mean |x| of the block (the L2-optimal
-  magnitude for a sign code). Stochastic scale: max |x| of the block, with the
-  sign drawn so that the decoded value is ``x`` in expectation.
+  magnitude for a sign code). Stochastic scale: max |x| ``M`` of the block,
+  element ``i`` negative iff ``x < M * (1 - u24 * 2^-23)`` with ``u24`` the
+  counter-based draw :func:`stochastic_uniform24` (so the decoded value is
+  ``x`` in expectation, and every path draws the same numbers).
 - int8: ``nb`` fp32 scales (absmax / 127), then ``n`` int8 values
   ``rint(x * (127 / absmax))``.
 - fp8: ``nb`` fp32 scales (absmax / 448), then ``n`` float8_e4m3fn values of
@@ -61,12 +63,42 @@ def onebit_encode(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.cat([scales.view(torch.uint8), _pack_bits(neg)])
 
 
-def onebit_stochastic_encode(x: torch.Tensor, block: int, uniform: torch.Tensor) -> torch.Tensor:
-    """``uniform``: one U[0, 1) draw per element; negative iff x < M * (1 - 2u)."""
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2^32`` for int64 ``x`` < 2^32, in halves so no product overflows int64."""
+    lo = x * (c & 0xFFFF)
+    hi = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & _M32
+
+
+def _lowbias32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def stochastic_uniform24(n: int, k0: int, k1: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The stochastic codec's draws: ``u24[i] = (lowbias32(i + k0 + hi(i) * φ) ^ k1) >> 8``.
+
+    A counter-based generator (one hash per element index, keyed by the
+    32-bit words ``k0``, ``k1``), so the C kernel computes the same numbers 8
+    at a time and any device can reproduce them; int64 ``[n]`` in [0, 2^24).
+    """
+    i = torch.arange(n, dtype=torch.int64, device=device)
+    return (_lowbias32((i + k0 + _mul32(i >> 32, 0x9E3779B9)) & _M32) ^ k1) >> 8
+
+
+def onebit_stochastic_encode(x: torch.Tensor, block: int, k0: int, k1: int) -> torch.Tensor:
+    """Negative iff x < M * (1 - u24 * 2^-23) (all float32, exact up to the product)."""
     blocks, _ = _blocks(x, block)
     amax = blocks.abs().amax(dim=1)
     n = x.numel()
-    thresh = (amax.repeat_interleave(block)[:n]) * (1.0 - 2.0 * uniform.reshape(-1))
+    u24 = stochastic_uniform24(n, k0, k1, x.device).to(torch.float32)
+    thresh = (amax.repeat_interleave(block)[:n]) * (1.0 - u24 * 2.0**-23)
     neg = x.reshape(-1).float() < thresh
     return torch.cat([amax.view(torch.uint8), _pack_bits(neg)])
 

@@ -135,18 +135,34 @@ class OneBitEFCodec(OneBitCodec):
             residual.copy_(c - codec_reference.onebit_decode(out, c.numel(), self.block_size))
 
 
+_M64 = (1 << 64) - 1
+
+
+def stochastic_keys(seed: int, call: int) -> tuple[int, int]:
+    """The two 32-bit words keying call number ``call`` of a stochastic codec seeded ``seed``
+    (splitmix64 of both, so nearby seeds and calls give unrelated draws)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (call + 1) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    z ^= z >> 31
+    return z & 0xFFFFFFFF, z >> 32
+
+
 class OneBitStochasticCodec(OneBitCodec):
-    """``onebit_stochastic``: unbiased 1-bit; scale = block absmax, sign drawn so E[decode] = x."""
+    """``onebit_stochastic``: unbiased 1-bit; scale = block absmax, sign drawn so E[decode] = x.
+
+    The draws come from a counter-based generator keyed by ``(seed, call
+    number)`` (:func:`stochastic_keys`, ``codec_reference.stochastic_uniform24``):
+    every path (C, numpy, torch on any device) writes the same payload for the
+    same seed and call sequence.
+    """
 
     name = "onebit_stochastic"
 
     def __init__(self, block_size: int = DEFAULT_BLOCK, seed: int = 0) -> None:
         super().__init__(block_size)
-        self.seed = seed
-        self._rng = np.random.default_rng(seed)
-        # xoshiro256+ state for the C kernel, seeded from the same seed (never all zero)
-        self._xs = np.random.default_rng(seed).integers(1, 2**63, size=4, dtype=np.uint64)
-        self._gen: torch.Generator | None = None
+        self.seed = int(seed)
+        self.calls = 0
 
     def encode_into(
         self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
@@ -154,16 +170,12 @@ class OneBitStochasticCodec(OneBitCodec):
         _check(self, x, out)
         if x.numel() == 0:
             return
+        keys = stochastic_keys(self.seed, self.calls)
+        self.calls += 1
         if x.device.type == "cpu":
-            if codec_native.lib() is not None:
-                codec_native.onebit_stochastic_encode(_as_f32_numpy(x), out.numpy(), self.block_size, self._xs)
-            else:
-                codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, rng=self._rng)
+            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, keys=keys)
             return
-        if self._gen is None or self._gen.device != x.device:
-            self._gen = torch.Generator(device=x.device).manual_seed(self.seed)
-        u = torch.rand(x.numel(), generator=self._gen, device=x.device)
-        out.copy_(codec_reference.onebit_stochastic_encode(x, self.block_size, u))
+        out.copy_(codec_reference.onebit_stochastic_encode(x, self.block_size, *keys))
 
 
 class Int8Codec(_BlockKernelCodec):
@@ -179,8 +191,9 @@ class Int8Codec(_BlockKernelCodec):
 class Fp8Codec(Codec):
     """``fp8``: float8 e4m3 with one fp32 scale (absmax / 448) per block. ~3.9x at B=256.
 
-    Uses torch's ``float8_e4m3fn`` conversion (round to nearest even), in
-    cache-sized pieces on CPU.
+    CPU float32: the C kernel, whose cast equals torch's ``float8_e4m3fn``
+    conversion bit for bit (round to nearest even; saturated at +-448 first).
+    Elsewhere, or without the C kernels: torch's conversion, in cache-sized pieces.
     """
 
     name = "fp8"
@@ -209,6 +222,9 @@ class Fp8Codec(Codec):
         n = x.numel()
         if n == 0:
             return
+        if x.device.type == "cpu" and codec_native.lib() is not None:
+            codec_native.fp8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
+            return
         nb = self.num_blocks(n)
         flat = x.reshape(-1)
         for start, end in self._pieces(n):
@@ -220,6 +236,9 @@ class Fp8Codec(Codec):
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         n = out.numel()
         if n == 0:
+            return
+        if out.device.type == "cpu" and codec_native.lib() is not None:
+            _decode_cpu(out, lambda o: codec_native.fp8_decode(payload.numpy(), o, self.block_size))
             return
         nb = self.num_blocks(n)
         flat = out.reshape(-1)

@@ -198,33 +198,217 @@ void hr_int8_decode(const float *scales, const int8_t *q, int64_t n, int64_t blo
     }
 }
 
-/* Stochastic 1-bit: scales[nb] = absmax per block; element negative iff
- * x < M * (1 - 2u), u ~ U[0, 1) from xoshiro256+ (state: 4 words, advanced),
- * so the decoded value (+-M) equals x in expectation. */
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-static inline uint64_t xoshiro_next(uint64_t *s) {
-    uint64_t r = s[0] + s[3], t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
-    return r;
+/* Stochastic 1-bit: scales[nb] = absmax M per block; element i negative iff
+ * x < M * (1 - 2u_i), so the decoded value (+-M) equals x in expectation.
+ * u_i = hash(i, key) >> 8 over 2^24: a counter-based generator (the lowbias32
+ * integer hash of the index plus key k0, XOR key k1), so every element's draw is independent of the
+ * others and of the order they are computed in: vectorisable, and the numpy
+ * and torch paths (kernels/codec_reference.stochastic_uniform24) reproduce it
+ * bit for bit. The threshold 1 - u24 * 2^-23 is exact in fp32. */
+static inline uint32_t lowbias32(uint32_t x) {
+    x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+    return x;
 }
+static inline uint32_t stoch_u24(int64_t i, uint32_t k0, uint32_t k1) {
+    return (lowbias32((uint32_t)i + k0 + (uint32_t)((uint64_t)i >> 32) * 0x9e3779b9u) ^ k1) >> 8;
+}
+#ifdef __AVX2__
+static inline __m256i lowbias32_v(__m256i x) {
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)0x846ca68bu));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+#endif
 
 void hr_onebit_stochastic_encode(const float *x, int64_t n, int64_t block, float *scales,
-                                 uint8_t *bits, uint64_t *state) {
+                                 uint8_t *bits, uint32_t k0, uint32_t k1) {
     int64_t nb = (n + block - 1) / block;
-    const float inv24 = 1.0f / 16777216.0f;
+    const float two_m23 = 1.0f / 8388608.0f;
     for (int64_t b = 0; b < nb; b++) {
         int64_t s = b * block, m = n - s < block ? n - s : block;
         const float *c = x + s;
         float amax = 0.f;
-        for (int64_t i = 0; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        for (; i + 8 <= m; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(c + i), absmask));
+        amax = hmax(mx);
+#endif
+        for (; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
         scales[b] = amax;
-        for (int64_t i = 0; i < m; i += 8) {
+        i = 0;
+#ifdef __AVX2__
+        /* the high half of the index is the same for a whole block unless it
+         * straddles 2^32; such blocks take the scalar path */
+        if (((uint64_t)s >> 32) == ((uint64_t)(s + m) >> 32)) {
+            const __m256 mv = _mm256_set1_ps(amax), one = _mm256_set1_ps(1.0f);
+            const __m256 step = _mm256_set1_ps(two_m23);
+            const __m256i k0v = _mm256_set1_epi32((int)(k0 + (uint32_t)((uint64_t)s >> 32) * 0x9e3779b9u));
+            const __m256i k1v = _mm256_set1_epi32((int)k1);
+            const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            /* four independent groups of 8 per iteration: the hash is a chain of
+             * dependent multiplies, so interleaving keeps the multiplier busy */
+            __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)(uint32_t)s), lane);
+            const __m256i eight = _mm256_set1_epi32(8);
+            for (; i + 32 <= m; i += 32) {
+                uint32_t word = 0;
+                for (int k = 0; k < 4; k++) {
+                    __m256i h = _mm256_xor_si256(lowbias32_v(_mm256_add_epi32(idx, k0v)), k1v);
+                    h = _mm256_srli_epi32(h, 8);
+                    __m256 t = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_cvtepi32_ps(h), step));
+                    __m256 neg = _mm256_cmp_ps(_mm256_loadu_ps(c + i + 8 * k), _mm256_mul_ps(mv, t), _CMP_LT_OQ);
+                    word |= (uint32_t)_mm256_movemask_ps(neg) << (8 * k);
+                    idx = _mm256_add_epi32(idx, eight);
+                }
+                memcpy(bits + (s + i) / 8, &word, 4);
+            }
+            for (; i + 8 <= m; i += 8) {
+                __m256i h = _mm256_srli_epi32(_mm256_xor_si256(lowbias32_v(_mm256_add_epi32(idx, k0v)), k1v), 8);
+                __m256 t = _mm256_sub_ps(one, _mm256_mul_ps(_mm256_cvtepi32_ps(h), step));
+                __m256 neg = _mm256_cmp_ps(_mm256_loadu_ps(c + i), _mm256_mul_ps(mv, t), _CMP_LT_OQ);
+                bits[(s + i) / 8] = (uint8_t)_mm256_movemask_ps(neg);
+                idx = _mm256_add_epi32(idx, eight);
+            }
+        }
+#endif
+        for (; i < m; i += 8) {
             uint8_t byte = 0;
             for (int64_t j = 0; j < 8 && i + j < m; j++) {
-                float u = (float)(xoshiro_next(state) >> 40) * inv24;  /* top 24 bits */
-                byte |= (uint8_t)((c[i + j] < amax * (1.0f - 2.0f * u)) << j);
+                float t = 1.0f - (float)stoch_u24(s + i + j, k0, k1) * two_m23;
+                byte |= (uint8_t)((c[i + j] < amax * t) << j);
             }
             bits[(s + i) / 8] = byte;
         }
+    }
+}
+
+/* fp8 e4m3fn: scales[nb] = absmax / 448, y = clamp(x * (448 / absmax), +-448)
+ * converted with round-to-nearest-even exactly as torch's float8_e4m3fn cast
+ * (c10 fp8e4m3fn_from_fp32_value; NaN -> 0x7f with the sign). */
+static inline uint8_t fp8_from_f32(float f) {
+    uint32_t fb = f2u(f), sign = fb & 0x80000000u, r;
+    fb ^= sign;
+    if (fb >= (1087u << 20)) {
+        r = 0x7f;
+    } else if (fb < (121u << 23)) {
+        r = f2u(u2f(fb) + u2f(141u << 23)) - (141u << 23);
+    } else {
+        uint32_t odd = (fb >> 20) & 1u;
+        fb += ((uint32_t)(7 - 127) << 23) + 0x7ffffu + odd;
+        r = fb >> 20;
+    }
+    return (uint8_t)(r | (sign >> 24));
+}
+static inline float fp8_to_f32(uint8_t b) {
+    if ((b & 0x7f) == 0x7f) return u2f(0x7fc00000u | ((uint32_t)(b & 0x80) << 24));
+    /* exponent field moved into fp32's; 2^120 re-biases (7 vs 127), subnormals included */
+    return u2f(((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7f) << 20)) * 0x1p120f;
+}
+
+#ifdef __AVX2__
+static inline __m256i fp8_from_f32_v(__m256 y) {
+    __m256i fb = _mm256_castps_si256(y);
+    __m256i sign = _mm256_and_si256(fb, _mm256_set1_epi32((int)0x80000000u));
+    __m256i a = _mm256_xor_si256(fb, sign);
+    __m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)((1087u << 20) - 1)));
+    __m256i den = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(121u << 23)), a);
+    const __m256i dm = _mm256_set1_epi32((int)(141u << 23));
+    __m256i rd = _mm256_sub_epi32(
+        _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(dm))), dm);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
+    __m256i rn = _mm256_add_epi32(a, _mm256_set1_epi32((int)(((uint32_t)(7 - 127) << 23) + 0x7ffffu)));
+    rn = _mm256_srli_epi32(_mm256_add_epi32(rn, odd), 20);
+    __m256i r = _mm256_blendv_epi8(rn, rd, den);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7f), nan);
+    return _mm256_or_si256(r, _mm256_srli_epi32(sign, 24));
+}
+#endif
+
+void hr_fp8_encode(const float *x, int64_t n, int64_t block, float *scales, uint8_t *q) {
+    int64_t nb = (n + block - 1) / block;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block, m = n - s < block ? n - s : block;
+        const float *c = x + s;
+        float amax = 0.f;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        for (; i + 8 <= m; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(c + i), absmask));
+        amax = hmax(mx);
+#endif
+        for (; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
+        scales[b] = amax / 448.0f;
+        float inv = amax > 0.f ? 448.0f / amax : 0.f;
+        uint8_t *o = q + s;
+        i = 0;
+#ifdef __AVX2__
+        const __m256 iv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+        const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (; i + 32 <= m; i += 32) {
+            __m256i r[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 y = _mm256_mul_ps(_mm256_loadu_ps(c + i + 8 * k), iv);
+                /* min/max return their second operand on NaN: NaN passes through, as in torch.clamp */
+                y = _mm256_max_ps(lo, _mm256_min_ps(hi, y));
+                r[k] = fp8_from_f32_v(y);
+            }
+            __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
+            _mm256_storeu_si256((__m256i *)(o + i), _mm256_permutevar8x32_epi32(p, perm));
+        }
+#endif
+        for (; i < m; i++) {
+            float y = c[i] * inv;
+            if (y > 448.0f) y = 448.0f;
+            else if (y < -448.0f) y = -448.0f;
+            o[i] = fp8_from_f32(y);
+        }
+    }
+}
+
+/* fp8 of clamp(x, +-448): the cast on its own, for the bit-exactness tests. */
+void hr_fp8_e4m3_saturate(const float *x, int64_t n, uint8_t *out) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256 hi = _mm256_set1_ps(448.0f), lo = _mm256_set1_ps(-448.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (; i + 32 <= n; i += 32) {
+        __m256i r[4];
+        for (int k = 0; k < 4; k++)
+            r[k] = fp8_from_f32_v(_mm256_max_ps(lo, _mm256_min_ps(hi, _mm256_loadu_ps(x + i + 8 * k))));
+        __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_permutevar8x32_epi32(p, perm));
+    }
+#endif
+    for (; i < n; i++) {
+        float y = x[i];
+        if (y > 448.0f) y = 448.0f;
+        else if (y < -448.0f) y = -448.0f;
+        out[i] = fp8_from_f32(y);
+    }
+}
+
+void hr_fp8_decode(const float *scales, const uint8_t *q, int64_t n, int64_t block, float *out) {
+    int64_t nb = (n + block - 1) / block;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block, m = n - s < block ? n - s : block;
+        float sc = scales[b];
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 sv = _mm256_set1_ps(sc), rebias = _mm256_set1_ps(0x1p120f);
+        const __m256i low7 = _mm256_set1_epi32(0x7f), qnan = _mm256_set1_epi32(0x7fc00000);
+        for (; i + 8 <= m; i += 8) {
+            __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + s + i)));
+            __m256i mag = _mm256_and_si256(v, low7);
+            __m256 f = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(mag, 20)), rebias);
+            f = _mm256_blendv_ps(f, _mm256_castsi256_ps(qnan), _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, low7)));
+            __m256 sign = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 7), 31));
+            _mm256_storeu_ps(out + s + i, _mm256_mul_ps(_mm256_or_ps(f, sign), sv));
+        }
+#endif
+        for (; i < m; i++) out[s + i] = fp8_to_f32(q[s + i]) * sc;
     }
 }
