@@ -220,3 +220,22 @@ def test_combine_gradcheck_float64() -> None:
 def test_bad_k_is_a_clear_error() -> None:
     with pytest.raises(HetrunError, match="k=5 must be between 1 and the number of experts"):
         gate_topk_permute(torch.randn(4, 8), torch.randn(4, 8), 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+def test_ln_linear_gelu_on_cuda_takes_the_aten_path() -> None:
+    """Off the CPU no C or oneDNN path applies: the same Function runs cuBLAS/ATen ops."""
+    leaves = _leaves((300, 64), (64,), (64,), (96, 64), (96,))
+    params = [t.detach().cuda().requires_grad_() for t in leaves]
+    gy = torch.randn(300, 96, device="cuda")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs on both sides, as on the CPU
+    try:
+        y_ref, g_ref = _grads(lambda: ln_linear_gelu_reference(*params), params, gy)
+        y, g = _grads(lambda: ln_linear_gelu(*params), params, gy)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert y.is_cuda and _rel(y, y_ref) < 1e-6
+    for a, r in zip(g, g_ref, strict=True):
+        assert _rel(a, r) < 1e-4
