@@ -44,6 +44,7 @@ class _Scratch(threading.local):
         self.f32c = np.empty(CHUNK, dtype=np.float32)
         self.u32 = np.empty(CHUNK, dtype=np.uint32)
         self.bool_ = np.empty(CHUNK, dtype=np.bool_)
+        self.sc = np.empty(CHUNK // 8, dtype=np.float32)  # per-block scales of one piece
 
 
 _scratch = _Scratch()
@@ -62,12 +63,42 @@ def _scratch_for(chunk: int) -> _Scratch:
         s.f32c = np.empty(chunk, dtype=np.float32)
         s.u32 = np.empty(chunk, dtype=np.uint32)
         s.bool_ = np.empty(chunk, dtype=np.bool_)
+        s.sc = np.empty(chunk // 8, dtype=np.float32)
     return s
 
 
-def wire_split(out: np.ndarray, n: int, block: int) -> tuple[np.ndarray, np.ndarray]:
+def wire_split(out: np.ndarray, n: int, block: int, bf16: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The scales (float32, or the uint16 bf16 bits) and the values of a payload."""
     nb = -(-n // block)
+    if bf16:
+        return out[: 2 * nb].view(np.uint16), out[2 * nb :]
     return out[: 4 * nb].view(np.float32), out[4 * nb :]
+
+
+def _bf16_round(sc: np.ndarray) -> None:
+    """Round float32 ``sc`` in place to bf16 (nearest even), as the C kernels' bf16_round."""
+    u = sc.view(np.uint32)
+    u += np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    u &= np.uint32(0xFFFF0000)
+
+
+def _scales_out(scales: np.ndarray, b0: int, nbc: int, s: _Scratch) -> np.ndarray:
+    """Where a piece's float32 scales are computed: the payload itself (fp32) or scratch (bf16)."""
+    return scales[b0 : b0 + nbc] if scales.dtype == np.float32 else s.sc[:nbc]
+
+
+def _scales_store(scales: np.ndarray, b0: int, sc: np.ndarray) -> None:
+    if scales.dtype != np.float32:
+        scales[b0 : b0 + sc.size] = sc.view(np.uint32) >> np.uint32(16)
+
+
+def _scales_in(scales: np.ndarray, b0: int, nbc: int, s: _Scratch) -> np.ndarray:
+    """A piece's scales as float32 (bf16 bits widened into scratch)."""
+    if scales.dtype == np.float32:
+        return scales[b0 : b0 + nbc]
+    sc = s.sc[:nbc]
+    sc.view(np.uint32)[:] = scales[b0 : b0 + nbc].astype(np.uint32) << np.uint32(16)
+    return sc
 
 
 def _padded(xc: np.ndarray, buf: np.ndarray, block: int) -> np.ndarray:
@@ -85,22 +116,23 @@ def onebit_encode(
     block: int,
     residual: np.ndarray | None = None,
     keys: tuple[int, int] | None = None,
+    bf16: bool = False,
 ) -> None:
     """Sign bits + per-block scale of ``x`` into ``out``.
 
     ``residual`` (error feedback): encode ``x + residual`` and leave in
     ``residual`` what the code lost. ``keys`` (stochastic): scale = block absmax
     and signs drawn, from the counter-based generator keyed by ``keys``, so the
-    decoded value is unbiased.
+    decoded value is unbiased. ``bf16``: scales travel as bf16 (not with ``keys``).
     """
     if codec_native.lib() is not None:
         if keys is None:
-            codec_native.onebit_encode(x, out, block, residual)
+            codec_native.onebit_encode(x, out, block, residual, bf16)
         else:
             codec_native.onebit_stochastic_encode(x, out, block, keys)
         return
     n = x.size
-    scales, bits = wire_split(out, n, block)
+    scales, bits = wire_split(out, n, block, bf16)
     chunk = _chunk_for(block)
     s = _scratch_for(chunk)
     for start in range(0, n, chunk):
@@ -118,7 +150,7 @@ def onebit_encode(
         b0 = start // block
         absx = s.f32a[:mp]
         np.abs(xb, out=absx)
-        sc = scales[b0 : b0 + nbc]
+        sc = _scales_out(scales, b0, nbc, s)
         if keys is None:
             np.add.reduce(absx.reshape(nbc, block), axis=1, out=sc)
             if partial:
@@ -127,6 +159,9 @@ def onebit_encode(
                 np.divide(sc, counts, out=sc)
             else:
                 sc *= np.float32(1.0 / block)
+            if bf16:
+                _bf16_round(sc)
+                _scales_store(scales, b0, sc)
             neg = s.bool_[:m]
             np.signbit(xc, out=neg)
         else:
@@ -188,12 +223,12 @@ def _decode_piece(
     )
 
 
-def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
+def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     if codec_native.lib() is not None:
-        codec_native.onebit_decode(payload, out, block)
+        codec_native.onebit_decode(payload, out, block, bf16)
         return
     n = out.size
-    scales, bits = wire_split(payload, n, block)
+    scales, bits = wire_split(payload, n, block, bf16)
     chunk = _chunk_for(block)
     s = _scratch_for(chunk)
     for start in range(0, n, chunk):
@@ -203,22 +238,24 @@ def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
         if m % block == 0:
             nbc = m // block
             _decode_piece(
-                bits[start // 8 : end // 8], scales[b0 : b0 + nbc], block, m, out[start:end], s
+                bits[start // 8 : end // 8], _scales_in(scales, b0, nbc, s), block, m, out[start:end], s
             )
         else:
             mp = -(-m // block) * block
             nbc = mp // block
             tmp = s.f32b[:mp]
-            _decode_piece(bits[start // 8 : (end + 7) // 8], scales[b0 : b0 + nbc], block, mp, tmp, s)
+            _decode_piece(
+                bits[start // 8 : (end + 7) // 8], _scales_in(scales, b0, nbc, s), block, mp, tmp, s
+            )
             out[start:end] = tmp[:m]
 
 
-def int8_encode(x: np.ndarray, out: np.ndarray, block: int) -> None:
+def int8_encode(x: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     if codec_native.lib() is not None:
-        codec_native.int8_encode(x, out, block)
+        codec_native.int8_encode(x, out, block, bf16)
         return
     n = x.size
-    scales, body = wire_split(out, n, block)
+    scales, body = wire_split(out, n, block, bf16)
     q_all = body[:n].view(np.int8)
     chunk = _chunk_for(block)
     s = _scratch_for(chunk)
@@ -234,13 +271,19 @@ def int8_encode(x: np.ndarray, out: np.ndarray, block: int) -> None:
         np.abs(xb, out=absx)
         amax = s.f32c[:nbc]
         np.maximum.reduce(absx.reshape(nbc, block), axis=1, out=amax)
-        sc = scales[b0 : b0 + nbc]
+        sc = _scales_out(scales, b0, nbc, s)
         np.divide(amax, INT8_MAX, out=sc)
-        # inv = 127 / amax, 0 for all-zero blocks (same float32 ops as the reference)
+        # inv = 127 / amax (bf16: 1 / rounded scale), 0 for all-zero blocks (the C kernel's ops)
         inv = s.f32c[nbc : 2 * nbc]
         with np.errstate(divide="ignore"):
-            np.divide(INT8_MAX, amax, out=inv)
-        inv[amax == 0] = 0.0
+            if bf16:
+                _bf16_round(sc)
+                _scales_store(scales, b0, sc)
+                np.divide(np.float32(1.0), sc, out=inv)
+                inv[sc == 0] = 0.0
+            else:
+                np.divide(INT8_MAX, amax, out=inv)
+                inv[amax == 0] = 0.0
         y = s.f32a[:mp]
         np.multiply(xb.reshape(nbc, block), inv[:, None], out=y.reshape(nbc, block))
         np.rint(y, out=y)
@@ -248,12 +291,12 @@ def int8_encode(x: np.ndarray, out: np.ndarray, block: int) -> None:
         q_all[start:end] = y[:m]  # float32 -> int8 cast in one pass
 
 
-def int8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
+def int8_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     if codec_native.lib() is not None:
-        codec_native.int8_decode(payload, out, block)
+        codec_native.int8_decode(payload, out, block, bf16)
         return
     n = out.size
-    scales, body = wire_split(payload, n, block)
+    scales, body = wire_split(payload, n, block, bf16)
     q_all = body[:n].view(np.int8)
     chunk = _chunk_for(block)
     s = _scratch_for(chunk)
@@ -265,12 +308,14 @@ def int8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
             nbc = m // block
             dst = out[start:end]
             dst[:] = q_all[start:end]
-            np.multiply(dst.reshape(nbc, block), scales[b0 : b0 + nbc, None], out=dst.reshape(nbc, block))
+            sc = _scales_in(scales, b0, nbc, s)
+            np.multiply(dst.reshape(nbc, block), sc[:, None], out=dst.reshape(nbc, block))
         else:
             mp = -(-m // block) * block
             nbc = mp // block
             tmp = s.f32b[:mp]
             tmp[:m] = q_all[start:end]
             tmp[m:] = 0.0
-            np.multiply(tmp.reshape(nbc, block), scales[b0 : b0 + nbc, None], out=tmp.reshape(nbc, block))
+            sc = _scales_in(scales, b0, nbc, s)
+            np.multiply(tmp.reshape(nbc, block), sc[:, None], out=tmp.reshape(nbc, block))
             out[start:end] = tmp[:m]

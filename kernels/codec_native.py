@@ -75,10 +75,11 @@ def _build() -> ctypes.CDLL | None:
         os.replace(tmp, so)
     dll = ctypes.CDLL(str(so))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    dll.hr_onebit_encode.argtypes = [p, i64, i64, p, p, p]
-    dll.hr_onebit_decode.argtypes = [p, p, i64, i64, p]
-    dll.hr_int8_encode.argtypes = [p, i64, i64, p, p]
-    dll.hr_int8_decode.argtypes = [p, p, i64, i64, p]
+    ci = ctypes.c_int
+    dll.hr_onebit_encode.argtypes = [p, i64, i64, p, p, p, ci]
+    dll.hr_onebit_decode.argtypes = [p, p, i64, i64, p, ci]
+    dll.hr_int8_encode.argtypes = [p, i64, i64, p, p, ci]
+    dll.hr_int8_decode.argtypes = [p, p, i64, i64, p, ci]
     u32 = ctypes.c_uint32
     dll.hr_onebit_stochastic_encode.argtypes = [p, i64, i64, p, p, u32, u32]
     dll.hr_fp8_encode.argtypes = [p, i64, i64, p, p]
@@ -112,39 +113,46 @@ def _ptr(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
-def onebit_encode(x: np.ndarray, out: np.ndarray, block: int, residual: np.ndarray | None) -> None:
+def _scale_end(n: int, block: int, bf16: bool) -> int:
+    """Where the values start in a payload: after one fp32 (or bf16) scale per block."""
+    return -(-n // block) * (2 if bf16 else 4)
+
+
+def onebit_encode(
+    x: np.ndarray, out: np.ndarray, block: int, residual: np.ndarray | None, bf16: bool = False
+) -> None:
     n = x.size
-    nb = -(-n // block)
+    k = _scale_end(n, block, bf16)
     dll = lib()
     assert dll is not None
     dll.hr_onebit_encode(
-        _ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]),
-        None if residual is None else _ptr(residual),
+        _ptr(x), n, block, _ptr(out[:k]), _ptr(out[k:]),
+        None if residual is None else _ptr(residual), int(bf16),
     )
 
 
-def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
+def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     n = out.size
-    nb = -(-n // block)
+    k = _scale_end(n, block, bf16)
     dll = lib()
     assert dll is not None
-    dll.hr_onebit_decode(_ptr(payload[: 4 * nb]), _ptr(payload[4 * nb :]), n, block, _ptr(out))
+    dll.hr_onebit_decode(_ptr(payload[:k]), _ptr(payload[k:]), n, block, _ptr(out), int(bf16))
 
 
-def int8_encode(x: np.ndarray, out: np.ndarray, block: int) -> None:
+def int8_encode(x: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     n = x.size
-    nb = -(-n // block)
+    k = _scale_end(n, block, bf16)
     dll = lib()
     assert dll is not None
-    dll.hr_int8_encode(_ptr(x), n, block, _ptr(out[: 4 * nb]), _ptr(out[4 * nb :]))
+    dll.hr_int8_encode(_ptr(x), n, block, _ptr(out[:k]), _ptr(out[k:]), int(bf16))
 
 
-def int8_decode(payload: np.ndarray, out: np.ndarray, block: int) -> None:
+def int8_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
     n = out.size
-    nb = -(-n // block)
+    k = _scale_end(n, block, bf16)
     dll = lib()
     assert dll is not None
-    dll.hr_int8_decode(_ptr(payload[: 4 * nb]), _ptr(payload[4 * nb :]), n, block, _ptr(out))
+    dll.hr_int8_decode(_ptr(payload[:k]), _ptr(payload[k:]), n, block, _ptr(out), int(bf16))
 
 
 def onebit_stochastic_encode(x: np.ndarray, out: np.ndarray, block: int, keys: tuple[int, int]) -> None:

@@ -15,6 +15,10 @@ Formats (``n`` elements, block size ``B``, ``nb = ceil(n / B)`` blocks):
   ``x`` in expectation, and every path draws the same numbers).
 - int8: ``nb`` fp32 scales (absmax / 127), then ``n`` int8 values
   ``rint(x * (127 / absmax))``.
+- ``bf16=True`` (1-bit and int8): the scales travel as bf16, 2 bytes each (the
+  fp32 scale rounded to nearest even, :func:`bf16_round`); the 1-bit error
+  feedback residual uses the rounded scale, and int8 quantises with
+  ``rint(x * (1 / scale))``, clamped to +-127.
 - fp8: ``nb`` fp32 scales (absmax / 448), then ``n`` float8_e4m3fn values of
   ``x * (448 / absmax)``.
 """
@@ -56,11 +60,35 @@ def _scales_view(payload: torch.Tensor, nb: int) -> torch.Tensor:
     return payload[: 4 * nb].view(torch.float32)
 
 
-def onebit_encode(x: torch.Tensor, block: int) -> torch.Tensor:
+def bf16_round(t: torch.Tensor) -> torch.Tensor:
+    """float32 ``t`` rounded to bf16 precision (nearest even), by its bits as the kernels do."""
+    u = t.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return torch.where(u >= 1 << 31, u - (1 << 32), u).to(torch.int32).view(torch.float32)
+
+
+def _scale_bytes(scales: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The wire bytes of float32 ``scales`` (already bf16-rounded when ``bf16``)."""
+    if not bf16:
+        return scales.view(torch.uint8)
+    return (scales.view(torch.int32) >> 16).to(torch.int16).view(torch.uint8)
+
+
+def _read_scales(payload: torch.Tensor, nb: int, bf16: bool) -> tuple[torch.Tensor, int]:
+    """float32 scales and where the values start."""
+    if not bf16:
+        return _scales_view(payload, nb), 4 * nb
+    bits = payload[: 2 * nb].view(torch.int16).to(torch.int32) << 16
+    return bits.view(torch.float32), 2 * nb
+
+
+def onebit_encode(x: torch.Tensor, block: int, bf16: bool = False) -> torch.Tensor:
     blocks, counts = _blocks(x, block)
     scales = blocks.abs().sum(dim=1) / counts
+    if bf16:
+        scales = bf16_round(scales)
     neg = torch.signbit(x.reshape(-1).float())
-    return torch.cat([scales.view(torch.uint8), _pack_bits(neg)])
+    return torch.cat([_scale_bytes(scales, bf16), _pack_bits(neg)])
 
 
 _M32 = 0xFFFFFFFF
@@ -103,28 +131,32 @@ def onebit_stochastic_encode(x: torch.Tensor, block: int, k0: int, k1: int) -> t
     return torch.cat([amax.view(torch.uint8), _pack_bits(neg)])
 
 
-def onebit_decode(payload: torch.Tensor, n: int, block: int) -> torch.Tensor:
+def onebit_decode(payload: torch.Tensor, n: int, block: int, bf16: bool = False) -> torch.Tensor:
     nb = -(-n // block)
-    scales = _scales_view(payload, nb)
-    neg = _unpack_bits(payload[4 * nb :], n)
+    scales, k = _read_scales(payload, nb, bf16)
+    neg = _unpack_bits(payload[k:], n)
     mag = scales.repeat_interleave(block)[:n]
     return torch.where(neg, -mag, mag)
 
 
-def int8_encode(x: torch.Tensor, block: int) -> torch.Tensor:
+def int8_encode(x: torch.Tensor, block: int, bf16: bool = False) -> torch.Tensor:
     blocks, _ = _blocks(x, block)
     amax = blocks.abs().amax(dim=1)
-    # Tensor / tensor: ``127 / t`` would be computed as reciprocal * 127 and round differently.
-    inv = torch.where(amax > 0, torch.full_like(amax, INT8_MAX) / amax, torch.zeros_like(amax))
-    q = torch.round(blocks * inv[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     scales = amax / INT8_MAX
-    return torch.cat([scales.view(torch.uint8), q.reshape(-1)[: x.numel()].view(torch.uint8)])
+    if bf16:
+        scales = bf16_round(scales)
+        inv = torch.where(scales > 0, torch.ones_like(scales) / scales, torch.zeros_like(scales))
+    else:
+        # Tensor / tensor: ``127 / t`` would be computed as reciprocal * 127 and round differently.
+        inv = torch.where(amax > 0, torch.full_like(amax, INT8_MAX) / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inv[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return torch.cat([_scale_bytes(scales, bf16), q.reshape(-1)[: x.numel()].view(torch.uint8)])
 
 
-def int8_decode(payload: torch.Tensor, n: int, block: int) -> torch.Tensor:
+def int8_decode(payload: torch.Tensor, n: int, block: int, bf16: bool = False) -> torch.Tensor:
     nb = -(-n // block)
-    scales = _scales_view(payload, nb)
-    q = payload[4 * nb : 4 * nb + n].view(torch.int8).float()
+    scales, k = _read_scales(payload, nb, bf16)
+    q = payload[k : k + n].view(torch.int8).float()
     return q * scales.repeat_interleave(block)[:n]
 
 

@@ -56,13 +56,32 @@ def _decode_cpu(out: torch.Tensor, fill) -> None:
         out.reshape(-1).copy_(tmp)
 
 
+SCALE_DTYPES = ("fp32", "bf16")
+
+
 class _BlockKernelCodec(Codec):
     """A codec whose encode/decode are the ``<kernel>_encode``/``<kernel>_decode``
     functions of the CPU path, the Triton path and the reference, in that order
     of preference (CPU tensors -> vectorized CPU path; GPU -> Triton when it is
-    installed, else the reference)."""
+    installed, else the reference).
+
+    ``scale_dtype``: ``fp32`` (4 bytes per block) or ``bf16`` (2 bytes: half the
+    scales' share of the wire, which is what lets small blocks, and so finer
+    scales, fit a given volume; see benchmarks/kernels.md section 5).
+    """
 
     kernel = ""
+
+    def __init__(self, block_size: int = DEFAULT_BLOCK, scale_dtype: str = "fp32") -> None:
+        super().__init__(block_size)
+        if scale_dtype not in SCALE_DTYPES:
+            raise CodecError(
+                f"codec {self.name!r}: scale_dtype {scale_dtype!r} is not one of {list(SCALE_DTYPES)}",
+                hint="fp32 (4 bytes per block scale) or bf16 (2 bytes)",
+            )
+        self.scale_dtype = scale_dtype
+        self.bf16 = scale_dtype == "bf16"
+        self.scale_bytes = 2 if self.bf16 else 4
 
     def encode_into(
         self, x: torch.Tensor, out: torch.Tensor, state: ErrorFeedbackState | None = None
@@ -72,32 +91,36 @@ class _BlockKernelCodec(Codec):
             return
         enc = f"{self.kernel}_encode"
         if x.device.type == "cpu":
-            getattr(codec_cpu, enc)(_as_f32_numpy(x), out.numpy(), self.block_size)
+            getattr(codec_cpu, enc)(_as_f32_numpy(x), out.numpy(), self.block_size, bf16=self.bf16)
         elif (tr := _triton(self.block_size)) is not None:
-            getattr(tr, enc)(x.reshape(-1), out, self.block_size)
+            getattr(tr, enc)(x.reshape(-1), out, self.block_size, bf16=self.bf16)
         else:
-            out.copy_(getattr(codec_reference, enc)(x, self.block_size))
+            out.copy_(getattr(codec_reference, enc)(x, self.block_size, bf16=self.bf16))
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         if out.numel() == 0:
             return
         dec = f"{self.kernel}_decode"
+        b, bf16 = self.block_size, self.bf16
         if out.device.type == "cpu":
-            _decode_cpu(out, lambda o: getattr(codec_cpu, dec)(payload.numpy(), o, self.block_size))
+            _decode_cpu(out, lambda o: getattr(codec_cpu, dec)(payload.numpy(), o, b, bf16=bf16))
         elif (tr := _triton(self.block_size)) is not None:
-            getattr(tr, dec)(payload, out, self.block_size)
+            getattr(tr, dec)(payload, out, b, bf16=bf16)
         else:
-            out.reshape(-1).copy_(getattr(codec_reference, dec)(payload, out.numel(), self.block_size))
+            out.reshape(-1).copy_(getattr(codec_reference, dec)(payload, out.numel(), b, bf16=bf16))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(block_size={self.block_size}, scale_dtype={self.scale_dtype!r})"
 
 
 class OneBitCodec(_BlockKernelCodec):
-    """``onebit``: sign bits (8 per byte) + one fp32 scale (mean |x|) per block. ~28x at B=256."""
+    """``onebit``: sign bits (8 per byte) + one scale (mean |x|) per block. ~28x at B=256 (fp32 scales)."""
 
     name = "onebit"
     kernel = "onebit"
 
     def wire_bytes(self, numel: int) -> int:
-        return 4 * self.num_blocks(numel) + (numel + 7) // 8
+        return self.scale_bytes * self.num_blocks(numel) + (numel + 7) // 8
 
 
 class OneBitEFCodec(OneBitCodec):
@@ -123,16 +146,15 @@ class OneBitEFCodec(OneBitCodec):
             return
         residual = state.residual_for(x.numel(), x.device)
         state.steps += 1
+        b, bf16 = self.block_size, self.bf16
         if x.device.type == "cpu":
-            codec_cpu.onebit_encode(
-                _as_f32_numpy(x), out.numpy(), self.block_size, residual=residual.numpy()
-            )
+            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), b, residual=residual.numpy(), bf16=bf16)
         elif (tr := _triton(self.block_size)) is not None:
-            tr.onebit_encode(x.reshape(-1), out, self.block_size, residual=residual)
+            tr.onebit_encode(x.reshape(-1), out, b, residual=residual, bf16=bf16)
         else:
             c = x.reshape(-1).float() + residual
-            out.copy_(codec_reference.onebit_encode(c, self.block_size))
-            residual.copy_(c - codec_reference.onebit_decode(out, c.numel(), self.block_size))
+            out.copy_(codec_reference.onebit_encode(c, b, bf16=bf16))
+            residual.copy_(c - codec_reference.onebit_decode(out, c.numel(), b, bf16=bf16))
 
 
 _M64 = (1 << 64) - 1
@@ -160,7 +182,7 @@ class OneBitStochasticCodec(OneBitCodec):
     name = "onebit_stochastic"
 
     def __init__(self, block_size: int = DEFAULT_BLOCK, seed: int = 0) -> None:
-        super().__init__(block_size)
+        super().__init__(block_size)  # fp32 scales: the block absmax, unrounded, keeps it unbiased
         self.seed = int(seed)
         self.calls = 0
 
@@ -179,13 +201,13 @@ class OneBitStochasticCodec(OneBitCodec):
 
 
 class Int8Codec(_BlockKernelCodec):
-    """``int8``: blockwise absmax int8 (scale = absmax / 127 per block). ~3.9x at B=256."""
+    """``int8``: blockwise absmax int8 (scale = absmax / 127 per block). ~3.9x at B=256 (fp32 scales)."""
 
     name = "int8"
     kernel = "int8"
 
     def wire_bytes(self, numel: int) -> int:
-        return 4 * self.num_blocks(numel) + numel
+        return self.scale_bytes * self.num_blocks(numel) + numel
 
 
 class Fp8Codec(Codec):

@@ -135,6 +135,45 @@ def test_error_feedback_state_survives_size_change() -> None:
     assert kept.abs().sum() > 0
 
 
+@pytest.mark.parametrize("block", [64, 256])
+@pytest.mark.parametrize("n", SIZES)
+def test_bf16_scales_match_reference(n: int, block: int) -> None:
+    """bf16 block scales: int8 bit for bit; 1-bit signs exact, scales within one bf16 ulp
+    (block sums in another order), and decode/error feedback consistent with the payload."""
+    x = _x(n, seed=8)
+    nb = -(-n // block)
+    i8 = get_codec("int8", block_size=block, scale_dtype="bf16")
+    enc = i8.encode(x)
+    assert enc.nbytes == 2 * nb + n == i8.wire_bytes(n)
+    assert torch.equal(enc.payload, codec_reference.int8_encode(x, block, bf16=True))
+    dec = i8.decode(enc)
+    assert torch.equal(dec, codec_reference.int8_decode(enc.payload, n, block, bf16=True))
+    step = enc.payload[: 2 * nb].view(torch.int16).int().__lshift__(16).view(torch.float32)
+    step = step.repeat_interleave(block)[:n]
+    assert bool(((dec - x).abs() <= step / 2 * (1 + 1e-5) + 1e-30).all()), "half a step at most"
+
+    ob = get_codec("onebit_ef", block_size=block, scale_dtype="bf16")
+    state = ob.new_state()
+    r0 = _x(n, seed=9) * 0.1
+    state.residual = r0.clone()
+    enc = ob.encode(x, state)
+    c = x + r0
+    expect = codec_reference.onebit_encode(c, block, bf16=True)
+    assert enc.nbytes == 2 * nb + (n + 7) // 8
+    assert torch.equal(enc.payload[2 * nb :], expect[2 * nb :]), "sign bits differ"
+    got_s = enc.payload[: 2 * nb].view(torch.int16).int()
+    assert bool(((got_s - expect[: 2 * nb].view(torch.int16).int()).abs() <= 1).all())
+    decoded = ob.decode(enc)
+    assert torch.equal(decoded, codec_reference.onebit_decode(enc.payload, n, block, bf16=True))
+    torch.testing.assert_close(state.residual, c - decoded, rtol=0, atol=1e-5)
+
+
+def test_scale_dtype_is_checked() -> None:
+    with pytest.raises(CodecError, match="scale_dtype 'fp16'"):
+        get_codec("int8", scale_dtype="fp16")
+    assert get_codec("onebit", block_size=64, scale_dtype="bf16").wire_bytes(640) == 20 + 80
+
+
 def _native_only(cpu_path: str) -> None:
     if cpu_path != "native":
         pytest.skip("tests the C kernel's cast on its own")

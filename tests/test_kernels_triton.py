@@ -77,6 +77,32 @@ def test_int8_bit_for_bit(n: int) -> None:
     assert torch.equal(dec.cpu(), ref.int8_decode(out.cpu(), n, 64))
 
 
+@pytest.mark.parametrize("n", [9, 517])
+def test_bf16_scales(n: int) -> None:
+    """bf16 block scales: int8 bit for bit, 1-bit (with error feedback) signs and scales."""
+    x, r0 = _x(n, 20 + n), _x(n, 30 + n) * 0.1
+    nb = -(-n // 64)
+    out = torch.zeros(2 * nb + n, dtype=torch.uint8, device=DEVICE)
+    tc.int8_encode(x, out, 64, bf16=True)
+    assert torch.equal(out.cpu(), ref.int8_encode(x.cpu(), 64, bf16=True))
+    dec = torch.empty(n, device=DEVICE)
+    tc.int8_decode(out, dec, 64, bf16=True)
+    assert torch.equal(dec.cpu(), ref.int8_decode(out.cpu(), n, 64, bf16=True))
+    res = r0.clone()
+    out = torch.zeros(2 * nb + (n + 7) // 8, dtype=torch.uint8, device=DEVICE)
+    tc.onebit_encode(x, out, 64, residual=res, bf16=True)
+    c = (x + r0).cpu()
+    expect = ref.onebit_encode(c, 64, bf16=True)
+    assert torch.equal(out[2 * nb :].cpu(), expect[2 * nb :])
+    # bf16 keeps 8 bits: block sums in another order round to the same scale, or one ulp off
+    got_s = out[: 2 * nb].cpu().view(torch.int16).int()
+    assert bool(((got_s - expect[: 2 * nb].view(torch.int16).int()).abs() <= 1).all())
+    decoded = ref.onebit_decode(out.cpu(), n, 64, bf16=True)
+    torch.testing.assert_close(res.cpu(), c - decoded, rtol=0, atol=1e-6)
+    tc.onebit_decode(out, dec, 64, bf16=True)
+    assert torch.equal(dec.cpu(), decoded)
+
+
 def test_supports_only_power_of_two_blocks() -> None:
     assert tc.supports(256) and tc.supports(8)
     assert not tc.supports(24) and not tc.supports(4)

@@ -15,6 +15,28 @@
 static inline uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
+/* Block scales travel as fp32, or as bf16 (the top half of the fp32 bits,
+ * rounded to nearest even) to halve their share of the wire: 2 bytes per
+ * block. The encoder rounds first and quantises with the rounded scale, so
+ * the error feedback residual and the int8 steps see what the receiver sees. */
+static inline float bf16_round(float f) {
+    uint32_t u = f2u(f);
+    return u2f((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+}
+static inline float scale_get(const void *scales, int64_t b, int bf16) {
+    if (bf16) return u2f((uint32_t)((const uint16_t *)scales)[b] << 16);
+    return ((const float *)scales)[b];
+}
+static inline float scale_put(void *scales, int64_t b, float v, int bf16) {
+    if (bf16) {
+        v = bf16_round(v);
+        ((uint16_t *)scales)[b] = (uint16_t)(f2u(v) >> 16);
+    } else {
+        ((float *)scales)[b] = v;
+    }
+    return v;
+}
+
 #ifdef __AVX2__
 static __m256i SIGN_LUT[256];
 static int lut_ready = 0;
@@ -53,8 +75,8 @@ int hr_has_avx2(void) {
 
 /* 1-bit: scales[nb] = mean|c| per block, bits = sign bits of c, where c = x
  * (+ residual, which then receives c - decode(c)). */
-void hr_onebit_encode(const float *x, int64_t n, int64_t block, float *scales, uint8_t *bits,
-                      float *residual) {
+void hr_onebit_encode(const float *x, int64_t n, int64_t block, void *scales, uint8_t *bits,
+                      float *residual, int bf16) {
     int64_t nb = (n + block - 1) / block;
 #ifdef __AVX2__
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -98,8 +120,7 @@ void hr_onebit_encode(const float *x, int64_t n, int64_t block, float *scales, u
             for (int64_t j = 0; j < 8 && i + j < m; j++) byte |= (uint8_t)((f2u(c[i + j]) >> 31) << j);
             bits[(s + i) / 8] = byte;
         }
-        float scale = sum / (float)m;
-        scales[b] = scale;
+        float scale = scale_put(scales, b, sum / (float)m, bf16);
         if (residual) {
             float *r = residual + s;
             int64_t k = 0;
@@ -116,14 +137,15 @@ void hr_onebit_encode(const float *x, int64_t n, int64_t block, float *scales, u
     }
 }
 
-void hr_onebit_decode(const float *scales, const uint8_t *bits, int64_t n, int64_t block, float *out) {
+void hr_onebit_decode(const void *scales, const uint8_t *bits, int64_t n, int64_t block, float *out,
+                      int bf16) {
     int64_t nb = (n + block - 1) / block;
 #ifdef __AVX2__
     init_lut();
 #endif
     for (int64_t b = 0; b < nb; b++) {
         int64_t s = b * block, m = n - s < block ? n - s : block;
-        uint32_t su = f2u(scales[b]);
+        uint32_t su = f2u(scale_get(scales, b, bf16));
         int64_t i = 0;
 #ifdef __AVX2__
         __m256i sv = _mm256_set1_epi32((int)su);
@@ -138,8 +160,9 @@ void hr_onebit_decode(const float *scales, const uint8_t *bits, int64_t n, int64
     }
 }
 
-/* int8: scales[nb] = absmax / 127, q = rint(x * (127 / absmax)) (0 for all-zero blocks). */
-void hr_int8_encode(const float *x, int64_t n, int64_t block, float *scales, int8_t *q) {
+/* int8: scales[nb] = absmax / 127, q = rint(x * (127 / absmax)) (0 for all-zero blocks);
+ * with bf16 scales q = rint(x * (1 / bf16(absmax / 127))), clamped to +-127. */
+void hr_int8_encode(const float *x, int64_t n, int64_t block, void *scales, int8_t *q, int bf16) {
     int64_t nb = (n + block - 1) / block;
     for (int64_t b = 0; b < nb; b++) {
         int64_t s = b * block, m = n - s < block ? n - s : block;
@@ -153,8 +176,8 @@ void hr_int8_encode(const float *x, int64_t n, int64_t block, float *scales, int
         amax = hmax(mx);
 #endif
         for (; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
-        scales[b] = amax / 127.0f;
-        float inv = amax > 0.f ? 127.0f / amax : 0.f;
+        float sc = scale_put(scales, b, amax / 127.0f, bf16);
+        float inv = bf16 ? (sc > 0.f ? 1.0f / sc : 0.f) : (amax > 0.f ? 127.0f / amax : 0.f);
         int8_t *o = q + s;
         i = 0;
 #ifdef __AVX2__
@@ -181,11 +204,11 @@ void hr_int8_encode(const float *x, int64_t n, int64_t block, float *scales, int
     }
 }
 
-void hr_int8_decode(const float *scales, const int8_t *q, int64_t n, int64_t block, float *out) {
+void hr_int8_decode(const void *scales, const int8_t *q, int64_t n, int64_t block, float *out, int bf16) {
     int64_t nb = (n + block - 1) / block;
     for (int64_t b = 0; b < nb; b++) {
         int64_t s = b * block, m = n - s < block ? n - s : block;
-        float sc = scales[b];
+        float sc = scale_get(scales, b, bf16);
         int64_t i = 0;
 #ifdef __AVX2__
         __m256 sv = _mm256_set1_ps(sc);
