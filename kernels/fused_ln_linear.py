@@ -10,8 +10,9 @@ What the fusion saves on CPU:
 - the backward reuses the saved pre-activation and normalised rows, computes
   the LayerNorm input gradient with the single-pass ATen kernel and folds the
   gamma/beta gradients into F x H products instead of T x H passes;
-- the work runs in row blocks so the T x F pre-activation of a block is still
-  in cache when GELU reads it;
+- whole-tensor calls, not row blocks: blocking (tried in the previous version)
+  gained nothing measurable at 1 thread and, with 2 threads, every block's
+  parallel region was a sync point (2-3x slower than eager on the loaded machine);
 - CPU fp32 paths, chosen automatically (each switchable with :func:`cpu_paths`
   so benchmarks and tests compare them): GELU forward, and GELU backward fused
   with the bias-gradient column sum, in C (``kernels/fused_native.py``: one
@@ -41,8 +42,6 @@ from hetrun.dag.errors import HetrunError
 
 __all__ = ["CpuPaths", "FusedLayerNormLinear", "cpu_paths", "ln_linear_gelu", "ln_linear_gelu_reference"]
 
-#: Elements of pre-activation per row block: 256 Ki fp32 = 1 MiB (an L2).
-BLOCK_ELEMS = 1 << 18
 
 
 _scratch = threading.local()
@@ -119,10 +118,6 @@ def _gelu_into(h: torch.Tensor, y: torch.Tensor, approximate: str, native: bool)
         torch.ops.aten.gelu.out(h, approximate=approximate, out=y)
 
 
-def _row_block(fdim: int) -> int:
-    return max(16, BLOCK_ELEMS // max(1, fdim))
-
-
 def ln_linear_gelu_reference(
     x: torch.Tensor,
     ln_weight: torch.Tensor | None,
@@ -172,13 +167,9 @@ class _LNLinearGELU(torch.autograd.Function):
         else:
             h = torch.empty(rows, w.shape[0], dtype=x2d.dtype, device=x2d.device)
             y = torch.empty_like(h) if gelu and training else h
-            w_ft = w_f.t()
-            rb = _row_block(w.shape[0])
-            for r0 in range(0, rows, rb):
-                r1 = min(rows, r0 + rb)
-                torch.addmm(b_f, xhat[r0:r1], w_ft, out=h[r0:r1])
-                if gelu:
-                    _gelu_into(h[r0:r1], y[r0:r1], approximate, native)
+            torch.addmm(b_f, xhat, w_f.t(), out=h)
+            if gelu:
+                _gelu_into(h, y, approximate, native)
         if not training:
             return y
         ctx.save_for_backward(x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h if gelu else None)
@@ -191,7 +182,6 @@ class _LNLinearGELU(torch.autograd.Function):
         x2d, xhat, mean, rstd, w, w_f, ln_w, ln_b, h = ctx.saved_tensors
         need_x, need_lnw, need_lnb, need_w, need_b = ctx.needs_input_grad[:5]
         gy = gy.contiguous()
-        rows = gy.shape[0]
         need_wf = need_w or need_lnw
         gx = g_lnw = g_lnb = gw = gb = None
         paths = _paths
@@ -202,14 +192,8 @@ class _LNLinearGELU(torch.autograd.Function):
             gh = _workspace(gy)
             gb_f = gelu_backward_bias(gy, h, gh)
         elif ctx.gelu:
-            # Blockwise, so each block of h is read once from memory and its gradient written once.
             gh = _workspace(gy)
-            rb = _row_block(w.shape[0])
-            for r0 in range(0, rows, rb):
-                r1 = min(rows, r0 + rb)
-                torch.ops.aten.gelu_backward.grad_input(
-                    gy[r0:r1], h[r0:r1], approximate=ctx.approximate, grad_input=gh[r0:r1]
-                )
+            torch.ops.aten.gelu_backward.grad_input(gy, h, approximate=ctx.approximate, grad_input=gh)
         else:
             gh = gy
         if gb_f is None:

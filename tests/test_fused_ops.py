@@ -42,7 +42,7 @@ def _grads(fn, params, gy):
 @pytest.mark.parametrize(
     ("lead", "hdim", "fdim", "gelu", "bias", "affine", "approximate"),
     [
-        ((3000,), 64, 96, True, True, True, "none"),  # 2730-row blocks: one full, one partial
+        ((3000,), 64, 96, True, True, True, "none"),
         ((2, 257), 32, 128, True, True, True, "tanh"),
         ((513,), 48, 40, False, True, True, "none"),
         ((64,), 16, 24, True, False, False, "none"),
