@@ -29,15 +29,17 @@ DEFAULT_RUNS = "none:none,int8:onebit_ef"
 def _runs(spec: str) -> dict[str, tuple[str, str]]:
     """``fwd:bwd,fwd:bwd`` -> {label: (forward_codec, backward_codec)}; the first is the baseline.
 
-    A codec may carry a block size, ``int8@512:onebit_ef@64`` (else the default of
-    ``runtime/comms/compressed``), passed through ``$HETRUN_A2A_BLOCK_<DIRECTION>``.
+    A codec may carry a block size and a scale format, ``int8@512:onebit_ef@64/bf16``
+    (else the defaults of ``runtime/comms/compressed``), passed through
+    ``$HETRUN_A2A_BLOCK_<DIRECTION>`` and ``$HETRUN_A2A_SCALE_<DIRECTION>``.
     """
     return {f"fwd {f} / bwd {b}": (f, b) for f, b in (r.split(":") for r in spec.split(","))}
 
 
-def _codec_block(token: str) -> tuple[str, str | None]:
-    name, _, block = token.partition("@")
-    return name, (block or None)
+def _codec_opts(token: str) -> tuple[str, str | None, str | None]:
+    name, _, opts = token.partition("@")
+    block, _, scale = opts.partition("/")
+    return name, (block or None), (scale or None)
 
 
 def _rank(steps: int, batch: int, seq: int, out: str, spec: str, eval_every: int, seeds: str) -> None:
@@ -53,11 +55,12 @@ def _rank(steps: int, batch: int, seq: int, out: str, spec: str, eval_every: int
     for seed, (label, (fwd_tok, bwd_tok)) in (
         (int(sd), run) for sd in seeds.split(",") for run in _runs(spec).items()
     ):
-        (fwd, fblock), (bwd, bblock) = _codec_block(fwd_tok), _codec_block(bwd_tok)
-        for direction, block in (("FORWARD", fblock), ("BACKWARD", bblock)):
-            os.environ.pop(f"HETRUN_A2A_BLOCK_{direction}", None)
-            if block:
-                os.environ[f"HETRUN_A2A_BLOCK_{direction}"] = block
+        (fwd, *fopts), (bwd, *bopts) = _codec_opts(fwd_tok), _codec_opts(bwd_tok)
+        for direction, opts in (("FORWARD", fopts), ("BACKWARD", bopts)):
+            for knob, value in zip(("BLOCK", "SCALE"), opts, strict=True):
+                os.environ.pop(f"HETRUN_A2A_{knob}_{direction}", None)
+                if value:
+                    os.environ[f"HETRUN_A2A_{knob}_{direction}"] = value
         ctx = RankContext(
             rank=rank, world_size=size, component="learner", comp_rank=rank, comp_size=size,
             group=None, comm=comm, device="cpu", seed=seed, run_dir=Path("."),

@@ -9,7 +9,7 @@ from hetrun.dag.errors import SpecError, closest
 from .codec import DEFAULT_BLOCK, Codec, NoneCodec
 from .codecs import Fp8Codec, Int8Codec, OneBitCodec, OneBitEFCodec, OneBitStochasticCodec
 
-__all__ = ["DEFAULT_BACKWARD_CODEC", "DEFAULT_FORWARD_CODEC", "codec_names", "get_codec"]
+__all__ = ["DEFAULT_BACKWARD_CODEC", "DEFAULT_FORWARD_CODEC", "SCALED_CODECS", "codec_names", "get_codec"]
 
 #: Forward activations tolerate 8 bits; backward gradients go 1-bit with error feedback.
 DEFAULT_FORWARD_CODEC = "int8"
@@ -23,6 +23,10 @@ _CODECS: dict[str, Callable[..., Codec]] = {
     "int8": Int8Codec,
     "fp8": Fp8Codec,
 }
+
+
+#: Codecs whose block scales can travel as bf16 (``scale_dtype="bf16"``).
+SCALED_CODECS = ("onebit", "onebit_ef", "int8")
 
 
 def codec_names() -> list[str]:
@@ -44,4 +48,10 @@ def get_codec(
         if guess:
             hint = f"did you mean {guess!r}? " + hint
         raise SpecError(f"unknown codec {name!r}", key_path=key_path, value=name, hint=hint)
+    if name not in SCALED_CODECS and options.pop("scale_dtype", "fp32") != "fp32":
+        raise SpecError(
+            f"codec {name!r} has no bf16 scale option",
+            key_path=key_path, value=name,
+            hint=f"bf16 block scales exist for {', '.join(SCALED_CODECS)}; use scale_dtype fp32",
+        )
     return factory(block_size=block_size, **options)

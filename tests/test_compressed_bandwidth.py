@@ -65,7 +65,64 @@ def _body(out_dir: str) -> None:
         comm.stats["calls"] += 1
         again = ad.step()
     assert again and ad.recalibrations == 1
+
+    _whole_exchange_checks(comm, rank, size)
     Path(out_dir, f"ok-{rank}").write_text(str(size))
+
+
+def _whole_exchange_checks(comm, rank: int, size: int) -> None:
+    """The whole-exchange veto: real timings, then forced outcomes through a fake timer."""
+    import hetrun.runtime.comms.bandwidth as bwmod
+    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.runtime.comms.compressed import exchange_for
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    before = dict(comm.stats)
+    exact_s, comp_s = bwmod.measure_exchange_times(comm, get_codec("onebit"), 1 << 18, reps=2)
+    assert 0 < exact_s < 10 and 0 < comp_s < 10
+    assert comm.stats == before, "calibration exchanges must not count as the job's traffic"
+    # real timings: whenever compression stays on, the whole exchange confirmed it
+    pol = bwmod.calibrate(comm, "onebit", nbytes=1 << 20, exchange_bytes=1 << 18)
+    if any(any(r) for r in pol.compress):
+        ex, cp = pol.exchange_s  # type: ignore[attr-defined]
+        assert cp <= 0.9 * ex
+
+    real = bwmod.measure_exchange_times
+    calls = []
+
+    def fake_exchange_times(comm_, codec, nbytes_per_peer, *, reps=3):
+        calls.append(nbytes_per_peer)
+        return fake_result[0]
+
+    bwmod.measure_exchange_times = fake_exchange_times
+    try:
+        # pairs forced on (margin -10: on whenever compressed < 11x raw); whole exchange 20x slower
+        fake_result = [(1.0, 20.0)]
+        pol = bwmod.calibrate(comm, "onebit", nbytes=1 << 20, margin=-10.0)
+        assert not any(any(r) for r in pol.compress) and "whole exchange" in pol.reason, pol.reason
+        assert exchange_for(comm).policy is pol
+        fake_result = [(1.0, 0.5)]
+        pol = bwmod.calibrate(comm, "onebit", nbytes=1 << 20, margin=-10.0)
+        assert all(pol.compress[s][d] == (s != d) for s in range(size) for d in range(size))
+
+        # after its first window, AdaptiveCompression re-checks at the real exchange size
+        calls.clear()
+        ad = bwmod.AdaptiveCompression(comm, "onebit", window=2, margin=-10.0, nbytes=1 << 20)
+        assert ad._compressing()
+        fake_result = [(1.0, 20.0)]  # the real exchanges turn out not to pay
+        per_call = (size - 1) * (1 << 20) * (rank + 1)  # ranks differ: the check uses the mean
+        for _ in range(2):
+            comm.stats["raw_bytes"] += per_call
+            comm.stats["calls"] += 1
+            assert not ad.step()
+        assert ad.rechecks == 1 and not ad._compressing()
+        assert exchange_for(comm).policy is ad.policy and "whole exchange" in ad.policy.reason
+        mean_per_peer = sum((1 << 20) * (r + 1) for r in range(size)) // size
+        assert calls[-1] == mean_per_peer
+        assert world.allgather(calls[-1]) == [mean_per_peer] * size
+    finally:
+        bwmod.measure_exchange_times = real
 
 
 @pytest.mark.mpi

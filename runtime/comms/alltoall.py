@@ -96,7 +96,7 @@ class AllToAllComm:
             self.rank = int(dist.get_rank(group))
             self.size = int(dist.get_world_size(group))
         self.device = torch.device(device) if device is not None else None
-        self.stats: dict[str, float] = {"seconds": 0.0, "bytes_sent": 0.0, "calls": 0.0}
+        self.stats: dict[str, float] = {"seconds": 0.0, "bytes_sent": 0.0, "calls": 0.0, "raw_bytes": 0.0}
         # Contiguous MPI datatypes, one per row width in bytes, committed once.
         self._row_types: dict[int, Any] = {}
 
@@ -113,7 +113,7 @@ class AllToAllComm:
         return cls(group=group, use_torch=True, device=device)
 
     def reset_stats(self) -> None:
-        self.stats = {"seconds": 0.0, "bytes_sent": 0.0, "calls": 0.0}
+        self.stats = {"seconds": 0.0, "bytes_sent": 0.0, "calls": 0.0, "raw_bytes": 0.0}
 
     def row_type(self, row_bytes: int) -> Any:
         """The committed MPI datatype for one row of ``row_bytes`` bytes."""
@@ -267,6 +267,7 @@ def exact_all_to_all(
     comm.stats["seconds"] += time.perf_counter() - start
     sent_rows = sum(sends) - sends[comm.rank]
     comm.stats["bytes_sent"] += float(sent_rows * _row_elems(x) * x.element_size())
+    comm.stats["raw_bytes"] = comm.stats.get("raw_bytes", 0.0) + float(sent_rows * _row_elems(x) * x.element_size())
     comm.stats["calls"] += 1
     return out
 

@@ -10,6 +10,16 @@ than predicting it from codec throughput, catches what a model misses: the
 CPU that the transport itself burns on shared memory and loopback, and the
 CPU co-located ranks take from each other's codecs.
 
+The pairwise timing misses what comes with a whole exchange (the rank's own
+chunk copied, per-piece Python and MPI overhead, every peer at once), and on
+shared memory it once kept compression on while the real 64 MB exchange ran
+0.8x. So :func:`calibrate` then times whole exchanges, exact vs compressed
+with the pairwise policy (:func:`measure_exchange_times`), and keeps
+compression only if that is faster by the margin too; and
+:class:`AdaptiveCompression` repeats that check at the size the real exchanges
+turned out to have, after its first window, switching compression off where
+it does not pay.
+
 Reported alongside: the break-even link speed, from the no-overlap model
 ``n / bw = t_cpu + n / (ratio * bw)``, i.e. compression pays while
 ``bw < n (1 - 1/ratio) / t_cpu`` (:func:`break_even_bandwidth` does the same
@@ -36,8 +46,12 @@ __all__ = [
     "break_even_bandwidth",
     "calibrate",
     "codec_speed",
+    "measure_exchange_times",
     "measure_pair_bandwidth",
 ]
+
+#: Row width (fp32 values) of the whole-exchange check: a MoE hidden size.
+EXCHANGE_WIDTH = 256
 
 
 @dataclass(frozen=True)
@@ -151,20 +165,69 @@ def measure_pair_times(
     return [list(r) for r in mpi.allgather(raw_row)], [list(r) for r in mpi.allgather(comp_row)]
 
 
+def measure_exchange_times(
+    comm: Any, codec: Codec, nbytes_per_peer: int, *, reps: int = 3
+) -> tuple[float, float]:
+    """Seconds of one whole exchange, exact and compressed (with the policy installed on
+    ``comm``), of ``nbytes_per_peer`` fp32 bytes to every peer: the slowest rank's time,
+    median over ``reps`` interleaved rounds. Both go through the functions the MoE
+    layer calls (fresh results), so the own-chunk copy and per-piece overhead count.
+    Leaves ``comm.stats`` as it found them. Collective.
+    """
+    import statistics
+
+    from mpi4py import MPI
+
+    from .alltoall import exact_all_to_all
+    from .compressed import compressed_all_to_all
+
+    mpi = _mpi_comm(comm)
+    size = mpi.Get_size()
+    rows = max(1, nbytes_per_peer // (4 * EXCHANGE_WIDTH))
+    splits = [rows] * size
+    x = torch.randn(rows * size, EXCHANGE_WIDTH)
+    saved = dict(comm.stats)
+    exact, comp = [], []
+    try:
+        for _ in range(reps):
+            for timings, run in (
+                (exact, lambda: exact_all_to_all(x, splits, splits, comm)),
+                (comp, lambda: compressed_all_to_all(
+                    x, splits, splits, comm, codec=codec, stream="_calibrate")),
+            ):
+                mpi.Barrier()
+                t0 = time.perf_counter()
+                run()
+                timings.append(mpi.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    finally:
+        comm.stats.clear()
+        comm.stats.update(saved)
+    return statistics.median(exact), statistics.median(comp)
+
+
+def _all_raw(size: int, reason: str) -> PairPolicy:
+    return PairPolicy([[False] * size for _ in range(size)], reason=reason)
+
+
 def calibrate(
     comm: Any,
     codec: str | Codec = "onebit",
     *,
     nbytes: int = 8 << 20,
     margin: float = 0.1,
+    exchange_bytes: int | None = None,
 ) -> PairPolicy:
-    """Time every pair raw and compressed; compress where it is faster by ``margin``. Collective.
+    """Time every pair raw and compressed; compress where it is faster by ``margin``, then
+    confirm on whole exchanges (``exchange_bytes`` per peer, default ``nbytes``) that the
+    policy beats the exact exchange by ``margin`` too, else send everything raw. Collective.
 
     Installs the policy on ``comm`` (every rank computes the same matrix from
     the allgathered timings) and returns it, with ``bandwidth`` (bytes/s per
-    pair), ``raw_s`` / ``compressed_s`` (seconds per pair) and
-    ``break_even_bps``: the link speed at which this codec stops paying here,
-    from the CPU time the compressed exchanges took (median over pairs).
+    pair), ``raw_s`` / ``compressed_s`` (seconds per pair), ``exchange_s``
+    (exact, compressed seconds of the whole-exchange check; None when no pair
+    compressed) and ``break_even_bps``: the link speed at which this codec
+    stops paying here, from the CPU time the compressed exchanges took (median
+    over pairs).
     """
     import statistics
 
@@ -189,35 +252,89 @@ def calibrate(
         reason=f"{cod.name} pays below ~{limit * 8 / 1e9:.1f} Gbit/s here; "
         f"{off} of {len(pairs)} pairs faster raw, sent raw",
     )
+    exchange_for(comm).policy = policy
+    exchange_s = None
+    if off < len(pairs):
+        exchange_s = measure_exchange_times(comm, cod, exchange_bytes or nbytes)
+        if exchange_s[1] > exchange_s[0] * (1.0 - margin):
+            policy = _all_raw(size, _whole_exchange_reason(cod, exchange_s, margin, policy.reason))
+            exchange_for(comm).policy = policy
     policy.bandwidth = bw  # type: ignore[attr-defined]
     policy.raw_s = raw  # type: ignore[attr-defined]
     policy.compressed_s = comp  # type: ignore[attr-defined]
     policy.break_even_bps = limit  # type: ignore[attr-defined]
-    exchange_for(comm).policy = policy
+    policy.exchange_s = exchange_s  # type: ignore[attr-defined]
     return policy
 
 
-class AdaptiveCompression:
-    """Calibrate at start-up and again when the all-to-all speed drifts.
+def _whole_exchange_reason(
+    cod: Codec, exchange_s: tuple[float, float], margin: float, before: str
+) -> str:
+    return (
+        f"{before}; but a whole exchange took {exchange_s[1] * 1e3:.1f} ms compressed vs "
+        f"{exchange_s[0] * 1e3:.1f} ms exact (needs {margin:.0%} faster): all pairs sent raw "
+        f"({cod.name})"
+    )
 
-    Call :meth:`step` on every rank at the same point (a step boundary). It
-    compares the all-to-all seconds per call over the last ``window`` steps
-    with the window after the last calibration; when any rank sees a change
-    beyond ``drift`` (e.g. 0.5 = +-50%), all ranks re-measure together.
+
+class AdaptiveCompression:
+    """Calibrate at start-up, check the decision on the real exchanges, and calibrate
+    again when the all-to-all speed drifts.
+
+    Call :meth:`step` on every rank at the same point (a step boundary). At the
+    end of the first ``window`` steps after a calibration that left compression
+    on, it times whole exchanges again at the size the real ones had (mean
+    fp32 bytes per call and peer) and switches compression off when it is not
+    ``margin`` faster there. After that it compares the all-to-all seconds per
+    call over the last ``window`` steps with the first window; when any rank
+    sees a change beyond ``drift`` (e.g. 0.5 = +-50%), all ranks re-measure together.
     """
 
     def __init__(
-        self, comm: Any, codec: str | Codec = "onebit", *, window: int = 20, drift: float = 0.5
+        self,
+        comm: Any,
+        codec: str | Codec = "onebit",
+        *,
+        window: int = 20,
+        drift: float = 0.5,
+        margin: float = 0.1,
+        nbytes: int = 8 << 20,
     ) -> None:
         self.comm = comm
         self.codec = codec
         self.window = window
         self.drift = drift
-        self.policy = calibrate(comm, codec)
+        self.margin = margin
+        self.nbytes = nbytes
+        self.policy = calibrate(comm, codec, nbytes=nbytes, margin=margin)
         self.recalibrations = 0
+        self.rechecks = 0
+        self._checked = False
         self._baseline: float | None = None
-        self._mark = (comm.stats["seconds"], comm.stats["calls"])
+        self._mark = (comm.stats["seconds"], comm.stats["calls"], comm.stats.get("raw_bytes", 0.0))
         self._steps = 0
+
+    def _compressing(self) -> bool:
+        return any(any(row) for row in self.policy.compress)
+
+    def _recheck(self, raw_per_call: float) -> None:
+        """Whole exchanges at the real size, under the current policy; off if they do not pay."""
+        from mpi4py import MPI
+
+        size = _mpi_comm(self.comm).Get_size()
+        # the same size on every rank (the mean), so the check itself is collective-safe
+        mean = _mpi_comm(self.comm).allreduce(raw_per_call, op=MPI.SUM) / size
+        per_peer = int(mean / max(1, size - 1))
+        self.rechecks += 1
+        if per_peer < 4 * EXCHANGE_WIDTH:
+            return
+        cod = self.codec if isinstance(self.codec, Codec) else get_codec(self.codec, key_path="comms")
+        exchange_s = measure_exchange_times(self.comm, cod, per_peer)
+        if exchange_s[1] > exchange_s[0] * (1.0 - self.margin):
+            policy = _all_raw(size, _whole_exchange_reason(cod, exchange_s, self.margin, self.policy.reason))
+            policy.exchange_s = exchange_s  # type: ignore[attr-defined]
+            exchange_for(self.comm).policy = policy
+            self.policy = policy
 
     def step(self) -> bool:
         """Returns True when this step re-calibrated. Collective."""
@@ -225,9 +342,19 @@ class AdaptiveCompression:
         if self._steps % self.window:
             return False
         secs, calls = self.comm.stats["seconds"], self.comm.stats["calls"]
+        raw = self.comm.stats.get("raw_bytes", 0.0)
         d_calls = calls - self._mark[1]
         per_call = (secs - self._mark[0]) / d_calls if d_calls else 0.0
-        self._mark = (secs, calls)
+        raw_per_call = (raw - self._mark[2]) / d_calls if d_calls else 0.0
+        if not self._checked:
+            self._checked = True
+            if self._compressing():
+                self._recheck(raw_per_call)
+                # the baseline for drift is taken under the policy now in force
+                self._mark = (self.comm.stats["seconds"], self.comm.stats["calls"],
+                              self.comm.stats.get("raw_bytes", 0.0))
+                return False
+        self._mark = (secs, calls, raw)
         moved = False
         if self._baseline is None:
             self._baseline = per_call if per_call > 0 else None
@@ -238,7 +365,8 @@ class AdaptiveCompression:
         # Every rank reaches this allreduce at the same step, whatever it saw.
         if not _mpi_comm(self.comm).allreduce(moved, op=MPI.LOR):
             return False
-        self.policy = calibrate(self.comm, self.codec)
+        self.policy = calibrate(self.comm, self.codec, nbytes=self.nbytes, margin=self.margin)
         self.recalibrations += 1
         self._baseline = None
+        self._checked = False
         return True

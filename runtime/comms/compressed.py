@@ -37,15 +37,25 @@ from typing import Any
 import torch
 from hetrun.dag.errors import HetrunError, RuntimeFailure
 from hetrun.kernels.codec import DEFAULT_BLOCK, Codec, ErrorFeedbackState
-from hetrun.kernels.codec_registry import get_codec
+from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
 
 __all__ = [
+    "DIRECTION_DEFAULTS",
     "CompressedExchange",
     "PairPolicy",
     "compressed_all_to_all",
     "exchange_for",
     "wire_bytes_per_peer",
 ]
+
+#: Block size and scale format of each direction unless set otherwise (argument,
+#: then ``$HETRUN_A2A_BLOCK[_<DIRECTION>]`` / ``$HETRUN_A2A_SCALE[_<DIRECTION>]``).
+#: Chosen on the MoE LM (benchmarks/kernels.md section 5): the smallest blocks
+#: whose volume still stays >= 85% below fp32.
+DIRECTION_DEFAULTS: dict[str, tuple[int, str]] = {
+    "forward": (DEFAULT_BLOCK, "fp32"),
+    "backward": (DEFAULT_BLOCK, "fp32"),
+}
 
 #: Raw elements per message piece: 1 Mi fp32 = 4 MB raw, 141 KB at 1 bit.
 PIECE_ELEMS = 1 << 18
@@ -74,18 +84,23 @@ class CompressedExchange:
 
     size: int
     policy: PairPolicy | None = None
-    codecs: dict[tuple[str, int], Codec] = field(default_factory=dict)
+    codecs: dict[tuple[str, int, str], Codec] = field(default_factory=dict)
     states: dict[tuple[str, str, int], ErrorFeedbackState] = field(default_factory=dict)
     #: per peer: seconds and wire bytes of the last exchange (for drift checks)
     last_pair_seconds: dict[int, float] = field(default_factory=dict)
 
-    def codec(self, spec: str | Codec, block_size: int = 256) -> Codec:
+    def codec(self, spec: str | Codec, block_size: int = DEFAULT_BLOCK, scale_dtype: str = "fp32") -> Codec:
+        """The codec named ``spec``; ``scale_dtype`` applies to the codecs with block scales
+        that support it (int8, onebit, onebit_ef); the others keep fp32 scales."""
         if isinstance(spec, Codec):
             return spec
-        key = (spec, block_size)
+        if spec not in SCALED_CODECS:
+            scale_dtype = "fp32"
+        key = (spec, block_size, scale_dtype)
         c = self.codecs.get(key)
         if c is None:
-            c = self.codecs[key] = get_codec(spec, block_size=block_size, key_path="comms")
+            opts = {"scale_dtype": scale_dtype} if spec in SCALED_CODECS else {}
+            c = self.codecs[key] = get_codec(spec, block_size=block_size, key_path="comms", **opts)
         return c
 
     def state(self, stream: str, direction: str, peer: int) -> ErrorFeedbackState:
@@ -150,8 +165,17 @@ def _offsets(splits: Sequence[int], width: int) -> list[int]:
     return offs
 
 
+def _env(knob: str, direction: str) -> tuple[str, str | None]:
+    name = f"HETRUN_A2A_{knob}_{direction.upper()}"
+    env = os.environ.get(name)
+    if not env:
+        name, env = f"HETRUN_A2A_{knob}", os.environ.get(f"HETRUN_A2A_{knob}")
+    return name, env
+
+
 def _block_size(block_size: int | None, direction: str) -> int:
-    """Explicit, else ``$HETRUN_A2A_BLOCK_<DIRECTION>``, else ``$HETRUN_A2A_BLOCK``, else 256.
+    """Explicit, else ``$HETRUN_A2A_BLOCK_<DIRECTION>``, else ``$HETRUN_A2A_BLOCK``, else
+    the direction's default (:data:`DIRECTION_DEFAULTS`).
 
     A tuning knob: smaller blocks give each scale fewer values (one MoE row
     of 64 values per scale at 64) at a lower compression ratio; see
@@ -159,10 +183,7 @@ def _block_size(block_size: int | None, direction: str) -> int:
     """
     if block_size is not None:
         return block_size
-    name = f"HETRUN_A2A_BLOCK_{direction.upper()}"
-    env = os.environ.get(name)
-    if not env:
-        name, env = "HETRUN_A2A_BLOCK", os.environ.get("HETRUN_A2A_BLOCK")
+    name, env = _env("BLOCK", direction)
     if env:
         try:
             return int(env)
@@ -171,7 +192,23 @@ def _block_size(block_size: int | None, direction: str) -> int:
                 f"{name}={env!r} is not an integer",
                 hint="set it to a multiple of 8 such as 64, 128 or 256, or unset it",
             ) from None
-    return DEFAULT_BLOCK
+    return DIRECTION_DEFAULTS.get(direction, (DEFAULT_BLOCK, "fp32"))[0]
+
+
+def _scale_dtype(scale_dtype: str | None, direction: str) -> str:
+    """Explicit, else ``$HETRUN_A2A_SCALE_<DIRECTION>``, else ``$HETRUN_A2A_SCALE``, else
+    the direction's default: ``fp32`` or ``bf16`` block scales."""
+    if scale_dtype is not None:
+        return scale_dtype
+    name, env = _env("SCALE", direction)
+    if env:
+        if env not in ("fp32", "bf16"):
+            raise HetrunError(
+                f"{name}={env!r} is not a scale format",
+                hint="set it to fp32 (4 bytes per block scale) or bf16 (2 bytes), or unset it",
+            )
+        return env
+    return DIRECTION_DEFAULTS.get(direction, (DEFAULT_BLOCK, "fp32"))[1]
 
 
 def compressed_all_to_all(
@@ -184,14 +221,17 @@ def compressed_all_to_all(
     direction: str = "forward",
     stream: str = "moe",
     block_size: int | None = None,
+    scale_dtype: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """All-to-all of the rows of ``x`` with each travelling chunk encoded by ``codec``.
 
     ``comm``: an ``AllToAllComm`` or an mpi4py communicator. ``stream`` names
     the error-feedback stream (one per MoE layer, say), ``direction`` keeps
-    forward and backward residuals apart. Not differentiable by itself: the
-    autograd Function in ``alltoall`` wraps it.
+    forward and backward residuals apart. ``block_size`` / ``scale_dtype``
+    (``fp32`` or ``bf16`` block scales) default per direction
+    (:data:`DIRECTION_DEFAULTS`, or the ``$HETRUN_A2A_BLOCK`` / ``$HETRUN_A2A_SCALE``
+    knobs). Not differentiable by itself: the autograd Function in ``alltoall`` wraps it.
 
     ``out``: a buffer of the result's shape and dtype to write into, for
     callers that reuse one across steps (a fresh 64 MB result costs more in
@@ -199,7 +239,7 @@ def compressed_all_to_all(
     """
     c = _wrap(comm)
     ex = exchange_for(c)
-    cod = ex.codec(codec, _block_size(block_size, direction))
+    cod = ex.codec(codec, _block_size(block_size, direction), _scale_dtype(scale_dtype, direction))
     sends = [int(s) for s in send_splits]
     recvs = [int(s) for s in recv_splits]
     if len(sends) != c.size or len(recvs) != c.size:
@@ -231,6 +271,9 @@ def compressed_all_to_all(
         res = _torch_exchange(x, sends, recvs, c, ex, cod, direction, stream, _checked(out, x, recvs))
     c.stats["seconds"] += time.perf_counter() - start
     c.stats["calls"] += 1
+    # fp32-equivalent bytes of the travelling chunks: what adaptive compression weighs
+    travelled = (sum(sends) - sends[c.rank]) * math.prod(x.shape[1:]) * x.element_size()
+    c.stats["raw_bytes"] = c.stats.get("raw_bytes", 0.0) + float(travelled)
     return res
 
 
