@@ -75,7 +75,7 @@ def cpu_paths(**overrides: bool | int) -> Iterator[CpuPaths]:
         raise HetrunError(
             f"cpu_paths: unknown CPU path(s) {unknown}", hint=f"use some of {sorted(known)}"
         )
-    _paths = dataclasses.replace(old, **overrides)
+    _paths = dataclasses.replace(old, **overrides)  # type: ignore[arg-type]  # fields are bool or int
     try:
         yield _paths
     finally:
