@@ -241,18 +241,42 @@ def hetrun_save(writer: Any, step: int, st: Any) -> dict[str, float]:
     total = time.perf_counter() - t0
     assert res is not None and res.ok, res
     return {"stored_bytes": res.stored_bytes, "stall_s": stall, "save_s": total, "reused": res.reused_chunks,
-            "delta": res.delta_chunks, "full": res.full_chunks}
+            "delta": res.delta_chunks, "full": res.full_chunks, "stages": dict(res.stages)}
+
+
+def hetrun_prepare(writer: Any, st: Any) -> float:
+    """Warm the snapshot buffers (what runtime/resume.py does after restore);
+    the first checkpoint comes after at least this much training in a real run."""
+    t0 = time.perf_counter()
+    writer.prepare(st)
+    if writer._prep_thread is not None:
+        writer._prep_thread.join()
+    return time.perf_counter() - t0
+
+
+def hetrun_inflight(writer: Any, step: int, st_a: Any, st_b: Any) -> dict[str, Any]:
+    """A save while the previous write is still in flight (the preemption
+    checkpoint right after a regular one): the stall is only the copy when a
+    third buffer is free."""
+    writer.save(step, st_a)
+    t0 = time.perf_counter()
+    busy = not writer._idle.is_set()
+    stall = writer.save(step + 2, st_b)
+    res = writer.wait()
+    assert res is not None and res.ok, res
+    return {"stall_s": stall, "write_in_flight": busy, "both_saved_s": time.perf_counter() - t0}
 
 
 def hetrun_restore(d: Path, st: Any, threads: int) -> dict[str, float]:
     from hetrun.runtime.ckpt import open_store
 
     t0 = time.perf_counter()
-    res = open_store(d, threads=threads).restore()
+    store = open_store(d, threads=threads)
+    res = store.restore()
     load_s = time.perf_counter() - t0
     assert res is not None
     ok = same(res.state, st)
-    return {"load_s": load_s, "exact": ok, "step": res.step}
+    return {"load_s": load_s, "exact": ok, "step": res.step, "stages": store.stage_seconds()}
 
 
 # -- scenarios -----------------------------------------------------------------------------
@@ -270,6 +294,7 @@ def gpt_full(args: argparse.Namespace, out: dict[str, Any]) -> None:
     res["dcp"] = bench_dcp(st, "gpt")
     res["zipnn"] = bench_zipnn(st, threads=args.threads)
     w, d = hetrun_writer("gpt", args.threads)
+    res["hetrun_prepare_s"] = hetrun_prepare(w, st)
     res["hetrun_first"] = hetrun_save(w, 3, st)
     train(model, opt, 2, args.vocab, args.seq, gen)
     st = full_state(model, opt)
@@ -282,6 +307,10 @@ def gpt_full(args: argparse.Namespace, out: dict[str, Any]) -> None:
     res["torch_100"] = bench_torch(st, "gpt100")
     res["hetrun_100_steps"] = hetrun_save(w, 5 + args.interval, st)
     res["hetrun_100_steps"]["restore"] = hetrun_restore(d, st, args.threads)
+    train(model, opt, 1, args.vocab, args.seq, gen)
+    st_a = full_state(model, opt)
+    train(model, opt, 2, args.vocab, args.seq, gen)
+    res["hetrun_save_during_write"] = hetrun_inflight(w, 6 + args.interval, st_a, full_state(model, opt))
     w.close()
     clean(d)
     out["gpt_full"] = res
@@ -320,6 +349,7 @@ def gpt_partial(args: argparse.Namespace, out: dict[str, Any], kind: str) -> Non
     res: dict[str, Any] = {"trainable_fraction": sum(p.numel() for p in trainable) / sum(p.numel() for p in model.parameters())}
     res["torch"] = bench_torch(st, kind)
     w, d = hetrun_writer(kind, args.threads)
+    res["hetrun_prepare_s"] = hetrun_prepare(w, st)
     res["hetrun_first"] = hetrun_save(w, 2, st)
     train(model, opt, 10, args.vocab, args.seq, gen)
     st = full_state(model, opt)
@@ -359,6 +389,7 @@ def moe(args: argparse.Namespace, out: dict[str, Any]) -> None:
     res["dcp"] = bench_dcp(st, "moe")
     res["zipnn"] = bench_zipnn(st, threads=args.threads)
     w, d = hetrun_writer("moe", args.threads)
+    res["hetrun_prepare_s"] = hetrun_prepare(w, st)
     res["hetrun_first"] = hetrun_save(w, 3, st)
     steps(2)
     st = full_state(model, opt)
@@ -406,6 +437,10 @@ def main() -> None:
     print(summary(out))
 
 
+def _stages(st: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" for k, v in st.items())
+
+
 def summary(out: dict[str, Any]) -> str:
     lines = []
     for name, r in out.items():
@@ -419,7 +454,13 @@ def summary(out: dict[str, Any]) -> str:
         if "zipnn" in r:
             z = r["zipnn"]
             lines.append(f"   zipnn {z['ratio_floats']:.3f}x of float bytes, {z['compress_MBps']:.0f} MB/s compress")
-        for key in [k for k in r if k.startswith("hetrun_")]:
+        if "hetrun_prepare_s" in r:
+            lines.append(f"   hetrun prepare (buffers allocated+touched in background): {r['hetrun_prepare_s']:.2f}s")
+        if "hetrun_save_during_write" in r:
+            f = r["hetrun_save_during_write"]
+            lines.append(f"   hetrun save while the previous write is in flight ({f['write_in_flight']}): "
+                         f"stall {f['stall_s']:.3f}s, both committed after {f['both_saved_s']:.2f}s")
+        for key in [k for k in r if k.startswith("hetrun_") and isinstance(r[k], dict) and "stored_bytes" in r[k]]:
             h = r[key]
             ref = r.get("torch_100", r["torch"])["bytes"] if "100" in key else tb
             rest = h.get("restore", {})
@@ -427,6 +468,10 @@ def summary(out: dict[str, Any]) -> str:
                 f"   {key}: {h['stored_bytes'] / ref:.3f}x bytes, stall {h['stall_s']:.3f}s, save {h['save_s']:.2f}s"
                 + (f", restore {rest['load_s']:.2f}s exact={rest['exact']}" if rest else "")
             )
+            if h.get("stages"):
+                lines.append("      save stages (thread-s): " + _stages(h["stages"]))
+            if rest.get("stages"):
+                lines.append("      restore stages (thread-s): " + _stages(rest["stages"]))
     return "\n".join(lines) if lines else ""
 
 

@@ -8,8 +8,12 @@ touched), then encodes the whole state's float bytes (single thread) with:
   planes-l1         byte planes, zstd level 1 per plane, raw when a sample shows <5% gain
   planes-fast       byte planes, zstd fast strategy with shallow search (the default)
   planes-fast-99    same, compress planes down to 1% gain
-and, against the state 1 and 10 steps earlier, the per-plane XOR choice the
-writer uses. Ratios are of the raw bytes; MB/s of raw bytes per thread.
+  ... +rot          the same after rotating each fp32 word left by 1 bit
+                    (exponent in one plane, sign in the lowest), the writer's
+                    transform (codec.ROTATE)
+and, against the state 1, 10 and 100 steps earlier, the per-plane XOR choice
+the writer uses, with and without the rotation. Ratios are of the raw bytes;
+MB/s of raw bytes per thread.
 """
 
 from __future__ import annotations
@@ -62,30 +66,36 @@ def main() -> None:
     s1 = chunks(floats(full_state(model, opt)))
     train(model, opt, 9, vocab, seq, gen)
     s10 = chunks(floats(full_state(model, opt)))
+    train(model, opt, 90, vocab, seq, gen)
+    s100 = chunks(floats(full_state(model, opt)))
     print(f"state: {sum(c.size for c in s0) / 1e6:.0f} MB of float32 bytes")
 
     z1 = zstandard.ZstdCompressor(level=1)
     run("zstd-1", s0, lambda i, c: len(z1.compress(c.data)))
 
-    def planes(cctx: zstandard.ZstdCompressor, below: float):  # type: ignore[no-untyped-def]
+    def planes(cctx: zstandard.ZstdCompressor, below: float, rot: bool):  # type: ignore[no-untyped-def]
         def fn(i: int, c: np.ndarray) -> int:
             old = codec.COMPRESS_IF_BELOW
             codec.COMPRESS_IF_BELOW = below
             try:
-                return codec.encode(c, 4, None, compressor=cctx).stored_len
+                return codec.encode(c, 4, None, compressor=cctx, rot=rot).stored_len
             finally:
                 codec.COMPRESS_IF_BELOW = old
         return fn
 
-    run("planes-l1", s0, planes(z1, 0.95))
     fast = codec.new_compressor()
-    run("planes-fast (default)", s0, planes(fast, 0.95))
-    run("planes-fast-99", s0, planes(fast, 0.99))
-    for label, later in (("1 step", s1), ("10 steps", s10)):
-        run(f"xor-per-plane, {label}", later,
-            lambda i, c, later=later: codec.encode(c, 4, s0[i], compressor=fast).stored_len)  # type: ignore[misc]
-        run(f"planes only, {label}", later,
-            lambda i, c: codec.encode(c, 4, None, compressor=fast).stored_len)
+    for rot in (False, True):
+        tag = " +rot" if rot else ""
+        run("planes-l1" + tag, s0, planes(z1, 0.95, rot))
+        run("planes-fast" + tag, s0, planes(fast, 0.95, rot))
+        run("planes-fast-99" + tag, s0, planes(fast, 0.99, rot))
+    for label, later in (("1 step", s1), ("10 steps", s10), ("100 steps", s100)):
+        for rot in (False, True):
+            tag = " +rot" if rot else ""
+            run(f"xor-per-plane, {label}{tag}", later,
+                lambda i, c, later=later, rot=rot: codec.encode(c, 4, s0[i], compressor=fast, rot=rot).stored_len)  # type: ignore[misc]
+            run(f"planes only, {label}{tag}", later,
+                lambda i, c, rot=rot: codec.encode(c, 4, None, compressor=fast, rot=rot).stored_len)  # type: ignore[misc]
 
 
 if __name__ == "__main__":

@@ -217,6 +217,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
                      message="restarted, but no checkpoint yet: starting from the beginning",
                      work_lost=(lost_before + 1) if lost_before is not None else None)
         log.close()
+        slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
         return 0
     step, value = chosen
     iteration = step
@@ -237,6 +238,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
              skipped=[{"step": s, "why": w} for s, w in skipped],
              work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
     log.close()
+    slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
     return iteration
 
 

@@ -393,3 +393,135 @@ def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixt
     assert r.exit_code == 4 and "no run matches" in r.output and "Traceback" not in r.output, r.output
     r = _cli(capsys, ["ckpt", "ls", run, "--component", "lerner"])
     assert r.exit_code == 4 and "did you mean 'learner'" in r.output, r.output
+
+
+def test_previous_format_and_mixed_transform_chains_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects written before the rotation (no "xf" in the header) still decode,
+    also as the XOR base of rotated objects (the chain changes plane space)."""
+    from hetrun.runtime.ckpt import codec
+
+    model, opt = trained_state()
+    w = writer(tmp_path, max_delta_chain=8)
+    monkeypatch.setattr(codec, "ROTATE", False)
+    w.save(1, {"m": model.state_dict(), "o": opt.state_dict()})
+    assert w.wait().ok  # type: ignore[union-attr]
+    tier = Tier(tmp_path, "shared")
+    assert all("xf" not in tier.read_object_header(p.name) for p in tier.iter_objects())
+    monkeypatch.setattr(codec, "ROTATE", True)
+    step(model, opt)
+    want = {"m": model.state_dict(), "o": opt.state_dict()}
+    w.save(2, want)
+    res = w.wait()
+    w.close()
+    assert res is not None and res.ok and res.delta_chunks > 0
+    headers = [tier.read_object_header(p.name) for p in tier.iter_objects()]
+    assert any(h.get("xf") == "rotl1" and h.get("base") for h in headers)
+    got = open_store(tmp_path).restore()
+    assert got is not None and got.step == 2 and exact(got.state, want)
+    monkeypatch.setattr("hetrun.runtime.ckpt.store.USE_MMAP", False)  # the read-into-buffer path too
+    got = open_store(tmp_path).restore()
+    assert got is not None and exact(got.state, want)
+
+
+def test_unknown_transform_is_refused_clearly(tmp_path: Path) -> None:
+    model, _ = trained_state()
+    w = writer(tmp_path)
+    w.save(1, model.state_dict())
+    w.wait()
+    w.close()
+    tier = Tier(tmp_path, "shared")
+    victim = next(p for p in tier.iter_objects() if tier.read_object_header(p.name).get("xf"))
+    data = victim.read_bytes().replace(b'"xf":"rotl1"', b'"xf":"rotr9"')
+    victim.write_bytes(data)
+    with pytest.raises(CheckpointError, match="transform 'rotr9'"):
+        open_store(tmp_path).load_rank(1, 0)
+
+
+class GatedTier(Tier):
+    """A tier whose object writes wait for a gate: a write still in flight, on demand."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, "shared")
+        import threading
+
+        self.gate = threading.Event()
+
+    def write_object(self, h, header, parts, *, durable):  # type: ignore[no-untyped-def]
+        assert self.gate.wait(60)
+        return super().write_object(h, header, parts, durable=durable)
+
+
+def test_save_while_a_write_is_in_flight_only_copies(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    model, opt = trained_state()
+    tier = GatedTier(tmp_path)
+    w = CheckpointWriter([tier], chunk_bytes=1 << 16)
+    tier.gate.set()
+    w.save(1, {"m": model.state_dict()})
+    assert w.wait().ok  # type: ignore[union-attr]
+    tier.gate.clear()
+    step(model, opt)
+    w.save(2, {"m": model.state_dict()})  # blocked in write_object
+    step(model, opt)
+    want = {"m": {k: v.clone() for k, v in model.state_dict().items()}}
+    done = threading.Event()
+    threading.Thread(target=lambda: (w.save(3, want), done.set()), daemon=True).start()
+    assert done.wait(30), "save() waited for the write in flight despite a free third buffer"
+    # Three buffers are now taken (committed 1, writing 2, queued 3): a fourth save waits.
+    fourth = threading.Event()
+    threading.Thread(target=lambda: (w.save(4, want), fourth.set()), daemon=True).start()
+    time.sleep(0.5)
+    assert not fourth.is_set(), "save() went past the max_host_buffers bound"
+    tier.gate.set()
+    assert fourth.wait(60)
+    res = w.wait()
+    w.close()
+    assert res is not None and res.ok and res.step == 4
+    assert [r.step for r in w.results] == [1, 2, 3, 4] and all(r.ok for r in w.results)
+    got = open_store(tmp_path).load_rank(3, 0)[0]
+    assert exact(got, want)
+
+
+def test_two_buffers_make_save_wait_for_the_write_in_flight(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    model, opt = trained_state()
+    tier = GatedTier(tmp_path)
+    w = CheckpointWriter([tier], chunk_bytes=1 << 16, max_host_buffers=2)
+    tier.gate.set()
+    w.save(1, model.state_dict())
+    w.wait()
+    tier.gate.clear()
+    step(model, opt)  # changed bytes: the write reaches write_object and waits there
+    w.save(2, model.state_dict())
+    done = threading.Event()
+    threading.Thread(target=lambda: (w.save(3, model.state_dict()), done.set()), daemon=True).start()
+    time.sleep(0.5)
+    assert not done.is_set()
+    tier.gate.set()
+    assert done.wait(60)
+    w.wait()
+    w.close()
+    assert all(r.ok for r in w.results)
+    with pytest.raises(CheckpointError, match="at least 2"):
+        CheckpointWriter([Tier(tmp_path / "x")], max_host_buffers=1)
+
+
+def test_prepare_warms_buffers_of_the_state_size(tmp_path: Path) -> None:
+    model, opt = trained_state()
+    st = {"m": model.state_dict(), "o": opt.state_dict()}
+    w = writer(tmp_path)
+    w.prepare(st)
+    assert w._prep_thread is not None
+    w._prep_thread.join(60)
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert all(b is not None and b.numel() >= 3 * nbytes for b in w._bufs)
+    before = [b.data_ptr() for b in w._bufs if b is not None]
+    w.save(1, st)
+    assert w.wait().ok  # type: ignore[union-attr]
+    assert [b.data_ptr() for b in w._bufs if b is not None] == before  # no reallocation
+    w.prepare({"bad": object()})  # best effort: nothing raised, save reports such states
+    w.close()

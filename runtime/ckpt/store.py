@@ -27,6 +27,8 @@ from hetrun.runtime.ckpt.collective import Collective, SoloCollective
 from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
 
 _MAX_CHAIN = 64
+# Objects are mapped, not read: saves a copy of every raw plane (see Tier.map_object).
+USE_MMAP = True
 
 
 class _DecodeCtx:
@@ -142,7 +144,10 @@ class CheckpointStore:
         if depth > _MAX_CHAIN:
             raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
         t = time.perf_counter()
-        header, payload = tier.read_object(h, into=ctx.read_buf(depth))
+        if USE_MMAP:
+            header, payload = tier.map_object(h)
+        else:
+            header, payload = tier.read_object(h, into=ctx.read_buf(depth))
         ctx.add("read", t)
         if int(header.get("raw_len", -1)) != nbytes:
             raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")

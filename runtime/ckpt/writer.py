@@ -6,8 +6,15 @@ thread hashes, encodes (byte planes, zstd, XOR against the previous snapshot
 where that is smaller) and writes content-addressed chunks, then the rank's
 shard document; when every rank's shard is complete (an all-gather), the
 leader writes the manifest and the ``latest`` pointer. Only then does the
-checkpoint exist. Memory stays bounded: two snapshot buffers (current and the
-previous one, the XOR base) and at most one save in flight.
+checkpoint exist.
+
+Memory bound: at most ``max_host_buffers`` (default 3) reused snapshot
+buffers, each the size of the state: the committed snapshot (the XOR base of
+the next save), the one being written, and one more so that a save taken
+while a write is still in flight only copies instead of waiting. With 2, a
+save waits for the write in flight. ``prepare(state)`` allocates and touches
+the buffers in the background ahead of the first save, so the first stall
+is a copy into warm memory rather than a page fault per 4 KiB.
 
 Tiers: shards go to the first tier (node-local when configured); each further
 tier (shared) gets a copy after the commit — the drain — with its own
@@ -60,6 +67,8 @@ class SaveResult:
     write_s: float = 0.0
     drained: list[str] = field(default_factory=list)
     error: str | None = None
+    # Thread-seconds per background stage (compare, hash, encode, write), summed over encoder threads.
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -101,6 +110,7 @@ class CheckpointWriter:
         durable: bool = True,
         threads: int = 2,
         delta: bool = True,
+        max_host_buffers: int = 3,
         on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not tiers:
@@ -117,12 +127,24 @@ class CheckpointWriter:
             t.ensure()
         local = next((str(t.root.resolve()) for t in tiers if t.name == "local"), None)
         self._node_leader, self._host = node_leaders(self.coll, local)
-        self._bufs: list[torch.Tensor | None] = [None, None]
+        if max_host_buffers < 2:
+            raise CheckpointError(
+                f"max_host_buffers={max_host_buffers}: the writer needs at least 2 snapshot buffers "
+                "(the committed XOR base and the one being written)")
+        self._bufs: list[torch.Tensor | None] = [None] * max_host_buffers
         self._committed: _Committed | None = None
-        self._queue: queue.Queue[_Snapshot | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[_Snapshot | None] = queue.Queue()
+        self._cond = threading.Condition()
+        self._held: set[int] = set()  # buffers of queued or in-flight snapshots
+        self._preparing: set[int] = set()
+        self._pending = 0
         self._idle = threading.Event()
         self._idle.set()
-        self._pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="ckpt-enc")
+        self._prep_thread: threading.Thread | None = None
+        # One thread more than encoders: while one blocks in write+fsync the others still encode.
+        self._pool = ThreadPoolExecutor(max(1, threads) + 1, thread_name_prefix="ckpt-enc")
+        self._stage_lock = threading.Lock()
+        self._stages: dict[str, float] = {}
         self._local = threading.local()
         self.results: list[SaveResult] = []
         self._unreported_error: SaveResult | None = None
@@ -130,22 +152,84 @@ class CheckpointWriter:
         self._thread.start()
 
     # -- training side ---------------------------------------------------------
-    def save(self, step: int, tree: Any, meta: dict[str, Any] | None = None) -> float:
-        """Snapshot ``tree`` and write it in the background. Returns the stall in
-        seconds (including waiting for a previous save still in flight)."""
-        t0 = time.perf_counter()
-        self._idle.wait()
-        skeleton, tensors, leaves = state.flatten(tree)
+    @staticmethod
+    def _layout(leaves: list[state.Leaf]) -> tuple[list[int], int]:
         offsets, total = [], 0
         for leaf in leaves:
             offsets.append(total)
             total += (leaf.nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-        committed = self._committed
-        idx = 0 if committed is None or committed.buf_index == 1 else 1
+        return offsets, max(total, 1)
+
+    def prepare(self, tree: Any) -> None:
+        """Allocate and touch the snapshot buffers for a state shaped like
+        ``tree`` in a background thread (returns at once), so that the first
+        saves copy into warm memory. Optional and best effort (a state it
+        cannot size is left for ``save`` to report); call it once the model
+        and optimizer exist, e.g. right after restore."""
+        try:
+            _, _, leaves = state.flatten(tree)
+        except CheckpointError:
+            return
+        self._prepare_total(self._layout(leaves)[1])
+
+    def _prepare_total(self, total: int) -> None:
+        with self._cond:
+            if self._prep_thread is not None and self._prep_thread.is_alive():
+                return
+            todo = [i for i, b in enumerate(self._bufs)
+                    if i not in self._held and i not in self._preparing and (b is None or b.numel() < total)]
+            if not todo:
+                return
+            self._preparing.update(todo)
+
+        def run() -> None:
+            for i in todo:
+                try:
+                    buf = self._new_buffer(total)
+                except (RuntimeError, MemoryError):
+                    buf = None  # save() allocates it then (and reports if it cannot)
+                with self._cond:
+                    if buf is not None:
+                        self._bufs[i] = buf
+                    self._preparing.discard(i)
+                    self._cond.notify_all()
+
+        t = threading.Thread(target=run, name="ckpt-prepare", daemon=True)
+        self._prep_thread = t
+        t.start()
+
+    @staticmethod
+    def _new_buffer(total: int) -> torch.Tensor:
+        buf = torch.empty(total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        # One write per page faults every page in now instead of during a save.
+        buf[::4096].zero_()
+        return buf
+
+    def save(self, step: int, tree: Any, meta: dict[str, Any] | None = None) -> float:
+        """Snapshot ``tree`` and write it in the background. Returns the stall in
+        seconds: the copy, plus waiting only when all ``max_host_buffers``
+        buffers are taken (the committed base, writes in flight)."""
+        t0 = time.perf_counter()
+        skeleton, tensors, leaves = state.flatten(tree)
+        offsets, total = self._layout(leaves)
+        with self._cond:
+            while True:
+                taken = self._held | self._preparing
+                if self._committed is not None:
+                    taken = taken | {self._committed.buf_index}
+                free = [i for i in range(len(self._bufs)) if i not in taken]
+                if free:
+                    break
+                self._cond.wait()
+            # A warm buffer of the right size first: no allocation, no page faults.
+            warm = [i for i in free if self._bufs[i] is not None and self._bufs[i].numel() >= total]  # type: ignore[union-attr]
+            idx = (warm or free)[0]
+            self._held.add(idx)
+            self._pending += 1
+            self._idle.clear()
         buf = self._bufs[idx]
         if buf is None or buf.numel() < total:
-            pin = torch.cuda.is_available()
-            buf = torch.empty(max(total, 1), dtype=torch.uint8, pin_memory=pin)
+            buf = torch.empty(total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             self._bufs[idx] = buf
         for t, leaf, off in zip(tensors, leaves, offsets, strict=True):
             if leaf.nbytes:
@@ -156,8 +240,9 @@ class CheckpointWriter:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         stall = time.perf_counter() - t0
-        self._idle.clear()
         self._queue.put(_Snapshot(step, skeleton, leaves, offsets, idx, dict(meta or {}), stall))
+        # The next saves use the other buffers: warm them now, in the background.
+        self._prepare_total(total)
         return stall
 
     def wait(self) -> SaveResult | None:
@@ -174,8 +259,10 @@ class CheckpointWriter:
         self._idle.wait()
         self._queue.put(None)
         self._thread.join()
+        if self._prep_thread is not None:
+            self._prep_thread.join()
         self._pool.shutdown()
-        self._bufs = [None, None]
+        self._bufs = [None] * len(self._bufs)
 
     @property
     def last_cost_s(self) -> float:
@@ -206,13 +293,24 @@ class CheckpointWriter:
                     "stall_s": round(result.stall_s, 6), "write_s": round(result.write_s, 6),
                     "tiers": result.drained, "error": result.error,
                 })
-            self._idle.set()
+            with self._cond:
+                self._held.discard(snap.buf_index)
+                self._pending -= 1
+                if self._pending == 0:
+                    self._idle.set()
+                self._cond.notify_all()
 
     def _compressor(self) -> Any:
         c = getattr(self._local, "cctx", None)
         if c is None:
             c = self._local.cctx = codec.new_compressor()
         return c
+
+    def _stage(self, name: str, since: float) -> float:
+        now = time.perf_counter()
+        with self._stage_lock:
+            self._stages[name] = self._stages.get(name, 0.0) + now - since
+        return now
 
     def _scratch(self) -> codec.Scratch:
         # Per thread: the encoded raw planes point into it until write_object returns.
@@ -224,10 +322,15 @@ class CheckpointWriter:
     def _chunk(self, tier: Tier, raw: np.ndarray, itemsize: int,
                prev: tuple[np.ndarray, str, int] | None) -> tuple[str, int, str, int]:
         """Store one chunk; returns (object name, depth, how, stored bytes)."""
-        if prev is not None and _same_bytes(raw, prev[0]):
+        t = time.perf_counter()
+        same = prev is not None and _same_bytes(raw, prev[0])
+        t = self._stage("compare", t)
+        if same:
+            assert prev is not None
             tier.touch_object(prev[1])
             return prev[1], prev[2], "reused", 0
         h = hashlib.sha256(raw).hexdigest()
+        t = self._stage("hash", t)
         if tier.has_object(h):
             tier.touch_object(h)
             depth = int(tier.read_object_header(h).get("depth", 0))
@@ -236,6 +339,7 @@ class CheckpointWriter:
         if prev is not None and self.delta and prev[2] + 1 < self.max_delta_chain:
             base = prev[0]
         enc = codec.encode(raw, itemsize, base, compressor=self._compressor(), scratch=self._scratch())
+        t = self._stage("encode", t)
         header: dict[str, Any] = {"raw_len": int(raw.size), "itemsize": enc.itemsize,
                                   "planes": [[m, n] for m, n in enc.planes]}
         if enc.rot:
@@ -246,12 +350,15 @@ class CheckpointWriter:
             header["base"], depth = prev[1], prev[2] + 1
         header["depth"] = depth
         tier.write_object(h, header, enc.parts, durable=self.durable)
+        self._stage("write", t)
         self._new_objects.append(h)
         return h, depth, "delta" if enc.uses_base else "full", enc.stored_len
 
     def _write(self, snap: _Snapshot) -> SaveResult:
         t0 = time.perf_counter()
         res = SaveResult(snap.step, False, stall_s=snap.stall_s)
+        with self._stage_lock:
+            self._stages = res.stages
         primary = self.tiers[0]
         layout = tuple((lf.nbytes, lf.itemsize) for lf in snap.leaves)
         committed = self._committed if self._committed and self._committed.layout == layout else None
