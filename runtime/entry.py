@@ -17,6 +17,7 @@ from hetrun.dag.errors import HetrunError, RunDirError
 
 from .events import EventLog
 from .plan_view import PlanView, load_plan
+from .resume import restart_count
 
 EXIT_OK = 0
 EXIT_REQUEUE = 85
@@ -74,8 +75,11 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
     if not run_dir.is_dir():
         sys.stderr.write(f"hetrun.runtime: error: run directory {run_dir} does not exist\n")
         return RunDirError.exit_code
+    restarts = restart_count()
     try:
-        plan = load_plan(run_dir)
+        # A requeued attempt runs the plan.json its first attempt validated:
+        # skipping the planner's check there saves ~0.3 s of imports per rank.
+        plan = load_plan(run_dir, validate=restarts == 0)
     except HetrunError as exc:
         sys.stderr.write(f"hetrun.runtime: error: {exc}\n")
         return exc.exit_code
@@ -105,7 +109,7 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
         pid=os.getpid(),
         host=os.uname().nodename,
         job_id=os.environ.get("SLURM_JOB_ID"),
-        restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        restart_count=restarts,
         cpus=world.component.cpus_per_task,
         gpus=world.component.gpus_per_node,
     )
@@ -131,7 +135,7 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
 
     try:
         executor = Executor(plan, world, log, run_dir)
-        log.emit("startup", restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        log.emit("startup", restart_count=restarts,
                  executor_ready=time.time(), **startup_times(world, interp_ready))
         code = executor.run()
     except RankFailed as exc:
