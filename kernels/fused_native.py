@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from hetrun.dag.errors import HetrunError
 from hetrun.kernels.codec_native import _cpu_tag
 
 __all__ = ["gelu_backward_bias", "gelu_forward", "lib"]
@@ -93,8 +94,20 @@ def _run_parts(part: Callable[[int], None], parts: int) -> None:
     list(_pool.map(part, range(parts)))
 
 
+def _check(name: str, *ts: torch.Tensor) -> None:
+    # The C side gets raw pointers: a wrong layout would read or write out of bounds.
+    for t in ts:
+        if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or t.shape != ts[0].shape:
+            raise HetrunError(
+                f"{name}: needs contiguous float32 CPU tensors of one shape, got "
+                f"{[(tuple(u.shape), u.dtype, u.device.type, u.is_contiguous()) for u in ts]}",
+                hint="call .contiguous().float() first, or use the ATen ops",
+            )
+
+
 def gelu_forward(h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Exact-erf GELU of ``h`` into ``out`` (fp32 contiguous CPU; ``out`` may be ``h``)."""
+    _check("gelu_forward", h, out)
     dll = lib()
     assert dll is not None
     bounds = _split(h.numel(), 1 << 14)
@@ -109,6 +122,9 @@ def gelu_backward_bias(gy: torch.Tensor, h: torch.Tensor, gh: torch.Tensor) -> t
     Rows are split over ``torch.get_num_threads()`` threads, each summing into
     its own float64 bias row.
     """
+    _check("gelu_backward_bias", gy, h, gh)
+    if gy.dim() != 2:
+        raise HetrunError(f"gelu_backward_bias: needs [T, F] tensors, got shape {tuple(gy.shape)}")
     dll = lib()
     assert dll is not None
     rows, cols = gy.shape

@@ -162,6 +162,16 @@ def test_native_gelu_forward_matches_aten_in_place_too() -> None:
     assert torch.equal(h, y)
 
 
+def test_native_kernels_refuse_bad_layouts() -> None:
+    h = torch.randn(8, 6)
+    with pytest.raises(HetrunError, match="contiguous float32 CPU"):
+        fused_native.gelu_forward(h.t(), torch.empty(6, 8))
+    with pytest.raises(HetrunError, match="contiguous float32 CPU"):
+        fused_native.gelu_backward_bias(h, h.double(), torch.empty_like(h))
+    with pytest.raises(HetrunError, match=r"needs \[T, F\]"):
+        fused_native.gelu_backward_bias(h[0], h[1], torch.empty(6))
+
+
 def test_ln_linear_gelu_gradcheck_float64() -> None:
     """The hand-written backward against finite differences."""
     x, lnw, lnb, w, b = _leaves((7, 6), (6,), (6,), (5, 6), (5,), dtype=torch.float64, seed=3)
