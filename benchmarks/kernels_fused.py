@@ -23,7 +23,9 @@ forward only (torch.no_grad)
   max relative error vs eager is printed, spec is 1e-6), gemm floor (addmm)
 
 "max x" = eager / gemm floor, the best speedup any fusion could reach.
-Then MoE gate + top-k + permute / combine, fused vs reference.
+Then the swapped pieces alone (C GELU forward / backward+bias-sum vs ATen,
+oneDNN vs MKL input-gradient GEMM), and MoE gate + top-k + permute / combine,
+fused vs reference.
 Writes benchmarks/results/kernels_fused.json.
 """
 
@@ -45,7 +47,7 @@ ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
            "onednn_grad_input": False, "onednn_forward_max_h": 0}
 
 
-def _bench(variants: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+def _bench(variants: dict[str, Callable[..., object]], reps: int) -> dict[str, float]:
     for f in variants.values():
         f()
         f()
@@ -162,6 +164,40 @@ def ln_linear(shapes, threads: int, reps: int, compile_: bool) -> list[dict]:
     return out
 
 
+def components(threads: int, reps: int) -> list[dict]:
+    """The pieces the default path swaps, alone: C GELU vs ATen, oneDNN vs MKL input-gradient GEMM."""
+    from hetrun.kernels import fused_native
+
+    torch.set_num_threads(threads)
+    lp = torch.ops.mkldnn._linear_pointwise
+    have_c = fused_native.lib() is not None
+    print(f"\nComponents alone, {threads} thread(s), median ms"
+          + ("" if have_c else " (no C compiler: C kernels not built)"))
+    out = []
+    for tokens, hdim, fdim in MOE_SHAPES:
+        g = torch.Generator().manual_seed(2)
+        h = torch.randn(tokens, fdim, generator=g) * 2
+        gy = torch.randn(tokens, fdim, generator=g)
+        w = torch.randn(fdim, hdim, generator=g) * hdim**-0.5
+        w_t = w.t().contiguous()
+        buf, buf2 = torch.empty_like(h), torch.empty_like(h)
+        v: dict[str, Callable[..., object]] = {
+            "aten gelu": lambda h=h, buf=buf: torch.ops.aten.gelu.out(h, out=buf),
+            "aten gelu_bwd+sum": lambda gy=gy, h=h, buf=buf: torch.ops.aten.gelu_backward.grad_input(
+                gy, h, grad_input=buf).sum(0),
+            "mkl gh@W": lambda gy=gy, w=w: gy @ w,
+            "dnn gh@W": lambda gy=gy, w_t=w_t: lp(gy, w_t, None, "none", [], ""),
+        }
+        if have_c:
+            v["C gelu"] = lambda h=h, buf2=buf2: fused_native.gelu_forward(h, buf2)
+            v["C gelu_bwd+sum"] = lambda gy=gy, h=h, buf2=buf2: fused_native.gelu_backward_bias(gy, h, buf2)
+        med = _bench(v, reps)
+        print(f"  T={tokens} H={hdim} F={fdim}: " + "  ".join(f"{k} {t * 1e3:7.2f}" for k, t in med.items()))
+        out.append({"threads": threads, "tokens": tokens, "hdim": hdim, "fdim": fdim,
+                    "ms": {k: t * 1e3 for k, t in med.items()}})
+    return out
+
+
 def moe(reps: int) -> list[dict]:
     from hetrun.kernels.moe_dispatch import (
         gate_topk_permute,
@@ -209,6 +245,7 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         print(f"LayerNorm + Linear + GELU, fp32, {threads} thread(s), median ms over {args.reps} rounds")
         results["ln_linear_gelu"] += ln_linear(shapes, threads, args.reps, args.compile)  # type: ignore[operator]
+    results["components"] = [r for t in args.threads.split(",") for r in components(int(t), args.reps)]
     results["moe_routing"] = moe(args.reps)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
