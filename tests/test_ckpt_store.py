@@ -446,9 +446,9 @@ class GatedTier(Tier):
 
         self.gate = threading.Event()
 
-    def write_object(self, h, header, parts, *, durable):  # type: ignore[no-untyped-def]
+    def write_object(self, h, header, parts, **kw):  # type: ignore[no-untyped-def]
         assert self.gate.wait(60)
-        return super().write_object(h, header, parts, durable=durable)
+        return super().write_object(h, header, parts, **kw)
 
 
 def test_save_while_a_write_is_in_flight_only_copies(tmp_path: Path) -> None:

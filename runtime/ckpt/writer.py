@@ -39,7 +39,7 @@ import torch
 from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt import codec, state
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective, node_leaders
-from hetrun.runtime.ckpt.objects import FORMAT, Tier, atomic_write
+from hetrun.runtime.ckpt.objects import FORMAT, Staged, Tier, atomic_write
 from hetrun.runtime.ckpt.store import copy_object_tree, gc, retain
 
 _ALIGN = 64
@@ -349,7 +349,7 @@ class CheckpointWriter:
             assert prev is not None
             header["base"], depth = prev[1], prev[2] + 1
         header["depth"] = depth
-        tier.write_object(h, header, enc.parts, durable=self.durable)
+        tier.write_object(h, header, enc.parts, durable=self.durable, staged=self._staged)
         self._stage("write", t)
         self._new_objects.append(h)
         return h, depth, "delta" if enc.uses_base else "full", enc.stored_len
@@ -373,6 +373,7 @@ class CheckpointWriter:
         chunk_table: list[list[tuple[str, int]]] = []
         futures: list[list[tuple[int, Any]]] = []
         self._new_objects: list[str] = []
+        self._staged = Staged()
         rel = None
         try:
             for ti, (leaf, off) in enumerate(zip(snap.leaves, snap.offsets, strict=True)):
@@ -402,6 +403,10 @@ class CheckpointWriter:
                 chunk_table.append(table)
                 tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
                                     "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks})
+            # Every object fsync'd and under its final name before the shard names it.
+            t_sync = time.perf_counter()
+            self._staged.commit(self._pool.submit)
+            self._stage("sync", t_sync)
             res.write_s = time.perf_counter() - t0
             doc = {"format": FORMAT, "step": snap.step, "rank": self.coll.rank,
                    "world_size": self.coll.size, "skeleton": snap.skeleton, "tensors": tensors_doc}
@@ -417,7 +422,10 @@ class CheckpointWriter:
             mine = f"rank {self.coll.rank}: {exc!r}"
         for per in futures:
             for _, fut in per:
-                fut.cancel()
+                # Chunks already running finish first, so _discard sees all they wrote.
+                if not fut.cancel():
+                    with contextlib.suppress(Exception):
+                        fut.result()
 
         cutoff = time.time()
         entries = self.coll.allgather(shard_entry if mine is None else mine)
@@ -446,6 +454,7 @@ class CheckpointWriter:
     def _discard(self, tier: Tier, shard_rel: str | None) -> None:
         """Remove what a failed save wrote (no manifest references it), so a
         full disk is not kept full by the failed attempt itself."""
+        self._staged.discard()
         for h in self._new_objects:
             with contextlib.suppress(OSError):
                 tier.object_path(h).unlink()
