@@ -46,7 +46,11 @@ def _rank_body(mb: int, reps: int, out_path: str) -> None:
     import torch
     from hetrun.runtime.comms.alltoall import AllToAllComm, all_to_all, exact_all_to_all
     from hetrun.runtime.comms.bandwidth import calibrate
-    from hetrun.runtime.comms.compressed import compressed_all_to_all, exchange_for
+    from hetrun.runtime.comms.compressed import (
+        DIRECTION_DEFAULTS,
+        compressed_all_to_all,
+        exchange_for,
+    )
     from mpi4py import MPI
 
     torch.set_num_threads(1)
@@ -79,15 +83,18 @@ def _rank_body(mb: int, reps: int, out_path: str) -> None:
     xb = x.view(torch.uint8).numpy()
     rb = reuse.view(torch.uint8).numpy()
     result["exact_reused_s"] = timed(lambda: world.Alltoall(xb, rb))
-    for codec in ("onebit", "int8"):
+    # each codec with the block size and scale format of the direction it serves by default
+    for codec, direction in (("onebit", "backward"), ("int8", "forward")):
         comm.reset_stats()
         result[f"{codec}_s"] = timed(
-            lambda c=codec: compressed_all_to_all(x, splits, splits, comm, codec=c)
+            lambda c=codec, d=direction: compressed_all_to_all(x, splits, splits, comm, codec=c, direction=d)
         )
         result[f"{codec}_speedup"] = result["exact_s"] / result[f"{codec}_s"]  # type: ignore[operator]
         comm.reset_stats()
         result[f"{codec}_reused_s"] = timed(
-            lambda c=codec: compressed_all_to_all(x, splits, splits, comm, codec=c, out=reuse)
+            lambda c=codec, d=direction: compressed_all_to_all(
+                x, splits, splits, comm, codec=c, direction=d, out=reuse
+            )
         )
         result[f"{codec}_reused_speedup"] = result["exact_reused_s"] / result[f"{codec}_reused_s"]  # type: ignore[operator]
         # where the time of one call went on rank 0 (encode, decode, idle waiting)
@@ -111,6 +118,7 @@ def _rank_body(mb: int, reps: int, out_path: str) -> None:
         wire[label] = world.allreduce(comm.stats["bytes_sent"], op=MPI.SUM)
     result["moe_step_wire_bytes"] = wire
     result["moe_step_cut"] = 1.0 - wire["int8+onebit_ef"] / wire["fp32"]
+    result["codec_defaults"] = {d: f"block {b}, {sc} scales" for d, (b, sc) in DIRECTION_DEFAULTS.items()}
 
     pol = calibrate(comm, "onebit", nbytes=16 << 20)
     ex = exchange_for(comm)
@@ -119,6 +127,8 @@ def _rank_body(mb: int, reps: int, out_path: str) -> None:
         "break_even_gbit": pol.break_even_bps * 8 / 1e9,  # type: ignore[attr-defined]
         "link_gbit": [[round(b * 8 / 1e9, 2) for b in row] for row in pol.bandwidth],  # type: ignore[attr-defined]
         "compress": pol.compress,
+        # the whole-exchange check (exact, compressed ms) that confirms or vetoes the pairs
+        "exchange_ms": None if pol.exchange_s is None else [round(t * 1e3, 1) for t in pol.exchange_s],  # type: ignore[attr-defined]
     }
     result["adaptive_s"] = timed(
         lambda: compressed_all_to_all(x, splits, splits, comm, codec="onebit", out=reuse)
@@ -269,9 +279,10 @@ def main() -> None:
                 f"({res['onebit_reused_speedup']:.2f}x) | int8 {res['int8_reused_s'] * 1e3:7.1f} ms "
                 f"({res['int8_reused_speedup']:.2f}x) | adaptive 1-bit {res['adaptive_s'] * 1e3:7.1f} ms\n"
                 f"  1-bit phases (rank 0, ms/call): {res['onebit_reused_phases_ms']}\n"
-                f"  adaptive: {res['adaptive']['reason']}; links Gbit/s {res['adaptive']['link_gbit']}\n"
-                f"  MoE step (int8 fwd + 1-bit EF bwd) wire bytes {res['moe_step_wire_bytes']}: "
-                f"cut {res['moe_step_cut'] * 100:.1f}%",
+                f"  adaptive: {res['adaptive']['reason']}; links Gbit/s {res['adaptive']['link_gbit']}; "
+                f"whole exchange exact/compressed ms {res['adaptive']['exchange_ms']}\n"
+                f"  MoE step (int8 fwd + 1-bit EF bwd; {res['codec_defaults']}) wire bytes "
+                f"{res['moe_step_wire_bytes']}: cut {res['moe_step_cut'] * 100:.1f}%",
                 flush=True,
             )
     os.system("uptime")

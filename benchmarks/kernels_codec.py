@@ -45,8 +45,19 @@ def main() -> None:
     ops = {}
     ops["memcpy (np.copyto)"] = lambda: np.copyto(dst, xn)
     ops["memcpy (torch copy_)"] = lambda: out.copy_(x)
-    for name in ("onebit", "onebit_ef", "int8", "onebit_stochastic", "fp8"):
-        codec = get_codec(name)
+    # (row label, codec, options): the block-256 fp32-scale codecs, and the MoE defaults'
+    # block-64 bf16-scale variants (runtime/comms/compressed.DIRECTION_DEFAULTS)
+    variants = [
+        ("onebit", "onebit", {}),
+        ("onebit_ef", "onebit_ef", {}),
+        ("int8", "int8", {}),
+        ("onebit_ef b64/bf16", "onebit_ef", {"block_size": 64, "scale_dtype": "bf16"}),
+        ("int8 b64/bf16", "int8", {"block_size": 64, "scale_dtype": "bf16"}),
+        ("onebit_stochastic", "onebit_stochastic", {}),
+        ("fp8", "fp8", {}),
+    ]
+    for label, name, opts in variants:
+        codec = get_codec(name, **opts)
         payload = torch.zeros(codec.wire_bytes(n), dtype=torch.uint8)
         state = codec.new_state() if codec.stateful else None
         # without the C kernels fp8 falls back to torch's float8 cast, the others to numpy
@@ -60,8 +71,8 @@ def main() -> None:
                 os.environ["HETRUN_NATIVE_CODECS"] = "1" if path == "native" else "0"
                 c.decode_into(p, out)
 
-            ops[f"{name} encode [{path}]"] = enc
-            ops[f"{name} decode [{path}]"] = dec
+            ops[f"{label} encode [{path}]"] = enc
+            ops[f"{label} decode [{path}]"] = dec
     ref_n = n // 8  # the naive reference is slow; time it on 1/8 and scale
     xr = x[:ref_n]
     pr = codec_reference.onebit_encode(xr, 256)
@@ -79,9 +90,9 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in rows.items()}
     base = med["memcpy (np.copyto)"]
     print(f"{args.mb} MB fp32, 1 thread, {args.reps} rounds, native C built: {codec_native.lib() is not None}")
-    print(f"{'op':34s} {'ms':>8s} {'GB/s':>7s} {'x memcpy':>9s}")
+    print(f"{'op':40s} {'ms':>8s} {'GB/s':>7s} {'x memcpy':>9s}")
     for k, t in med.items():
-        print(f"{k:34s} {t * 1e3:8.2f} {n * 4 / t / 1e9:7.2f} {base / t:9.2f}")
+        print(f"{k:40s} {t * 1e3:8.2f} {n * 4 / t / 1e9:7.2f} {base / t:9.2f}")
     print()
     for name in ("onebit", "int8"):
         sp = CodecSpeed(n * 4 / med[f"{name} encode [native]"], n * 4 / med[f"{name} decode [native]"], get_codec(name).ratio(n))
