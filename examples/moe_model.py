@@ -241,9 +241,19 @@ class MoEFFN(nn.Module):
         return torch.zeros_like(x).index_add(0, order // k, y_rows * w[:, None])
 
 
+def _ln_linear(x: torch.Tensor, ln: nn.LayerNorm, lin: nn.Linear, fused: bool) -> torch.Tensor:
+    """``lin(ln(x))``; with ``fused`` one kernel call (LayerNorm folded into the GEMM)."""
+    if not fused:
+        return lin(ln(x))
+    from hetrun.kernels.fused_ln_linear import ln_linear_gelu
+
+    return ln_linear_gelu(x, ln.weight, ln.bias, lin.weight, lin.bias, eps=ln.eps, gelu=False)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: MoEConfig, moe: MoEFFN) -> None:
         super().__init__()
+        self.fused = moe.fused
         self.n_heads = cfg.n_heads
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
@@ -253,7 +263,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
+        qkv = _ln_linear(x, self.ln1, self.qkv, self.fused)
+        q, k, v = qkv.view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
         att = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )  # [B, H, S, d/H]
@@ -280,6 +291,7 @@ class MoELM(nn.Module):
         super().__init__()
         cfg.validate()
         self.cfg = cfg
+        self.fused = fused
         self.embed = nn.Embedding(VOCAB, cfg.d_model)
         self.pos = nn.Parameter(torch.randn(cfg.seq_len, cfg.d_model) * 0.02)
         self.blocks = nn.ModuleList(
@@ -321,6 +333,6 @@ class MoELM(nn.Module):
         for block in self.blocks:
             x, aux = block(x, groups)
             aux_total = aux_total + aux
-        logits = self.head(self.ln_f(x))
+        logits = _ln_linear(x, self.ln_f, self.head, self.fused)
         ce = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
         return ce, aux_total / len(self.blocks)
