@@ -5,7 +5,9 @@
 - ``codec_reference`` (PyTorch), ``codec_native`` (single-pass C, built at
   first use), ``codec_cpu`` (dispatch + cache-blocked numpy fallback),
   ``triton_codecs`` (GPU): the same wire format three ways.
-- ``fused_ln_linear``: LayerNorm + Linear (+ GELU) with a hand-written backward.
+- ``fused_ln_linear``: LayerNorm + Linear (+ GELU) with a hand-written backward;
+  ``fused_native`` is its single-pass C GELU forward / backward+bias-sum
+  (built at first use like the codec library).
 - ``moe_dispatch``: gate + top-k + permute, and the weighted combine.
 
 Modules are imported on use; importing the package loads nothing heavy.
