@@ -234,6 +234,14 @@ def ln_linear_gelu(
     approximate: str = "none",
 ) -> torch.Tensor:
     """``gelu(linear(layer_norm(x), weight, bias))`` fused; ``x`` is [..., H], result [..., F]."""
+    if x.is_cuda and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        # CUDA: the Triton forward (kernels/triton_fused.py) when Triton is installed
+        from hetrun.kernels import triton_fused
+
+        if triton_fused.supports(x, weight, approximate):
+            return triton_fused.ln_linear_gelu_triton(
+                x, ln_weight, ln_bias, weight, bias, eps=eps, gelu=gelu, approximate=approximate
+            )
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
     y = _LNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate)

@@ -34,7 +34,9 @@ bf16 / fp16 tensors here when it is true.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -47,9 +49,21 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["available", "ln_linear_gelu_triton", "supports"]
+__all__ = ["available", "disabled", "ln_linear_gelu_triton", "supports"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_enabled = True
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Keep ``ln_linear_gelu`` off the Triton path for a block (benchmarks compare it with ATen)."""
+    global _enabled
+    old, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = old
 
 
 def _interpreting() -> bool:
@@ -64,7 +78,11 @@ def available() -> bool:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, approximate: str) -> bool:
-    """Whether :func:`ln_linear_gelu_triton` takes these tensors (CUDA, or CPU when interpreting)."""
+    """Whether ``ln_linear_gelu`` should send these tensors here (CUDA, or CPU when interpreting)."""
+    return _enabled and _takes(x, weight, approximate)
+
+
+def _takes(x: torch.Tensor, weight: torch.Tensor, approximate: str) -> bool:
     on_device = x.is_cuda or (_interpreting() and x.device.type == "cpu")
     return (
         available()
@@ -111,7 +129,7 @@ if triton is not None:
         T, F, H,
         HAS_LNW: tl.constexpr, HAS_LNB: tl.constexpr, HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr, APPROX_TANH: tl.constexpr, STORE_H: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, UPCAST_DOT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     ):
         # Grouped program order: GROUP_M row blocks share their W column blocks in L2.
@@ -151,6 +169,10 @@ if triton is not None:
             )  # [BLOCK_K, BLOCK_N] = W^T tile
             if IEEE:
                 acc = tl.dot(xn, wt.to(tl.float32), acc, input_precision="ieee")
+            elif UPCAST_DOT:
+                # Triton 3.9's interpreter computes bf16 dots wrongly (numpy has no bf16):
+                # the same rounded operands in an fp32 dot give the same products
+                acc = tl.dot(xn.to(wt.dtype).to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xn.to(wt.dtype), wt, acc)
         if HAS_BIAS:
@@ -178,7 +200,7 @@ if triton is not None:
             triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
             triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=2, num_stages=4),
         ],
-        key=["T", "F", "H", "IEEE"],
+        key=["T", "F", "H", "IEEE", "UPCAST_DOT"],
     )(_ln_linear_kernel)
 
 
@@ -187,7 +209,7 @@ def _require(x: torch.Tensor, weight: torch.Tensor, approximate: str) -> None:
         raise HetrunError(
             "ln_linear_gelu_triton: triton is not installed", hint="pip install triton, or use ln_linear_gelu"
         )
-    if not supports(x, weight, approximate):
+    if not _takes(x, weight, approximate):
         raise HetrunError(
             f"ln_linear_gelu_triton: unsupported input (device={x.device}, dtype={x.dtype}, "
             f"weight dtype={weight.dtype}, approximate={approximate!r})",
@@ -227,6 +249,7 @@ def _forward(
         "HAS_LNW": ln_w is not None, "HAS_LNB": ln_b is not None, "HAS_BIAS": bias is not None,
         "GELU": gelu, "APPROX_TANH": approximate == "tanh", "STORE_H": h is not None,
         "IEEE": x2d.dtype == torch.float32,
+        "UPCAST_DOT": _interpreting() and x2d.dtype == torch.bfloat16,
     }
     if _interpreting():
         # tl.dot needs every block dimension >= 16; one config keeps the interpreter quick
