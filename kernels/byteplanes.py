@@ -60,7 +60,7 @@ def _build() -> ctypes.CDLL | None:
         os.replace(tmp, so)
     dll = ctypes.CDLL(str(so))
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    dll.hr_bp_split.argtypes = [p, p, i64, i32, i32, p, p]
+    dll.hr_bp_split.argtypes = [p, p, i64, i32, i32, i32, p, p]
     dll.hr_bp_split.restype = None
     dll.hr_bp_merge.argtypes = [ctypes.POINTER(p), i64, i32, i32, p]
     dll.hr_bp_merge.restype = None
@@ -97,10 +97,11 @@ def _rotated(raw: np.ndarray, itemsize: int, rot: bool, left: bool) -> np.ndarra
 
 def split(raw: np.ndarray, itemsize: int, planes: np.ndarray, *, rot: bool = False,
           base: np.ndarray | None = None, xplanes: np.ndarray | None = None,
-          use_native: bool = True) -> None:
+          sub: bool = False, use_native: bool = True) -> None:
     """Write the byte planes of ``raw`` (uint8, whole items) into ``planes``
     (uint8, ``raw.size`` bytes, plane p at ``[p * items:(p + 1) * items]``); with
-    ``base`` (same length) also the planes of ``raw XOR base`` into ``xplanes``."""
+    ``base`` (same length) also the delta planes into ``xplanes``: each plane
+    byte XOR the base's (``sub=False``) or minus it, mod 256 (``sub=True``)."""
     n = raw.size // itemsize
     if raw.size % itemsize or (rot and itemsize not in ROTATABLE):
         raise ValueError(f"byteplanes: {raw.size} bytes / item size {itemsize} (rot={rot}) is not splittable")
@@ -114,7 +115,8 @@ def split(raw: np.ndarray, itemsize: int, planes: np.ndarray, *, rot: bool = Fal
     dll = native() if use_native else None
     if dll is not None:
         dll.hr_bp_split(raw.ctypes.data, None if base is None else base.ctypes.data, n, itemsize,
-                        int(rot), planes.ctypes.data, None if base is None else xplanes.ctypes.data)  # type: ignore[union-attr]
+                        int(rot), int(sub), planes.ctypes.data,
+                        None if base is None else xplanes.ctypes.data)  # type: ignore[union-attr]
         return
     src = _rotated(raw[: n * itemsize], itemsize, rot, left=True)
     planes[: raw.size].reshape(itemsize, n)[:] = src.reshape(n, itemsize).T
@@ -122,7 +124,10 @@ def split(raw: np.ndarray, itemsize: int, planes: np.ndarray, *, rot: bool = Fal
         b = _rotated(base[: n * itemsize], itemsize, rot, left=True)
         xp = xplanes[: raw.size].reshape(itemsize, n)
         xp[:] = b.reshape(n, itemsize).T
-        np.bitwise_xor(xp, planes[: raw.size].reshape(itemsize, n), out=xp)
+        if sub:
+            np.subtract(planes[: raw.size].reshape(itemsize, n), xp, out=xp)
+        else:
+            np.bitwise_xor(xp, planes[: raw.size].reshape(itemsize, n), out=xp)
 
 
 def merge(planes: list[np.ndarray], out: np.ndarray, *, rot: bool = False, use_native: bool = True) -> None:

@@ -22,18 +22,25 @@ def test_split_merge_round_trip_and_paths_agree(itemsize: int, items: int) -> No
     raw = rng.integers(0, 256, items * itemsize, dtype=np.uint8)
     base = rng.integers(0, 256, items * itemsize, dtype=np.uint8)
     for rot in ([False, True] if itemsize in byteplanes.ROTATABLE else [False]):
-        results = []
-        for use_native in ([True, False] if byteplanes.native() else [False]):
-            planes = np.empty(raw.size, np.uint8)
-            xplanes = np.empty(raw.size, np.uint8)
-            byteplanes.split(raw, itemsize, planes, rot=rot, base=base, xplanes=xplanes, use_native=use_native)
-            out = np.empty_like(raw)
-            byteplanes.merge(_planes(planes, itemsize), out, rot=rot, use_native=use_native)
-            assert out.tobytes() == raw.tobytes()
-            byteplanes.merge(_planes(xplanes, itemsize), out, rot=rot, use_native=use_native)
-            assert out.tobytes() == (raw ^ base).tobytes()
-            results.append((planes.tobytes(), xplanes.tobytes()))
-        assert all(r == results[0] for r in results)
+        for sub in (False, True):
+            results = []
+            for use_native in ([True, False] if byteplanes.native() else [False]):
+                planes = np.empty(raw.size, np.uint8)
+                xplanes = np.empty(raw.size, np.uint8)
+                byteplanes.split(raw, itemsize, planes, rot=rot, base=base, xplanes=xplanes, sub=sub,
+                                 use_native=use_native)
+                out = np.empty_like(raw)
+                byteplanes.merge(_planes(planes, itemsize), out, rot=rot, use_native=use_native)
+                assert out.tobytes() == raw.tobytes()
+                if not sub:
+                    byteplanes.merge(_planes(xplanes, itemsize), out, rot=rot, use_native=use_native)
+                    assert out.tobytes() == (raw ^ base).tobytes()
+                else:  # base planes + delta planes (mod 256) give the planes back
+                    bplanes = np.empty(raw.size, np.uint8)
+                    byteplanes.split(base, itemsize, bplanes, rot=rot, use_native=use_native)
+                    assert (bplanes + xplanes).tobytes() == planes.tobytes()
+                results.append((planes.tobytes(), xplanes.tobytes()))
+            assert all(r == results[0] for r in results)
 
 
 def test_planes_are_byte_positions_and_rotation_moves_the_exponent() -> None:

@@ -178,7 +178,7 @@ def test_flipped_byte_is_detected_and_restore_falls_back(tmp_path: Path) -> None
     # Flip a byte of a plane stored uncompressed: it decodes fine, only the hash can tell.
     for h in sorted(newest_only):
         planes = tier.read_object_header(h)["planes"]
-        raw_planes = [i for i, (mode, _) in enumerate(planes) if mode in ("r", "xr")]
+        raw_planes = [i for i, (mode, _) in enumerate(planes) if mode in ("r", "xr", "dr")]
         if raw_planes:
             break
     else:
@@ -396,28 +396,35 @@ def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_previous_format_and_mixed_transform_chains_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Objects written before the rotation (no "xf" in the header) still decode,
-    also as the XOR base of rotated objects (the chain changes plane space)."""
+    """Objects written before the rotation and the difference deltas (no "xf",
+    XOR delta planes) still decode, also as bases of new objects (the chain
+    changes plane space and delta kind on the way)."""
     from hetrun.runtime.ckpt import codec
 
     model, opt = trained_state()
     w = writer(tmp_path, max_delta_chain=8)
-    monkeypatch.setattr(codec, "ROTATE", False)
-    w.save(1, {"m": model.state_dict(), "o": opt.state_dict()})
-    assert w.wait().ok  # type: ignore[union-attr]
     tier = Tier(tmp_path, "shared")
-    assert all("xf" not in tier.read_object_header(p.name) for p in tier.iter_objects())
+    monkeypatch.setattr(codec, "ROTATE", False)
+    monkeypatch.setattr(codec, "DELTA_SUB", False)
+    for s in (1, 2):
+        w.save(s, {"m": model.state_dict(), "o": opt.state_dict()})
+        assert w.wait().ok  # type: ignore[union-attr]
+        step(model, opt)
+    headers = [tier.read_object_header(p.name) for p in tier.iter_objects()]
+    assert all("xf" not in h for h in headers)
+    assert any(m.startswith("x") for h in headers for m, _ in h["planes"])
     monkeypatch.setattr(codec, "ROTATE", True)
-    step(model, opt)
+    monkeypatch.setattr(codec, "DELTA_SUB", True)
     want = {"m": model.state_dict(), "o": opt.state_dict()}
-    w.save(2, want)
+    w.save(3, want)
     res = w.wait()
     w.close()
     assert res is not None and res.ok and res.delta_chunks > 0
     headers = [tier.read_object_header(p.name) for p in tier.iter_objects()]
-    assert any(h.get("xf") == "rotl1" and h.get("base") for h in headers)
+    assert any(h.get("xf") == "rotl1" and h.get("base") and h.get("depth", 0) >= 2
+               and any(m.startswith("d") for m, _ in h["planes"]) for h in headers)
     got = open_store(tmp_path).restore()
-    assert got is not None and got.step == 2 and exact(got.state, want)
+    assert got is not None and got.step == 3 and exact(got.state, want)
     monkeypatch.setattr("hetrun.runtime.ckpt.store.USE_MMAP", False)  # the read-into-buffer path too
     got = open_store(tmp_path).restore()
     assert got is not None and exact(got.state, want)

@@ -2,8 +2,9 @@
  * portable C otherwise).
  *
  * split: planes[p * n + i] = byte p of xf(src[i]) (and, with a base,
- *        xplanes[p * n + i] = byte p of xf(src[i]) ^ xf(base[i])) in one pass,
- *        so the encoder reads the chunk and its base once.
+ *        xplanes[p * n + i] = that byte OP the same byte of xf(base[i]), OP
+ *        XOR (op 0) or subtraction mod 256 (op 1)) in one pass, so the
+ *        encoder reads the chunk and its base once.
  * merge: the inverse, from one pointer per plane (planes need not be adjacent).
  * xf:    rot != 0 rotates each little-endian word left by one bit, which moves
  *        the sign bit to bit 0 and makes the top byte exactly the float
@@ -41,21 +42,23 @@ static inline uint64_t load_w(const uint8_t *p, int size) {
 }
 
 /* Portable path; rotation only for 2/4/8-byte items (callers pass rot=0 otherwise). */
+static inline uint8_t delta(uint8_t a, uint8_t b, int op) { return op ? (uint8_t)(a - b) : (uint8_t)(a ^ b); }
+
 static void split_scalar(const uint8_t *src, const uint8_t *base, int64_t lo, int64_t n, int size,
-                         int rot, uint8_t *planes, uint8_t *xplanes) {
+                         int rot, int op, uint8_t *planes, uint8_t *xplanes) {
     for (int64_t i = lo; i < n; i++) {
         if (rot) {
             uint64_t w = rotl_w(load_w(src + i * size, size), size);
             uint64_t b = base ? rotl_w(load_w(base + i * size, size), size) : 0;
             for (int p = 0; p < size; p++) {
                 planes[(int64_t)p * n + i] = (uint8_t)(w >> (8 * p));
-                if (base) xplanes[(int64_t)p * n + i] = (uint8_t)((w ^ b) >> (8 * p));
+                if (base) xplanes[(int64_t)p * n + i] = delta((uint8_t)(w >> (8 * p)), (uint8_t)(b >> (8 * p)), op);
             }
         } else {
             for (int p = 0; p < size; p++) {
                 uint8_t v = src[i * size + p];
                 planes[(int64_t)p * n + i] = v;
-                if (base) xplanes[(int64_t)p * n + i] = v ^ base[i * size + p];
+                if (base) xplanes[(int64_t)p * n + i] = delta(v, base[i * size + p], op);
             }
         }
     }
@@ -94,7 +97,7 @@ static inline void transpose4(__m256i a0, __m256i a1, __m256i a2, __m256i a3, __
     o[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
 }
 
-static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, int rot,
+static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, int rot, int op,
                            uint8_t *planes, uint8_t *xplanes) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -109,7 +112,8 @@ static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, i
                 b[k] = group4(_mm256_loadu_si256((const __m256i *)(base + 4 * (i + 8 * k))), rot);
             transpose4(b[0], b[1], b[2], b[3], x);
             for (int p = 0; p < 4; p++)
-                _mm256_storeu_si256((__m256i *)(xplanes + p * n + i), _mm256_xor_si256(o[p], x[p]));
+                _mm256_storeu_si256((__m256i *)(xplanes + p * n + i),
+                                    op ? _mm256_sub_epi8(o[p], x[p]) : _mm256_xor_si256(o[p], x[p]));
         }
     }
     return i;
@@ -141,12 +145,12 @@ static int64_t merge4_avx2(uint8_t *const *planes, int64_t n, int rot, uint8_t *
 #endif
 
 void hr_bp_split(const uint8_t *src, const uint8_t *base, int64_t n, int32_t size, int32_t rot,
-                 uint8_t *planes, uint8_t *xplanes) {
+                 int32_t op, uint8_t *planes, uint8_t *xplanes) {
     int64_t done = 0;
 #ifdef __AVX2__
-    if (size == 4) done = split4_avx2(src, base, n, rot, planes, xplanes);
+    if (size == 4) done = split4_avx2(src, base, n, rot, op, planes, xplanes);
 #endif
-    split_scalar(src, base, done, n, size, rot, planes, xplanes);
+    split_scalar(src, base, done, n, size, rot, op, planes, xplanes);
 }
 
 void hr_bp_merge(uint8_t *const *planes, int64_t n, int32_t size, int32_t rot, uint8_t *out) {
