@@ -95,7 +95,8 @@ def _takes(x: torch.Tensor, weight: torch.Tensor, approximate: str) -> bool:
 
 if triton is not None:
 
-    @triton.jit
+    # H == 1 would otherwise be specialised to a Python constant (no ``.to``)
+    @triton.jit(do_not_specialize=["H"])
     def _row_stats_kernel(x_ptr, mean_ptr, rstd_ptr, H, eps, BLOCK_H: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         base = x_ptr + row * H
