@@ -532,3 +532,21 @@ def test_prepare_warms_buffers_of_the_state_size(tmp_path: Path) -> None:
     assert [b.data_ptr() for b in w._bufs if b is not None] == before  # no reallocation
     w.prepare({"bad": object()})  # best effort: nothing raised, save reports such states
     w.close()
+
+
+def test_prepare_for_a_bigger_state_keeps_the_delta_base(tmp_path: Path) -> None:
+    model, opt = trained_state()
+    w = writer(tmp_path)
+    w.save(1, {"m": model.state_dict()})
+    assert w.wait().ok  # type: ignore[union-attr]
+    w.prepare({"m": model.state_dict(), "o": opt.state_dict()})  # larger: buffers regrow
+    assert w._prep_thread is not None
+    w._prep_thread.join(60)
+    step(model, opt)
+    want = {"m": model.state_dict()}
+    w.save(2, want)
+    res = w.wait()
+    w.close()
+    assert res is not None and res.ok and res.delta_chunks > 0
+    got = open_store(tmp_path).restore()
+    assert got is not None and got.step == 2 and exact(got.state, want)

@@ -176,8 +176,11 @@ class CheckpointWriter:
         with self._cond:
             if self._prep_thread is not None and self._prep_thread.is_alive():
                 return
+            # Never the committed buffer: it is the next save's delta base.
+            base = self._committed.buf_index if self._committed is not None else -1
             todo = [i for i, b in enumerate(self._bufs)
-                    if i not in self._held and i not in self._preparing and (b is None or b.numel() < total)]
+                    if i not in self._held and i not in self._preparing and i != base
+                    and (b is None or b.numel() < total)]
             if not todo:
                 return
             self._preparing.update(todo)
