@@ -106,7 +106,11 @@ def gate_topk_permute(
     ``normalize``: rescale each token's k gate values to sum to 1.
     """
     probs, top_w, order, token_index, splits = _route(x, gate_weight, k, normalize)
-    permuted = _Permute.apply(x, token_index)
+    triton_fused = _cuda_triton(x)
+    if triton_fused is not None:
+        permuted = triton_fused.permute_rows_triton(x, token_index)
+    else:
+        permuted = _Permute.apply(x, token_index)
     weights = top_w.reshape(-1).index_select(0, order)
     return Dispatch(permuted, token_index, weights, splits, probs)
 
@@ -115,7 +119,19 @@ def unpermute_combine(
     expert_out: torch.Tensor, token_index: torch.Tensor, weights: torch.Tensor, num_tokens: int
 ) -> torch.Tensor:
     """``out[t] = sum of weights[j] * expert_out[j]`` over the rows ``j`` of token ``t``."""
+    triton_fused = _cuda_triton(expert_out)
+    if triton_fused is not None:
+        return triton_fused.combine_rows_triton(expert_out, token_index, weights, num_tokens)
     return _Combine.apply(expert_out, token_index, weights, num_tokens)
+
+
+def _cuda_triton(rows: torch.Tensor) -> Any:
+    """The Triton module for CUDA rows it takes (kernels/triton_fused.py), else None (the ATen Functions)."""
+    if not rows.is_cuda:
+        return None
+    from hetrun.kernels import triton_fused
+
+    return triton_fused if triton_fused.moe_supports(rows) else None
 
 
 def gate_topk_permute_reference(

@@ -1,4 +1,6 @@
-"""Triton forward for LayerNorm + Linear (+ GELU): row statistics, then one GEMM with LN in its prologue.
+"""Triton kernels for the fused ops: LayerNorm + Linear (+ GELU), and the MoE permute / combine.
+
+LayerNorm + Linear (+ GELU) forward: row statistics, then one GEMM with LN in its prologue.
 
 Two kernels per call:
 
@@ -26,6 +28,14 @@ do well): it recomputes the LN output from ``x``, ``mean``, ``rstd`` rather
 than keeping a T x H copy, uses ``gelu_backward`` on the saved ``h`` and
 ``native_layer_norm_backward`` for the x / gamma / beta gradients.
 
+MoE (the Functions of ``kernels/moe_dispatch.py`` on CUDA): the permutation
+is a row gather (its backward, and the weighted combine, a segmented sum over
+each token's rows found by a stable sort of ``token_index``: no atomics, so
+deterministic and, in fp32, bit-identical to the sequential ``index_add``);
+the combine backward reads each output-gradient row once for both the
+expert-output and the gate-weight gradients. ``token_index`` must hold valid
+rows (it comes from the router; it is not range-checked on the device).
+
 Runs on a CUDA GPU, or on the CPU under the Triton interpreter
 (``TRITON_INTERPRET=1``, how the tests check it here). :func:`available`
 says whether it can run; ``kernels/fused_ln_linear.py`` sends CUDA fp32 /
@@ -49,7 +59,10 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
-__all__ = ["available", "disabled", "ln_linear_gelu_triton", "supports"]
+__all__ = [
+    "available", "combine_rows_triton", "disabled", "ln_linear_gelu_triton", "moe_supports", "permute_rows_triton",
+    "supports",
+]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _enabled = True
@@ -324,3 +337,165 @@ def ln_linear_gelu_triton(
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
     y = _TritonLNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate)
     return y.reshape(*lead, weight.shape[0])
+
+
+# --- MoE token permutation (row gather) and weighted combine (segmented sum) -------------------
+#
+# The combine is a scatter-add by token. Instead of atomics (order-dependent
+# fp32 sums, run to run) each token's rows are found through a stable sort of
+# ``token_index`` (ATen) and summed in one program in their original order:
+# deterministic, and bit-identical to the sequential fp32 ``index_add``.
+
+if triton is not None:
+
+    @triton.jit
+    def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, H, BLOCK_H: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        ok = cols < H
+        src = tl.load(index_ptr + row).to(tl.int64)
+        tl.store(out_ptr + row * H + cols, tl.load(src_ptr + src * H + cols, mask=ok), mask=ok)
+
+    @triton.jit
+    def _segment_sum_kernel(
+        rows_ptr, w_ptr, order_ptr, starts_ptr, out_ptr, H, HAS_W: tl.constexpr, BLOCK_H: tl.constexpr,
+    ):
+        # out[t] = sum over the rows j of token t, in ascending j, of w[j] * rows[j]
+        tok = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        ok = cols < H
+        start = tl.load(starts_ptr + tok)
+        end = tl.load(starts_ptr + tok + 1)
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for s in range(start, end):
+            j = tl.load(order_ptr + s).to(tl.int64)
+            r = tl.load(rows_ptr + j * H + cols, mask=ok, other=0.0).to(tl.float32)
+            if HAS_W:
+                r = r * tl.load(w_ptr + j).to(tl.float32)
+            acc += r
+        tl.store(out_ptr + tok * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _combine_backward_kernel(
+        g_ptr, y_ptr, w_ptr, index_ptr, gy_ptr, gw_ptr, H, NEED_GY: tl.constexpr, NEED_GW: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        # one program per permuted row j: g[token_index[j]] is read once for both gradients
+        row = tl.program_id(0).to(tl.int64)
+        tok = tl.load(index_ptr + row).to(tl.int64)
+        w = tl.load(w_ptr + row).to(tl.float32)
+        dot = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for c0 in range(0, H, BLOCK_H):
+            cols = c0 + tl.arange(0, BLOCK_H)
+            ok = cols < H
+            g = tl.load(g_ptr + tok * H + cols, mask=ok, other=0.0).to(tl.float32)
+            if NEED_GY:
+                tl.store(gy_ptr + row * H + cols, (g * w).to(gy_ptr.dtype.element_ty), mask=ok)
+            if NEED_GW:
+                dot += g * tl.load(y_ptr + row * H + cols, mask=ok, other=0.0).to(tl.float32)
+        if NEED_GW:
+            tl.store(gw_ptr + row, tl.sum(dot, axis=0).to(gw_ptr.dtype.element_ty))
+
+
+def _block_h(hdim: int) -> int:
+    return max(16, min(triton.next_power_of_2(hdim), 128 if _interpreting() else 1024))
+
+
+def _gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    out = torch.empty((index.shape[0], src.shape[1]), dtype=src.dtype, device=src.device)
+    if out.numel():
+        bh = _block_h(src.shape[1])
+        _gather_rows_kernel[(index.shape[0], triton.cdiv(src.shape[1], bh))](src, index, out, src.shape[1], BLOCK_H=bh)
+    return out
+
+
+def _segments(index: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of each token in ascending row order, and where each token's run starts (ATen)."""
+    order = torch.sort(index, stable=True).indices
+    starts = torch.zeros(num_tokens + 1, dtype=torch.int64, device=index.device)
+    torch.cumsum(torch.bincount(index, minlength=num_tokens), 0, out=starts[1:])
+    return order, starts
+
+
+def _segment_sum(
+    rows: torch.Tensor, weights: torch.Tensor | None, index: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    out = torch.empty((num_tokens, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    if out.numel():
+        order, starts = _segments(index, num_tokens)
+        bh = _block_h(rows.shape[1])
+        _segment_sum_kernel[(num_tokens, triton.cdiv(rows.shape[1], bh))](
+            rows, weights if weights is not None else rows, order, starts, out, rows.shape[1],
+            HAS_W=weights is not None, BLOCK_H=bh,
+        )
+    return out
+
+
+class _TritonPermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(token_index)
+        ctx.rows = x.shape[0]
+        return _gather_rows(x, token_index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        (token_index,) = ctx.saved_tensors
+        return _segment_sum(g.contiguous(), None, token_index, ctx.rows), None
+
+
+class _TritonCombine(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, y: torch.Tensor, token_index: torch.Tensor, w: torch.Tensor, num_tokens: int
+    ) -> torch.Tensor:
+        ctx.save_for_backward(y, token_index, w)
+        return _segment_sum(y, w, token_index, num_tokens)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        y, token_index, w = ctx.saved_tensors
+        need_gy, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[2]
+        gy = torch.empty_like(y) if need_gy else None
+        gw = torch.empty_like(w) if need_gw else None
+        if y.shape[0] and (need_gy or need_gw):
+            _combine_backward_kernel[(y.shape[0],)](
+                g.contiguous(), y, w, token_index, gy if gy is not None else y, gw if gw is not None else w,
+                y.shape[1], NEED_GY=need_gy, NEED_GW=need_gw, BLOCK_H=_block_h(y.shape[1]),
+            )
+        return gy, None, gw, None
+
+
+def moe_supports(x: torch.Tensor) -> bool:
+    """Whether the MoE permute/combine should run here: 2-D fp32/bf16/fp16 rows on CUDA (or interpreting)."""
+    on_device = x.is_cuda or (_interpreting() and x.device.type == "cpu")
+    return _enabled and available() and on_device and x.dim() == 2 and x.dtype in _DTYPES
+
+
+def _require_moe(x: torch.Tensor, token_index: torch.Tensor, what: str) -> None:
+    if triton is None:
+        raise HetrunError(f"{what}: triton is not installed", hint="pip install triton, or use kernels.moe_dispatch")
+    on_device = x.is_cuda or (_interpreting() and x.device.type == "cpu")
+    if not (available() and on_device and x.dim() == 2 and x.dtype in _DTYPES):
+        raise HetrunError(
+            f"{what}: unsupported rows (device={x.device}, dtype={x.dtype}, dims={x.dim()})",
+            hint="needs 2-D fp32/bf16/fp16 CUDA tensors (or CPU with TRITON_INTERPRET=1)",
+        )
+    if token_index.dtype not in (torch.int32, torch.int64):
+        raise HetrunError(f"{what}: token_index has dtype {token_index.dtype}", hint="pass int64 (or int32) indices")
+
+
+def permute_rows_triton(x: torch.Tensor, token_index: torch.Tensor) -> torch.Tensor:
+    """``x[token_index]`` [T*k, H] with a Triton gather (backward: deterministic segmented sum)."""
+    _require_moe(x, token_index, "permute_rows_triton")
+    return _TritonPermute.apply(x.contiguous(), token_index.contiguous())
+
+
+def combine_rows_triton(
+    y: torch.Tensor, token_index: torch.Tensor, weights: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    """``out[t] = sum of weights[j] * y[j]`` over rows ``j`` of token ``t``, without atomics."""
+    _require_moe(y, token_index, "combine_rows_triton")
+    return _TritonCombine.apply(y.contiguous(), token_index.contiguous(), weights.contiguous(), num_tokens)

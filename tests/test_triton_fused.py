@@ -178,3 +178,93 @@ def test_cuda_ln_linear_gelu_dispatches_to_triton(monkeypatch: pytest.MonkeyPatc
     for dtype in (torch.bfloat16, torch.float16):
         half = [p.detach().to(dtype) for p in params]
         assert _rel(ln_linear_gelu(*half).float(), ln_linear_gelu_reference(*half).float()) < 2e-2
+
+
+def _routing(tokens: int, k: int, experts: int, seed: int) -> torch.Tensor:
+    """token_index as gate_topk_permute builds it: each token k times, rows grouped by expert."""
+    g = torch.Generator().manual_seed(seed)
+    top_e = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    order = torch.sort(top_e.reshape(-1), stable=True).indices
+    return torch.div(order, k, rounding_mode="floor").to(DEVICE)
+
+
+@pytest.mark.parametrize(("tokens", "hdim", "k"), [(37, 29, 2), (5, 200, 3), (1, 16, 1)])
+def test_moe_permute_and_combine_match_reference(tokens: int, hdim: int, k: int) -> None:
+    from hetrun.kernels.moe_dispatch import unpermute_combine_reference
+
+    g = torch.Generator().manual_seed(tokens)
+    index = _routing(tokens, k, 4, seed=tokens)
+    x = torch.randn(tokens, hdim, generator=g).to(DEVICE).requires_grad_(True)
+    perm = tf.permute_rows_triton(x, index)
+    assert torch.equal(perm, x[index])  # a gather is exact
+    y = (torch.randn(tokens * k, hdim, generator=g).to(DEVICE) + perm).detach().requires_grad_(True)
+    w = torch.rand(tokens * k, generator=g).to(DEVICE).requires_grad_(True)
+    out = tf.combine_rows_triton(y, index, w, tokens)
+    ref = unpermute_combine_reference(y, index, w, tokens)
+    assert _rel(out, ref) < 1e-6
+    if DEVICE == "cpu":  # same order of the same fp32 adds as the sequential index_add
+        assert torch.equal(out, ref)
+    go = torch.randn(tokens, hdim, generator=g).to(DEVICE)
+    gy, gw = torch.autograd.grad(out, [y, w], go)
+    gy_ref, gw_ref = torch.autograd.grad(ref, [y, w], go)
+    assert _rel(gy, gy_ref) < 1e-6 and _rel(gw, gw_ref) < 1e-5
+    gp = torch.randn_like(perm)
+    (gx,) = torch.autograd.grad(perm, [x], gp)
+    assert _rel(gx, torch.zeros_like(x).index_add_(0, index, gp)) < 1e-6
+
+
+def test_moe_combine_leaves_unrouted_tokens_zero_and_is_deterministic() -> None:
+    index = torch.tensor([3, 0, 3, 3], device=DEVICE)  # tokens 1, 2 and 4 get no rows
+    y = torch.randn(4, 24, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    w = torch.tensor([0.5, 1.0, 0.25, 2.0], device=DEVICE)
+    out = tf.combine_rows_triton(y, index, w, 5)
+    assert torch.equal(out[[1, 2, 4]], torch.zeros(3, 24, device=DEVICE))
+    assert torch.equal(out, tf.combine_rows_triton(y, index, w, 5))
+    torch.testing.assert_close(out[3], 0.5 * y[0] + 0.25 * y[2] + 2.0 * y[3], rtol=1e-6, atol=1e-6)
+
+
+def test_moe_bad_index_dtype_is_a_clear_error() -> None:
+    with pytest.raises(HetrunError, match=r"token_index has dtype torch\.float32"):
+        tf.permute_rows_triton(torch.randn(3, 4, device=DEVICE), torch.zeros(3, device=DEVICE))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="checks that CPU tensors keep the CPU paths")
+def test_moe_cpu_tensors_never_take_the_triton_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetrun.kernels.moe_dispatch import gate_topk_permute, unpermute_combine
+
+    def _boom(*_a: object, **_k: object) -> torch.Tensor:
+        raise AssertionError("CPU tensors reached the Triton path")
+
+    monkeypatch.setattr(tf, "permute_rows_triton", _boom)
+    monkeypatch.setattr(tf, "combine_rows_triton", _boom)
+    d = gate_topk_permute(torch.randn(10, 8), torch.randn(4, 8), 2)
+    assert unpermute_combine(d.permuted_x, d.token_index, d.weights, 10).shape == (10, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+def test_cuda_moe_dispatch_uses_triton_and_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetrun.kernels.moe_dispatch import (
+        gate_topk_permute,
+        gate_topk_permute_reference,
+        unpermute_combine,
+        unpermute_combine_reference,
+    )
+
+    calls: list[str] = []
+    for name in ("permute_rows_triton", "combine_rows_triton"):
+        real = getattr(tf, name)
+        monkeypatch.setattr(tf, name, lambda *a, _r=real, _n=name, **k: (calls.append(_n), _r(*a, **k))[1])
+    x = torch.randn(1000, 256, device="cuda", requires_grad=True)
+    gate = torch.randn(8, 256, device="cuda")
+    d = gate_topk_permute(x, gate, 2)
+    d_ref = gate_topk_permute_reference(x, gate, 2)
+    assert torch.equal(d.permuted_x, d_ref.permuted_x)
+    out = unpermute_combine(d.permuted_x * 2, d.token_index, d.weights, 1000)
+    ref = unpermute_combine_reference(d_ref.permuted_x * 2, d_ref.token_index, d_ref.weights, 1000)
+    assert sorted(set(calls)) == ["combine_rows_triton", "permute_rows_triton"]
+    assert _rel(out, ref) < 1e-6
+    go = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, [x], go)
+    (gx_ref,) = torch.autograd.grad(ref, [x], go)
+    assert _rel(gx, gx_ref) < 1e-5
