@@ -8,6 +8,9 @@ Variants, timed interleaved in one run (CUDA events, medians of --reps):
 - ``triton``: ``ln_linear_gelu`` on CUDA, i.e. the Triton forward
   (row-stats kernel + GEMM with LN prologue / bias+GELU epilogue) and the ATen backward.
 
+Then the MoE permute + weighted combine (routing, forward and backward),
+Triton kernels vs the ATen Functions of ``kernels/moe_dispatch.py``.
+
 Each in inference (``no_grad``) and training (forward + backward), fp32 with
 TF32 off (the 1e-6 regime; Triton uses ``input_precision="ieee"``) and bf16.
 The max relative error of each variant's forward against an fp64 eager
@@ -95,11 +98,47 @@ def bench_shape(t: int, h: int, f: int, dtype: torch.dtype, reps: int) -> list[d
     return rows
 
 
+def bench_moe(tokens: int, hdim: int, experts: int, k: int, reps: int) -> list[dict[str, object]]:
+    """Permute + expert stand-in + weighted combine, forward + backward: Triton vs the ATen Functions."""
+    from hetrun.kernels import triton_fused
+    from hetrun.kernels.moe_dispatch import gate_topk_permute, unpermute_combine
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(tokens, hdim, device="cuda", generator=g, requires_grad=True)
+    gate = torch.randn(experts, hdim, device="cuda", generator=g)
+    go = torch.randn(tokens, hdim, device="cuda", generator=g)
+
+    def step() -> torch.Tensor:
+        d = gate_topk_permute(x, gate, k)
+        out = unpermute_combine(d.permuted_x * 2.0, d.token_index, d.weights, tokens)
+        out.backward(go)
+        return out
+
+    def aten() -> torch.Tensor:
+        with triton_fused.disabled():
+            return step()
+
+    variants = {"aten_fn": aten, "triton": step}
+    outs = {n: fn().detach() for n, fn in variants.items()}
+    err = _rel(outs["triton"], outs["aten_fn"])
+    times: dict[str, list[float]] = {n: [] for n in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            times[name].append(_timer(fn))
+    base = statistics.median(times["aten_fn"])
+    return [
+        {"shape": f"{tokens}x{hdim} E={experts} k={k}", "variant": n, "ms": statistics.median(t),
+         "speedup_vs_aten_fn": base / statistics.median(t), "rel_err_vs_aten_fn": err}
+        for n, t in times.items()
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="TxHxF,... (tokens x in x out features)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--moe", default="16384x1024x8x2,65536x2048x64x2", help="TxHxExK,... ('' skips)")
     ap.add_argument("--json", default=str(Path(__file__).with_name("results") / "kernels_fused_gpu.json"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -127,7 +166,11 @@ def main() -> None:
             f"{r['shape']:>18} {r['dtype']:>9} {r['mode']:>10} {r['variant']:>8} {r['ms']:>9.3f} "
             f"{r['speedup_vs_eager']:>8.2f} {r['fwd_rel_err']:>9.1e}"
         )
-    out = {"device": torch.cuda.get_device_name(), "reps": args.reps, "ln_linear_gelu": rows}
+    moe_rows = [r for shape in args.moe.split(",") if shape for r in bench_moe(*(int(v) for v in shape.split("x")), args.reps)]
+    print(f"\nMoE permute + combine, fwd+bwd (routing included)\n{'shape':>26} {'variant':>8} {'ms':>9} {'x aten':>7} {'rel err':>9}")
+    for r in moe_rows:
+        print(f"{r['shape']:>26} {r['variant']:>8} {r['ms']:>9.3f} {r['speedup_vs_aten_fn']:>7.2f} {r['rel_err_vs_aten_fn']:>9.1e}")
+    out = {"device": torch.cuda.get_device_name(), "reps": args.reps, "ln_linear_gelu": rows, "moe": moe_rows}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"\nwrote {args.json}")
