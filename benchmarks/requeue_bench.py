@@ -142,7 +142,8 @@ def restart_breakdown(evs: list[dict[str, Any]], restart: int, nranks: int) -> d
     per_rank: dict[int, dict[str, float]] = {}
     for rank, s in startups.items():
         t: dict[str, float] = {}
-        last = 0.0
+        # Without bash 5 the script dates nothing: its stages then read 0.
+        last = float(s.get("batch_start") or s.get("srun_start") or s["proc_start"])
         for _, key in STAGES[:10]:
             last = float(s[key]) if s.get(key) is not None else last  # a 1-rank world has no groups
             t[key] = last

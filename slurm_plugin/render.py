@@ -301,9 +301,9 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     body = [
         "",
         "# Everything below is bash; every user value is shell-quoted.",
-        "# When the script started (bash's clock, no fork): the runtime's startup event",
+        "# When the script started (bash 5 clock, no fork; empty before bash 5): the runtime's startup event",
         "# reports it, to break a restart's time down from Slurm's start to the first step.",
-        "export HETRUN_BATCH_START=$EPOCHREALTIME",
+        "export HETRUN_BATCH_START=${EPOCHREALTIME:-}",
         "set -u",
         f"cd {q(run_dir)} || exit 1",
         f"mkdir -p {q(run_dir / 'logs')}",
@@ -328,7 +328,7 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
     body += [
         "",
-        "export HETRUN_SRUN_START=$EPOCHREALTIME",
+        "export HETRUN_SRUN_START=${EPOCHREALTIME:-}",
         # In the background so the shell can run its traps while srun runs.
         f"{srun} &",
         "_hetrun_pid=$!",
