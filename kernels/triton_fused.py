@@ -335,7 +335,12 @@ def ln_linear_gelu_triton(
     _require(x, weight, approximate)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    y = _TritonLNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate)
+    leaves = (x, ln_weight, ln_bias, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in leaves):
+        y = _TritonLNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate)
+    else:
+        # no graph: no Function (its needs_input_grad stays True under no_grad), no h kept
+        y = _forward(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate, store_h=False)[0]
     return y.reshape(*lead, weight.shape[0])
 
 

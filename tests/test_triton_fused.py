@@ -92,11 +92,19 @@ def test_partial_gradients_and_leading_dims() -> None:
     assert _rel(gx, gx_ref) < 1e-4
 
 
-def test_inference_keeps_no_graph() -> None:
-    x, lnw, lnb, w, b = (p.detach() for p in _leaves(21, 20, 18, seed=5))
+def test_inference_keeps_no_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under no_grad (leaves that require grad included) no pre-activation is stored."""
+    x, lnw, lnb, w, b = _leaves(21, 20, 18, seed=5)
+    real, stored = tf._forward, []
+
+    def _spy(*a: object, store_h: bool) -> tuple[torch.Tensor, ...]:
+        stored.append(store_h)
+        return real(*a, store_h=store_h)
+
+    monkeypatch.setattr(tf, "_forward", _spy)
     with torch.no_grad():
         y = tf.ln_linear_gelu_triton(x, lnw, lnb, w, b)
-    assert not y.requires_grad
+    assert not y.requires_grad and stored == [False]
     assert _rel(y, ln_linear_gelu_reference(x, lnw, lnb, w, b)) < 1e-6
 
 
