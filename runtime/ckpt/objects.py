@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import json
 import mmap
@@ -64,9 +65,9 @@ def disk_full_error(path: Path, exc: OSError) -> CheckpointError:
 
 
 _SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Any = None
 try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _sync_file_range = _libc.sync_file_range
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     _sync_file_range.restype = ctypes.c_int
 except (OSError, AttributeError):  # not Linux: the final fsync does all the work
@@ -122,13 +123,13 @@ class Staged:
             except OSError as exc:
                 raise CheckpointError(f"cannot sync checkpoint directory {d}: {exc}") from exc
 
-        thunks = [(lambda t=t, p=p: finish(t, p)) for t, p in items]
+        thunks: list[Callable[[], None]] = [functools.partial(finish, t, p) for t, p in items]
         try:
             _run_all(thunks, run)
         except BaseException:
             self.discard(items)
             raise
-        _run_all([(lambda d=d: fsync_dir(d)) for d in sorted({p.parent for _, p in items})], run)
+        _run_all([functools.partial(fsync_dir, d) for d in sorted({p.parent for _, p in items})], run)
 
     def discard(self, items: list[tuple[Path, Path]] | None = None) -> None:
         """Remove staged temporary files (a failed checkpoint)."""
