@@ -21,7 +21,9 @@ What the fusion saves on CPU:
   here); the forward GEMM in oneDNN, bias in its epilogue, for H <= 128 only
   (bit-identical to MKL there; at larger H its summation order costs most of
   the 1e-6 forward budget); without autograd GELU overwrites the
-  pre-activation in place. Other devices and dtypes take the ATen ops.
+  pre-activation in place. CUDA tensors go to the Triton forward
+  (``kernels/triton_fused.py``, ATen backward); other devices and dtypes take
+  the ATen ops through the same Function.
 
 The three GEMMs are the floor: on one core they are ~70-85% of the eager
 time, so no fusion of the rest can be much more than ~1.2-1.4x faster than
@@ -146,6 +148,7 @@ class _LNLinearGELU(torch.autograd.Function):
         eps: float,
         gelu: bool,
         approximate: str,
+        grad_enabled: bool,
     ) -> torch.Tensor:
         hdim = x2d.shape[1]
         xhat, mean, rstd = torch.native_layer_norm(x2d, (hdim,), None, None, eps)
@@ -155,7 +158,8 @@ class _LNLinearGELU(torch.autograd.Function):
             b_f = torch.addmv(b_f, w, ln_b)
         rows = x2d.shape[0]
         # Backward needs h; without autograd GELU overwrites it (no second T x F tensor).
-        training = any(ctx.needs_input_grad[:5])
+        # (needs_input_grad stays True under no_grad when the weights require grad)
+        training = grad_enabled and any(ctx.needs_input_grad[:5])
         native = gelu and _paths.native_gelu_forward and _native_gelu_ok(x2d, approximate)
         if rows and hdim <= _paths.onednn_forward_max_h and _onednn_ok(x2d):
             # One oneDNN call with the bias in its epilogue (addmm first broadcasts the
@@ -219,7 +223,7 @@ class _LNLinearGELU(torch.autograd.Function):
             g_lnb = w.t() @ gb_f
         if need_b and ctx.has_bias:
             gb = gb_f
-        return gx, g_lnw, g_lnb, gw, gb, None, None, None
+        return gx, g_lnw, g_lnb, gw, gb, None, None, None, None
 
 
 def ln_linear_gelu(
@@ -244,7 +248,8 @@ def ln_linear_gelu(
             )
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1]).contiguous()
-    y = _LNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate)
+    y = _LNLinearGELU.apply(x2d, ln_weight, ln_bias, weight, bias, eps, gelu, approximate,
+                            torch.is_grad_enabled())
     return y.reshape(*lead, weight.shape[0])
 
 
