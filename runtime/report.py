@@ -189,14 +189,35 @@ def restart_summary(run_dir: str | os.PathLike[str]) -> tuple[int, int | None]:
     return restarts, (sum(known) if known else (0 if not rows else None))
 
 
-def summarize_resumes(restores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _startup_seconds(startups: list[dict[str, Any]], restores: list[dict[str, Any]]) -> dict[str, float]:
+    """Timing of one attempt's start from its ranks' ``startup`` events (runtime/entry.py).
+
+    From the batch script's start (else the first rank process's) to the last
+    rank ready to run its workload, and to the last rank restored.
+    """
+    begins = [float(s[k]) for s in startups for k in ("batch_start", "proc_start")
+              if isinstance(s.get(k), int | float)]
+    ready = [float(s["executor_ready"]) for s in startups if isinstance(s.get("executor_ready"), int | float)]
+    if not begins or not ready:
+        return {}
+    out = {"startup_s": round(max(ready) - min(begins), 3)}
+    done = [float(r["time"]) for r in restores if isinstance(r.get("time"), int | float)]
+    if done:
+        out["start_to_restored_s"] = round(max(done) - min(begins), 3)
+    return out
+
+
+def summarize_resumes(restores: list[dict[str, Any]],
+                      startups: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """One row per restart from the per-rank ``restore`` events resume.py writes.
 
     Every rank writes one (``restart_count``, ``step``, ``work_lost``,
     ``skipped``, ``seconds``, ``max_restarts``); a row takes the iteration
     resumed from, the most work any rank lost, the slowest restore and every
     checkpoint skipped. Events without ``restart_count`` (older runtimes) are
-    ignored here.
+    ignored here. With the attempts' ``startup`` events a row also has
+    ``startup_s`` (batch script start to the last rank ready) and
+    ``start_to_restored_s`` (to the last rank restored).
     """
     by_restart: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for e in restores:
@@ -223,6 +244,7 @@ def summarize_resumes(restores: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "seconds": max(secs) if secs else None,
             "max_restarts": min(limits) if limits else None,
             "skipped": [{"step": k, "why": v} for k, v in skipped.items()],
+            **_startup_seconds([s for s in startups or () if s.get("restart_count") == restart], evs),
         })
     return rows
 
@@ -268,6 +290,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
     metrics: dict[str, Any] = {}
     env_steps = n_actions = samples = 0
     checkpoints, restores, preempts, errors = [], [], [], []
+    startups: list[dict[str, Any]] = []
     warnings: list[str] = []
     exit_codes: dict[int, int] = defaultdict(int)
     times: list[float] = []
@@ -318,6 +341,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
             checkpoints.append(e)
         elif ev == "restore":
             restores.append(e)
+        elif ev == "startup":
+            startups.append(e)
         elif ev == "preempt":
             preempts.append(e)
         elif ev == "error":
@@ -382,5 +407,5 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         checkpoints=checkpoints, restores=restores, preempts=preempts,
         errors=sorted(errors, key=lambda e: e.get("time", 0)), warnings=warnings,
         metrics=metrics, exit_codes=dict(exit_codes), skipped_lines=max(0, skipped),
-        overlap_s=overlap, resumes=summarize_resumes(restores),
+        overlap_s=overlap, resumes=summarize_resumes(restores, startups),
     )

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from hetrun.dag.spec import spec_from_dict
 from hetrun.runtime.ckpt import open_store
+from hetrun.runtime.report import build_report
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
@@ -147,6 +148,11 @@ def test_preempted_twice_through_the_high_partition_resumes_and_finishes(slurm_c
     row = dict(zip(head, (c.strip() for c in next(line for line in lines if "learner" in line).split("│")),
                    strict=False))
     assert (row["STATE"], row["RESTARTS"], row["WORK LOST"]) == ("COMPLETED", "2", "0"), out.stdout
+    # `hetrun report`'s restart rows carry the startup timing.
+    resumes = build_report(run_dir).resumes
+    assert [r["restart"] for r in resumes] == [1, 2], resumes
+    for r, t in zip(resumes, timings, strict=True):
+        assert 0 < r["startup_s"] < r["start_to_restored_s"] < t["total_s"] + 1, (resumes, timings)
 
 
 def _first_steps(evs: list[dict[str, Any]], restart: int) -> dict[int, float]:
