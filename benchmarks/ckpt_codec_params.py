@@ -11,8 +11,9 @@ touched), then encodes the whole state's float bytes (single thread) with:
   ... +rot          the same after rotating each fp32 word left by 1 bit
                     (exponent in one plane, sign in the lowest), the writer's
                     transform (codec.ROTATE)
-and, against the state 1, 10 and 100 steps earlier, the per-plane XOR choice
-the writer uses, with and without the rotation. Ratios are of the raw bytes;
+and, against the state 1, 10 and 100 steps earlier, the per-plane delta
+choice the writer uses: XOR (the previous format) or bytewise difference
+mod 256 (codec.DELTA_SUB, the default), with and without the rotation. Ratios are of the raw bytes;
 MB/s of raw bytes per thread.
 """
 
@@ -43,11 +44,12 @@ def chunks(arrs: list[np.ndarray], size: int = 4 << 20) -> list[np.ndarray]:
 
 
 def run(name: str, cur: list[np.ndarray], fn) -> None:  # type: ignore[no-untyped-def]
+    sys.stdout.flush()
     raw = sum(c.size for c in cur)
     t0 = time.perf_counter()
     out = sum(fn(i, c) for i, c in enumerate(cur))
     dt = time.perf_counter() - t0
-    print(f"{name:28s} {out / raw:6.3f}x  {raw / dt / 1e6:6.0f} MB/s")
+    print(f"{name:34s} {out / raw:6.3f}x  {raw / dt / 1e6:6.0f} MB/s")
 
 
 def main() -> None:
@@ -92,8 +94,10 @@ def main() -> None:
     for label, later in (("1 step", s1), ("10 steps", s10), ("100 steps", s100)):
         for rot in (False, True):
             tag = " +rot" if rot else ""
-            run(f"xor-per-plane, {label}{tag}", later,
-                lambda i, c, later=later, rot=rot: codec.encode(c, 4, s0[i], compressor=fast, rot=rot).stored_len)  # type: ignore[misc]
+            for sub in (False, True):
+                run(f"{'diff' if sub else 'xor'}-per-plane, {label}{tag}", later,
+                    lambda i, c, rot=rot, sub=sub: codec.encode(  # type: ignore[misc]
+                        c, 4, s0[i], compressor=fast, rot=rot, sub=sub).stored_len)
             run(f"planes only, {label}{tag}", later,
                 lambda i, c, rot=rot: codec.encode(c, 4, None, compressor=fast, rot=rot).stored_len)  # type: ignore[misc]
 
