@@ -146,6 +146,8 @@ def _train_steps(model: GPT, opt: torch.optim.Optimizer, data: torch.Tensor, arg
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+        if args.verbose and (step + 1) % 100 == 0:
+            print(f"  step {step + 1}: loss {losses[-1]:.4f}", flush=True)
     return losses
 
 
@@ -263,6 +265,7 @@ def main() -> None:
     ap.add_argument("--after", type=int, default=300, help="curve: steps after the resume")
     ap.add_argument("--window", type=int, default=20)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--verbose", action="store_true", help="print the loss every 100 steps")
     ap.add_argument("--json", default=str(RESULTS / "ckpt_lossy.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)

@@ -217,10 +217,24 @@ def _save_after(run_dir: Path, encoding: str, steps: int) -> tuple[Learner, dict
     return wl, {"model": expected, "moments": moments, "rng": want_rng, "info": info}, ctx
 
 
-def test_lossy_resume_through_the_runtime_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _ckpt_show(capsys: pytest.CaptureFixture[str], store_dir: Path) -> str:
+    from hetrun.cli.app import main
+
+    capsys.readouterr()
+    try:
+        main(["ckpt", "show", str(store_dir)])
+    except SystemExit as exc:
+        assert not exc.code, capsys.readouterr()
+    return capsys.readouterr().out
+
+
+def test_lossy_resume_through_the_runtime_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     run_dir = tmp_path / "lossy"
     live, saved, _ = _save_after(run_dir, "lossy-4bit", 30)
     assert saved["info"]["lossy"] is True
+    shown = _ckpt_show(capsys, run_dir / "ckpt" / "learner")
+    assert '"lossy": true' in shown and '"optimizer_encoding": "lossy-4bit"' in shown, shown
     store = open_store(run_dir / "ckpt" / "learner")
     (row,) = store.info()
     doc = store.tiers[0].read_manifest(row.step)

@@ -21,15 +21,15 @@ Encodings (blocks of ``BLOCK`` values, codes packed two per byte):
   where most values are; cf. the dynamic-exponent map of Li et al. 2023,
   "Memory Efficient Optimizers with 4-bit States").
 - ``exp_avg_sq`` (non-negative): per block the largest value as bfloat16,
-  each value as the nearest of 16 levels ``max * 2**-k`` (k = 0..15, one
-  octave apart: sqrt(v) within a factor 2**0.25 everywhere). No value ever
-  becomes 0, which would blow up m / sqrt(v): values more than 2**15 below
+  each value as the nearest of 16 levels ``max * 2**(-1.5 k)`` (k = 0..15:
+  sqrt(v) within a factor 2**0.375 everywhere). No value ever
+  becomes 0, which would blow up m / sqrt(v): values more than 2**22.5 below
   the block's largest, exact zeros included, become its smallest level (a
   smaller step, never a larger one); only an all-zero block decodes to zeros
   (its ``exp_avg`` is 0 too). A fixed octave grid rather than the block's
   own [min, max] range: most values sit near the top, so the codes have
-  ~3 bits of entropy instead of ~3.7 and one scale per block suffices
-  (measured: the same update error, 0.6 bit/value less after zstd).
+  ~2.2 bits after zstd instead of ~3.3 and one scale per block suffices
+  (measured: the same error of the update m/sqrt(v)).
 
 An encoded tensor is the tagged dict ``{TAG_KEY: <encoding name>, "dtype",
 "shape", "block", "codes": uint8, "scales": bfloat16}``; ``decode_state``
@@ -55,7 +55,10 @@ _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 # 15 signed levels: 0, then +-1 * 0.6**k; codes 0..14 (15 unused).
 _POS = sorted(0.6 ** k for k in range(7))
 SIGNED_LEVELS = torch.tensor([-x for x in reversed(_POS)] + [0.0] + _POS, dtype=torch.float32)
-LOG_STEP = 1.0  # exp_avg_sq levels one octave apart (log2 units)
+# exp_avg_sq levels 1.5 octaves apart (log2 units): sqrt(v) within 2**+-0.375.
+# Measured on a GPT's AdamW state (benchmarks/ckpt_lossy.md): 0.5 bit/value
+# less than one octave after zstd, the same error of the update m/sqrt(v).
+LOG_STEP = 1.5
 _TINY = 1e-30  # floor for exp_avg_sq levels: keeps log2 finite and bfloat16 normal
 
 
