@@ -54,6 +54,37 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return a.size == b.size and _libc.memcmp(a.ctypes.data, b.ctypes.data, a.size) == 0
 
 
+_COPY_THREADS = 2
+
+
+def _copy_host(jobs: list[tuple[int, int, int]]) -> None:
+    """memmove the CPU tensors into the snapshot on ``_COPY_THREADS`` threads
+    (ctypes releases the GIL). Measured 3x faster than per-tensor
+    ``Tensor.copy_`` on the loaded 2-core VM: torch's intra-op threads meet
+    at a barrier per tensor, and one descheduled thread stalls them all."""
+    if not jobs:
+        return
+    total = sum(n for _, _, n in jobs)
+    cut, acc = len(jobs), 0
+    for i, (_, _, n) in enumerate(jobs):
+        acc += n
+        if acc * _COPY_THREADS >= total:
+            cut = i + 1
+            break
+
+    def run(part: list[tuple[int, int, int]]) -> None:
+        for dst, src, n in part:
+            ctypes.memmove(dst, src, n)
+
+    rest = jobs[cut:]
+    helper = threading.Thread(target=run, args=(rest,), name="ckpt-copy") if rest else None
+    if helper is not None:
+        helper.start()
+    run(jobs[:cut])
+    if helper is not None:
+        helper.join()
+
+
 @dataclass
 class SaveResult:
     step: int
@@ -234,14 +265,22 @@ class CheckpointWriter:
         if buf is None or buf.numel() < total:
             buf = torch.empty(total, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
             self._bufs[idx] = buf
+        host: list[tuple[int, int, int]] = []  # (dst address, src address, bytes) of CPU tensors
+        keep = []  # the sources (reshape may return a temporary copy), alive until copied
         for t, leaf, off in zip(tensors, leaves, offsets, strict=True):
             if leaf.nbytes:
                 src = t.reshape(-1)
                 if not src.is_contiguous():
                     src = src.contiguous()
-                buf[off : off + leaf.nbytes].copy_(src.view(torch.uint8), non_blocking=True)
+                keep.append(src)
+                if src.device.type == "cpu":
+                    host.append((buf.data_ptr() + off, src.data_ptr(), leaf.nbytes))
+                else:
+                    buf[off : off + leaf.nbytes].copy_(src.view(torch.uint8), non_blocking=True)
+        _copy_host(host)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
+        del keep
         stall = time.perf_counter() - t0
         self._queue.put(_Snapshot(step, skeleton, leaves, offsets, idx, dict(meta or {}), stall))
         # The next saves use the other buffers: warm them now, in the background.
