@@ -70,7 +70,7 @@ def encode_state(tree: Any, encoding: str = "lossy-4bit") -> tuple[Any, dict[str
     if encoding not in ENCODINGS:
         raise CheckpointError(f"checkpoint.optimizer_encoding: unknown encoding {encoding!r}",
                               hint=f"use one of {', '.join(ENCODINGS)}")
-    summary = {"optimizer_encoding": encoding, "lossy": encoding != "exact", "encoded_tensors": 0,
+    summary: dict[str, Any] = {"optimizer_encoding": encoding, "lossy": encoding != "exact", "encoded_tensors": 0,
                "encoded_values": 0}
     if encoding == "exact":
         return tree, summary
