@@ -150,9 +150,8 @@ class MoELMWorkload(Workload):
             forward_codec=self.forward_codec, backward_codec=self.backward_codec,
             fused=bool(fused),
         ).to(self.device)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.lr, betas=(0.9, 0.95), weight_decay=weight_decay
-        )
+        self.weight_decay = float(weight_decay)
+        self._optimizer: torch.optim.AdamW | None = None  # built on first use (learners only)
         self.corpus = ByteCorpus.from_stdlib(corpus_bytes, heldout_every)
         self.step = 0
         # Learners publish the full model only when another component consumes it.
@@ -311,6 +310,17 @@ class MoELMWorkload(Workload):
             offset += n
         self._full_state = full
         self._full_state_step = self.step
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        # Lazy: building a torch optimizer imports torch._dynamo (~1.5 s of CPU per
+        # process); evaluator ranks never optimize, and it sits on the restart path.
+        if self._optimizer is None:
+            self._optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=self.lr, betas=(0.9, 0.95),
+                weight_decay=self.weight_decay,
+            )
+        return self._optimizer
 
     # --- checkpoints ---
     def state_dict(self) -> dict[str, Any]:

@@ -154,9 +154,7 @@ class PPOWorkload(Workload):
         init_gen = torch.Generator().manual_seed(seed)
         self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
         self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
-        self.optimizer = torch.optim.Adam(
-            [*self.actor.parameters(), *self.critic.parameters()], lr=cfg.learning_rate, eps=1e-5
-        )
+        self._optimizer: torch.optim.Adam | None = None  # built on the learner's first use
         # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
         # resumed rank draws exactly what an uninterrupted one would.
         self.rank_seed = int(np.random.SeedSequence([seed, ctx.rank]).generate_state(1)[0])
@@ -438,6 +436,17 @@ class PPOWorkload(Workload):
 
     # ------------------------------------------------------------ checkpoint state
 
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        # Lazy: building a torch optimizer imports torch._dynamo (~1.5 s of CPU per
+        # process), which rollout ranks never need; it sits on the restart path.
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(
+                [*self.actor.parameters(), *self.critic.parameters()],
+                lr=self.cfg.learning_rate, eps=1e-5,
+            )
+        return self._optimizer
+
     def state_dict(self) -> dict[str, Any]:
         """Flat ``{name: Tensor | JSON value}``; no pickled objects, nested keys are dotted."""
         state: dict[str, Any] = {
@@ -449,14 +458,15 @@ class PPOWorkload(Workload):
         for prefix, net in (("actor", self.actor), ("critic", self.critic)):
             for k, v in net.state_dict().items():
                 state[f"{prefix}.{k}"] = v.detach().clone()
-        opt = self.optimizer.state_dict()
-        for idx, slots in opt["state"].items():
-            for slot, value in slots.items():
-                state[f"optim.state.{idx}.{slot}"] = value.detach().clone()
-        state["optim.param_groups"] = [
-            {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
-            for g in opt["param_groups"]
-        ]
+        if self._optimizer is not None:  # a rank that never optimized has no optimizer state
+            opt = self._optimizer.state_dict()
+            for idx, slots in opt["state"].items():
+                for slot, value in slots.items():
+                    state[f"optim.state.{idx}.{slot}"] = value.detach().clone()
+            state["optim.param_groups"] = [
+                {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
+                for g in opt["param_groups"]
+            ]
         if self._envs is not None:
             assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
             state["rollout.obs"] = self._obs.clone()
@@ -475,16 +485,19 @@ class PPOWorkload(Workload):
                 net.load_state_dict(
                     {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
                 )
-            slots: dict[int, dict[str, Tensor]] = {}
-            for key, value in state.items():
-                if key.startswith("optim.state."):
-                    _, _, idx, slot = key.split(".", 3)
-                    slots.setdefault(int(idx), {})[slot] = value
-            groups = [
-                {k: tuple(v) if k == "betas" else v for k, v in g.items()}
-                for g in state["optim.param_groups"]
-            ]
-            self.optimizer.load_state_dict({"state": slots, "param_groups": groups})
+            if "optim.param_groups" in state:
+                slots: dict[int, dict[str, Tensor]] = {}
+                for key, value in state.items():
+                    if key.startswith("optim.state."):
+                        _, _, idx, slot = key.split(".", 3)
+                        slots.setdefault(int(idx), {})[slot] = value
+                groups = [
+                    {k: tuple(v) if k == "betas" else v for k, v in g.items()}
+                    for g in state["optim.param_groups"]
+                ]
+                self.optimizer.load_state_dict({"state": slots, "param_groups": groups})
+            else:
+                self._optimizer = None
             if "rollout.envs" in state:
                 envs = self._rollout_envs()
                 restore_env_state(envs, self.cfg.env_id, state["rollout.envs"])

@@ -133,6 +133,10 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         f"SlurmctldHost={cfg.hostname}(127.0.0.1)",
         f"SlurmctldPort={SLURMCTLD_PORT}",
         "AuthType=auth/munge",
+        # A requeued job may not start again until its old step credentials
+        # expire (default 120 s). 30 s still covers a slow step launch on a
+        # loaded 2-core host and lets a preempted job come back in seconds.
+        "AuthInfo=cred_expire=30",
         "CryptoType=crypto/munge",
         "SlurmUser=root",
         "SlurmdUser=root",
