@@ -121,6 +121,10 @@ def register(app: typer.Typer) -> None:
         for row in rep.resumes:
             limit = "" if row.get("max_restarts") is None else f"/{row['max_restarts']}"
             secs = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
+            if row.get("start_to_restored_s") is not None:
+                # from the attempt's batch script start (ranks up, then restored)
+                secs += (f" ({row['start_to_restored_s']:.2f}s after the job started, ranks up in "
+                         f"{row.get('startup_s', 0.0):.2f}s)")
             skipped = "".join(f"; skipped checkpoint {s['step']}: {s['why']}" for s in row["skipped"])
             console.print(
                 f"  restart {row['restart']}{limit}: {row['ranks']} rank(s) resumed at iteration "

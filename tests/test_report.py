@@ -173,3 +173,20 @@ def test_status_reads_restarts_and_work_lost_from_restore_lines_only(tmp_path: P
     assert restart_summary(run_dir) == (1, 2)
     assert {e["ev"] for e in read_events(run_dir, only="restore")} == {"restore"}
     assert build_report(run_dir).work_lost == restart_summary(run_dir)[1]
+
+
+def test_cli_report_shows_how_long_each_restart_took_from_the_job_start(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _synthetic(run_dir)
+    with (run_dir / "events.jsonl").open("a") as fh:
+        fh.write("\n")
+    t = 3000.0
+    for r, comp in ((0, "learner"), (1, "rollout")):
+        _ev(run_dir, ev="startup", rank=r, component=comp, node="n1", time=t + 2.0, restart_count=1,
+            batch_start=t, proc_start=t + 0.5, executor_ready=t + 2.0 + r)
+        _ev(run_dir, ev="restore", rank=r, component=comp, node="n1", time=t + 4.25, step=8,
+            iteration=8, restart_count=1, max_restarts=3, work_lost=0, seconds=0.1, skipped=[])
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "(4.25s after the job started, ranks up in 3.00s)" in out.stdout, out.stdout
