@@ -40,6 +40,15 @@ def _chunk(src: int, dst: int, size: int, case: int, call: int = 0):
     return _rows(src, size, case, call)[lo : lo + s[dst]]
 
 
+def _codec_for(name: str, direction: str = "forward"):
+    """The codec an exchange in ``direction`` uses: the direction's default block and scales."""
+    from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
+    from hetrun.runtime.comms.compressed import _block_size, _scale_dtype
+
+    opts = {"scale_dtype": _scale_dtype(None, direction)} if name in SCALED_CODECS else {}
+    return get_codec(name, block_size=_block_size(None, direction), **opts)
+
+
 def _expected(codec, chunk, piecewise: bool, state=None):
     """What the receiver must decode: the chunk encoded (per piece over MPI) and decoded."""
     import torch
@@ -61,7 +70,6 @@ def _expected(codec, chunk, piecewise: bool, state=None):
 def _body(backend: str, out_dir: str) -> None:
     import torch
     from hetrun.kernels.codec import ErrorFeedbackState
-    from hetrun.kernels.codec_registry import get_codec
     from hetrun.runtime.comms.alltoall import all_to_all
     from hetrun.runtime.comms.compressed import (
         PairPolicy,
@@ -98,7 +106,7 @@ def _body(backend: str, out_dir: str) -> None:
                     if chunk.numel():
                         assert float(got.abs().max()) <= float(chunk.abs().max()) * (1 + 1e-6)
                 else:
-                    exp = _expected(get_codec(name), chunk, piecewise)
+                    exp = _expected(_codec_for(name), chunk, piecewise)
                     assert torch.equal(got, exp), (name, case, q)
             raw = sum(sends[p] for p in range(size) if p != rank) * WIDTH * 4
             sent = comm.stats["bytes_sent"] - before
@@ -118,7 +126,7 @@ def _body(backend: str, out_dir: str) -> None:
     case = 1
     sends, recvs = _splits(rank, size, case), recvs_of(case)
     sim_states = {q: ErrorFeedbackState() for q in range(size)}
-    ef = get_codec("onebit_ef")
+    ef = _codec_for("onebit_ef", "backward")
     for call in (0, 1, 2):
         x = _rows(rank, size, case, call)
         out = compressed_all_to_all(x, sends, recvs, comm, codec="onebit_ef", stream="ef", direction="backward")
@@ -148,7 +156,7 @@ def _body(backend: str, out_dir: str) -> None:
             if q == rank or (q, rank) == (0, 1):
                 assert torch.equal(got, chunk)
             else:
-                assert torch.equal(got, _expected(get_codec("onebit"), chunk, piecewise))
+                assert torch.equal(got, _expected(_codec_for("onebit"), chunk, piecewise))
         ex.policy = None
 
     # Through the MoE engineer's autograd Function: forward int8, backward 1-bit EF.
@@ -167,7 +175,8 @@ def _body(backend: str, out_dir: str) -> None:
         )
         lo = sum(_splits(q, size, case)[p] for q in range(rank))
         rows = w_p[lo : lo + sends[p]]
-        grad_exp.append(rows if p == rank else _expected(get_codec("onebit"), rows, piecewise))
+        # first exchange of the stream: zero residual, so plain 1-bit with the backward defaults
+        grad_exp.append(rows if p == rank else _expected(_codec_for("onebit", "backward"), rows, piecewise))
     assert torch.equal(x.grad, torch.cat(grad_exp)), "backward must be the 1-bit decoded gradient"
 
     if backend == "torch":
@@ -179,11 +188,12 @@ def _body(backend: str, out_dir: str) -> None:
 
 def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     from hetrun.dag.errors import HetrunError
-    from hetrun.runtime.comms.compressed import _block_size
+    from hetrun.runtime.comms.compressed import DIRECTION_DEFAULTS, _block_size
 
-    monkeypatch.delenv("HETRUN_A2A_BLOCK", raising=False)
-    monkeypatch.delenv("HETRUN_A2A_BLOCK_BACKWARD", raising=False)
-    assert _block_size(None, "backward") == 256
+    for knob in ("HETRUN_A2A_BLOCK", "HETRUN_A2A_BLOCK_BACKWARD", "HETRUN_A2A_BLOCK_FORWARD"):
+        monkeypatch.delenv(knob, raising=False)
+    assert _block_size(None, "backward") == DIRECTION_DEFAULTS["backward"][0]
+    assert _block_size(None, "forward") == DIRECTION_DEFAULTS["forward"][0]
     monkeypatch.setenv("HETRUN_A2A_BLOCK", "128")
     assert _block_size(None, "forward") == _block_size(None, "backward") == 128
     monkeypatch.setenv("HETRUN_A2A_BLOCK_BACKWARD", "64")
@@ -192,6 +202,49 @@ def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETRUN_A2A_BLOCK_BACKWARD", "sixty")
     with pytest.raises(HetrunError, match="HETRUN_A2A_BLOCK_BACKWARD='sixty' is not an integer"):
         _block_size(None, "backward")
+
+
+def test_scale_knob_and_default_volume(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-direction scale format, and the defaults' MoE-step volume: >= 85% below fp32
+    (scales counted), for the row widths of the MoE LM and the netemu benchmark."""
+    from hetrun.dag.errors import HetrunError
+    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.runtime.comms.compressed import (
+        DIRECTION_DEFAULTS,
+        CompressedExchange,
+        _block_size,
+        _scale_dtype,
+        wire_bytes_per_peer,
+    )
+
+    for knob in ("HETRUN_A2A_SCALE", "HETRUN_A2A_SCALE_FORWARD", "HETRUN_A2A_SCALE_BACKWARD",
+                 "HETRUN_A2A_BLOCK", "HETRUN_A2A_BLOCK_FORWARD", "HETRUN_A2A_BLOCK_BACKWARD"):
+        monkeypatch.delenv(knob, raising=False)
+    assert _scale_dtype(None, "forward") == DIRECTION_DEFAULTS["forward"][1]
+    monkeypatch.setenv("HETRUN_A2A_SCALE", "bf16")
+    monkeypatch.setenv("HETRUN_A2A_SCALE_FORWARD", "fp32")
+    assert (_scale_dtype(None, "forward"), _scale_dtype(None, "backward")) == ("fp32", "bf16")
+    assert _scale_dtype("fp32", "backward") == "fp32"
+    monkeypatch.setenv("HETRUN_A2A_SCALE", "fp16")
+    with pytest.raises(HetrunError, match="HETRUN_A2A_SCALE='fp16' is not a scale format"):
+        _scale_dtype(None, "backward")
+
+    ex = CompressedExchange(size=2)
+    assert ex.codec("fp8", 64, "bf16").block_size == 64  # codecs without bf16 scales keep fp32
+    assert ex.codec("int8", 64, "bf16").wire_bytes(64) == 66
+    for rows, width in ((4096, 64), (8192, 256), (37, 64)):
+        n = rows * width
+        fwd = get_codec("int8", block_size=DIRECTION_DEFAULTS["forward"][0],
+                        scale_dtype=DIRECTION_DEFAULTS["forward"][1])
+        bwd = get_codec("onebit_ef", block_size=DIRECTION_DEFAULTS["backward"][0],
+                        scale_dtype=DIRECTION_DEFAULTS["backward"][1])
+        # one MoE step: dispatch + combine forward (int8), and both backward (1 bit)
+        wire = 2 * wire_bytes_per_peer(fwd, n) + 2 * wire_bytes_per_peer(bwd, n)
+        cut = 1 - wire / (4 * 4 * n)
+        assert cut >= 0.85 if rows > 100 else cut > 0.8, (rows, width, cut)
+    with pytest.raises(HetrunError, match="no bf16 scale option"):
+        get_codec("fp8", scale_dtype="bf16")
+    assert _block_size(None, "forward") == DIRECTION_DEFAULTS["forward"][0]
 
 
 @pytest.mark.mpi
