@@ -160,6 +160,36 @@ def int8_decode(payload: torch.Tensor, n: int, block: int, bf16: bool = False) -
     return q * scales.repeat_interleave(block)[:n]
 
 
+INT4_MAX = 7.0
+
+
+def int4_encode(x: torch.Tensor, block: int, bf16: bool = False) -> torch.Tensor:
+    """Scales (absmax / 7), then two 4-bit values per byte: element ``2i`` in the low nibble,
+    ``2i + 1`` in the high one, each stored as ``q + 8`` with ``q = rint(x / scale)`` in [-7, 7]."""
+    blocks, _ = _blocks(x, block)
+    amax = blocks.abs().amax(dim=1)
+    scales = amax / INT4_MAX
+    if bf16:
+        scales = bf16_round(scales)
+        inv = torch.where(scales > 0, torch.ones_like(scales) / scales, torch.zeros_like(scales))
+    else:
+        inv = torch.where(amax > 0, torch.full_like(amax, INT4_MAX) / amax, torch.zeros_like(amax))
+    n = x.numel()
+    q = torch.round(blocks * inv[:, None]).clamp_(-INT4_MAX, INT4_MAX).reshape(-1)[:n]
+    nibbles = torch.full((n + (n & 1),), 8, dtype=torch.uint8, device=x.device)
+    nibbles[:n] = (q + 8).to(torch.uint8)
+    packed = nibbles[0::2] | (nibbles[1::2] << 4)
+    return torch.cat([_scale_bytes(scales, bf16), packed])
+
+
+def int4_decode(payload: torch.Tensor, n: int, block: int, bf16: bool = False) -> torch.Tensor:
+    nb = -(-n // block)
+    scales, k = _read_scales(payload, nb, bf16)
+    packed = payload[k : k + (n + 1) // 2]
+    q = torch.stack([packed & 15, packed >> 4], dim=1).reshape(-1)[:n].float() - 8.0
+    return q * scales.repeat_interleave(block)[:n]
+
+
 def fp8_encode(x: torch.Tensor, block: int) -> torch.Tensor:
     blocks, _ = _blocks(x, block)
     amax = blocks.abs().amax(dim=1)

@@ -7,7 +7,14 @@ from collections.abc import Callable
 from hetrun.dag.errors import SpecError, closest
 
 from .codec import DEFAULT_BLOCK, Codec, NoneCodec
-from .codecs import Fp8Codec, Int8Codec, OneBitCodec, OneBitEFCodec, OneBitStochasticCodec
+from .codecs import (
+    Fp8Codec,
+    Int4Codec,
+    Int8Codec,
+    OneBitCodec,
+    OneBitEFCodec,
+    OneBitStochasticCodec,
+)
 
 __all__ = ["DEFAULT_BACKWARD_CODEC", "DEFAULT_FORWARD_CODEC", "SCALED_CODECS", "codec_names", "get_codec"]
 
@@ -21,12 +28,13 @@ _CODECS: dict[str, Callable[..., Codec]] = {
     "onebit_ef": OneBitEFCodec,
     "onebit_stochastic": OneBitStochasticCodec,
     "int8": Int8Codec,
+    "int4": Int4Codec,
     "fp8": Fp8Codec,
 }
 
 
 #: Codecs whose block scales can travel as bf16 (``scale_dtype="bf16"``).
-SCALED_CODECS = ("onebit", "onebit_ef", "int8")
+SCALED_CODECS = ("onebit", "onebit_ef", "int8", "int4")
 
 
 def codec_names() -> list[str]:

@@ -168,6 +168,30 @@ def test_bf16_scales_match_reference(n: int, block: int) -> None:
     torch.testing.assert_close(state.residual, c - decoded, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("n", [1, 7, 64, 1001, 70001])
+def test_int4_round_trip(n: int, scale_dtype: str) -> None:
+    """Two values per byte, -7..7 around a block scale: at most half a step off, sizes exact."""
+    codec = get_codec("int4", block_size=64, scale_dtype=scale_dtype)
+    x = _x(n, seed=12)
+    enc = codec.encode(x)
+    nb = -(-n // 64)
+    sb = 2 if scale_dtype == "bf16" else 4
+    assert enc.nbytes == codec.wire_bytes(n) == sb * nb + (n + 1) // 2
+    dec = codec.decode(enc)
+    if scale_dtype == "bf16":
+        sc = (enc.payload[: 2 * nb].view(torch.int16).int() << 16).view(torch.float32)
+    else:
+        sc = enc.payload[: 4 * nb].view(torch.float32)
+    step = sc.repeat_interleave(64)[:n]
+    assert bool(((dec - x).abs() <= step / 2 * (1 + 1e-5) + 1e-30).all())
+    nib = enc.payload[sb * nb :]
+    q = torch.stack([nib & 15, nib >> 4], dim=1).reshape(-1)[:n]
+    assert int(q.min()) >= 1 and int(q.max()) <= 15, "stored as q + 8 with q in -7..7"
+    if n > 600:
+        assert bool((dec[256:512] == 0).all()), "an all-zero block decodes to zeros"
+
+
 def test_scale_dtype_is_checked() -> None:
     with pytest.raises(CodecError, match="scale_dtype 'fp16'"):
         get_codec("int8", scale_dtype="fp16")

@@ -40,6 +40,7 @@ from hetrun.kernels.codec import DEFAULT_BLOCK, Codec, ErrorFeedbackState
 from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
 
 __all__ = [
+    "CODEC_DEFAULTS",
     "DIRECTION_DEFAULTS",
     "CompressedExchange",
     "PairPolicy",
@@ -58,6 +59,8 @@ DIRECTION_DEFAULTS: dict[str, tuple[int, str]] = {
     "forward": (512, "fp32"),
     "backward": (64, "bf16"),
 }
+#: Codecs whose own defaults beat the direction's: 4-bit needs row-sized blocks both ways.
+CODEC_DEFAULTS: dict[str, tuple[int, str]] = {"int4": (64, "bf16")}
 
 #: Raw elements per message piece: 1 Mi fp32 = 4 MB raw, 141 KB at 1 bit.
 PIECE_ELEMS = 1 << 18
@@ -175,7 +178,13 @@ def _env(knob: str, direction: str) -> tuple[str, str | None]:
     return name, env
 
 
-def _block_size(block_size: int | None, direction: str) -> int:
+def _defaults(direction: str, codec: str | Codec | None) -> tuple[int, str]:
+    if isinstance(codec, str) and codec in CODEC_DEFAULTS:
+        return CODEC_DEFAULTS[codec]
+    return DIRECTION_DEFAULTS.get(direction, (DEFAULT_BLOCK, "fp32"))
+
+
+def _block_size(block_size: int | None, direction: str, codec: str | Codec | None = None) -> int:
     """Explicit, else ``$HETRUN_A2A_BLOCK_<DIRECTION>``, else ``$HETRUN_A2A_BLOCK``, else
     the direction's default (:data:`DIRECTION_DEFAULTS`).
 
@@ -194,10 +203,10 @@ def _block_size(block_size: int | None, direction: str) -> int:
                 f"{name}={env!r} is not an integer",
                 hint="set it to a multiple of 8 such as 64, 128 or 256, or unset it",
             ) from None
-    return DIRECTION_DEFAULTS.get(direction, (DEFAULT_BLOCK, "fp32"))[0]
+    return _defaults(direction, codec)[0]
 
 
-def _scale_dtype(scale_dtype: str | None, direction: str) -> str:
+def _scale_dtype(scale_dtype: str | None, direction: str, codec: str | Codec | None = None) -> str:
     """Explicit, else ``$HETRUN_A2A_SCALE_<DIRECTION>``, else ``$HETRUN_A2A_SCALE``, else
     the direction's default: ``fp32`` or ``bf16`` block scales."""
     if scale_dtype is not None:
@@ -210,7 +219,7 @@ def _scale_dtype(scale_dtype: str | None, direction: str) -> str:
                 hint="set it to fp32 (4 bytes per block scale) or bf16 (2 bytes), or unset it",
             )
         return env
-    return DIRECTION_DEFAULTS.get(direction, (DEFAULT_BLOCK, "fp32"))[1]
+    return _defaults(direction, codec)[1]
 
 
 def compressed_all_to_all(
@@ -241,7 +250,9 @@ def compressed_all_to_all(
     """
     c = _wrap(comm)
     ex = exchange_for(c)
-    cod = ex.codec(codec, _block_size(block_size, direction), _scale_dtype(scale_dtype, direction))
+    cod = ex.codec(
+        codec, _block_size(block_size, direction, codec), _scale_dtype(scale_dtype, direction, codec)
+    )
     sends = [int(s) for s in send_splits]
     recvs = [int(s) for s in recv_splits]
     if len(sends) != c.size or len(recvs) != c.size:
