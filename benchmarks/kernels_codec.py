@@ -53,6 +53,7 @@ def main() -> None:
         ("int8", "int8", {}),
         ("onebit_ef b64/bf16", "onebit_ef", {"block_size": 64, "scale_dtype": "bf16"}),
         ("int8 b64/bf16", "int8", {"block_size": 64, "scale_dtype": "bf16"}),
+        ("int4 b64/bf16", "int4", {"block_size": 64, "scale_dtype": "bf16"}),
         ("onebit_stochastic", "onebit_stochastic", {}),
         ("fp8", "fp8", {}),
     ]
@@ -60,8 +61,8 @@ def main() -> None:
         codec = get_codec(name, **opts)
         payload = torch.zeros(codec.wire_bytes(n), dtype=torch.uint8)
         state = codec.new_state() if codec.stateful else None
-        # without the C kernels fp8 falls back to torch's float8 cast, the others to numpy
-        paths = ["native", "torch"] if name == "fp8" else ["native", "numpy"]
+        # without the C kernels fp8 and int4 fall back to torch, the others to numpy
+        paths = ["native", "torch"] if name in ("fp8", "int4") else ["native", "numpy"]
         for path in paths:
             def enc(c=codec, p=payload, s=state, path=path) -> None:
                 os.environ["HETRUN_NATIVE_CODECS"] = "1" if path == "native" else "0"

@@ -26,6 +26,8 @@ __all__ = [
     "fp8_decode",
     "fp8_e4m3_saturate",
     "fp8_encode",
+    "int4_decode",
+    "int4_encode",
     "int8_decode",
     "int8_encode",
     "lib",
@@ -80,6 +82,8 @@ def _build() -> ctypes.CDLL | None:
     dll.hr_onebit_decode.argtypes = [p, p, i64, i64, p, ci]
     dll.hr_int8_encode.argtypes = [p, i64, i64, p, p, ci]
     dll.hr_int8_decode.argtypes = [p, p, i64, i64, p, ci]
+    dll.hr_int4_encode.argtypes = [p, i64, i64, p, p, ci]
+    dll.hr_int4_decode.argtypes = [p, p, i64, i64, p, ci]
     u32 = ctypes.c_uint32
     dll.hr_onebit_stochastic_encode.argtypes = [p, i64, i64, p, p, u32, u32]
     dll.hr_fp8_encode.argtypes = [p, i64, i64, p, p]
@@ -87,7 +91,7 @@ def _build() -> ctypes.CDLL | None:
     dll.hr_fp8_e4m3_saturate.argtypes = [p, i64, p]
     for f in (dll.hr_onebit_encode, dll.hr_onebit_decode, dll.hr_int8_encode, dll.hr_int8_decode,
               dll.hr_onebit_stochastic_encode, dll.hr_fp8_encode, dll.hr_fp8_decode,
-              dll.hr_fp8_e4m3_saturate):
+              dll.hr_fp8_e4m3_saturate, dll.hr_int4_encode, dll.hr_int4_decode):
         f.restype = None
     dll.hr_has_avx2.restype = ctypes.c_int
     return dll
@@ -153,6 +157,22 @@ def int8_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = F
     dll = lib()
     assert dll is not None
     dll.hr_int8_decode(_ptr(payload[:k]), _ptr(payload[k:]), n, block, _ptr(out), int(bf16))
+
+
+def int4_encode(x: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
+    n = x.size
+    k = _scale_end(n, block, bf16)
+    dll = lib()
+    assert dll is not None
+    dll.hr_int4_encode(_ptr(x), n, block, _ptr(out[:k]), _ptr(out[k:]), int(bf16))
+
+
+def int4_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
+    n = out.size
+    k = _scale_end(n, block, bf16)
+    dll = lib()
+    assert dll is not None
+    dll.hr_int4_decode(_ptr(payload[:k]), _ptr(payload[k:]), n, block, _ptr(out), int(bf16))
 
 
 def onebit_stochastic_encode(x: np.ndarray, out: np.ndarray, block: int, keys: tuple[int, int]) -> None:

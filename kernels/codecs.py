@@ -214,9 +214,9 @@ class Int4Codec(_BlockKernelCodec):
     """``int4``: blockwise absmax 4-bit (scale = absmax / 7, values -7..7, two per byte).
     ~7.1x at B=64 with bf16 scales.
 
-    One path for every device: the vectorised PyTorch reference (whole-tensor
-    ops), so no C or Triton kernel yet and CPU throughput is the reference's
-    (benchmarks/kernels.md section 3).
+    CPU float32: the C kernel (AVX2 encode, scalar decode) when built, else the
+    vectorised PyTorch reference, which also serves every other device (no
+    Triton kernel yet).
     """
 
     name = "int4"
@@ -231,13 +231,19 @@ class Int4Codec(_BlockKernelCodec):
         _check(self, x, out)
         if x.numel() == 0:
             return
+        if x.device.type == "cpu" and codec_native.lib() is not None:
+            codec_native.int4_encode(_as_f32_numpy(x), out.numpy(), self.block_size, self.bf16)
+            return
         out.copy_(codec_reference.int4_encode(x, self.block_size, bf16=self.bf16))
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         if out.numel() == 0:
             return
-        dec = codec_reference.int4_decode(payload, out.numel(), self.block_size, bf16=self.bf16)
-        out.reshape(-1).copy_(dec)
+        b, bf16 = self.block_size, self.bf16
+        if out.device.type == "cpu" and codec_native.lib() is not None:
+            _decode_cpu(out, lambda o: codec_native.int4_decode(payload.numpy(), o, b, bf16))
+            return
+        out.reshape(-1).copy_(codec_reference.int4_decode(payload, out.numel(), b, bf16=bf16))
 
 
 class Fp8Codec(Codec):

@@ -190,6 +190,12 @@ def test_int4_round_trip(n: int, scale_dtype: str) -> None:
     assert int(q.min()) >= 1 and int(q.max()) <= 15, "stored as q + 8 with q in -7..7"
     if n > 600:
         assert bool((dec[256:512] == 0).all()), "an all-zero block decodes to zeros"
+    # the C kernel (native) and the PyTorch path (numpy param) write the reference's bytes
+    assert torch.equal(enc.payload, codec_reference.int4_encode(x, 64, bf16=scale_dtype == "bf16"))
+    assert torch.equal(dec, codec_reference.int4_decode(enc.payload, n, 64, bf16=scale_dtype == "bf16"))
+    ties = torch.tensor([0.5, -1.5, 2.5, 7.0, -7.0, 3.5, 0.0, -0.0] * 8)  # rint ties to even
+    te = codec.encode(ties)
+    assert torch.equal(te.payload, codec_reference.int4_encode(ties, 64, bf16=scale_dtype == "bf16"))
 
 
 def test_scale_dtype_is_checked() -> None:

@@ -435,3 +435,88 @@ void hr_fp8_decode(const float *scales, const uint8_t *q, int64_t n, int64_t blo
         for (; i < m; i++) out[s + i] = fp8_to_f32(q[s + i]) * sc;
     }
 }
+
+/* int4: scales[nb] = absmax / 7 (fp32 or bf16), q = rint(x * inv) clamped to +-7, stored as
+ * q + 8, two per byte (element 2i in the low nibble). inv = 7 / absmax, or 1 / the rounded
+ * bf16 scale. Blocks hold an even count except the last, so pairs never straddle blocks
+ * (the Python side asks for an even block size). */
+void hr_int4_encode(const float *x, int64_t n, int64_t block, void *scales, uint8_t *q, int bf16) {
+    int64_t nb = (n + block - 1) / block;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block, m = n - s < block ? n - s : block;
+        const float *c = x + s;
+        float amax = 0.f;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 mx = _mm256_setzero_ps();
+        for (; i + 8 <= m; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(c + i), absmask));
+        amax = hmax(mx);
+#endif
+        for (; i < m; i++) { float a = fabsf(c[i]); if (a > amax) amax = a; }
+        float sc = scale_put(scales, b, amax / 7.0f, bf16);
+        float inv = bf16 ? (sc > 0.f ? 1.0f / sc : 0.f) : (amax > 0.f ? 7.0f / amax : 0.f);
+        uint8_t *o = q + s / 2;
+        i = 0;
+#ifdef __AVX2__
+        const __m256 iv = _mm256_set1_ps(inv);
+        const __m256i lo = _mm256_set1_epi32(-7), hi = _mm256_set1_epi32(7), eight = _mm256_set1_epi32(8);
+        /* nibble pairs: even lane + 16 * odd lane, via a multiply-add on bytes */
+        const __m256i pairw = _mm256_set1_epi16(0x1001);
+        const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for (; i + 32 <= m; i += 32) {
+            __m256i r[4];
+            for (int k = 0; k < 4; k++) {
+                __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c + i + 8 * k), iv));
+                r[k] = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(v, lo), hi), eight);
+            }
+            __m256i bytes = _mm256_packus_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+            bytes = _mm256_permutevar8x32_epi32(bytes, perm);          /* 32 values in order */
+            __m256i pairs = _mm256_maddubs_epi16(bytes, pairw);         /* 16 x (even + 16 odd) */
+            __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+            _mm_storeu_si128((__m128i *)(o + i / 2), packed);
+        }
+#endif
+        for (; i < m; i += 2) {
+            uint8_t pair = 0;
+            for (int64_t j = 0; j < 2; j++) {
+                float r = 8.0f;
+                if (i + j < m) {
+                    r = nearbyintf(c[i + j] * inv);
+                    r = (r > 7.f ? 7.f : (r < -7.f ? -7.f : r)) + 8.0f;
+                }
+                pair |= (uint8_t)((uint8_t)r << (4 * j));
+            }
+            o[i / 2] = pair;
+        }
+    }
+}
+
+void hr_int4_decode(const void *scales, const uint8_t *q, int64_t n, int64_t block, float *out, int bf16) {
+    int64_t nb = (n + block - 1) / block;
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t s = b * block, m = n - s < block ? n - s : block;
+        float sc = scale_get(scales, b, bf16);
+        const uint8_t *in = q + s / 2;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 sv = _mm256_set1_ps(sc);
+        const __m128i low4 = _mm_set1_epi8(15);
+        const __m256i eight = _mm256_set1_epi32(8);
+        for (; i + 32 <= m; i += 32) {
+            __m128i pk = _mm_loadu_si128((const __m128i *)(in + i / 2));
+            __m128i lo = _mm_and_si128(pk, low4), hi = _mm_and_si128(_mm_srli_epi16(pk, 4), low4);
+            __m128i v[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};  /* in order */
+            for (int k = 0; k < 4; k++) {
+                __m128i part = k & 1 ? _mm_srli_si128(v[k / 2], 8) : v[k / 2];
+                __m256i w = _mm256_sub_epi32(_mm256_cvtepu8_epi32(part), eight);
+                _mm256_storeu_ps(out + s + i + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(w), sv));
+            }
+        }
+#endif
+        for (; i < m; i++) {
+            uint8_t v = (in[i / 2] >> (4 * (i & 1))) & 15u;
+            out[s + i] = (float)((int)v - 8) * sc;
+        }
+    }
+}
