@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,11 @@ class _Slot:
     store: Any  # CheckpointStore
     coll: Any
     last_step: int | None = None
+    # lossy-4bit: the moments are encoded off the training thread; this thread
+    # encodes one snapshot and hands it to the writer (at most one at a time).
+    encoder: threading.Thread | None = None
+    encode_error: str | None = None
+    encode_s: float = 0.0  # last lossy encode: part of what a final checkpoint costs
 
 
 _SLOTS: dict[tuple[str, int], _Slot] = {}
@@ -117,9 +123,17 @@ def _slot(ctx: Any) -> _Slot:
     return slot
 
 
+def _join_encoder(slot: _Slot) -> None:
+    """Wait until a lossy snapshot being encoded has been handed to the writer."""
+    if slot.encoder is not None:
+        slot.encoder.join()
+        slot.encoder = None
+
+
 def _close_all() -> None:
     for slot in _SLOTS.values():
         with contextlib.suppress(Exception):  # exiting; committed checkpoints stay valid
+            _join_encoder(slot)
             slot.writer.close()
     _SLOTS.clear()
 
@@ -247,36 +261,76 @@ def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
     from hetrun.runtime.ckpt.state import capture_rng
 
     slot = _slot(ctx)
+    _join_encoder(slot)  # the previous lossy save must reach the writer first
     info: dict[str, Any] = {"step": iteration}
     failed = slot.writer.take_error()
     if failed is not None:
         info["previous_error"] = failed.error  # training goes on; this save retries
+    if slot.encode_error is not None:
+        info["previous_error"], slot.encode_error = slot.encode_error, None
     if slot.last_step == iteration:
         done = slot.writer.wait()
         if done is None or (done.ok and done.step == iteration):
             info["skipped"] = "already saved at this iteration"
             return info
-    from hetrun.runtime.ckpt.lossy import encode_state, lossy_meta
-
-    t_encode = time.perf_counter()
-    tree, encoded = encode_state(workload.state_dict(), optimizer_encoding(ctx))
-    encode_s = time.perf_counter() - t_encode if encoded["lossy"] else 0.0  # training waits for it too
-    state = {"workload": tree, "rng": capture_rng(), "iteration": iteration}
     meta = {"iteration": iteration, "component": ctx.component, "restart_count": restart_count(),
-            "reason": preempt.stop_reason() or "interval", **lossy_meta(encoded)}
-    if encoded["lossy"]:
+            "reason": preempt.stop_reason() or "interval"}
+    encoding = optimizer_encoding(ctx)
+    if encoding == "exact":
+        state = {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration}
+        info["stall_s"] = round(slot.writer.save(iteration, state, meta), 6)
+    else:
+        # Training waits only for a copy; 4-bit encoding (seconds for a large
+        # state) and the writer's own snapshot run on the encoder thread.
+        t0 = time.perf_counter()
+        snapshot = _detached_copy(workload.state_dict())
+        rng = capture_rng()
+        slot.encoder = threading.Thread(
+            target=_encode_and_save, args=(slot, iteration, snapshot, rng, meta, encoding),
+            name="ckpt-lossy-encode", daemon=True)
+        slot.encoder.start()
         info["lossy"] = True
-    info["stall_s"] = round(encode_s + slot.writer.save(iteration, state, meta), 6)
+        info["stall_s"] = round(time.perf_counter() - t0, 6)
     slot.last_step = iteration
     plan = getattr(ctx, "plan", None)
     if plan is not None and iteration >= plan.iterations:
         # The run ends right after this: wait, since the interpreter's exit
         # stops the writer's thread pool before atexit handlers run.
+        _join_encoder(slot)
         done = slot.writer.wait()
-        info["ok"] = bool(done and done.ok)
-        if done is not None and not done.ok:
+        info["ok"] = bool(done and done.ok) and slot.encode_error is None
+        if slot.encode_error is not None:
+            info["error"] = slot.encode_error
+        elif done is not None and not done.ok:
             info["error"] = done.error
     return info
+
+
+def _detached_copy(tree: Any) -> Any:
+    """The state with every tensor cloned, so training may go on while it is encoded."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _detached_copy(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_detached_copy(v) for v in tree)
+    return tree
+
+
+def _encode_and_save(slot: _Slot, iteration: int, snapshot: Any, rng: Any,
+                     meta: dict[str, Any], encoding: str) -> None:
+    from hetrun.runtime.ckpt.lossy import encode_state, lossy_meta
+
+    try:
+        t0 = time.perf_counter()
+        tree, encoded = encode_state(snapshot, encoding)
+        slot.encode_s = time.perf_counter() - t0
+        meta = {**meta, **lossy_meta(encoded), "encode_s": round(slot.encode_s, 4)}
+        slot.writer.save(iteration, {"workload": tree, "rng": rng, "iteration": iteration}, meta)
+    except BaseException as exc:  # reported by the next save / flush; training goes on
+        slot.encode_error = f"lossy checkpoint encoding failed at iteration {iteration}: {exc!r}"
 
 
 def optimizer_encoding(ctx: Any) -> str:
@@ -291,6 +345,10 @@ def flush(ctx: Any) -> dict[str, Any] | None:
     slot = _SLOTS.get((ctx.component, ctx.comp_rank))
     if slot is None:
         return None
+    _join_encoder(slot)
+    if slot.encode_error is not None:
+        error, slot.encode_error = slot.encode_error, None
+        return {"step": slot.last_step, "ok": False, "error": error, "write_s": 0.0}
     res = slot.writer.wait()
     if res is None:
         return None
@@ -298,7 +356,7 @@ def flush(ctx: Any) -> dict[str, Any] | None:
 
 
 def measured_checkpoint_cost() -> float:
-    return max((s.writer.last_cost_s for s in _SLOTS.values()), default=0.0)
+    return max((s.writer.last_cost_s + s.encode_s for s in _SLOTS.values()), default=0.0)
 
 
 def reset() -> None:

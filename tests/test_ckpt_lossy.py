@@ -298,3 +298,36 @@ def test_restore_refuses_a_checkpoint_with_an_unknown_encoding(tmp_path: Path) -
     writer.close()
     with pytest.raises(CheckpointError, match=r"'m3-newer-v2', which this hetrun cannot decode"):
         resume.restore_if_any(ctx, Learner(1))
+
+
+def test_lossy_save_snapshots_before_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoding runs off the training thread: steps taken right after the save
+    must not leak into the checkpoint (the encoder works on a copy)."""
+    import threading
+
+    trained_on = threading.Event()
+    real_encode = lossy.encode_state
+
+    def encode_after_training(tree: Any, encoding: str = "lossy-4bit") -> Any:
+        assert trained_on.wait(60)  # encode only once training has moved the weights
+        return real_encode(tree, encoding)
+
+    monkeypatch.setattr(lossy, "encode_state", encode_after_training)
+    run_dir = tmp_path / "lossy"
+    wl = Learner(0)
+    ctx = _ctx(run_dir, "lossy-4bit")
+    assert resume.restore_if_any(ctx, wl) == 0
+    for i in range(5):
+        wl.step(i)
+    at_save = {k: v.clone() for k, v in wl.model.state_dict().items()}
+    info = resume.save_checkpoint(ctx, wl, 5)
+    assert info["lossy"] is True and "stall_s" in info
+    for i in range(5, 8):  # training goes on while the encoder thread works
+        wl.step(i)
+    trained_on.set()
+    assert resume.flush(ctx)["ok"]  # type: ignore[index]
+    resume.reset()
+    fresh = Learner(3)
+    assert resume.restore_if_any(_ctx(run_dir, "lossy-4bit"), fresh) == 5
+    for k, t in fresh.model.state_dict().items():
+        assert torch.equal(t, at_save[k]), f"weight {k} is not the one at the save"
