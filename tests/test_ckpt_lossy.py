@@ -243,6 +243,12 @@ def test_lossy_resume_through_the_runtime_hooks(tmp_path: Path, monkeypatch: pyt
     first = raw["workload"]["opt"]["state"][0]
     assert first["exp_avg"][lossy.TAG_KEY] == lossy.SIGNED_TAG and torch.is_tensor(first["step"])
 
+    from hetrun.runtime.ckpt.export import export
+
+    exported = torch.load(export(store, 30, tmp_path / "x.pt", "torch"), weights_only=True)
+    moment = exported["workload"]["opt"]["state"][0]["exp_avg"]  # decoded, a plain tensor
+    assert torch.is_tensor(moment) and moment.shape == saved["moments"][0]["exp_avg"].shape
+
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     random.seed(123)
     torch.manual_seed(123)

@@ -53,7 +53,10 @@ def export(store: CheckpointStore, step: int, out: Path, fmt: str, rank: int | N
     for r in ranks:
         if not 0 <= r < world:
             raise CheckpointError(f"--rank {r} is out of range; checkpoint {step} has ranks 0..{world - 1}")
-    states = {f"rank{r}": _plain(store.load_rank(step, r)[0]) for r in ranks}
+    from hetrun.runtime.ckpt.lossy import decode_state
+
+    # A lossy checkpoint exports decoded (approximate) moments, as restore sees them.
+    states = {f"rank{r}": _plain(decode_state(store.load_rank(step, r)[0])) for r in ranks}
     payload = states[f"rank{ranks[0]}"] if len(ranks) == 1 else states
     if out.exists() and fmt == "dcp" and any(out.iterdir()):
         raise CheckpointError(f"{out} exists and is not empty", hint="choose a new output directory")
