@@ -187,7 +187,8 @@ def measure_exchange_times(
     splits = [rows] * size
     x = torch.randn(rows * size, EXCHANGE_WIDTH)
     saved = dict(comm.stats)
-    exact, comp = [], []
+    exact: list[float] = []
+    comp: list[float] = []
     try:
         for _ in range(reps):
             for timings, run in (
