@@ -61,6 +61,10 @@ class CpuPaths:
     # MKL's (eager's); for H >= 256 its summation order differs and the forward
     # moves 8-9e-7 from eager's, against the 1e-6 budget. 0 turns it off.
     onednn_forward_max_h: int = 128
+    # The C GELU kernels split rows over torch's threads, but with 2+ threads
+    # ATen's parallel GELU was faster here (benchmarks/kernels_fused.py,
+    # "Components alone, 2 threads"): C only up to this many intra-op threads.
+    native_max_threads: int = 1
 
 
 _paths = CpuPaths()
@@ -90,6 +94,8 @@ def _onednn_ok(t: torch.Tensor) -> bool:
 
 def _native_gelu_ok(t: torch.Tensor, approximate: str) -> bool:
     if approximate != "none" or t.device.type != "cpu" or t.dtype != torch.float32:
+        return False
+    if torch.get_num_threads() > _paths.native_max_threads:
         return False
     from hetrun.kernels.fused_native import lib
 

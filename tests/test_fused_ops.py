@@ -79,8 +79,8 @@ _ALL_OFF = {"native_gelu_backward": False, "native_gelu_forward": False,
     "paths",
     [
         _ALL_OFF,
-        {**_ALL_OFF, "native_gelu_backward": True},
-        {**_ALL_OFF, "native_gelu_forward": True, "onednn_forward_max_h": 1 << 30},
+        {**_ALL_OFF, "native_gelu_backward": True, "native_max_threads": 64},
+        {**_ALL_OFF, "native_gelu_forward": True, "onednn_forward_max_h": 1 << 30, "native_max_threads": 64},
         {**_ALL_OFF, "onednn_grad_input": True},
         {**_ALL_OFF, "onednn_forward_max_h": 1 << 30},
         {},  # the defaults: every CPU path on
