@@ -194,42 +194,87 @@ def decode_planes(
     decoded: list[np.ndarray] = []
     offset = 0
     for i, (mode, stored) in enumerate(planes):
-        if mode not in _PLANE_MODES:
-            raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")
         piece = payload[offset : offset + stored]
         offset += stored
-        if len(piece) != stored:
-            raise CheckpointError("chunk payload is truncated; the object is corrupt")
-        if mode.endswith("z"):
-            try:
-                buf = dctx.decompress(piece, max_output_size=plane_len)
-            except zstandard.ZstdError as exc:
-                raise CheckpointError(f"chunk does not decompress ({exc}); the object is corrupt") from exc
-            plane = np.frombuffer(buf, dtype=np.uint8)
-        else:
-            plane = np.frombuffer(piece, dtype=np.uint8)
-        if plane.size != plane_len:
-            raise CheckpointError(
-                f"plane decodes to {plane.size} bytes, expected {plane_len}; the object is corrupt"
-            )
-        if mode[0] in "xd":
+        bp = None
+        if mode[0:1] in ("x", "d"):
             if base_planes is None or len(base_planes) != itemsize:
                 raise CheckpointError("delta chunk without its base chunk")
             bp = base_planes[i]
-            if bp.flags.writeable:
-                target = bp
-            else:
-                if scratch is None:
-                    scratch = np.empty(nbytes, dtype=np.uint8)
-                target = scratch[i * plane_len : (i + 1) * plane_len]
-            if mode[0] == "x":
-                plane = np.bitwise_xor(bp, plane, out=target)
-            else:  # uint8 addition wraps: the inverse of the mod-256 difference
-                plane = np.add(bp, plane, out=target)
-        decoded.append(plane)
+            if not bp.flags.writeable and scratch is None:
+                scratch = np.empty(nbytes, dtype=np.uint8)
+        target = None if scratch is None else scratch[i * plane_len : (i + 1) * plane_len]
+        decoded.append(decode_plane(piece, mode, stored, plane_len, bp, decompressor=dctx, target=target))
     if offset != len(payload):
         raise CheckpointError("chunk payload has trailing bytes; the object is corrupt")
     return decoded
+
+
+def plane_offsets(payload_len: int, itemsize: int, planes: list[tuple[str, int]], nbytes: int) -> list[int]:
+    """Start of every plane in the payload, after checking the header's plane
+    table against the chunk: what lets a restore decode one plane alone."""
+    if len(planes) != itemsize or itemsize <= 0 or nbytes % itemsize:
+        raise CheckpointError(
+            f"chunk header lists {len(planes)} planes for item size {itemsize} and "
+            f"{nbytes} bytes; the object is corrupt",
+            hint="run `hetrun ckpt verify RUN`; restore falls back to an older checkpoint",
+        )
+    offsets, off = [], 0
+    for mode, stored in planes:
+        if mode not in _PLANE_MODES or stored < 0:
+            raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")
+        offsets.append(off)
+        off += stored
+    if off > payload_len:
+        raise CheckpointError("chunk payload is truncated; the object is corrupt")
+    if off != payload_len:
+        raise CheckpointError("chunk payload has trailing bytes; the object is corrupt")
+    return offsets
+
+
+def decode_plane(
+    piece: memoryview,
+    mode: str,
+    stored: int,
+    plane_len: int,
+    base_plane: np.ndarray | None,
+    *,
+    decompressor: zstandard.ZstdDecompressor,
+    target: np.ndarray | None = None,
+) -> np.ndarray:
+    """One plane (``plane_len`` bytes, plane space) from its stored ``piece``.
+    A delta plane needs ``base_plane`` (the base chunk's same plane): a
+    writable one is updated in place (the caller gives it up), a read-only one
+    into ``target``. The result may be a view of ``piece``."""
+    if mode not in _PLANE_MODES:
+        raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")
+    if len(piece) != stored:
+        raise CheckpointError("chunk payload is truncated; the object is corrupt")
+    if mode.endswith("z"):
+        try:
+            buf = decompressor.decompress(piece, max_output_size=plane_len)
+        except zstandard.ZstdError as exc:
+            raise CheckpointError(f"chunk does not decompress ({exc}); the object is corrupt") from exc
+        plane = np.frombuffer(buf, dtype=np.uint8)
+    else:
+        plane = np.frombuffer(piece, dtype=np.uint8)
+    if plane.size != plane_len:
+        raise CheckpointError(
+            f"plane decodes to {plane.size} bytes, expected {plane_len}; the object is corrupt"
+        )
+    if mode[0] not in "xd":
+        return plane
+    if base_plane is None or base_plane.size != plane_len:
+        raise CheckpointError("delta chunk without its base chunk")
+    if base_plane.flags.writeable:
+        out = base_plane
+    else:
+        if target is None:
+            target = np.empty(plane_len, dtype=np.uint8)
+        out = target
+    if mode[0] == "x":
+        return np.bitwise_xor(base_plane, plane, out=out)
+    return np.add(base_plane, plane, out=out)  # uint8 addition wraps: inverts the mod-256 difference
 
 
 def decode_into(

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import blake3
 import numpy as np
 import torch
 from hetrun.dag.errors import CheckpointError
@@ -125,6 +126,7 @@ class _Committed:
     layout: tuple[tuple[int, int], ...]
     buf_index: int
     chunks: list[list[tuple[str, int]]]  # per tensor: (object name, depth) per chunk
+    fast: list[list[str]]  # per tensor: BLAKE3 digest per chunk (see _chunk)
 
 
 class CheckpointWriter:
@@ -362,21 +364,25 @@ class CheckpointWriter:
         return sc
 
     def _chunk(self, tier: Tier, raw: np.ndarray, itemsize: int,
-               prev: tuple[np.ndarray, str, int] | None) -> tuple[str, int, str, int]:
-        """Store one chunk; returns (object name, depth, how, stored bytes)."""
+               prev: tuple[np.ndarray, str, int, str] | None) -> tuple[str, int, str, int, str]:
+        """Store one chunk; returns (object name, depth, how, stored bytes, BLAKE3
+        digest). The BLAKE3 digest goes into the shard: restore checks decoded
+        chunks with it, ~3x faster than sha256 (the object name, kept as the
+        content address)."""
         t = time.perf_counter()
         same = prev is not None and _same_bytes(raw, prev[0])
         t = self._stage("compare", t)
         if same:
             assert prev is not None
             tier.touch_object(prev[1])
-            return prev[1], prev[2], "reused", 0
+            return prev[1], prev[2], "reused", 0, prev[3]
         h = hashlib.sha256(raw).hexdigest()
+        fast = blake3.blake3(raw, max_threads=1).hexdigest()
         t = self._stage("hash", t)
         if tier.has_object(h):
             tier.touch_object(h)
             depth = int(tier.read_object_header(h).get("depth", 0))
-            return h, depth, "reused", 0
+            return h, depth, "reused", 0, fast
         base = None
         if prev is not None and self.delta and prev[2] + 1 < self.max_delta_chain:
             base = prev[0]
@@ -394,7 +400,7 @@ class CheckpointWriter:
         tier.write_object(h, header, enc.parts, durable=self.durable, staged=self._staged)
         self._stage("write", t)
         self._new_objects.append(h)
-        return h, depth, "delta" if enc.uses_base else "full", enc.stored_len
+        return h, depth, "delta" if enc.uses_base else "full", enc.stored_len, fast
 
     def _write(self, snap: _Snapshot) -> SaveResult:
         t0 = time.perf_counter()
@@ -413,6 +419,7 @@ class CheckpointWriter:
             prev_np = pb.numpy() if pb is not None else None
         shard_entry: dict[str, Any] | None = None
         chunk_table: list[list[tuple[str, int]]] = []
+        fast_table: list[list[str]] = []
         futures: list[list[tuple[int, Any]]] = []
         self._new_objects: list[str] = []
         self._staged = Staged()
@@ -427,15 +434,16 @@ class CheckpointWriter:
                     prev = None
                     if committed is not None and prev_np is not None:
                         name, depth = committed.chunks[ti][ci]
-                        prev = (prev_np[off + start : off + start + n], name, depth)
+                        prev = (prev_np[off + start : off + start + n], name, depth, committed.fast[ti][ci])
                     per_tensor.append((n, self._pool.submit(self._chunk, primary, raw, leaf.itemsize, prev)))
                 futures.append(per_tensor)
             tensors_doc = []
             for leaf, per_tensor in zip(snap.leaves, futures, strict=True):
-                chunks, table = [], []
+                chunks, table, fast = [], [], []
                 for n, fut in per_tensor:
-                    h, depth, how, stored = fut.result()
+                    h, depth, how, stored, b3 = fut.result()
                     chunks.append([h, n])
+                    fast.append(b3)
                     table.append((h, depth))
                     res.stored_bytes += stored
                     res.reused_chunks += how == "reused"
@@ -443,8 +451,10 @@ class CheckpointWriter:
                     res.full_chunks += how == "full"
                 res.raw_bytes += leaf.nbytes
                 chunk_table.append(table)
+                fast_table.append(fast)
                 tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
-                                    "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks})
+                                    "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks,
+                                    "blake3": fast})
             # Every object fsync'd and under its final name before the shard names it.
             t_sync = time.perf_counter()
             self._staged.commit(self._pool.submit)
@@ -483,7 +493,7 @@ class CheckpointWriter:
             return res
         res.ok = True
         res.drained.append(primary.name)
-        self._committed = _Committed(layout, snap.buf_index, chunk_table)
+        self._committed = _Committed(layout, snap.buf_index, chunk_table, fast_table)
         res.write_s = time.perf_counter() - t0
         for tier in self.tiers[1:]:
             err = self._drain(primary, tier, snap, entries, chunk_table)
