@@ -112,16 +112,20 @@ def preempt(node: str) -> str:
     return out.strip().split(";")[0]
 
 
-def slurm_start(job_id: str) -> float:
-    """sacct's Start of the current attempt (earliest het component), epoch seconds (1 s resolution)."""
+def slurm_start(job_id: str, not_before: float = 0.0) -> float:
+    """sacct's Start of the current attempt (earliest het component), epoch seconds (1 s resolution).
+
+    After a second requeue sacct may still show a het component's Start of an
+    earlier attempt: starts before ``not_before`` (the preemption) are ignored."""
     starts = []
     for line in sh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobID,Start"]).splitlines():
         _, _, start = line.partition("|")
         if start and start not in ("Unknown", "None"):
             starts.append(datetime.fromisoformat(start).timestamp())  # local time, as sacct prints
-    if not starts:
-        raise SystemExit(f"requeue_bench: sacct has no Start for job {job_id}")
-    return min(starts)
+    current = [t for t in starts if t >= not_before - 2.0]  # 1 s resolution, seconds truncated
+    if not current:
+        raise SystemExit(f"requeue_bench: sacct has no Start after the preemption for job {job_id}")
+    return min(current)
 
 
 def restart_breakdown(evs: list[dict[str, Any]], restart: int, nranks: int) -> dict[str, Any] | None:
@@ -178,7 +182,7 @@ def run_example(example: str, args: argparse.Namespace, runs_dir: Path) -> list[
             preempt(learner_node(job_id))
             got = wait_for(lambda r=restart: restart_breakdown(events(run_dir), r, nranks), 600,
                            f"{example} restart {restart} to take its first step")
-            start = slurm_start(job_id)
+            start = slurm_start(job_id, preempted_at)
             got["critical"]["slurm_start"] = start
             got.update(example=example, restart=restart, job_id=job_id, ranks=nranks,
                        preempted_at=preempted_at, run_dir=str(run_dir))

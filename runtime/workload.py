@@ -44,6 +44,11 @@ class Workload:
         self.ctx = ctx
         self.workload_args = workload_args
 
+    def runs(self, action_type: str) -> bool:
+        """Whether this rank's component runs actions of ``action_type`` (False without a plan)."""
+        plan = getattr(self.ctx, "plan", None)
+        return plan is not None and any(a.type == action_type for a in plan.actions_of(self.ctx.component))
+
     def _missing(self, method: str) -> RuntimeFailure:
         return RuntimeFailure(
             f"workload {type(self).__module__}:{type(self).__name__} does not implement "
