@@ -12,7 +12,9 @@ why in ``RestoreResult.skipped``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
+import mmap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,29 @@ LAZY_CHAIN = True
 # Verify decoded chunks with the BLAKE3 digests the shard records (about 3x
 # sha256's speed per thread); shards without them, and `verify`, use sha256.
 FAST_VERIFY = True
+
+
+# Fault in each fresh output chunk with one madvise call (see _populate_write).
+PREFAULT_OUTPUT = True
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_madvise: Any = None
+with contextlib.suppress(OSError, AttributeError):
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise.restype = ctypes.c_int
+
+
+def _populate_write(out: np.ndarray) -> None:
+    """Fault in a fresh output buffer with one call: restored tensors are new
+    memory, and a page fault per 4 KiB inside the un-plane loop cost about
+    twice as much (measured: 0.15 s vs 0.28 s per 400 MB)."""
+    global _madvise
+    if not PREFAULT_OUTPUT or _madvise is None or out.size < (1 << 20):
+        return
+    addr = out.ctypes.data
+    start = addr - addr % mmap.PAGESIZE
+    if _madvise(start, addr + out.size - start, _MADV_POPULATE_WRITE) != 0:
+        _madvise = None  # an older kernel: ordinary page faults from now on
 
 
 @dataclass
@@ -288,6 +313,9 @@ class CheckpointStore:
                     del node  # drops the chain's mappings before the next object
                 else:
                     planes, _, rot = self._planes_of(h, out.size, tier, 0, ctx)
+                t = time.perf_counter()
+                _populate_write(out)
+                ctx.add("fault", t)
                 t = time.perf_counter()
                 byteplanes.merge(planes, out, rot=rot)
                 del planes
