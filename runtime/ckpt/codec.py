@@ -163,7 +163,7 @@ def encode(
                 parts.append(z)
                 continue
         out_planes.append((prefix + "r", candidate.size))
-        parts.append(memoryview(candidate).cast("B"))
+        parts.append(candidate.data.cast("B"))
     return Encoded(itemsize=itemsize, planes=out_planes, parts=parts, rot=rot)
 
 

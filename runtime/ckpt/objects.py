@@ -35,9 +35,9 @@ _MANIFEST_RE = re.compile(r"([0-9]{12})\.json")
 _HEADER_MAX = 1 << 20
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 # madvise(MADV_POPULATE_READ) (Linux >= 5.14; 22 in the kernel ABI) faults a
-# range in with one call; older kernels get MADV_WILLNEED (read-ahead only).
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22 if hasattr(mmap, "MADV_WILLNEED") else None)
-_populate_ok = [_MADV_POPULATE_READ is not None]
+# range in with one call; where the kernel refuses it, plain page faults do.
+_MADV_POPULATE_READ: int = getattr(mmap, "MADV_POPULATE_READ", 22)
+_populate_ok = [hasattr(mmap.mmap, "madvise")]
 
 
 def digest(data: Any) -> str:

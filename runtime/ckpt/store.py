@@ -322,9 +322,9 @@ class CheckpointStore:
                 ctx.add("unplane", t)
                 t = time.perf_counter()
                 if b3 is not None:
-                    ok = blake3.blake3(out, max_threads=1).hexdigest() == b3
+                    ok = blake3.blake3(out.data, max_threads=1).hexdigest() == b3
                 else:
-                    ok = hashlib.sha256(out).hexdigest() == h
+                    ok = hashlib.sha256(out.data).hexdigest() == h
                 ctx.add("verify", t)
                 if not ok:
                     raise CheckpointError(f"chunk {h[:16]}… in {tier.root} does not match its hash; corrupt")

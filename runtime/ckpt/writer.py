@@ -376,8 +376,8 @@ class CheckpointWriter:
             assert prev is not None
             tier.touch_object(prev[1])
             return prev[1], prev[2], "reused", 0, prev[3]
-        h = hashlib.sha256(raw).hexdigest()
-        fast = blake3.blake3(raw, max_threads=1).hexdigest()
+        h = hashlib.sha256(raw.data).hexdigest()
+        fast = blake3.blake3(raw.data, max_threads=1).hexdigest()
         t = self._stage("hash", t)
         if tier.has_object(h):
             tier.touch_object(h)
