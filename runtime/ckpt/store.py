@@ -395,8 +395,11 @@ class CheckpointStore:
         return state.unflatten(skeleton, values)
 
     def stage_seconds(self) -> dict[str, float]:
-        """CPU seconds per restore stage (read, decode, unplane, verify) summed
-        over the decoding threads since the store was opened: where restore time goes."""
+        """CPU seconds per restore stage summed over the decoding threads since
+        the store was opened: where restore time goes. read (map objects, fault
+        in the needed ranges), decode (zstd, delta add/XOR down the chain),
+        rebase (a base planed differently), fault (fresh output pages), unplane
+        (interleave planes into the output), verify (BLAKE3 or sha256)."""
         out: dict[str, float] = {}
         with self._lock:
             for ctx in self._ctxs:
