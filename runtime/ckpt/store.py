@@ -266,7 +266,8 @@ class CheckpointStore:
         t = time.perf_counter()
         n = nbytes // node.itemsize
         plane = codec.decode_plane(node.payload[start : start + stored], mode, stored, n, base_plane,
-                                   decompressor=ctx.dctx, target=ctx.scratch(("xor", depth), nbytes)[i * n : (i + 1) * n])
+                                   decompressor=ctx.dctx, target=ctx.scratch(("xor", depth), nbytes)[i * n : (i + 1) * n],
+                                   zbuf=ctx.scratch("z", n))
         ctx.add("decode", t)
         return plane
 
