@@ -632,3 +632,20 @@ def test_a_delta_reads_only_the_base_planes_it_needs(tmp_path: Path, monkeypatch
     if planes[j][0].endswith("r"):
         res = open_store(tmp_path).restore()
         assert res is not None and res.step == 30 and exact(res.state["t"], versions[2])
+
+
+def test_compressed_plane_of_the_wrong_length_is_corrupt_when_decoded_into_a_buffer() -> None:
+    from hetrun.runtime.ckpt import codec
+
+    dctx = __import__("zstandard").ZstdDecompressor()
+    plane = np.arange(4096, dtype=np.uint8)
+    z = codec.new_compressor().compress(plane.data)
+    buf = np.empty(4096, np.uint8)
+    got = codec.decode_plane(memoryview(z), "z", len(z), 4096, None, decompressor=dctx, target=buf)
+    assert got is buf and np.array_equal(buf, plane)
+    for wrong in (4095, 4097):
+        with pytest.raises(CheckpointError, match="expected"):
+            codec.decode_plane(memoryview(z), "z", len(z), wrong, None, decompressor=dctx,
+                               target=np.empty(wrong, np.uint8))
+    with pytest.raises(CheckpointError, match="does not decompress"):
+        codec.decode_plane(memoryview(z[:-3] + b"xyz"), "z", len(z), 4096, None, decompressor=dctx, target=buf)
