@@ -1,7 +1,10 @@
 """``csrc/fused_gelu.c`` built at first use: GELU forward, and backward fused with the bias-gradient sum.
 
-Built with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (the inline
-erf/exp polynomials vectorise) into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
+Compiled with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (the inline
+erf/exp polynomials vectorise) and linked in a separate step WITHOUT
+``-ffast-math``: linking with it pulls in crtfastmath.o, whose constructor
+turns on flush-to-zero / denormals-are-zero for the whole process as soon as
+the library is loaded (it silently changed torch's and numpy's results). Into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
 keyed by source and CPU like the codec library. No compiler, a failed build, or
 ``HETRUN_NATIVE_FUSED=0``: :func:`lib` returns None and callers use ATen.
 """
@@ -35,7 +38,7 @@ def _build() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None or not _SRC.exists():
         return None
-    key = hashlib.sha256(_SRC.read_bytes() + _cpu_tag().encode()).hexdigest()[:16]
+    key = hashlib.sha256(_SRC.read_bytes() + _cpu_tag().encode() + b"link-without-fast-math").hexdigest()[:16]
     cache = Path(os.environ.get("HETRUN_KERNEL_CACHE", Path.home() / ".cache" / "hetrun"))
     so = cache / f"fused_gelu-{key}.so"
     if not so.exists():
@@ -43,12 +46,18 @@ def _build() -> ctypes.CDLL | None:
         # Build beside the target and rename: processes building at once never load a half-written file.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
-        cmd = [cc, "-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-shared", "-fPIC",
-               "-o", tmp, str(_SRC), "-lm"]
+        obj = tmp[:-3] + ".o"
+        compile_cmd = [cc, "-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC",
+                       "-c", "-o", obj, str(_SRC)]
+        link_cmd = [cc, "-shared", "-o", tmp, obj, "-lm"]  # no -ffast-math here: no crtfastmath.o
         try:
-            ok = subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+            ok = all(subprocess.run(c, capture_output=True, text=True).returncode == 0
+                     for c in (compile_cmd, link_cmd))
         except OSError:
             ok = False
+        finally:
+            if os.path.exists(obj):
+                os.unlink(obj)
         if not ok:
             os.unlink(tmp)
             return None

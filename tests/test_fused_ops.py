@@ -253,3 +253,22 @@ def test_ln_linear_gelu_on_cuda_aten_path_with_triton_off() -> None:
     assert y.is_cuda and _rel(y, y_ref) < 1e-6
     for a, r in zip(g, g_ref, strict=True):
         assert _rel(a, r) < 1e-4
+
+
+def test_loading_the_c_kernels_keeps_subnormals() -> None:  # every native library, not just this op's
+    """A library linked with -ffast-math sets flush-to-zero for the whole process
+    when loaded (crtfastmath.o); the fused kernels must not change global numerics."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, torch\n"
+        "from hetrun.kernels import fused_native, codec_native, byteplanes\n"
+        "assert fused_native.lib() is not None\n"
+        "codec_native.lib(); byteplanes.native()  # every C library hetrun builds\n"
+        "tiny = np.float32(1e-40)\n"
+        "assert tiny * np.float32(1.0) != 0, 'numpy flushes subnormals'\n"
+        "assert float(torch.tensor(1e-40) * 1.0) != 0.0, 'torch flushes subnormals'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
