@@ -8,6 +8,8 @@
 - ``fused_ln_linear``: LayerNorm + Linear (+ GELU) with a hand-written backward;
   ``fused_native`` is its single-pass C GELU forward / backward+bias-sum
   (built at first use like the codec library).
+- ``native_build``: compile-at-first-use and loading of the C kernels above
+  (and ``byteplanes``, the checkpoint store's byte-plane split/merge).
 - ``moe_dispatch``: gate + top-k + permute, and the weighted combine.
 
 Modules are imported on use; importing the package loads nothing heavy.

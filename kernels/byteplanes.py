@@ -17,68 +17,35 @@ byte). It commutes with XOR, so a delta of rotated planes is exact.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from hetrun.kernels.native_build import NativeLibrary
 
 __all__ = ["ROTATABLE", "merge", "native", "split"]
 
 ROTATABLE = (2, 4, 8)
 _SRC = Path(__file__).with_name("csrc") / "byteplanes.c"
-_lib: ctypes.CDLL | None = None
-_tried = False
 _WORD = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def _build() -> ctypes.CDLL | None:
-    from hetrun.kernels.codec_native import _cpu_tag
 
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not _SRC.exists():
-        return None
-    key = hashlib.sha256(_SRC.read_bytes() + _cpu_tag().encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("HETRUN_KERNEL_CACHE", Path.home() / ".cache" / "hetrun"))
-    so = cache / f"byteplanes-{key}.so"
-    if not so.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: ranks building at once never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        try:
-            ok = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", tmp, str(_SRC)],
-                                capture_output=True).returncode == 0
-        except OSError:
-            ok = False
-        if not ok:
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, so)
-    dll = ctypes.CDLL(str(so))
+
+def _declare(dll: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
     dll.hr_bp_split.argtypes = [p, p, i64, i32, i32, i32, p, p]
     dll.hr_bp_split.restype = None
     dll.hr_bp_merge.argtypes = [ctypes.POINTER(p), i64, i32, i32, p]
     dll.hr_bp_merge.restype = None
-    return dll
+
+
+_native = NativeLibrary("byteplanes", _SRC, compile_flags=["-O3", "-march=native"],
+                        disable_env="HETRUN_NATIVE_CODECS", declare=_declare)
 
 
 def native() -> ctypes.CDLL | None:
     """The loaded kernel, or None (no compiler, or HETRUN_NATIVE_CODECS=0)."""
-    global _lib, _tried
-    if os.environ.get("HETRUN_NATIVE_CODECS", "1") == "0":
-        return None
-    if not _tried:
-        _tried = True
-        try:
-            _lib = _build()
-        except OSError:
-            _lib = None
-    return _lib
+    return _native.load()
 
 
 def _check(a: np.ndarray, n: int, what: str) -> None:

@@ -12,15 +12,10 @@ so each kind of node builds its own. No compiler, or ``HETRUN_NATIVE_CODECS=0``:
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from hetrun.kernels.native_build import NativeLibrary
 
 __all__ = [
     "fp8_decode",
@@ -37,45 +32,9 @@ __all__ = [
 ]
 
 _SRC = Path(__file__).with_name("csrc") / "codec_simd.c"
-_lib: ctypes.CDLL | None = None
-_tried = False
 
 
-def _cpu_tag() -> str:
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
-    return platform.machine() + flags
-
-
-def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not _SRC.exists():
-        return None
-    src = _SRC.read_bytes()
-    key = hashlib.sha256(src + _cpu_tag().encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("HETRUN_KERNEL_CACHE", Path.home() / ".cache" / "hetrun"))
-    so = cache / f"codec_simd-{key}.so"
-    if not so.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: ranks building at once never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", tmp, str(_SRC), "-lm"]
-        try:
-            ok = subprocess.run(cmd, capture_output=True, text=True).returncode == 0
-        except OSError:
-            ok = False
-        if not ok:
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, so)
-    dll = ctypes.CDLL(str(so))
+def _declare(dll: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     ci = ctypes.c_int
     dll.hr_onebit_encode.argtypes = [p, i64, i64, p, p, p, ci]
@@ -94,21 +53,15 @@ def _build() -> ctypes.CDLL | None:
               dll.hr_fp8_e4m3_saturate, dll.hr_int4_encode, dll.hr_int4_decode):
         f.restype = None
     dll.hr_has_avx2.restype = ctypes.c_int
-    return dll
+
+
+_native = NativeLibrary("codec_simd", _SRC, compile_flags=["-O3", "-march=native"],
+                        disable_env="HETRUN_NATIVE_CODECS", declare=_declare)
 
 
 def lib() -> ctypes.CDLL | None:
     """The loaded library, or None (no compiler, or disabled by HETRUN_NATIVE_CODECS=0)."""
-    global _lib, _tried
-    if os.environ.get("HETRUN_NATIVE_CODECS", "1") == "0":
-        return None
-    if not _tried:
-        _tried = True
-        try:
-            _lib = _build()
-        except OSError:
-            _lib = None
-    return _lib
+    return _native.load()
 
 
 def _ptr(a: np.ndarray) -> int:

@@ -1,88 +1,49 @@
 """``csrc/fused_gelu.c`` built at first use: GELU forward, and backward fused with the bias-gradient sum.
 
 Compiled with ``cc -O3 -march=native -ffast-math -fopenmp-simd`` (the inline
-erf/exp polynomials vectorise) and linked in a separate step WITHOUT
-``-ffast-math``: linking with it pulls in crtfastmath.o, whose constructor
-turns on flush-to-zero / denormals-are-zero for the whole process as soon as
-the library is loaded (it silently changed torch's and numpy's results). Into ``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``),
-keyed by source and CPU like the codec library. No compiler, a failed build, or
-``HETRUN_NATIVE_FUSED=0``: :func:`lib` returns None and callers use ATen.
+erf/exp polynomials vectorise) by ``kernels/native_build.py``, which links
+without ``-ffast-math`` (no process-wide flush-to-zero), into
+``$HETRUN_KERNEL_CACHE`` (default ``~/.cache/hetrun``), keyed by source, flags
+and CPU. No compiler, a failed build, or ``HETRUN_NATIVE_FUSED=0``:
+:func:`lib` returns None and callers use ATen.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from hetrun.dag.errors import HetrunError
-from hetrun.kernels.codec_native import _cpu_tag
+from hetrun.kernels.native_build import NativeLibrary
 
 __all__ = ["gelu_backward_bias", "gelu_forward", "lib"]
 
 _SRC = Path(__file__).with_name("csrc") / "fused_gelu.c"
-_lib: ctypes.CDLL | None = None
-_tried = False
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
 
-def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not _SRC.exists():
-        return None
-    key = hashlib.sha256(_SRC.read_bytes() + _cpu_tag().encode() + b"link-without-fast-math").hexdigest()[:16]
-    cache = Path(os.environ.get("HETRUN_KERNEL_CACHE", Path.home() / ".cache" / "hetrun"))
-    so = cache / f"fused_gelu-{key}.so"
-    if not so.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: processes building at once never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-        os.close(fd)
-        obj = tmp[:-3] + ".o"
-        compile_cmd = [cc, "-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC",
-                       "-c", "-o", obj, str(_SRC)]
-        link_cmd = [cc, "-shared", "-o", tmp, obj, "-lm"]  # no -ffast-math here: no crtfastmath.o
-        try:
-            ok = all(subprocess.run(c, capture_output=True, text=True).returncode == 0
-                     for c in (compile_cmd, link_cmd))
-        except OSError:
-            ok = False
-        finally:
-            if os.path.exists(obj):
-                os.unlink(obj)
-        if not ok:
-            os.unlink(tmp)
-            return None
-        os.replace(tmp, so)
-    dll = ctypes.CDLL(str(so))
+
+
+def _declare(dll: ctypes.CDLL) -> None:
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     dll.hr_gelu_backward_bias.argtypes = [p, p, p, p, i64, i64, i64]
     dll.hr_gelu_backward_bias.restype = None
     dll.hr_gelu_forward.argtypes = [p, p, i64, i64]
     dll.hr_gelu_forward.restype = None
-    return dll
+
+
+# -ffast-math for code generation only: native_build links without it.
+_native = NativeLibrary("fused_gelu", _SRC, compile_flags=["-O3", "-march=native", "-ffast-math", "-fopenmp-simd"],
+                        disable_env="HETRUN_NATIVE_FUSED", declare=_declare)
 
 
 def lib() -> ctypes.CDLL | None:
     """The loaded library, or None (no compiler, or disabled by HETRUN_NATIVE_FUSED=0)."""
-    global _lib, _tried
-    if os.environ.get("HETRUN_NATIVE_FUSED", "1") == "0":
-        return None
-    if not _tried:
-        _tried = True
-        try:
-            _lib = _build()
-        except OSError:
-            _lib = None
-    return _lib
+    return _native.load()
 
 
 def _split(n: int, min_per_thread: int) -> list[int]:
