@@ -152,8 +152,6 @@ class MoELMWorkload(Workload):
         ).to(self.device)
         self.weight_decay = float(weight_decay)
         self._optimizer: torch.optim.AdamW | None = None  # built on first use (learners only)
-        if self.runs("optimize"):
-            self.optimizer  # noqa: B018 -- learners build it now: a start-up cost, not a restore one
         self.corpus = ByteCorpus.from_stdlib(corpus_bytes, heldout_every)
         self.step = 0
         # Learners publish the full model only when another component consumes it.

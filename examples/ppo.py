@@ -155,8 +155,6 @@ class PPOWorkload(Workload):
         self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
         self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
         self._optimizer: torch.optim.Adam | None = None  # built on the learner's first use
-        if self.runs("optimize"):
-            self.optimizer  # noqa: B018 -- learners build it now: a start-up cost, not a restore one
         # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
         # resumed rank draws exactly what an uninterrupted one would.
         self.rank_seed = int(np.random.SeedSequence([seed, ctx.rank]).generate_state(1)[0])

@@ -44,16 +44,6 @@ class Workload:
         self.ctx = ctx
         self.workload_args = workload_args
 
-    def runs(self, action_type: str) -> bool:
-        """Whether this rank's component runs actions of ``action_type`` (False without a plan)."""
-        plan = getattr(self.ctx, "plan", None)
-        if plan is None:
-            return False
-        # A fused dispatch (e.g. "sync.grads+optimize") has its first member's type;
-        # member ids start with their type (docs/CONTRACTS.md: action ids).
-        return any(a.type == action_type or any(m.split(".")[0] == action_type for m in a.fused)
-                   for a in plan.actions_of(self.ctx.component))
-
     def _missing(self, method: str) -> RuntimeFailure:
         return RuntimeFailure(
             f"workload {type(self).__module__}:{type(self).__name__} does not implement "

@@ -123,25 +123,3 @@ def test_workload_reference_is_checked() -> None:
     with pytest.raises(RuntimeFailure, match="cannot be imported"):
         load_workload_class("no_such_module_hetrun:Thing")
 
-
-def test_workload_runs_sees_action_types_inside_fused_dispatches() -> None:
-    """The PPO learner's optimize is fused into "sync.grads+optimize" (type sync):
-    runs("optimize") must still say yes there, and no on the rollout ranks."""
-    import json
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    from hetrun.dag.plan import build_plan
-    from hetrun.dag.spec import load_spec
-    from hetrun.runtime.plan_view import plan_from_dict
-    from hetrun.runtime.workload import Workload
-
-    yaml_path = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
-    plan = plan_from_dict(json.loads(build_plan(load_spec(yaml_path)).to_json()))
-    fused = [a for a in plan.actions_of("learner") if "optimize" in a.fused]
-    assert fused and fused[0].type != "optimize"  # the case this guards
-    learner = Workload(SimpleNamespace(plan=plan, component="learner"))  # type: ignore[arg-type]
-    rollout = Workload(SimpleNamespace(plan=plan, component="rollout"))  # type: ignore[arg-type]
-    assert learner.runs("optimize") and learner.runs("eval") and not learner.runs("rollout")
-    assert rollout.runs("rollout") and not rollout.runs("optimize")
-    assert not Workload(SimpleNamespace(plan=None, component="learner")).runs("optimize")  # type: ignore[arg-type]
