@@ -132,6 +132,19 @@ class CheckpointInfo:
         return self.stored_bytes / self.raw_bytes if self.raw_bytes else 0.0
 
 
+def _layout(h: str, header: dict[str, Any], nbytes: int) -> tuple[int, bool, list[tuple[str, int]]]:
+    """An object header's (item size, rotated?, plane modes), checked against the expected length."""
+    if int(header.get("raw_len", -1)) != nbytes:
+        raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")
+    itemsize = int(header.get("itemsize", 1))
+    xf = header.get("xf")
+    if xf not in (None, codec.ROT_TAG):
+        raise CheckpointError(f"chunk {h[:16]}… uses transform {xf!r}, unknown to this hetrun version",
+                              hint="restore with the hetrun version that wrote the checkpoint")
+    modes = [(str(m), int(n)) for m, n in header.get("planes", [])]
+    return itemsize, codec.rotates(itemsize, xf == codec.ROT_TAG), modes
+
+
 class CheckpointStore:
     """The read side over one or more tiers (e.g. node-local first, then shared)."""
 
@@ -201,15 +214,7 @@ class CheckpointStore:
         else:
             header, payload = tier.read_object(h, into=ctx.read_buf(depth))
         ctx.add("read", t)
-        if int(header.get("raw_len", -1)) != nbytes:
-            raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")
-        itemsize = int(header.get("itemsize", 1))
-        xf = header.get("xf")
-        if xf not in (None, codec.ROT_TAG):
-            raise CheckpointError(f"chunk {h[:16]}… uses transform {xf!r}, unknown to this hetrun version",
-                                  hint="restore with the hetrun version that wrote the checkpoint")
-        rot = codec.rotates(itemsize, xf == codec.ROT_TAG)
-        modes = [(str(m), int(n)) for m, n in header.get("planes", [])]
+        itemsize, rot, modes = _layout(h, header, nbytes)
         base_planes = None
         if header.get("base"):
             base_h = check_hash(header["base"], f"chunk {h[:16]}… base")
@@ -238,18 +243,10 @@ class CheckpointStore:
         t = time.perf_counter()
         header, payload = tier.map_object(h, populate=populate)
         ctx.add("read", t)
-        if int(header.get("raw_len", -1)) != nbytes:
-            raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")
-        itemsize = int(header.get("itemsize", 1))
-        xf = header.get("xf")
-        if xf not in (None, codec.ROT_TAG):
-            raise CheckpointError(f"chunk {h[:16]}… uses transform {xf!r}, unknown to this hetrun version",
-                                  hint="restore with the hetrun version that wrote the checkpoint")
-        modes = [(str(m), int(n)) for m, n in header.get("planes", [])]
+        itemsize, rot, modes = _layout(h, header, nbytes)
         offsets = codec.plane_offsets(len(payload), itemsize, modes, nbytes)
         base_h = check_hash(header["base"], f"chunk {h[:16]}… base") if header.get("base") else None
-        return _Node(h, payload, itemsize, codec.rotates(itemsize, xf == codec.ROT_TAG), modes, offsets,
-                     populate, base_h)
+        return _Node(h, payload, itemsize, rot, modes, offsets, populate, base_h)
 
     def _plane(self, node: _Node, i: int, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx) -> np.ndarray:
         """Plane ``i`` of ``node`` in its plane space, decoding only plane ``i``
