@@ -64,6 +64,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     setattr(item, f"rep_{rep.when}", rep)
 
 
+@pytest.fixture
+def clean_resume_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No Slurm job environment and no checkpoint writers left from another test
+    (tests of hetrun.runtime.resume / preempt run in-process)."""
+    from hetrun.runtime import resume
+
+    for key in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURM_RESTART_COUNT", "HETRUN_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    resume.reset()
+    yield
+    resume.reset()
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> ClusterStatus:
     """The running local Slurm cluster (``hetrun.slurm_plugin.cluster.ClusterStatus``).

@@ -191,13 +191,7 @@ class Learner:
         self.opt.load_state_dict(state["opt"])
 
 
-@pytest.fixture(autouse=True)
-def clean_hooks(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for key in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURM_RESTART_COUNT", "HETRUN_RESTART_COUNT"):
-        monkeypatch.delenv(key, raising=False)
-    resume.reset()
-    yield
-    resume.reset()
+pytestmark = pytest.mark.usefixtures("clean_resume_hooks")
 
 
 def _save_after(run_dir: Path, encoding: str, steps: int) -> tuple[Learner, dict[str, Any], Any]:

@@ -41,13 +41,7 @@ def make_ctx(tmp_path: Path, **preemption: Any) -> RankContext:
                        comm=None, device="cpu", seed=0, run_dir=tmp_path, plan=plan)
 
 
-@pytest.fixture(autouse=True)
-def clean_hooks(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for key in ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURM_RESTART_COUNT", "HETRUN_RESTART_COUNT"):
-        monkeypatch.delenv(key, raising=False)
-    resume.reset()
-    yield
-    resume.reset()
+pytestmark = pytest.mark.usefixtures("clean_resume_hooks")
 
 
 def test_signal_sets_a_flag_and_chains_the_previous_handler(tmp_path: Path) -> None:
