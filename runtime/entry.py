@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hetrun.dag.errors import HetrunError, RunDirError
 
+from . import mpi_wait
 from .events import EventLog
 from .plan_view import PlanView, load_plan
 from .resume import restart_count
@@ -122,7 +123,7 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
     if not has_work(plan):
         log.emit("exit", code=EXIT_OK, reason="plan has nothing to execute",
                  elapsed=time.time() - started)
-        world.comm.Barrier()
+        mpi_wait.meet(world.comm)
         return EXIT_OK
 
     # torch is what every workload needs and the longest import of a start:
@@ -135,8 +136,8 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
 
     try:
         executor = Executor(plan, world, log, run_dir)
-        log.emit("startup", restart_count=restarts,
-                 executor_ready=time.time(), **startup_times(world, interp_ready))
+        log.emit("startup", restart_count=restarts, executor_ready=time.time(),
+                 cpu_s=round(time.process_time(), 3), **startup_times(world, interp_ready))
         code = executor.run()
     except RankFailed as exc:
         _report_failure(log, exc.action, exc.iteration, exc.cause, world)

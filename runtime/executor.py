@@ -46,6 +46,7 @@ from typing import Any
 
 from hetrun.dag.errors import HetrunError, RuntimeFailure
 
+from . import mpi_wait
 from .context import RankContext
 from .events import EventLog
 from .hooks import Hooks, load_hooks
@@ -167,7 +168,7 @@ class StopAgreement:
         """Collective: every rank posted the same agreements; complete and free them."""
         while self.pending:
             item = self.pending.popleft()
-            item[1].Wait()
+            mpi_wait.wait_politely(item[1])
             self._take(item)
         self.comm.Free()
 
@@ -324,7 +325,7 @@ class Executor:
         self.shared: dict[str, Any] = {}
         self._shared_groups: dict[str, Any] = {}  # producer id -> (sub comm, leader, src)
         enabled = os.environ.get("HETRUN_SHARED_WEIGHTS", "0") == "1"
-        nodes = self.world.comm.allgather(self.world.node) if enabled else []
+        nodes = mpi_wait.allgather(self.world.comm, self.world.node) if enabled else []
         if not enabled:
             return
         links = sorted({(d.id, c.component) for c in self.plan.actions for d in c.deps
@@ -365,7 +366,7 @@ class Executor:
             if self.world.rank == leader:
                 msg = self.states[producer_id]
                 shared.publish(msg.tensors, msg.iteration + 1)
-            sub.Barrier()
+            mpi_wait.meet(sub)
             self.shared[producer_id] = shared
             self.log.emit("shared_weights", producer=producer_id, group_size=sub.Get_size(),
                           bytes=shared.nbytes, leader=leader)

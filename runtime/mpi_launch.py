@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import mpi_wait
+
 LOOPBACK_MPI_ENV: Mapping[str, str] = {
     "OMPI_ALLOW_RUN_AS_ROOT": "1",
     "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -50,7 +52,7 @@ def init_loopback_gloo(comm: Any, timeout_s: float | None = None) -> None:
     store = None
     if rank == 0:
         store = dist.TCPStore("127.0.0.1", 0, size, is_master=True, wait_for_workers=False, **kw)
-    port = comm.bcast(None if store is None else int(store.port), root=0)
+    port = mpi_wait.bcast(comm, None if store is None else int(store.port), root=0)
     if store is None:
         store = dist.TCPStore("127.0.0.1", port, size, is_master=False, **kw)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size, **kw)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.errors import CheckpointError, RuntimeFailure
-from hetrun.runtime import preempt
+from hetrun.runtime import mpi_wait, preempt
 
 LOCAL_ENV = "HETRUN_CKPT_LOCAL"
 
@@ -155,7 +155,7 @@ def _world_allgather(ctx: Any, value: Any) -> list[Any]:
     comm = getattr(ctx, "world_comm", None)
     if comm is None or comm.Get_size() == 1:
         return [value]
-    return list(comm.allgather(value))
+    return mpi_wait.allgather(comm, value)
 
 
 def _last_iteration_done(ctx: Any) -> int | None:
@@ -249,6 +249,9 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     slot.last_step = step
     log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
              restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4), entered=entered,
+             # CPU seconds this rank used since it started: with ranks sharing
+             # cores, it tells waiting (a core given away) from working.
+             cpu_s=round(time.process_time(), 3),
              skipped=[{"step": s, "why": w} for s, w in skipped],
              work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
     log.close()

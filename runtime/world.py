@@ -19,6 +19,7 @@ from typing import Any
 
 from hetrun.dag.errors import RuntimeFailure
 
+from . import mpi_wait
 from .plan_view import ComponentSpec, PlanView
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
@@ -188,7 +189,7 @@ class World:
 
         self.timings.setdefault("torch_imported", time.time())
         timeout = timedelta(seconds=self.timeout_s)
-        nodes = self.comm.allgather(socket.gethostname())
+        nodes = mpi_wait.allgather(self.comm, socket.gethostname())
         same_host = len(set(nodes)) == 1
         if same_host:
             # Emulated nodes on one host: loopback is the one interface that works.
@@ -203,7 +204,7 @@ class World:
             addr = (host, int(store.port))
         else:
             addr = None
-        host, port = self.comm.bcast(addr, root=0)
+        host, port = mpi_wait.bcast(self.comm, addr, root=0)
         if store is None:
             store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
         self.backend = "nccl" if use_cuda else "gloo"
@@ -248,7 +249,7 @@ def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
     comp, _ = detect_component(env, plan, rank, size)
     # Every rank tells every other its component: the ranges are then exact
     # whatever launched us (srun het groups or mpirun app contexts).
-    all_comps: Sequence[str] = comm.allgather(comp.name)
+    all_comps: Sequence[str] = mpi_wait.allgather(comm, comp.name)
     comp_ranks = {c.name: [r for r, n in enumerate(all_comps) if n == c.name]
                   for c in plan.components}
     missing = [name for name, ranks in comp_ranks.items() if not ranks]
@@ -264,7 +265,7 @@ def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
     # Emulated Slurm nodes share one host: split further by node name so
     # "node-local" means what Slurm says, as it will on a real cluster.
     node = node_name(env)
-    names = sorted(set(shared.allgather(node)))
+    names = sorted(set(mpi_wait.allgather(shared, node)))
     node_comm = shared.Split(color=names.index(node), key=rank)
     shared.Free()
     return World(

@@ -14,6 +14,8 @@ import os
 import socket
 from typing import Any, Protocol
 
+from hetrun.runtime import mpi_wait
+
 
 class Collective(Protocol):
     rank: int
@@ -52,7 +54,7 @@ class MPICollective:
         self.size = self._comm.Get_size()
 
     def allgather(self, value: Any) -> list[Any]:
-        return list(self._comm.allgather(value))
+        return mpi_wait.allgather(self._comm, value)
 
     def free(self) -> None:
         self._comm.Free()

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from hetrun.dag.errors import HetrunError, RuntimeFailure
+from hetrun.runtime import mpi_wait
 
 __all__ = [
     "AllToAllComm",
@@ -38,8 +39,6 @@ __all__ = [
 
 _DIRECTIONS = ("forward", "backward")
 _POLLS = ("polite", "block")
-# Tests before the first sleep: small exchanges between idle cores finish within them.
-_SPIN_TESTS = 200
 
 
 class AllToAllComm:
@@ -202,30 +201,12 @@ def _mpi_all_to_all(
     if comm.poll == "block":
         comm.mpi_comm.Alltoallv(send_spec, recv_spec)
     else:
-        _wait_politely(comm.mpi_comm.Ialltoallv(send_spec, recv_spec))
+        # Expert-parallel ranks are often oversubscribed: a blocking wait would
+        # busy-poll a core the peer still computing its experts needs (every op
+        # of that rank ran ~3x slower on 2 shared cores). The sleep cap keeps a
+        # long exchange's overshoot at ~0.25 ms.
+        mpi_wait.wait_politely(comm.mpi_comm.Ialltoallv(send_spec, recv_spec), max_sleep=250e-6)
     return out
-
-
-def _wait_politely(request: Any) -> None:
-    """Complete ``request`` without holding a core that a peer needs.
-
-    A blocking MPI wait busy-polls a core. Expert-parallel ranks are often
-    oversubscribed (2 cores here, or ranks sharing a node with rollout workers),
-    and a peer still computing its experts then loses CPU to our polling: on 2
-    shared cores, every op of the computing rank ran ~3x slower. Each Test
-    drives Open MPI's progress engine (over TCP, bytes move only then), so we
-    spin briefly, then test between short sleeps (capped so a long exchange
-    overshoots by at most ~0.25 ms).
-    """
-    import time
-
-    for _ in range(_SPIN_TESTS):
-        if request.Test():
-            return
-    delay = 10e-6
-    while not request.Test():
-        time.sleep(delay)
-        delay = min(delay * 2, 250e-6)
 
 
 def _torch_all_to_all(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,11 @@ class Mailbox:
 
     def recv_from(self, source: int) -> Message:
         status = self._mpi.Status()
-        self.comm.Probe(source=source, tag=TAG, status=status)
+        delay = 10e-6
+        # Not MPI_Probe: a blocking probe busy-polls a core the sender may need.
+        while not self.comm.Iprobe(source=source, tag=TAG, status=status):
+            time.sleep(delay)
+            delay = min(delay * 2, 1e-3)
         return self._recv(source, status.Get_count(self._mpi.BYTE))
 
     def drain(self, on_message: Callable[[Message], None] | None = None) -> int:
