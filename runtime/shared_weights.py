@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from hetrun.dag.errors import RuntimeFailure
+from hetrun.runtime import mpi_wait
 
 _HEADER = 64  # bytes: [seq int64, version int64, ...], keeps tensors 64-byte aligned
 _ALIGN = 64
@@ -94,7 +95,7 @@ class SharedWeights:
                                   nbytes))
                 offset += _align(nbytes)
             layout = json.dumps({"slots": slots_out, "total": offset})
-        layout = node_comm.bcast(layout, root=0)
+        layout = mpi_wait.bcast(node_comm, layout, root=0)
         info = json.loads(layout)
         total = int(info["total"])
         size = total if node_comm.Get_rank() == 0 else 0
@@ -106,7 +107,7 @@ class SharedWeights:
         if shared.is_root:
             assert template is not None
             shared._write(template, version=0)
-        node_comm.Barrier()
+        mpi_wait.meet(node_comm)
         return shared
 
     # ------------------------------------------------------------- writing

@@ -23,6 +23,7 @@ import torch
 from hetrun.dag.errors import RuntimeFailure
 from hetrun.kernels.codec import ErrorFeedbackState
 from hetrun.kernels.codec_registry import get_codec
+from hetrun.runtime import mpi_wait
 
 __all__ = ["OneBitAllReduce"]
 
@@ -68,7 +69,7 @@ class OneBitAllReduce:
                 padded[j * cs : (j + 1) * cs], send[j * wb : (j + 1) * wb], self.worker[j]
             )
         recv = torch.empty_like(send)
-        self.comm.Alltoall(send.numpy(), recv.numpy())
+        mpi_wait.wait_politely(self.comm.Ialltoall(send.numpy(), recv.numpy()), max_sleep=250e-6)
         # Server side: the mean of my chunk over all ranks, compressed again with feedback.
         mine = torch.zeros(cs)
         part = torch.empty(cs)
@@ -79,7 +80,7 @@ class OneBitAllReduce:
         out_payload = torch.empty(wb, dtype=torch.uint8)
         self.codec.encode_into(mine, out_payload, self.server)
         gathered = np.empty(self.size * wb, dtype=np.uint8)
-        self.comm.Allgather(out_payload.numpy(), gathered)
+        mpi_wait.wait_politely(self.comm.Iallgather(out_payload.numpy(), gathered), max_sleep=250e-6)
         g = torch.from_numpy(gathered)
         result = torch.empty(cs * self.size)
         for j in range(self.size):

@@ -163,7 +163,10 @@ def exchange_splits(send_splits: Sequence[int], comm: AllToAllComm) -> list[int]
 
         send_buf = np.asarray(sends, dtype=np.int64)
         recv_buf = np.empty(comm.size, dtype=np.int64)
-        comm.mpi_comm.Alltoall(send_buf, recv_buf)
+        if comm.poll == "block":
+            comm.mpi_comm.Alltoall(send_buf, recv_buf)
+        else:
+            mpi_wait.wait_politely(comm.mpi_comm.Ialltoall(send_buf, recv_buf), max_sleep=250e-6)
         return [int(v) for v in recv_buf]
     import torch.distributed as dist
 
