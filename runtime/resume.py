@@ -219,6 +219,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
         problems = [p for p in _world_allgather(ctx, problem) if p]
         if not problems:
             chosen = (step, value)
+            agreed = time.time()  # every rank loaded (or skipped) and agreed on this step
             break
         skipped.append((step, "; ".join(problems)))
     if chosen is None:
@@ -236,11 +237,13 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     step, value = chosen
     iteration = step
     restored_state = False
+    loaded = None
     if value is not None:
         try:
             from hetrun.runtime.ckpt.lossy import decode_state
 
             workload.load_state_dict(decode_state(value["workload"]))
+            loaded = time.time()
             restore_rng(value["rng"])
             iteration = int(value["iteration"])
         except (KeyError, TypeError) as exc:
@@ -249,6 +252,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     slot.last_step = step
     log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
              restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4), entered=entered,
+             agreed=agreed, loaded=loaded,  # wall clock: the step agreed; the workload took its state
              # CPU seconds this rank used since it started: with ranks sharing
              # cores, it tells waiting (a core given away) from working.
              cpu_s=round(time.process_time(), 3),

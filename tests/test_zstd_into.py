@@ -1,0 +1,88 @@
+"""One-shot zstd decompression into a caller's buffer (libzstd through ctypes).
+
+Frames come from python-zstandard, the library the checkpoint writer uses, so
+these check that the two libraries agree byte for byte, and that a damaged or
+oversized frame is refused rather than decoded into a wrong or overrun buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zstandard
+from hetrun.runtime.ckpt import codec, zstd_into
+
+pytestmark = pytest.mark.skipif(not zstd_into.available(), reason="libzstd.so.1 not loadable here")
+
+
+def _plane(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    # An exponent-like plane: a few values, skewed, plus runs.
+    vals = rng.choice(np.arange(118, 128, dtype=np.uint8), size=n, p=np.linspace(1, 10, 10) / 55)
+    vals[n // 3 : n // 3 + 5000] = 0
+    return vals
+
+
+@pytest.mark.parametrize("n", [1, 4096, 1 << 20, (1 << 20) + 7])
+def test_decodes_what_python_zstandard_encoded(n: int) -> None:
+    src = _plane(n, n)
+    frame = codec.new_compressor().compress(src.data)
+    out = np.full(n, 0xAA, dtype=np.uint8)
+    got = zstd_into.DirectDecompressor().decompress_into(memoryview(frame), out)
+    assert got == n
+    assert np.array_equal(out, src)
+
+
+def test_reads_from_a_read_only_mapping_like_view(tmp_path) -> None:
+    import mmap
+
+    src = _plane(300_000)
+    f = tmp_path / "obj"
+    f.write_bytes(b"HEAD" + zstandard.ZstdCompressor(level=3).compress(src.data))
+    with open(f, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
+        view = memoryview(m)[4:]
+        out = np.empty(src.size, dtype=np.uint8)
+        assert zstd_into.DirectDecompressor().decompress_into(view, out) == src.size
+        del view
+        m.close()
+    assert np.array_equal(out, src)
+
+
+def test_refuses_a_frame_larger_than_the_buffer() -> None:
+    src = _plane(100_000)
+    frame = codec.new_compressor().compress(src.data)
+    out = np.zeros(src.size + 64, dtype=np.uint8)
+    guard = out[src.size - 10 :].copy()
+    with pytest.raises(ValueError, match="(?i)too small|dst"):
+        zstd_into.DirectDecompressor().decompress_into(memoryview(frame), out[: src.size - 10])
+    assert np.array_equal(out[src.size - 10 :], guard)  # nothing written past the end
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_refuses_a_damaged_frame(damage: str) -> None:
+    src = _plane(200_000)
+    frame = bytearray(zstandard.ZstdCompressor(level=3, write_checksum=True).compress(src.data))
+    if damage == "flip":
+        frame[len(frame) // 2] ^= 0x40
+    else:
+        del frame[-20:]
+    out = np.empty(src.size, dtype=np.uint8)
+    with pytest.raises(ValueError):
+        zstd_into.DirectDecompressor().decompress_into(memoryview(bytes(frame)), out)
+
+
+def test_codec_decode_plane_uses_it_and_checks_the_length() -> None:
+    from hetrun.dag.errors import CheckpointError
+
+    src = _plane(50_000)
+    z = codec.new_compressor().compress(src.data)
+    direct = zstd_into.DirectDecompressor()
+    target = np.empty(src.size, dtype=np.uint8)
+    plane = codec.decode_plane(memoryview(z), "z", len(z), src.size, None,
+                               decompressor=zstandard.ZstdDecompressor(), target=target, direct=direct)
+    assert np.array_equal(plane, src)
+    short = codec.new_compressor().compress(src[:-1].data)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        codec.decode_plane(memoryview(short), "z", len(short), src.size, None,
+                           decompressor=zstandard.ZstdDecompressor(), target=target, direct=direct)
