@@ -190,6 +190,11 @@ class CheckpointSpec(_Section):
         description="exact (default) or lossy-4bit: LOSSY, Adam moments (exp_avg, exp_avg_sq) stored as "
                     "blockwise 4-bit codes (~0.35x of torch.save for AdamW); weights, steps and RNG stay exact",
     )
+    max_delta_chain: int = Field(
+        4, ge=1, le=64,
+        description="longest chain of delta checkpoints a chunk may depend on (1 = every checkpoint "
+                    "standalone). Longer: fewer bytes; shorter: faster restore (benchmarks/ckpt.md)",
+    )
 
     @field_validator("directory")
     @classmethod

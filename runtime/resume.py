@@ -115,6 +115,7 @@ def _slot(ctx: Any) -> _Slot:
         coll = _collective(getattr(ctx, "comm", None))
         tiers = tiers_for(checkpoint_dir(ctx), _local_dir(ctx))
         writer = CheckpointWriter(tiers, collective=coll, keep=int(cfg.get("keep", 3) or 3),
+                                  max_delta_chain=int(cfg.get("max_delta_chain", 4) or 4),
                                   threads=max(1, min(4, os.cpu_count() or 1)))
         slot = _Slot(writer, open_store(checkpoint_dir(ctx), _local_dir(ctx)), coll)
         _SLOTS[key] = slot

@@ -21,7 +21,7 @@ from hetrun.runtime import preempt, resume
 from hetrun.runtime.context import RankContext
 
 
-def make_ctx(tmp_path: Path, **preemption: Any) -> RankContext:
+def make_ctx(tmp_path: Path, checkpoint: dict[str, Any] | None = None, **preemption: Any) -> RankContext:
     from hetrun.dag.plan import build_plan
     from hetrun.dag.spec import load_spec
     from hetrun.runtime.plan_view import load_plan
@@ -31,7 +31,7 @@ def make_ctx(tmp_path: Path, **preemption: Any) -> RankContext:
         "components": {"learner": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "1G",
                                    "actions": ["forward", "backward", "optimize", "checkpoint"]}},
         "training": {"kind": "supervised", "iterations": 10, "micro_batches": 1, "pipeline_window": 1, "seed": 0},
-        "checkpoint": {"interval": 2, "keep": 3},
+        "checkpoint": {"interval": 2, "keep": 3, **(checkpoint or {})},
         "preemption": {"signal": "USR1", "grace_seconds": 60, "max_restarts": 2, **preemption},
     }
     (tmp_path / "job.yaml").write_text(json.dumps(doc))
@@ -210,6 +210,24 @@ def test_save_then_restore_with_rng_and_restart_events(tmp_path: Path, monkeypat
     assert (random.random(), torch.rand(1)) == want_rng
     (ev,) = [e for e in events(tmp_path) if e["ev"] == "restore"]
     assert ev["step"] == 4 and ev["restart_count"] == 1 and ev["max_restarts"] == 2 and ev["skipped"] == []
+
+
+@pytest.mark.parametrize(("chain", "deepest"), [(None, 3), (2, 1), (1, 0)])
+def test_max_delta_chain_bounds_how_deep_a_chunk_depends(tmp_path: Path, chain: int | None, deepest: int) -> None:
+    """checkpoint.max_delta_chain reaches the writer: with N, no chunk depends on
+    more than N-1 older ones (1: every checkpoint stands alone)."""
+    from hetrun.runtime.ckpt.objects import Tier
+
+    ctx = make_ctx(tmp_path, checkpoint={} if chain is None else {"max_delta_chain": chain})
+    wl = Probe(0)
+    resume.restore_if_any(ctx, wl)
+    for it in (2, 4, 6, 8):
+        wl.step()
+        resume.save_checkpoint(ctx, wl, it)
+        assert resume.flush(ctx)["ok"]  # type: ignore[index]
+    tier = Tier(resume.checkpoint_dir(ctx))
+    depths = [int(tier.read_object_header(p.name).get("depth", 0)) for p in tier.iter_objects()]
+    assert max(depths) == deepest, depths
 
 
 def test_restart_limit_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

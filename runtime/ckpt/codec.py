@@ -36,6 +36,7 @@ chain decodes in plane space (XOR planes in place, interleave once).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zstandard
@@ -242,6 +243,7 @@ def decode_plane(
     decompressor: zstandard.ZstdDecompressor,
     target: np.ndarray | None = None,
     zbuf: np.ndarray | None = None,
+    direct: Any = None,
 ) -> np.ndarray:
     """One plane (``plane_len`` bytes, plane space) from its stored ``piece``.
     A delta plane needs ``base_plane`` (the base chunk's same plane): a
@@ -249,14 +251,16 @@ def decode_plane(
     into ``target``. The result may be a view of ``piece`` or ``target``.
     With ``target`` and ``zbuf`` (``plane_len`` bytes each, reused by the
     caller), a compressed plane decompresses into them instead of fresh
-    memory: in a fresh process that memory costs a page fault per 4 KiB."""
+    memory: in a fresh process that memory costs a page fault per 4 KiB.
+    ``direct`` (a :class:`zstd_into.DirectDecompressor`) decodes into them in
+    one pass instead of through zstandard's streaming copy."""
     if mode not in _PLANE_MODES:
         raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")
     if len(piece) != stored:
         raise CheckpointError("chunk payload is truncated; the object is corrupt")
     if mode.endswith("z"):
         into = zbuf if mode[0] in "xd" else target
-        plane = _decompress(piece, plane_len, decompressor, into)
+        plane = _decompress(piece, plane_len, decompressor, into, direct)
     else:
         plane = np.frombuffer(piece, dtype=np.uint8)
     if plane.size != plane_len:
@@ -279,7 +283,15 @@ def decode_plane(
 
 
 def _decompress(piece: memoryview, plane_len: int, dctx: zstandard.ZstdDecompressor,
-                into: np.ndarray | None) -> np.ndarray:
+                into: np.ndarray | None, direct: Any = None) -> np.ndarray:
+    if direct is not None and into is not None and into.size == plane_len:
+        try:
+            got = direct.decompress_into(piece, into)
+        except ValueError as exc:
+            raise CheckpointError(f"chunk does not decompress ({exc}); the object is corrupt") from exc
+        if got != plane_len:
+            raise CheckpointError(f"plane decodes to {got} bytes, expected {plane_len}; the object is corrupt")
+        return into
     try:
         if into is None or into.size != plane_len:
             return np.frombuffer(dctx.decompress(piece, max_output_size=plane_len), dtype=np.uint8)
