@@ -42,6 +42,7 @@ import numpy as np
 import zstandard
 from hetrun.dag.errors import CheckpointError
 from hetrun.kernels import byteplanes
+from hetrun.runtime.ckpt import zstd_direct
 
 ZSTD_LEVEL = 1
 # Byte planes have few long matches; zstd's time goes into match search. A
@@ -54,7 +55,20 @@ ZSTD_PARAMS = zstandard.ZstdCompressionParameters(
 )
 
 
-def new_compressor() -> zstandard.ZstdCompressor:
+# Where libzstd is reachable directly (zstd_direct): the same shallow search
+# with a large acceleration, literals still Huffman-coded (python-zstandard
+# cannot ask for both). On the 134M GPT's exponent planes: full 775 -> 967
+# MB/s per thread at the same ratio; a delta 2 steps later 378 -> 731 MB/s
+# and 0.204 -> 0.199, decoding 1.1 -> 2.1 GB/s; 100 steps later 0.359 ->
+# 0.346. Plain zstd frames either way: both libraries decode both.
+DIRECT_COMPRESS = True
+ZSTD_ACCELERATION = 1024
+
+
+def new_compressor() -> Any:
+    """A compressor for one thread: ``.compress(buffer) -> bytes``."""
+    if DIRECT_COMPRESS and zstd_direct.available():
+        return zstd_direct.DirectCompressor(acceleration=ZSTD_ACCELERATION)
     return zstandard.ZstdCompressor(compression_params=ZSTD_PARAMS)
 
 # A plane is compressed only if a sample shrinks below this ratio; zstd on
@@ -123,7 +137,7 @@ def encode(
     itemsize: int,
     base: np.ndarray | None = None,
     *,
-    compressor: zstandard.ZstdCompressor | None = None,
+    compressor: Any = None,
     rot: bool | None = None,
     sub: bool | None = None,
     scratch: Scratch | None = None,
@@ -252,7 +266,7 @@ def decode_plane(
     With ``target`` and ``zbuf`` (``plane_len`` bytes each, reused by the
     caller), a compressed plane decompresses into them instead of fresh
     memory: in a fresh process that memory costs a page fault per 4 KiB.
-    ``direct`` (a :class:`zstd_into.DirectDecompressor`) decodes into them in
+    ``direct`` (a :class:`zstd_direct.DirectDecompressor`) decodes into them in
     one pass instead of through zstandard's streaming copy."""
     if mode not in _PLANE_MODES:
         raise CheckpointError(f"unknown plane encoding {mode!r}; the object is corrupt")

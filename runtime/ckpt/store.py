@@ -26,7 +26,7 @@ import numpy as np
 import zstandard
 from hetrun.dag.errors import CheckpointError
 from hetrun.kernels import byteplanes
-from hetrun.runtime.ckpt import codec, objects, state, zstd_into
+from hetrun.runtime.ckpt import codec, objects, state, zstd_direct
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
 from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
 
@@ -41,7 +41,7 @@ LAZY_CHAIN = True
 # sha256's speed per thread); shards without them, and `verify`, use sha256.
 FAST_VERIFY = True
 # Decompress planes with libzstd's one-shot call straight into the plane
-# buffer (zstd_into) rather than python-zstandard's streaming reader, which
+# buffer (zstd_direct) rather than python-zstandard's streaming reader, which
 # copies every plane once more out of zstd's window.
 DIRECT_ZSTD = True
 
@@ -108,7 +108,7 @@ class _DecodeCtx:
 
     def __init__(self) -> None:
         self.dctx = zstandard.ZstdDecompressor()
-        self.direct = zstd_into.DirectDecompressor() if DIRECT_ZSTD and zstd_into.available() else None
+        self.direct = zstd_direct.DirectDecompressor() if DIRECT_ZSTD and zstd_direct.available() else None
         self._reads: dict[int, ReadBuffer] = {}
         self._scratch = codec.Scratch()
         self.times: dict[str, float] = {}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zstandard
-from hetrun.runtime.ckpt import codec, zstd_into
+from hetrun.runtime.ckpt import codec, zstd_direct
 
-pytestmark = pytest.mark.skipif(not zstd_into.available(), reason="libzstd.so.1 not loadable here")
+pytestmark = pytest.mark.skipif(not zstd_direct.available(), reason="libzstd.so.1 not loadable here")
 
 
 def _plane(n: int, seed: int = 0) -> np.ndarray:
@@ -28,7 +28,7 @@ def test_decodes_what_python_zstandard_encoded(n: int) -> None:
     src = _plane(n, n)
     frame = codec.new_compressor().compress(src.data)
     out = np.full(n, 0xAA, dtype=np.uint8)
-    got = zstd_into.DirectDecompressor().decompress_into(memoryview(frame), out)
+    got = zstd_direct.DirectDecompressor().decompress_into(memoryview(frame), out)
     assert got == n
     assert np.array_equal(out, src)
 
@@ -43,7 +43,7 @@ def test_reads_from_a_read_only_mapping_like_view(tmp_path) -> None:
         m = mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ)
         view = memoryview(m)[4:]
         out = np.empty(src.size, dtype=np.uint8)
-        assert zstd_into.DirectDecompressor().decompress_into(view, out) == src.size
+        assert zstd_direct.DirectDecompressor().decompress_into(view, out) == src.size
         del view
         m.close()
     assert np.array_equal(out, src)
@@ -55,7 +55,7 @@ def test_refuses_a_frame_larger_than_the_buffer() -> None:
     out = np.zeros(src.size + 64, dtype=np.uint8)
     guard = out[src.size - 10 :].copy()
     with pytest.raises(ValueError, match=r"(?i)too small|dst"):
-        zstd_into.DirectDecompressor().decompress_into(memoryview(frame), out[: src.size - 10])
+        zstd_direct.DirectDecompressor().decompress_into(memoryview(frame), out[: src.size - 10])
     assert np.array_equal(out[src.size - 10 :], guard)  # nothing written past the end
 
 
@@ -69,7 +69,7 @@ def test_refuses_a_damaged_frame(damage: str) -> None:
         del frame[-20:]
     out = np.empty(src.size, dtype=np.uint8)
     with pytest.raises(ValueError):
-        zstd_into.DirectDecompressor().decompress_into(memoryview(bytes(frame)), out)
+        zstd_direct.DirectDecompressor().decompress_into(memoryview(bytes(frame)), out)
 
 
 def test_codec_decode_plane_uses_it_and_checks_the_length() -> None:
@@ -77,7 +77,7 @@ def test_codec_decode_plane_uses_it_and_checks_the_length() -> None:
 
     src = _plane(50_000)
     z = codec.new_compressor().compress(src.data)
-    direct = zstd_into.DirectDecompressor()
+    direct = zstd_direct.DirectDecompressor()
     target = np.empty(src.size, dtype=np.uint8)
     plane = codec.decode_plane(memoryview(z), "z", len(z), src.size, None,
                                decompressor=zstandard.ZstdDecompressor(), target=target, direct=direct)
@@ -86,3 +86,23 @@ def test_codec_decode_plane_uses_it_and_checks_the_length() -> None:
     with pytest.raises(CheckpointError, match="corrupt"):
         codec.decode_plane(memoryview(short), "z", len(short), src.size, None,
                            decompressor=zstandard.ZstdDecompressor(), target=target, direct=direct)
+
+
+def test_direct_compressor_frames_decode_with_python_zstandard_too() -> None:
+    """Objects written through libzstd must restore where only python-zstandard is there."""
+    for n, seed in ((1, 0), (70_000, 1), (1 << 20, 2)):
+        src = _plane(n, seed)
+        for acc in (1, 1024):
+            frame = zstd_direct.DirectCompressor(acceleration=acc).compress(src.data)
+            assert zstandard.ZstdDecompressor().decompress(frame) == src.tobytes()
+            out = np.empty(n, dtype=np.uint8)
+            assert zstd_direct.DirectDecompressor().decompress_into(memoryview(frame), out) == n
+            assert np.array_equal(out, src)
+
+
+def test_direct_compressor_keeps_huffman_literals_with_acceleration() -> None:
+    """zstd drops literal compression once the fast strategy accelerates, unless
+    told not to: an exponent-like plane must still shrink to its entropy."""
+    src = _plane(1 << 20)
+    accelerated = len(zstd_direct.DirectCompressor(acceleration=1024).compress(src.data))
+    assert accelerated < 0.5 * src.size, accelerated  # ~3.2 bits of entropy per byte
