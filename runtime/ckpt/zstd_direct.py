@@ -71,17 +71,31 @@ def available() -> bool:
     return _load() is not None
 
 
-class DirectDecompressor:
-    """One thread's libzstd decompression context (contexts are not thread-safe)."""
+class _Context:
+    """A libzstd context owned by one thread (contexts are not thread-safe),
+    freed with its Python object. ``kind``: "C" (compression) or "D"."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str) -> None:
         lib = _load()
         if lib is None:
             raise RuntimeError("libzstd.so.1 is not loadable")
         self._lib = lib
-        self._dctx = lib.ZSTD_createDCtx()
-        if not self._dctx:
-            raise MemoryError("ZSTD_createDCtx failed")
+        self._free = getattr(lib, f"ZSTD_free{kind}Ctx")
+        self._ctx = getattr(lib, f"ZSTD_create{kind}Ctx")()
+        if not self._ctx:
+            raise MemoryError(f"ZSTD_create{kind}Ctx failed")
+
+    def __del__(self) -> None:
+        ctx, self._ctx = getattr(self, "_ctx", None), None
+        if ctx:
+            self._free(ctx)
+
+
+class DirectDecompressor(_Context):
+    """One thread's libzstd decompression context."""
+
+    def __init__(self) -> None:
+        super().__init__("D")
 
     def decompress_into(self, src: Any, dst: np.ndarray) -> int:
         """Decode the frame(s) in ``src`` (any buffer) into ``dst`` (contiguous
@@ -91,16 +105,11 @@ class DirectDecompressor:
         s = np.frombuffer(src, dtype=np.uint8)  # read-only views (mapped files) included
         if not dst.flags.c_contiguous or not dst.flags.writeable:
             raise ValueError("destination must be a writable contiguous buffer")
-        n = self._lib.ZSTD_decompressDCtx(self._dctx, dst.ctypes.data, dst.nbytes,
+        n = self._lib.ZSTD_decompressDCtx(self._ctx, dst.ctypes.data, dst.nbytes,
                                           s.ctypes.data if s.size else None, s.size)
         if self._lib.ZSTD_isError(n):
             raise ValueError(self._lib.ZSTD_getErrorName(n).decode("ascii", "replace"))
         return int(n)
-
-    def __del__(self) -> None:
-        dctx, self._dctx = getattr(self, "_dctx", None), None
-        if dctx:
-            self._lib.ZSTD_freeDCtx(dctx)
 
 
 # Compression parameters by number (zstd.h; stable across 1.4-1.5, and the
@@ -111,7 +120,7 @@ _C_LITERAL_MODE = 1002  # ZSTD_c_literalCompressionMode: 1 = always Huffman-code
 _FAST = 1
 
 
-class DirectCompressor:
+class DirectCompressor(_Context):
     """One thread's libzstd compression context with the byte-plane settings.
 
     What python-zstandard cannot set: the fast strategy with a large
@@ -124,17 +133,12 @@ class DirectCompressor:
 
     def __init__(self, *, acceleration: int = 1024, window_log: int = 17, hash_log: int = 8,
                  min_match: int = 7) -> None:
-        lib = _load()
-        if lib is None:
-            raise RuntimeError("libzstd.so.1 is not loadable")
-        self._lib = lib
-        self._cctx = lib.ZSTD_createCCtx()
-        if not self._cctx:
-            raise MemoryError("ZSTD_createCCtx failed")
+        super().__init__("C")
+        lib = self._lib
         for key, value in ((_C_STRATEGY, _FAST), (_C_WINDOW_LOG, window_log), (_C_HASH_LOG, hash_log),
                            (_C_CHAIN_LOG, 6), (_C_SEARCH_LOG, 1), (_C_MIN_MATCH, min_match),
                            (_C_TARGET_LENGTH, acceleration), (_C_CONTENT_SIZE, 1), (_C_LITERAL_MODE, 1)):
-            r = lib.ZSTD_CCtx_setParameter(self._cctx, key, value)
+            r = lib.ZSTD_CCtx_setParameter(self._ctx, key, value)
             if lib.ZSTD_isError(r):
                 raise RuntimeError(f"zstd parameter {key}={value}: {lib.ZSTD_getErrorName(r).decode()}")
         self._dst = np.empty(0, dtype=np.uint8)
@@ -144,13 +148,8 @@ class DirectCompressor:
         bound = self._lib.ZSTD_compressBound(s.size)
         if self._dst.size < bound:
             self._dst = np.empty(bound, dtype=np.uint8)
-        n = self._lib.ZSTD_compress2(self._cctx, self._dst.ctypes.data, self._dst.size,
+        n = self._lib.ZSTD_compress2(self._ctx, self._dst.ctypes.data, self._dst.size,
                                      s.ctypes.data if s.size else None, s.size)
         if self._lib.ZSTD_isError(n):
             raise RuntimeError(f"zstd compression failed: {self._lib.ZSTD_getErrorName(n).decode()}")
         return self._dst[:n].tobytes()
-
-    def __del__(self) -> None:
-        cctx, self._cctx = getattr(self, "_cctx", None), None
-        if cctx:
-            self._lib.ZSTD_freeCCtx(cctx)
