@@ -48,18 +48,12 @@ DIRECT_ZSTD = True
 
 # Fault in each fresh output chunk with one madvise call (see _populate_write).
 PREFAULT_OUTPUT = True
-# Transparent huge pages for restored tensors (madvise before the prefault)
-# measured slower on a fresh process here (fault 0.8 vs 0.55 thread-s for
-# 1.6 GB: direct compaction), so off; kept for side-by-side measurement.
-HUGE_OUTPUT = False
 # Fault mapped objects in up front (MAP_POPULATE / MADV_POPULATE_READ). Off:
 # those populate page by page, while faults taken inside the decode and
 # un-plane loops map 64 KiB of page cache each (fault-around): read stage
 # 0.35 vs 0.49 thread-s for the 1.6 GB GPT state (benchmarks/ckpt.md).
 POPULATE_MAPS = False
 _MADV_POPULATE_WRITE = 23  # Linux >= 5.14
-_MADV_HUGEPAGE = 14
-_HUGE = 2 << 20
 _madvise: Any = None
 with contextlib.suppress(OSError, AttributeError):
     _madvise = ctypes.CDLL(None, use_errno=True).madvise
@@ -70,16 +64,14 @@ with contextlib.suppress(OSError, AttributeError):
 def _populate_write(out: np.ndarray) -> None:
     """Fault in a fresh output buffer with one call: restored tensors are new
     memory, and a page fault per 4 KiB inside the un-plane loop cost about
-    twice as much (measured: 0.15 s vs 0.28 s per 400 MB)."""
+    twice as much (measured: 0.15 s vs 0.28 s per 400 MB). Transparent huge
+    pages (MADV_HUGEPAGE first) measured slower in a fresh process here:
+    0.8 vs 0.55 thread-s for 1.6 GB (direct compaction)."""
     global _madvise
     if not PREFAULT_OUTPUT or _madvise is None or out.size < (1 << 20):
         return
     addr = out.ctypes.data
     end = addr + out.size
-    if HUGE_OUTPUT:
-        lo, hi = -(-addr // _HUGE) * _HUGE, end // _HUGE * _HUGE
-        if hi > lo:
-            _madvise(lo, hi - lo, _MADV_HUGEPAGE)  # advice only: failure changes nothing
     start = addr - addr % mmap.PAGESIZE
     if _madvise(start, end - start, _MADV_POPULATE_WRITE) != 0:
         _madvise = None  # an older kernel: ordinary page faults from now on
