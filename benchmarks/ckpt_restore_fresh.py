@@ -19,10 +19,7 @@ process, and prints medians with the per-stage thread-seconds.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,23 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ckpt_bench as cb  # the same model, training loop and peers
 
 ROOT = Path("/var/tmp/hetrun-restore-fresh")
-
-_CHILD = r"""
-import json, sys, time
-kind, path = sys.argv[1], sys.argv[2]
-import torch
-t0 = time.perf_counter()
-if kind == "torch":
-    torch.load(path, weights_only=True)
-    stages = {}
-else:
-    from hetrun.runtime.ckpt import open_store
-    store = open_store(path, threads=2)
-    assert store.restore() is not None
-    stages = store.stage_seconds()
-print(json.dumps({"s": time.perf_counter() - t0, "stages": stages}))
-"""
-
 
 def build() -> None:
     from hetrun.runtime.ckpt import tiers_for
@@ -85,20 +65,10 @@ def main() -> None:
         build()
     targets = {"torch.load": ("torch", ROOT / "state.pt"), "hetrun (chain of 3)": ("hetrun", ROOT / "chain"),
                "hetrun max_delta_chain=1": ("hetrun", ROOT / "no_chain")}
-    runs: dict[str, list[float]] = {k: [] for k in targets}
-    stages: dict[str, list[dict[str, float]]] = {k: [] for k in targets}
-    for _ in range(args.rounds):
-        for name, (kind, path) in targets.items():
-            out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path)],
-                                 capture_output=True, text=True, check=True).stdout
-            got = json.loads(out.strip().splitlines()[-1])
-            runs[name].append(got["s"])
-            stages[name].append(got["stages"])
-    for name, v in runs.items():
-        st = stages[name][-1]
-        print(f"{name:26s} median {statistics.median(v):.3f} s  ({', '.join(f'{x:.2f}' for x in v)})"
-              + ("  stages (thread-s, last round): " + ", ".join(f"{k} {x:.2f}" for k, x in st.items()) if st else ""))
-
+    for name, r in cb.fresh_restores(targets, threads=2, reps=args.rounds).items():
+        print(f"{name:26s} median {r['median_s']:.3f} s  ({', '.join(f'{x:.2f}' for x in r['runs_s'])})"
+              + ("  stages (thread-s, last round): " + ", ".join(f"{k} {x:.2f}" for k, x in r["stages"].items())
+                 if r["stages"] else ""))
 
 if __name__ == "__main__":
     main()

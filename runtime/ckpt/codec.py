@@ -44,7 +44,6 @@ from hetrun.dag.errors import CheckpointError
 from hetrun.kernels import byteplanes
 from hetrun.runtime.ckpt import zstd_direct
 
-ZSTD_LEVEL = 1
 # Byte planes have few long matches; zstd's time goes into match search. A
 # shallow search with long minimum matches leaves mostly Huffman-coded
 # literals: measured ~1.5x faster than level 1 and slightly smaller on
