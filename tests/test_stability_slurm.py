@@ -71,7 +71,10 @@ def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
         ok = wait_for(requeued, 150, 1.0)
         batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
         assert ok, f"not requeued; batch log:\n{batch_log}\nstatus: {backend.status([res.run])}"
-        assert "now hanging like the stuck srun" in batch_log, batch_log
+        # Usually the wrapper's own hang is what the watchdog ends. Under load the real
+        # srun can itself outlive its step by more than the grace period (the 22.05 bug
+        # this guards; seen in CI), and the watchdog then ends the wrapper before it
+        # prints: either way the watchdog must have acted and 85 must still requeue.
         assert "after its job step ended (exit 85); ending it" in batch_log, batch_log
         assert "requeueing job" in batch_log, batch_log
         assert "restart=0" in (run_dir / "fake-attempts").read_text()
