@@ -75,3 +75,43 @@ def test_bad_arguments_are_rejected() -> None:
         byteplanes.split(np.zeros(9, np.uint8), 3, np.empty(9, np.uint8), rot=True)
     with pytest.raises(ValueError, match="at least"):
         byteplanes.split(np.zeros(8, np.uint8), 4, np.empty(4, np.uint8))
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+@pytest.mark.parametrize("items", [0, 1, 31, 33, 4099])
+def test_split_select_writes_each_plane_in_its_chosen_form(itemsize: int, items: int) -> None:
+    rng = np.random.default_rng(items + itemsize)
+    raw = rng.integers(0, 256, items * itemsize, dtype=np.uint8)
+    base = rng.integers(0, 256, items * itemsize, dtype=np.uint8)
+    for rot in ([False, True] if itemsize in byteplanes.ROTATABLE else [False]):
+        for sub in (False, True):
+            plain = np.empty(raw.size, np.uint8)
+            delta = np.empty(raw.size, np.uint8)
+            byteplanes.split(raw, itemsize, plain, rot=rot, base=base, xplanes=delta, sub=sub, use_native=False)
+            for mask in range(1 << itemsize):
+                want = np.concatenate([(delta if (mask >> i) & 1 else plain)[i * items : (i + 1) * items]
+                                       for i in range(itemsize)]) if items else plain
+                for use_native in ([True, False] if byteplanes.native() else [False]):
+                    got = np.full(raw.size, 7, np.uint8)
+                    byteplanes.split_select(raw, itemsize, base, mask, got, rot=rot, sub=sub, use_native=use_native)
+                    assert got.tobytes() == want.tobytes(), (mask, use_native)
+
+
+def test_estimate_tracks_what_zstd_stores() -> None:
+    from hetrun.runtime.ckpt import codec
+
+    rng = np.random.default_rng(5)
+    n = 1 << 17
+    exponents = np.clip(np.round(rng.normal(120, 2, n)), 0, 255).astype(np.uint8)  # a weight exponent plane
+    sparse = np.where(rng.random(n) < 0.08, rng.integers(1, 4, n), 0).astype(np.uint8)  # a delta a few steps later
+    seven_bits = (rng.integers(0, 128, n) << 1).astype(np.uint8)  # one bit always zero (a sign)
+    noise = rng.integers(0, 256, n, dtype=np.uint8)
+    cctx = codec.new_compressor()
+    for plane in (exponents, sparse, seven_bits, noise):
+        est = byteplanes.estimate(plane)
+        stored = min(len(cctx.compress(plane.data)), plane.size)
+        assert abs(est - stored) <= 0.15 * plane.size, (est / n, stored / n)
+        assert est == pytest.approx(byteplanes.estimate(plane, use_native=False), rel=1e-9)
+    assert byteplanes.estimate(noise) == noise.size  # a flat histogram: zstd keeps it raw
+    assert byteplanes.estimate(np.zeros(n, np.uint8)) < 16  # one value: an RLE block
+    assert byteplanes.estimate(seven_bits) < 0.9 * n

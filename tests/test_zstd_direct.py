@@ -106,3 +106,31 @@ def test_direct_compressor_keeps_huffman_literals_with_acceleration() -> None:
     src = _plane(1 << 20)
     accelerated = len(zstd_direct.DirectCompressor(acceleration=1024).compress(src.data))
     assert accelerated < 0.5 * src.size, accelerated  # ~3.2 bits of entropy per byte
+
+
+def test_compress_into_a_buffer_gives_the_same_frame() -> None:
+    rng = np.random.default_rng(3)
+    plane = np.minimum(rng.geometric(0.4, 200_000), 255).astype(np.uint8)
+    c = zstd_direct.DirectCompressor()
+    buf = np.empty(c.bound(plane.size), np.uint8)
+    n = c.compress_into(plane.data, buf)
+    assert buf[:n].tobytes() == c.compress(plane.data)
+    assert zstandard.ZstdDecompressor().decompress(buf[:n].tobytes()) == plane.tobytes()
+    with pytest.raises(ValueError, match="bound"):
+        c.compress_into(plane.data, np.empty(10, np.uint8))
+
+
+def test_a_delta_the_sample_overrated_is_stored_as_the_plain_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the sampled estimate chose a delta that then does not shrink, the
+    plane is stored plain and raw: restore then needs no base for it."""
+    from hetrun.kernels import byteplanes
+
+    rng = np.random.default_rng(8)
+    raw = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+    base = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+    monkeypatch.setattr(byteplanes, "estimate", lambda plane, **kw: 0.5 * plane.size)  # an optimistic sample
+    enc = codec.encode(raw, 4, base, compressor=codec.new_compressor())
+    assert [m for m, _ in enc.planes] == ["r"] * 4 and not enc.uses_base
+    out = np.empty_like(raw)
+    codec.decode_into(memoryview(b"".join(bytes(p) for p in enc.parts)), 4, enc.planes, out, None, rot=enc.rot)
+    assert out.tobytes() == raw.tobytes()

@@ -5,12 +5,18 @@
  *        xplanes[p * n + i] = that byte OP the same byte of xf(base[i]), OP
  *        XOR (op 0) or subtraction mod 256 (op 1)) in one pass, so the
  *        encoder reads the chunk and its base once.
+ * split_select: like split with a base, but one output: plane p is the delta
+ *        plane where bit p of mask is set, else the plain plane (the encoder
+ *        picks each plane's form from a sample first, then writes only that).
  * merge: the inverse, from one pointer per plane (planes need not be adjacent).
+ * estimate: the bytes a Huffman coder (zstd's literals) would need for a
+ *        plane, from its byte histogram: what the encoder's choices use.
  * xf:    rot != 0 rotates each little-endian word left by one bit, which moves
  *        the sign bit to bit 0 and makes the top byte exactly the float
  *        exponent. XOR commutes with the rotation, so deltas stay exact.
  * Built at first use by kernels/byteplanes.py with the system C compiler.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #ifdef __AVX2__
@@ -159,4 +165,87 @@ void hr_bp_merge(uint8_t *const *planes, int64_t n, int32_t size, int32_t rot, u
     if (size == 4) done = merge4_avx2(planes, n, rot, out);
 #endif
     merge_scalar(planes, done, n, size, rot, out);
+}
+
+/* ---- split with a per-plane choice ---------------------------------------- */
+
+static void split_select_scalar(const uint8_t *src, const uint8_t *base, int64_t lo, int64_t n, int size,
+                                int rot, int op, uint32_t mask, uint8_t *planes) {
+    for (int64_t i = lo; i < n; i++) {
+        uint64_t w = load_w(src + i * size, size), b = load_w(base + i * size, size);
+        if (rot) { w = rotl_w(w, size); b = rotl_w(b, size); }
+        for (int p = 0; p < size; p++) {
+            uint8_t v = (uint8_t)(w >> (8 * p));
+            planes[(int64_t)p * n + i] = (mask >> p) & 1u ? delta(v, (uint8_t)(b >> (8 * p)), op) : v;
+        }
+    }
+}
+
+#ifdef __AVX2__
+static int64_t split4_select_avx2(const uint8_t *src, const uint8_t *base, int64_t n, int rot, int op,
+                                  uint32_t mask, uint8_t *planes) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i a[4], o[4], b[4], x[4];
+        for (int k = 0; k < 4; k++)
+            a[k] = group4(_mm256_loadu_si256((const __m256i *)(src + 4 * (i + 8 * k))), rot);
+        transpose4(a[0], a[1], a[2], a[3], o);
+        for (int k = 0; k < 4; k++)
+            b[k] = group4(_mm256_loadu_si256((const __m256i *)(base + 4 * (i + 8 * k))), rot);
+        transpose4(b[0], b[1], b[2], b[3], x);
+        for (int p = 0; p < 4; p++) {
+            __m256i v = o[p];
+            if ((mask >> p) & 1u) v = op ? _mm256_sub_epi8(o[p], x[p]) : _mm256_xor_si256(o[p], x[p]);
+            _mm256_storeu_si256((__m256i *)(planes + p * n + i), v);
+        }
+    }
+    return i;
+}
+#endif
+
+void hr_bp_split_select(const uint8_t *src, const uint8_t *base, int64_t n, int32_t size, int32_t rot,
+                        int32_t op, uint32_t mask, uint8_t *planes) {
+    int64_t done = 0;
+#ifdef __AVX2__
+    if (size == 4) done = split4_select_avx2(src, base, n, rot, op, mask, planes);
+#endif
+    split_select_scalar(src, base, done, n, size, rot, op, mask, planes);
+}
+
+/* ---- size estimate ---------------------------------------------------------
+ * Huffman code lengths lie between 1 bit and zstd's limit of 11 bits; a
+ * symbol of frequency f costs about -log2(f) bits within those bounds, plus
+ * each block's table and headers. A plane of one repeated byte is an RLE
+ * block (a few bytes); a flat histogram stays raw, as zstd decides. Four histograms
+ * break the store-to-load dependency of runs of equal bytes. */
+double hr_bp_estimate(const uint8_t *p, int64_t n) {
+    if (n <= 0) return 0.0;
+    uint32_t h[4][256];
+    memset(h, 0, sizeof h);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][p[i]]++; h[1][p[i + 1]]++; h[2][p[i + 2]]++; h[3][p[i + 3]]++;
+    }
+    for (; i < n; i++) h[0][p[i]]++;
+    double bits = 0.0;
+    int distinct = 0;
+    uint64_t largest = 0;
+    for (int s = 0; s < 256; s++) {
+        uint64_t c = (uint64_t)h[0][s] + h[1][s] + h[2][s] + h[3][s];
+        if (!c) continue;
+        distinct++;
+        if (c > largest) largest = c;
+        double len = log2((double)n / (double)c);
+        if (len < 1.0) len = 1.0;
+        if (len > 11.0) len = 11.0;
+        bits += (double)c * len;
+    }
+    if (distinct == 1) return 8.0;
+    /* zstd's own test (HUF_compress): no value above 1/128 of the bytes means
+     * the literals stay raw, whatever a smaller alphabet would have saved. */
+    if (largest <= (uint64_t)(n >> 7) + 4) return (double)n;
+    /* Every block of up to 128 KiB carries its own Huffman table (about half
+     * a byte per used value) and headers: what makes small planes incompressible. */
+    int64_t blocks = (n + (1 << 17) - 1) >> 17;
+    return bits / 8.0 + (double)blocks * (16.0 + 0.5 * distinct);
 }

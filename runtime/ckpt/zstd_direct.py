@@ -143,13 +143,24 @@ class DirectCompressor(_Context):
                 raise RuntimeError(f"zstd parameter {key}={value}: {lib.ZSTD_getErrorName(r).decode()}")
         self._dst = np.empty(0, dtype=np.uint8)
 
-    def compress(self, src: Any) -> bytes:
+    def bound(self, n: int) -> int:
+        """The most bytes ``n`` input bytes can compress to."""
+        return int(self._lib.ZSTD_compressBound(n))
+
+    def compress_into(self, src: Any, dst: np.ndarray) -> int:
+        """Compress ``src`` into ``dst`` (contiguous uint8, at least
+        :meth:`bound` bytes); returns the compressed length. Saves the copy
+        into a new ``bytes`` that :meth:`compress` makes."""
         s = np.frombuffer(src, dtype=np.uint8)
-        bound = self._lib.ZSTD_compressBound(s.size)
-        if self._dst.size < bound:
-            self._dst = np.empty(bound, dtype=np.uint8)
-        n = self._lib.ZSTD_compress2(self._ctx, self._dst.ctypes.data, self._dst.size,
-                                     s.ctypes.data if s.size else None, s.size)
+        if not dst.flags.c_contiguous or not dst.flags.writeable or dst.size < self.bound(s.size):
+            raise ValueError("destination must be a writable contiguous buffer of at least bound() bytes")
+        n = self._lib.ZSTD_compress2(self._ctx, dst.ctypes.data, dst.size, s.ctypes.data if s.size else None, s.size)
         if self._lib.ZSTD_isError(n):
             raise RuntimeError(f"zstd compression failed: {self._lib.ZSTD_getErrorName(n).decode()}")
-        return self._dst[:n].tobytes()
+        return int(n)
+
+    def compress(self, src: Any) -> bytes:
+        n = np.frombuffer(src, dtype=np.uint8).size
+        if self._dst.size < self.bound(n):
+            self._dst = np.empty(self.bound(n), dtype=np.uint8)
+        return self._dst[: self.compress_into(src, self._dst)].tobytes()
