@@ -568,8 +568,9 @@ def _rewrite_shard(root: Path, step: int, edit: object) -> None:
     tier.manifest_path(step).write_text(json.dumps(man))
 
 
-def test_blake3_digests_verify_restores_and_shards_without_them_still_restore(tmp_path: Path) -> None:
+def test_fast_digests_verify_restores_and_older_shards_still_restore(tmp_path: Path) -> None:
     import blake3
+    import xxhash
 
     versions = _save_three(tmp_path)
     tier = Tier(tmp_path)
@@ -578,26 +579,45 @@ def test_blake3_digests_verify_restores_and_shards_without_them_still_restore(tm
     td = doc["tensors"][0]
     raw = versions[2].numpy().view(np.uint8).reshape(-1)
     off = 0
-    for (_h, n), b3 in zip(td["chunks"], td["blake3"], strict=True):
-        assert b3 == blake3.blake3(raw[off : off + n]).hexdigest()
+    for (_h, n), d in zip(td["chunks"], td["xxh3"], strict=True):
+        assert d == xxhash.xxh3_128_hexdigest(raw[off : off + n])
         off += n
-    # A shard written before the BLAKE3 digests: checked against the sha256 names.
-    _rewrite_shard(tmp_path, 30, lambda d: [t.pop("blake3") for t in d["tensors"]])
-    res = open_store(tmp_path).restore()
-    assert res is not None and res.step == 30 and not res.skipped and exact(res.state["t"], versions[2])
-    # A wrong BLAKE3 digest fails the restore, while `verify` (full sha256 of
-    # every chunk against its name) still finds the objects intact.
-    def forge(d: dict) -> None:
-        t = d["tensors"][0]
-        t["blake3"] = [blake3.blake3(b"other").hexdigest()] * len(t["chunks"])
 
-    _rewrite_shard(tmp_path, 30, forge)
+    # A shard of the previous format records BLAKE3 digests: checked with them.
+    def to_blake3(d: dict) -> None:
+        for t in d["tensors"]:
+            t.pop("xxh3")
+            t["blake3"] = [blake3.blake3(raw[:0]).hexdigest()] * len(t["chunks"])  # wrong on purpose
+
+    _rewrite_shard(tmp_path, 30, to_blake3)
     store = open_store(tmp_path)
     res = store.restore()
     assert res is not None and res.step == 20 and "does not match its hash" in res.skipped[0][1]
-    assert store.verify(30) == []
-    _rewrite_shard(tmp_path, 30, lambda d: d["tensors"][0].update(blake3=["00"]))
-    with pytest.raises(CheckpointError, match="blake3 does not match its chunk list"):
+    assert store.verify(30) == []  # `verify` checks the sha256 names: the objects are intact
+
+    def right_blake3(d: dict) -> None:
+        t, off = d["tensors"][0], 0
+        t["blake3"] = []
+        for _h, n in t["chunks"]:
+            t["blake3"].append(blake3.blake3(raw[off : off + n]).hexdigest())
+            off += n
+
+    _rewrite_shard(tmp_path, 30, right_blake3)
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 30 and not res.skipped and exact(res.state["t"], versions[2])
+    # A shard written before any fast digest: checked against the sha256 names.
+    _rewrite_shard(tmp_path, 30, lambda d: [t.pop("blake3") for t in d["tensors"]])
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 30 and not res.skipped and exact(res.state["t"], versions[2])
+    # A wrong XXH3 digest fails the restore; a malformed list is refused by name.
+    _rewrite_shard(tmp_path, 30, lambda d: d["tensors"][0].update(xxh3=["0" * 32] * len(d["tensors"][0]["chunks"])))
+    res = open_store(tmp_path).restore()
+    assert res is not None and res.step == 20 and "does not match its hash" in res.skipped[0][1]
+    _rewrite_shard(tmp_path, 30, lambda d: d["tensors"][0].update(xxh3=["00"]))
+    with pytest.raises(CheckpointError, match="xxh3 does not match its chunk list"):
+        open_store(tmp_path).load_rank(30, 0)
+    _rewrite_shard(tmp_path, 30, lambda d: d["tensors"][0].update(xxh3=["zz" * 16] * len(d["tensors"][0]["chunks"])))
+    with pytest.raises(CheckpointError, match="is not a xxh3 digest"):
         open_store(tmp_path).load_rank(30, 0)
 
 
