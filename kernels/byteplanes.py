@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 from hetrun.kernels.native_build import NativeLibrary
 
-__all__ = ["ROTATABLE", "estimate", "merge", "native", "split", "split_select"]
+__all__ = ["ROTATABLE", "estimate", "merge", "merge_signs", "native", "sign_split_lengths", "split",
+           "split_select", "split_signs"]
 
 ROTATABLE = (2, 4, 8)
 _SRC = Path(__file__).with_name("csrc") / "byteplanes.c"
@@ -41,6 +42,10 @@ def _declare(dll: ctypes.CDLL) -> None:
     dll.hr_bp_split_select.restype = None
     dll.hr_bp_estimate.argtypes = [p, i64]
     dll.hr_bp_estimate.restype = ctypes.c_double
+    dll.hr_bp_split_s.argtypes = [p, p, i64, i32, ctypes.c_uint32, p]
+    dll.hr_bp_split_s.restype = None
+    dll.hr_bp_merge_s.argtypes = [ctypes.POINTER(p), i64, p]
+    dll.hr_bp_merge_s.restype = None
 
 
 _native = NativeLibrary("byteplanes", _SRC, compile_flags=["-O3", "-march=native"],
@@ -175,3 +180,80 @@ def merge(planes: list[np.ndarray], out: np.ndarray, *, rot: bool = False, use_n
         if rot:
             seg = rows[start:stop].reshape(-1)
             seg[:] = _rotated(seg, itemsize, rot, left=False)
+
+
+# -- the sign split (layout "rotl1s", 4-byte items; see csrc/byteplanes.c) -----------
+
+def sign_split_lengths(n: int) -> list[int]:
+    """Plane lengths for ``n`` 4-byte items (``n % 8 == 0``): the 7 low mantissa
+    bits packed, byte 1, byte 2, the exponent, the signs packed."""
+    if n % 8:
+        raise ValueError(f"byteplanes: the sign split needs a multiple of 8 items, got {n}")
+    return [n // 8 * 7, n, n, n, n // 8]
+
+
+def _pack_plane0(p0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    bits = np.unpackbits(p0.reshape(-1, 1), axis=1, bitorder="little")
+    return np.packbits(bits[:, 1:].reshape(-1), bitorder="little"), np.packbits(bits[:, 0], bitorder="little")
+
+
+def split_signs(raw: np.ndarray, out: np.ndarray, *, base: np.ndarray | None = None, mask: int = 0,
+                sub: bool = False, use_native: bool = True) -> None:
+    """The rotated byte planes of ``raw`` (4-byte items, a multiple of 8 of
+    them) with plane 0 split into packed low mantissa bits and packed signs,
+    into ``out`` (``raw.size`` bytes, planes in the order of
+    :func:`sign_split_lengths`). With ``base``, the planes whose bit is set in
+    ``mask`` (bit 0: low bits, 1-3: byte planes, 4: signs) are deltas against
+    ``base``'s: XOR, or bytewise differences mod 256 with ``sub``."""
+    if raw.size % 4:
+        raise ValueError(f"byteplanes: {raw.size} bytes are not whole 4-byte items")
+    n = raw.size // 4
+    lengths = sign_split_lengths(n)
+    _check(raw, raw.size, "raw")
+    _check(out, raw.size, "out")
+    if mask and base is None:
+        raise ValueError("byteplanes: a delta mask without a base")
+    if base is not None:
+        _check(base, raw.size, "base")
+    dll = native() if use_native else None
+    if dll is not None:
+        dll.hr_bp_split_s(raw.ctypes.data, None if base is None else base.ctypes.data, n, int(sub),
+                          mask & 0x1F, out.ctypes.data)
+        return
+
+    def planes_of(words: np.ndarray) -> list[np.ndarray]:
+        flat = np.empty(words.size, np.uint8)
+        split(words, 4, flat, rot=True, use_native=False)
+        low, signs = _pack_plane0(flat[:n])
+        return [low, flat[n : 2 * n], flat[2 * n : 3 * n], flat[3 * n :], signs]
+
+    mine = planes_of(raw)
+    theirs = planes_of(base) if base is not None and mask else None
+    off = 0
+    for i, length in enumerate(lengths):
+        if theirs is not None and (mask >> i) & 1:
+            op = np.subtract if sub else np.bitwise_xor
+            out[off : off + length] = op(mine[i], theirs[i])
+        else:
+            out[off : off + length] = mine[i]
+        off += length
+
+
+def merge_signs(planes: list[np.ndarray], out: np.ndarray, *, use_native: bool = True) -> None:
+    """The inverse of :func:`split_signs` (no deltas): five planes into ``out``."""
+    n = out.size // 4
+    if out.size % 4 or len(planes) != 5:
+        raise ValueError(f"byteplanes: {len(planes)} planes do not make the sign split of {out.size} bytes")
+    lengths = sign_split_lengths(n)
+    _check(out, out.size, "out")
+    for p, length in zip(planes, lengths, strict=True):
+        _check(p, length, "plane")
+    dll = native() if use_native else None
+    if dll is not None:
+        ptrs = (ctypes.c_void_p * 5)(*[p.ctypes.data for p in planes])
+        dll.hr_bp_merge_s(ptrs, n, out.ctypes.data)
+        return
+    low = np.unpackbits(planes[0][: lengths[0]], bitorder="little").reshape(n, 7)
+    signs = np.unpackbits(planes[4][: lengths[4]], bitorder="little").reshape(n, 1)
+    p0 = np.packbits(np.concatenate([signs, low], axis=1), axis=1, bitorder="little").reshape(-1)
+    merge([p0, planes[1][:n], planes[2][:n], planes[3][:n]], out, rot=True, use_native=False)

@@ -115,3 +115,41 @@ def test_estimate_tracks_what_zstd_stores() -> None:
     assert byteplanes.estimate(noise) == noise.size  # a flat histogram: zstd keeps it raw
     assert byteplanes.estimate(np.zeros(n, np.uint8)) < 16  # one value: an RLE block
     assert byteplanes.estimate(seven_bits) < 0.9 * n
+
+
+@pytest.mark.parametrize("items", [0, 8, 56, 64, 72, 128, 4104])
+def test_sign_split_paths_agree_and_merge_inverts_it(items: int) -> None:
+    rng = np.random.default_rng(items)
+    raw = rng.integers(0, 256, items * 4, dtype=np.uint8)
+    base = rng.integers(0, 256, items * 4, dtype=np.uint8)
+    lengths = byteplanes.sign_split_lengths(items)
+    assert sum(lengths) == raw.size
+    offs = np.cumsum([0, *lengths])
+    for mask in (0, 1, 0b00110, 0b10000, 0b11111):
+        for sub in (False, True):
+            outs = []
+            for use_native in ([True, False] if byteplanes.native() else [False]):
+                out = np.full(raw.size, 9, np.uint8)
+                byteplanes.split_signs(raw, out, base=base, mask=mask, sub=sub, use_native=use_native)
+                outs.append(out.tobytes())
+            assert all(o == outs[0] for o in outs), (mask, sub)
+    plain = np.empty(raw.size, np.uint8)
+    byteplanes.split_signs(raw, plain)
+    planes = [plain[offs[i] : offs[i + 1]].copy() for i in range(5)]
+    for use_native in ([True, False] if byteplanes.native() else [False]):
+        back = np.empty_like(raw)
+        byteplanes.merge_signs(planes, back, use_native=use_native)
+        assert back.tobytes() == raw.tobytes()
+
+
+def test_sign_split_puts_signs_and_low_bits_where_the_layout_says() -> None:
+    x = np.array([1.0, -2.0, 0.5, -0.25, 3.0, -0.0, 7.5, -9.0], dtype=np.float32)
+    out = np.empty(32, np.uint8)
+    byteplanes.split_signs(x.view(np.uint8), out)
+    words = x.view(np.uint32)
+    assert out[31] == sum(int(w >> 31) << j for j, w in enumerate(words))  # signs, item j at bit j
+    assert out[23:31].tolist() == ((words >> 23) & 0xFF).astype(np.uint8).tolist()  # exponents
+    low7 = sum(int(w & 0x7F) << (7 * j) for j, w in enumerate(words))
+    assert int.from_bytes(out[:7].tobytes(), "little") == low7
+    with pytest.raises(ValueError, match="multiple of 8"):
+        byteplanes.split_signs(np.zeros(12, np.uint8), np.empty(12, np.uint8))
