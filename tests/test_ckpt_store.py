@@ -13,7 +13,7 @@ import pytest
 import torch
 from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt import gc, open_store, tiers_for
-from hetrun.runtime.ckpt.objects import Tier
+from hetrun.runtime.ckpt.objects import Tier, parse_object
 from hetrun.runtime.ckpt.state import capture_rng, restore_rng
 from hetrun.runtime.ckpt.writer import CheckpointWriter
 
@@ -201,7 +201,16 @@ def test_flipped_byte_in_a_compressed_plane_is_detected(tmp_path: Path) -> None:
     newest_only = set(_objects_of(tmp_path, 30)) - set(_objects_of(tmp_path, 20))
     victim = Tier(tmp_path).object_path(sorted(newest_only)[0])
     data = bytearray(victim.read_bytes())
-    data[-5] ^= 0x01
+    header, payload = parse_object(bytes(data), "victim")
+    # The middle of the biggest compressed plane (a byte of a frame header or
+    # padding could flip without changing what decodes).
+    start, best = 0, (0, 0)
+    for mode, stored in header["planes"]:
+        if mode.endswith("z") and stored > best[1]:
+            best = (start, stored)
+        start += stored
+    assert best[1] > 64, header["planes"]
+    data[len(data) - len(payload) + best[0] + best[1] // 2] ^= 0x01
     victim.write_bytes(bytes(data))
     res = open_store(tmp_path).restore()
     assert res is not None and res.step == 20 and "corrupt" in res.skipped[0][1]
@@ -397,8 +406,9 @@ def test_cli_ls_show_verify_gc_export(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def test_previous_format_and_mixed_transform_chains_restore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Objects written before the rotation and the difference deltas (no "xf",
-    XOR delta planes) still decode, also as bases of new objects (the chain
-    changes plane space and delta kind on the way)."""
+    XOR delta planes), and before the sign split ("rotl1"), still decode, also
+    as bases of new objects (the chain changes plane layout and delta kind on
+    the way)."""
     from hetrun.runtime.ckpt import codec
 
     model, opt = trained_state()
@@ -415,16 +425,23 @@ def test_previous_format_and_mixed_transform_chains_restore(tmp_path: Path, monk
     assert any(m.startswith("x") for h in headers for m, _ in h["planes"])
     monkeypatch.setattr(codec, "ROTATE", True)
     monkeypatch.setattr(codec, "DELTA_SUB", True)
+    monkeypatch.setattr(codec, "SIGN_SPLIT", False)
+    w.save(3, {"m": model.state_dict(), "o": opt.state_dict()})
+    assert w.wait().ok  # type: ignore[union-attr]
+    step(model, opt)
+    monkeypatch.setattr(codec, "SIGN_SPLIT", True)
     want = {"m": model.state_dict(), "o": opt.state_dict()}
-    w.save(3, want)
+    w.save(4, want)
     res = w.wait()
     w.close()
     assert res is not None and res.ok and res.delta_chunks > 0
     headers = [tier.read_object_header(p.name) for p in tier.iter_objects()]
     assert any(h.get("xf") == "rotl1" and h.get("base") and h.get("depth", 0) >= 2
                and any(m.startswith("d") for m, _ in h["planes"]) for h in headers)
+    assert any(h.get("xf") == "rotl1s" and h.get("base") and h.get("depth", 0) >= 3 and len(h["planes"]) == 5
+               and any(m.startswith("d") for m, _ in h["planes"]) for h in headers)
     got = open_store(tmp_path).restore()
-    assert got is not None and got.step == 3 and exact(got.state, want)
+    assert got is not None and got.step == 4 and exact(got.state, want)
     monkeypatch.setattr("hetrun.runtime.ckpt.store.USE_MMAP", False)  # the read-into-buffer path too
     got = open_store(tmp_path).restore()
     assert got is not None and exact(got.state, want)
@@ -438,9 +455,9 @@ def test_unknown_transform_is_refused_clearly(tmp_path: Path) -> None:
     w.close()
     tier = Tier(tmp_path, "shared")
     victim = next(p for p in tier.iter_objects() if tier.read_object_header(p.name).get("xf"))
-    data = victim.read_bytes().replace(b'"xf":"rotl1"', b'"xf":"rotr9"')
+    data = victim.read_bytes().replace(b'"xf":"rotl1', b'"xf":"rotr9')  # same length: the header stays valid JSON
     victim.write_bytes(data)
-    with pytest.raises(CheckpointError, match="transform 'rotr9'"):
+    with pytest.raises(CheckpointError, match="transform 'rotr9"):
         open_store(tmp_path).load_rank(1, 0)
 
 

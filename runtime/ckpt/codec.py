@@ -18,6 +18,15 @@ the lowest; the exponent plane then has fewer distinct values and the
 mantissa planes lose nothing (benchmarks/ckpt_codec_params.py). Objects
 without ``"xf"`` (the previous format) decode as before.
 
+Why split the sign off (header ``"xf": "rotl1s"``, 4-byte items, a multiple
+of 8 per chunk): after the rotation plane 0 holds the sign under 7 low
+mantissa bits. Those 7 bits are noise; the sign is not (Adam's second moment
+is never negative, a weight's sign rarely flips between checkpoints), and it
+alone made plane 0 worth a Huffman pass over all its bytes. Packed apart
+(``byteplanes.split_signs``), the 7 bits are stored raw and the signs are a
+plane an eighth the size: same bytes, and neither the encoder nor a restore
+spends time on plane 0.
+
 Encoded layout (the object payload): the concatenation of the per-plane
 payloads; the header (a JSON dict built here, stored by ``objects``) records
 for every plane its mode and byte length:
@@ -80,6 +89,10 @@ SAMPLE_BYTES = 1 << 15
 # Rotate words before planing (see above); measured in ckpt_codec_params.py.
 ROTATE = True
 ROT_TAG = "rotl1"
+# Split the sign bit off plane 0 where the rotation applies to 4-byte items (see above).
+SIGN_SPLIT = True
+SIGN_TAG = "rotl1s"
+TRANSFORMS = (None, ROT_TAG, SIGN_TAG)
 
 # Delta planes as bytewise differences (True) or XOR (False, the previous format).
 DELTA_SUB = True
@@ -94,7 +107,7 @@ class Encoded:
     itemsize: int
     planes: list[tuple[str, int]]  # (mode, stored byte length) per plane
     parts: list[bytes | memoryview]
-    rot: bool = False
+    xf: str | None = None  # the transform: None, ROT_TAG or SIGN_TAG
 
     @property
     def uses_base(self) -> bool:
@@ -123,34 +136,104 @@ def rotates(itemsize: int, rot: bool) -> bool:
     return rot and itemsize in byteplanes.ROTATABLE
 
 
-def _sample_span(n: int) -> tuple[int, int]:
-    """Items sampled for the choices: from the middle (the start of a tensor is often atypical)."""
+@dataclass(frozen=True)
+class Layout:
+    """How a chunk's bytes are arranged in planes: item size, transform
+    (``None``, ``ROT_TAG`` or ``SIGN_TAG``) and every plane's length."""
+
+    itemsize: int
+    xf: str | None
+    lengths: tuple[int, ...]
+
+    @property
+    def offsets(self) -> list[int]:
+        out, off = [], 0
+        for n in self.lengths:
+            out.append(off)
+            off += n
+        return out
+
+    def views(self, flat: np.ndarray) -> list[np.ndarray]:
+        return [flat[o : o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
+
+    def split(self, raw: np.ndarray, out: np.ndarray, base: np.ndarray | None = None, mask: int = 0,
+              sub: bool = False) -> None:
+        """``raw``'s planes into ``out``; those in ``mask`` as deltas against ``base``."""
+        if self.xf == SIGN_TAG:
+            byteplanes.split_signs(raw, out, base=base if mask else None, mask=mask, sub=sub)
+        elif mask:
+            assert base is not None
+            byteplanes.split_select(raw, self.itemsize, base, mask, out, rot=self.xf == ROT_TAG, sub=sub)
+        else:
+            byteplanes.split(raw, self.itemsize, out, rot=self.xf == ROT_TAG)
+
+    def merge(self, planes: list[np.ndarray], out: np.ndarray) -> None:
+        planes = [np.ascontiguousarray(p) for p in planes]
+        if self.xf == SIGN_TAG:
+            byteplanes.merge_signs(planes, out)
+        else:
+            byteplanes.merge(planes, out, rot=self.xf == ROT_TAG)
+
+
+def layout_of(itemsize: int, nbytes: int, xf: str | None) -> Layout:
+    """The layout an object header names; a :class:`CheckpointError` when it
+    cannot describe a chunk of ``nbytes`` bytes."""
+    if itemsize <= 0 or nbytes % itemsize or xf not in TRANSFORMS:
+        raise CheckpointError(f"no plane layout for item size {itemsize}, {nbytes} bytes, transform {xf!r}; corrupt")
+    n = nbytes // itemsize
+    if xf == SIGN_TAG:
+        if itemsize != 4 or n % 8:
+            raise CheckpointError(f"the sign split needs 4-byte items in eights, not {n} of {itemsize}; corrupt")
+        return Layout(4, xf, tuple(byteplanes.sign_split_lengths(n)))
+    if xf == ROT_TAG and itemsize not in byteplanes.ROTATABLE:
+        raise CheckpointError(f"item size {itemsize} cannot be rotated; corrupt")
+    return Layout(itemsize, xf, (n,) * itemsize)
+
+
+def choose_layout(itemsize: int, nbytes: int, rot: bool) -> Layout:
+    """The layout the encoder writes for a chunk."""
+    n = nbytes // itemsize
+    if not rotates(itemsize, rot):
+        return layout_of(itemsize, nbytes, None)
+    if SIGN_SPLIT and itemsize == 4 and n % 8 == 0:
+        return layout_of(itemsize, nbytes, SIGN_TAG)
+    return layout_of(itemsize, nbytes, ROT_TAG)
+
+
+def _sample_span(n: int, align: int) -> tuple[int, int]:
+    """Items sampled for the choices: from the middle (the start of a tensor
+    is often atypical), on ``align``-item boundaries (packed planes)."""
     if n <= SAMPLE_BYTES:
         return 0, n
-    mid = (n - SAMPLE_BYTES) // 2
-    return mid, mid + SAMPLE_BYTES
+    lo = (n - SAMPLE_BYTES) // 2 // align * align
+    return lo, lo + SAMPLE_BYTES
+
+
+def _sample_of(plane: np.ndarray, length: int, n: int, lo: int, hi: int) -> np.ndarray:
+    """The part of a plane of ``length`` bytes that holds items [lo, hi) of ``n``."""
+    return plane[lo * length // n : hi * length // n]
 
 
 def _ratio(sample: np.ndarray) -> float:
     return byteplanes.estimate(sample) / max(sample.size, 1)
 
 
-def _choose(raw: np.ndarray, base: np.ndarray, itemsize: int, rot: bool, sub: bool,
+def _choose(raw: np.ndarray, base: np.ndarray, lay: Layout, sub: bool,
             scratch: Scratch) -> tuple[int, list[float]]:
     """Which planes to store as deltas (a bit mask) and every chosen plane's
     estimated ratio, from the sampled items of ``raw`` and ``base``: only
     the chosen form of each plane is then written."""
-    n = raw.size // itemsize
-    lo, hi = _sample_span(n)
-    m = hi - lo
-    sp = scratch.get("sample_planes", m * itemsize)
-    sx = scratch.get("sample_deltas", m * itemsize)
-    byteplanes.split(raw[lo * itemsize : hi * itemsize], itemsize, sp, rot=rot,
-                     base=base[lo * itemsize : hi * itemsize], xplanes=sx, sub=sub)
+    size = lay.itemsize
+    lo, hi = _sample_span(raw.size // size, 8)
+    sl = layout_of(size, (hi - lo) * size, lay.xf)
+    sp = scratch.get("sample_planes", (hi - lo) * size)
+    sx = scratch.get("sample_deltas", (hi - lo) * size)
+    part, part_base = raw[lo * size : hi * size], base[lo * size : hi * size]
+    sl.split(part, sp)
+    sl.split(part, sx, part_base, (1 << len(sl.lengths)) - 1, sub)
     mask, ests = 0, []
-    for i in range(itemsize):
-        plain = _ratio(sp[i * m : (i + 1) * m])
-        delta = _ratio(sx[i * m : (i + 1) * m])
+    for i, (plain_s, delta_s) in enumerate(zip(sl.views(sp), sl.views(sx), strict=True)):
+        plain, delta = _ratio(plain_s), _ratio(delta_s)
         # A delta that would still be stored raw gains nothing over the plain
         # raw plane and makes restore read the base: plain then.
         if delta < min(plain, 1.0) * XOR_IF_BELOW and delta < COMPRESS_IF_BELOW:
@@ -187,7 +270,7 @@ def encode(
     its buffers: write them out before the next encode with the same scratch."""
     if raw.size % itemsize:
         itemsize = 1  # a ragged tail chunk: treat as bytes
-    rot = rotates(itemsize, ROTATE if rot is None else rot)
+    lay = choose_layout(itemsize, raw.size, ROTATE if rot is None else rot)
     sub = DELTA_SUB if sub is None else sub
     cctx = compressor or new_compressor()
     scratch = scratch or Scratch()
@@ -195,18 +278,15 @@ def encode(
     planes = scratch.get("planes", raw.size)
     mask = 0
     if base is not None and base.size == raw.size:
-        mask, ests = _choose(raw, base, itemsize, rot, sub, scratch)
-    if mask:
-        byteplanes.split_select(raw, itemsize, base, mask, planes, rot=rot, sub=sub)  # type: ignore[arg-type]
-    else:
-        byteplanes.split(raw, itemsize, planes, rot=rot)
-        lo, hi = _sample_span(n)
-        ests = [_ratio(planes[i * n + lo : i * n + hi]) for i in range(itemsize)]
+        mask, ests = _choose(raw, base, lay, sub, scratch)
+    lay.split(raw, planes, base, mask, sub)
+    if not mask:
+        lo, hi = _sample_span(n, 8)
+        ests = [_ratio(_sample_of(p, len(p), n, lo, hi)) for p in lay.views(planes)]
     prefix = "d" if sub else "x"
     out_planes: list[tuple[str, int]] = []
     parts: list[bytes | memoryview] = []
-    for i in range(itemsize):
-        plane = planes[i * n : (i + 1) * n]
+    for i, plane in enumerate(lay.views(planes)):
         delta = (mask >> i) & 1
         if ests[i] < COMPRESS_IF_BELOW:
             z = _compress(cctx, plane, scratch, i)
@@ -218,63 +298,53 @@ def encode(
                 # The sample promised more than the plane gave: stored raw, the
                 # delta would only make restore read the base. The plain plane.
                 plain = scratch.get("plain", raw.size)
-                byteplanes.split_select(raw, itemsize, base, mask & ~(1 << i), plain, rot=rot, sub=sub)  # type: ignore[arg-type]
-                plane = plain[i * n : (i + 1) * n]
+                lay.split(raw, plain, base, mask & ~(1 << i), sub)
+                plane = lay.views(plain)[i]
         out_planes.append(("r", plane.size))
         parts.append(plane.data.cast("B"))
-    return Encoded(itemsize=itemsize, planes=out_planes, parts=parts, rot=rot)
+    return Encoded(itemsize=itemsize, planes=out_planes, parts=parts, xf=lay.xf)
 
 
 def decode_planes(
     payload: memoryview,
-    itemsize: int,
+    lay: Layout,
     planes: list[tuple[str, int]],
-    nbytes: int,
     base_planes: list[np.ndarray] | None,
     *,
     decompressor: zstandard.ZstdDecompressor | None = None,
     scratch: np.ndarray | None = None,
 ) -> list[np.ndarray]:
-    """The byte planes of a chunk of ``nbytes`` raw bytes, still in plane space
-    (rotated when the object says so). ``base_planes``: the base chunk's planes
-    in the same space, needed when any plane is an XOR delta; a writable base
-    plane is XORed in place (the caller gives up those arrays), a read-only one
-    into ``scratch`` (``nbytes`` bytes). Returned planes may be views of
-    ``payload``."""
-    if len(planes) != itemsize or itemsize <= 0 or nbytes % itemsize:
-        raise CheckpointError(
-            f"chunk header lists {len(planes)} planes for item size {itemsize} and "
-            f"{nbytes} bytes; the object is corrupt",
-            hint="run `hetrun ckpt verify RUN`; restore falls back to an older checkpoint",
-        )
+    """The planes of a chunk laid out as ``lay``, still in plane space.
+    ``base_planes``: the base chunk's planes in the same layout, needed when
+    any plane is a delta; a writable base plane is updated in place (the
+    caller gives up those arrays), a read-only one into ``scratch`` (the
+    chunk's length). Returned planes may be views of ``payload``."""
+    plane_offsets(len(payload), planes, lay)
     dctx = decompressor or zstandard.ZstdDecompressor()
-    plane_len = nbytes // itemsize
     decoded: list[np.ndarray] = []
     offset = 0
-    for i, (mode, stored) in enumerate(planes):
+    for i, ((mode, stored), plane_len, start) in enumerate(zip(planes, lay.lengths, lay.offsets, strict=True)):
         piece = payload[offset : offset + stored]
         offset += stored
         bp = None
         if mode[0:1] in ("x", "d"):
-            if base_planes is None or len(base_planes) != itemsize:
+            if base_planes is None or len(base_planes) != len(lay.lengths):
                 raise CheckpointError("delta chunk without its base chunk")
             bp = base_planes[i]
             if not bp.flags.writeable and scratch is None:
-                scratch = np.empty(nbytes, dtype=np.uint8)
-        target = None if scratch is None else scratch[i * plane_len : (i + 1) * plane_len]
+                scratch = np.empty(sum(lay.lengths), dtype=np.uint8)
+        target = None if scratch is None else scratch[start : start + plane_len]
         decoded.append(decode_plane(piece, mode, stored, plane_len, bp, decompressor=dctx, target=target))
-    if offset != len(payload):
-        raise CheckpointError("chunk payload has trailing bytes; the object is corrupt")
     return decoded
 
 
-def plane_offsets(payload_len: int, itemsize: int, planes: list[tuple[str, int]], nbytes: int) -> list[int]:
+def plane_offsets(payload_len: int, planes: list[tuple[str, int]], lay: Layout) -> list[int]:
     """Start of every plane in the payload, after checking the header's plane
-    table against the chunk: what lets a restore decode one plane alone."""
-    if len(planes) != itemsize or itemsize <= 0 or nbytes % itemsize:
+    table against the layout: what lets a restore decode one plane alone."""
+    if len(planes) != len(lay.lengths):
         raise CheckpointError(
-            f"chunk header lists {len(planes)} planes for item size {itemsize} and "
-            f"{nbytes} bytes; the object is corrupt",
+            f"chunk header lists {len(planes)} planes where its layout has {len(lay.lengths)} "
+            f"(item size {lay.itemsize}, transform {lay.xf!r}); the object is corrupt",
             hint="run `hetrun ckpt verify RUN`; restore falls back to an older checkpoint",
         )
     offsets, off = [], 0
@@ -377,16 +447,16 @@ def decode_into(
     out: np.ndarray,
     base: np.ndarray | None,
     *,
-    rot: bool = False,
+    xf: str | None = None,
     decompressor: zstandard.ZstdDecompressor | None = None,
 ) -> None:
-    """Decode ``payload`` into ``out`` (uint8, the chunk's raw length).
-    ``base`` is the decoded base chunk (raw bytes) when any plane is a delta."""
+    """Decode ``payload`` into ``out`` (uint8, the chunk's raw length), written
+    with transform ``xf``. ``base`` is the decoded base chunk (raw bytes) when
+    any plane is a delta; it must have been written in the same layout."""
+    lay = layout_of(itemsize, out.size, xf)
     base_planes = None
-    if base is not None and len(planes) == itemsize and base.size == out.size and out.size % itemsize == 0:
-        n = out.size // itemsize
+    if base is not None and base.size == out.size:
         flat = np.empty(out.size, dtype=np.uint8)
-        byteplanes.split(np.ascontiguousarray(base), itemsize, flat, rot=rotates(itemsize, rot))
-        base_planes = [flat[i * n : (i + 1) * n] for i in range(itemsize)]
-    decoded = decode_planes(payload, itemsize, planes, out.size, base_planes, decompressor=decompressor)
-    byteplanes.merge([np.ascontiguousarray(p) for p in decoded], out, rot=rotates(itemsize, rot))
+        lay.split(np.ascontiguousarray(base), flat)
+        base_planes = lay.views(flat)
+    lay.merge(decode_planes(payload, lay, planes, base_planes, decompressor=decompressor), out)

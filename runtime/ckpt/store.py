@@ -27,7 +27,6 @@ import numpy as np
 import xxhash
 import zstandard
 from hetrun.dag.errors import CheckpointError
-from hetrun.kernels import byteplanes
 from hetrun.runtime.ckpt import codec, objects, state, zstd_direct
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
 from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
@@ -100,8 +99,7 @@ class _Node:
 
     h: str
     payload: memoryview
-    itemsize: int
-    rot: bool
+    lay: codec.Layout
     modes: list[tuple[str, int]]
     offsets: list[int]
     populated: bool
@@ -162,17 +160,19 @@ class CheckpointInfo:
         return self.stored_bytes / self.raw_bytes if self.raw_bytes else 0.0
 
 
-def _layout(h: str, header: dict[str, Any], nbytes: int) -> tuple[int, bool, list[tuple[str, int]]]:
-    """An object header's (item size, rotated?, plane modes), checked against the expected length."""
+def _layout(h: str, header: dict[str, Any], nbytes: int) -> tuple[codec.Layout, list[tuple[str, int]]]:
+    """An object header's plane layout and plane modes, checked against the expected length."""
     if int(header.get("raw_len", -1)) != nbytes:
         raise CheckpointError(f"chunk {h[:16]}… has length {header.get('raw_len')}, expected {nbytes}; corrupt")
-    itemsize = int(header.get("itemsize", 1))
     xf = header.get("xf")
-    if xf not in (None, codec.ROT_TAG):
+    if xf not in codec.TRANSFORMS:
         raise CheckpointError(f"chunk {h[:16]}… uses transform {xf!r}, unknown to this hetrun version",
                               hint="restore with the hetrun version that wrote the checkpoint")
+    itemsize = int(header.get("itemsize", 1))
+    # Objects before the transform tags: a rotation only where the item size allowed it.
+    lay = codec.layout_of(itemsize, nbytes, xf if xf != codec.ROT_TAG or codec.rotates(itemsize, True) else None)
     modes = [(str(m), int(n)) for m, n in header.get("planes", [])]
-    return itemsize, codec.rotates(itemsize, xf == codec.ROT_TAG), modes
+    return lay, modes
 
 
 def _fast_digests(td: dict[str, Any], n: int, where: str) -> list[tuple[str, str]] | None:
@@ -248,10 +248,9 @@ class CheckpointStore:
             return ctx
 
     def _planes_of(self, h: str, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx
-                   ) -> tuple[list[np.ndarray], int, bool]:
-        """Object ``h``'s planes in plane space, its chain decoded by XORing
-        planes in place (no interleave per chain level). Returns (planes,
-        itemsize, rotated)."""
+                   ) -> tuple[list[np.ndarray], codec.Layout]:
+        """Object ``h``'s planes in plane space, its chain decoded by updating
+        planes in place (no interleave per chain level). Returns (planes, layout)."""
         if depth > _MAX_CHAIN:
             raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
         t = time.perf_counter()
@@ -260,28 +259,31 @@ class CheckpointStore:
         else:
             header, payload = tier.read_object(h, into=ctx.read_buf(depth))
         ctx.add("read", t)
-        itemsize, rot, modes = _layout(h, header, nbytes)
+        lay, modes = _layout(h, header, nbytes)
         base_planes = None
         if header.get("base"):
             base_h = check_hash(header["base"], f"chunk {h[:16]}… base")
-            bp, b_items, b_rot = self._planes_of(base_h, nbytes, tier, depth + 1, ctx)
-            if (b_items, b_rot) != (itemsize, rot):
-                # The base was planed differently (another item size or transform):
-                # back to bytes, then into this object's plane space.
-                t = time.perf_counter()
-                raw = ctx.scratch(("rebase", depth), nbytes)
-                byteplanes.merge([np.ascontiguousarray(p) for p in bp], raw, rot=b_rot)
-                flat = ctx.scratch(("replane", depth), nbytes)
-                byteplanes.split(raw, itemsize, flat, rot=rot)
-                n = nbytes // max(itemsize, 1)
-                bp = [flat[i * n : (i + 1) * n] for i in range(itemsize)]
-                ctx.add("unplane", t)
+            bp, b_lay = self._planes_of(base_h, nbytes, tier, depth + 1, ctx)
+            if b_lay != lay:
+                bp = self._replane(bp, b_lay, lay, nbytes, depth, ctx)
             base_planes = bp
         t = time.perf_counter()
-        planes = codec.decode_planes(payload, itemsize, modes, nbytes, base_planes,
+        planes = codec.decode_planes(payload, lay, modes, base_planes,
                                      decompressor=ctx.dctx, scratch=ctx.scratch(("xor", depth), nbytes))
         ctx.add("decode", t)
-        return planes, itemsize, rot
+        return planes, lay
+
+    def _replane(self, planes: list[np.ndarray], src: codec.Layout, dst: codec.Layout, nbytes: int,
+                 depth: int, ctx: _DecodeCtx) -> list[np.ndarray]:
+        """A base planed differently (another item size or transform): back to
+        bytes, then into the layout of the object built on it."""
+        t = time.perf_counter()
+        raw = ctx.scratch(("rebase", depth), nbytes)
+        src.merge(planes, raw)
+        flat = ctx.scratch(("replane", depth), nbytes)
+        dst.split(raw, flat)
+        ctx.add("rebase", t)
+        return dst.views(flat)
 
     def _open(self, h: str, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx, *, populate: bool) -> _Node:
         if depth > _MAX_CHAIN:
@@ -289,10 +291,10 @@ class CheckpointStore:
         t = time.perf_counter()
         header, payload = tier.map_object(h, populate=populate)
         ctx.add("read", t)
-        itemsize, rot, modes = _layout(h, header, nbytes)
-        offsets = codec.plane_offsets(len(payload), itemsize, modes, nbytes)
+        lay, modes = _layout(h, header, nbytes)
+        offsets = codec.plane_offsets(len(payload), modes, lay)
         base_h = check_hash(header["base"], f"chunk {h[:16]}… base") if header.get("base") else None
-        return _Node(h, payload, itemsize, rot, modes, offsets, populate, base_h)
+        return _Node(h, payload, lay, modes, offsets, populate, base_h)
 
     def _plane(self, node: _Node, i: int, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx) -> np.ndarray:
         """Plane ``i`` of ``node`` in its plane space, decoding only plane ``i``
@@ -307,9 +309,9 @@ class CheckpointStore:
         if mode[0] in "xd":
             base_plane = self._base_plane(node, i, nbytes, tier, depth, ctx)
         t = time.perf_counter()
-        n = nbytes // node.itemsize
+        n, at = node.lay.lengths[i], node.lay.offsets[i]
         plane = codec.decode_plane(node.payload[start : start + stored], mode, stored, n, base_plane,
-                                   decompressor=ctx.dctx, target=ctx.scratch(("xor", depth), nbytes)[i * n : (i + 1) * n],
+                                   decompressor=ctx.dctx, target=ctx.scratch(("xor", depth), nbytes)[at : at + n],
                                    zbuf=ctx.scratch("z", n), direct=ctx.direct)
         ctx.add("decode", t)
         return plane
@@ -320,20 +322,12 @@ class CheckpointStore:
         if node.base is None:
             node.base = self._open(node.base_h, nbytes, tier, depth + 1, ctx, populate=False)
         b = node.base
-        if (b.itemsize, b.rot) == (node.itemsize, node.rot):
+        if b.lay == node.lay:
             return self._plane(b, i, nbytes, tier, depth + 1, ctx)
         if node.rebased is None:
-            # The base was planed differently (another item size or transform):
-            # all of it back to bytes, then into this object's plane space.
-            bp = [self._plane(b, j, nbytes, tier, depth + 1, ctx) for j in range(b.itemsize)]
-            t = time.perf_counter()
-            raw = ctx.scratch(("rebase", depth), nbytes)
-            byteplanes.merge([np.ascontiguousarray(p) for p in bp], raw, rot=b.rot)
-            flat = ctx.scratch(("replane", depth), nbytes)
-            byteplanes.split(raw, node.itemsize, flat, rot=node.rot)
-            n = nbytes // max(node.itemsize, 1)
-            node.rebased = [flat[j * n : (j + 1) * n] for j in range(node.itemsize)]
-            ctx.add("rebase", t)
+            # The base was planed differently (another item size or transform).
+            bp = [self._plane(b, j, nbytes, tier, depth + 1, ctx) for j in range(len(b.lay.lengths))]
+            node.rebased = self._replane(bp, b.lay, node.lay, nbytes, depth, ctx)
         return node.rebased[i]
 
     def _decode_object(self, h: str, out: np.ndarray, prefer: Tier, fast: tuple[str, str] | None) -> None:
@@ -353,16 +347,16 @@ class CheckpointStore:
             try:
                 if LAZY_CHAIN and USE_MMAP:  # partial reads need the mapping
                     node = self._open(h, out.size, tier, 0, ctx, populate=POPULATE_MAPS)
-                    planes = [self._plane(node, i, out.size, tier, 0, ctx) for i in range(node.itemsize)]
-                    rot = node.rot
+                    planes = [self._plane(node, i, out.size, tier, 0, ctx) for i in range(len(node.lay.lengths))]
+                    lay = node.lay
                     del node  # drops the chain's mappings before the next object
                 else:
-                    planes, _, rot = self._planes_of(h, out.size, tier, 0, ctx)
+                    planes, lay = self._planes_of(h, out.size, tier, 0, ctx)
                 t = time.perf_counter()
                 _populate_write(out)
                 ctx.add("fault", t)
                 t = time.perf_counter()
-                byteplanes.merge(planes, out, rot=rot)
+                lay.merge(planes, out)
                 del planes
                 ctx.add("unplane", t)
                 t = time.perf_counter()

@@ -389,8 +389,8 @@ class CheckpointWriter:
         t = self._stage("encode", t)
         header: dict[str, Any] = {"raw_len": int(raw.size), "itemsize": enc.itemsize,
                                   "planes": [[m, n] for m, n in enc.planes]}
-        if enc.rot:
-            header["xf"] = codec.ROT_TAG
+        if enc.xf:
+            header["xf"] = enc.xf
         depth = 0
         if enc.uses_base:
             assert prev is not None
