@@ -213,7 +213,10 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
         value, problem = None, None
         if step in mine["steps"] or need:
             try:
-                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank)
+                # Straight into the workload's own tensors where they fit: no
+                # fresh 1x-state allocation and no copy in load_state_dict.
+                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank,
+                                                           into={"workload": workload.state_dict()})
             except CheckpointError as exc:
                 if need:
                     problem = f"rank {ctx.rank} ({ctx.component}): {exc}"

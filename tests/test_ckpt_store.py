@@ -686,3 +686,28 @@ def test_compressed_plane_of_the_wrong_length_is_corrupt_when_decoded_into_a_buf
                                target=np.empty(wrong, np.uint8))
     with pytest.raises(CheckpointError, match="does not decompress"):
         codec.decode_plane(memoryview(z[:-3] + b"xyz"), "z", len(z), 4096, None, decompressor=dctx, target=buf)
+
+
+def test_restore_into_a_live_state_decodes_in_place_where_tensors_fit(tmp_path: Path) -> None:
+    """Matching tensors (place, dtype, shape, CPU, contiguous) are filled in
+    place and returned; the others come back as fresh tensors."""
+    model, opt = trained_state()
+    want = {"m": model.state_dict(), "o": opt.state_dict(), "a": np.arange(12.0).reshape(3, 4)}
+    w = writer(tmp_path)
+    w.save(1, want)
+    assert w.wait().ok  # type: ignore[union-attr]
+    w.close()
+    live_model, live_opt = trained_state()
+    for p in live_model.parameters():
+        p.data.zero_()
+    live = {"m": live_model.state_dict(), "o": live_opt.state_dict(), "a": np.zeros((3, 4))}
+    wrong_shape = next(iter(live["m"]))
+    live["m"][wrong_shape] = torch.zeros(7)  # does not fit: a fresh tensor instead
+    res = open_store(tmp_path).restore(into=live)
+    assert res is not None and exact(res.state, want)
+    name = next(k for k in live["m"] if k != wrong_shape)
+    assert res.state["m"][name] is live["m"][name]  # the live tensor itself, now restored
+    assert res.state["m"][name].data_ptr() == dict(live_model.named_parameters())[name].data_ptr()
+    assert torch.equal(dict(live_model.named_parameters())[name], want["m"][name])
+    assert res.state["a"] is live["a"] and np.array_equal(live["a"], want["a"])
+    assert res.state["m"][wrong_shape] is not live["m"][wrong_shape] and live["m"][wrong_shape].sum() == 0

@@ -122,6 +122,53 @@ def empty_for(leaf: Leaf) -> tuple[Any, np.ndarray]:
     return arr, arr.reshape(-1).view(np.uint8)
 
 
+def targets_in(skeleton: Any, into: Any) -> dict[int, Any]:
+    """The leaves of a stored ``skeleton`` that ``into`` (a live state of the
+    same structure, e.g. the workload's ``state_dict()``) holds at the same
+    place: leaf index -> the tensor or array there. Places that differ are
+    left out; :func:`view_of` then decides whether a target fits."""
+    found: dict[int, Any] = {}
+
+    def walk(node: Any, target: Any) -> None:
+        if not (isinstance(node, dict) and len(node) == 1):
+            return
+        (tag, body), = node.items()
+        if tag in ("T", "N") and isinstance(body, int):
+            found[body] = target
+        elif tag == "D" and isinstance(body, list) and isinstance(target, dict):
+            for item in body:
+                if isinstance(item, list) and len(item) == 2 and isinstance(item[0], (str, int)) and item[0] in target:
+                    walk(item[1], target[item[0]])
+        elif tag in ("L", "U") and isinstance(body, list) and isinstance(target, (list, tuple)) \
+                and len(target) == len(body):
+            for v, t in zip(body, target, strict=True):
+                walk(v, t)
+
+    walk(skeleton, into)
+    return found
+
+
+def view_of(leaf: Leaf, target: Any) -> tuple[Any, np.ndarray] | None:
+    """``target`` and a uint8 view of its bytes, when the stored ``leaf`` can be
+    decoded straight into it (a CPU, contiguous tensor or a writable C-ordered
+    array of the same dtype and shape); else None (decode into fresh memory)."""
+    if leaf.nbytes == 0:
+        return None
+    if leaf.kind == "torch" and isinstance(target, torch.Tensor):
+        t = target.detach()
+        if (t.device.type != "cpu" or not t.is_contiguous() or str(t.dtype).removeprefix("torch.") != leaf.dtype
+                or list(t.shape) != leaf.shape or t.is_conj() or t.is_neg()
+                or t.numel() * t.element_size() != leaf.nbytes):
+            return None
+        return target, t.reshape(-1).view(torch.uint8).numpy()
+    if leaf.kind == "numpy" and isinstance(target, np.ndarray):
+        if (not target.flags.c_contiguous or not target.flags.writeable or target.dtype.str != leaf.dtype
+                or list(target.shape) != leaf.shape or target.nbytes != leaf.nbytes):
+            return None
+        return target, target.reshape(-1).view(np.uint8)
+    return None
+
+
 def unflatten(skeleton: Any, values: list[Any]) -> Any:
     def walk(node: Any) -> Any:
         if node is None or isinstance(node, (bool, int, float, str)):

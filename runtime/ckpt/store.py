@@ -375,10 +375,16 @@ class CheckpointStore:
         assert last is not None
         raise last
 
-    def load_rank(self, step: int, rank: int, *, full_hash: bool = False) -> tuple[Any, dict[str, Any], Tier]:
+    def load_rank(self, step: int, rank: int, *, full_hash: bool = False,
+                  into: Any = None) -> tuple[Any, dict[str, Any], Tier]:
         """Rank ``rank``'s state at ``step`` from the first tier where it verifies.
         ``full_hash``: check every chunk against its sha256 name even where the
-        shard records a (faster) BLAKE3 digest."""
+        shard records a (faster) digest. ``into``: a live state of the same
+        structure (e.g. the workload's ``state_dict()``); tensors of it that fit
+        (same place, dtype and shape, CPU, contiguous) are decoded into in
+        place and returned, instead of fresh memory that would then be copied
+        over them. A load that fails leaves them partly overwritten: restore
+        then loads an older checkpoint into them, or raises."""
         errors = []
         for tier in self.tiers:
             if step not in tier.manifest_steps():
@@ -392,24 +398,25 @@ class CheckpointStore:
                     )
                 entry = man["shards"][rank]
                 shard = tier.read_shard(entry["path"], entry["sha256"], f"{tier.manifest_path(step)}: shards[{rank}]")
-                return self._load_shard(shard, tier, full_hash=full_hash), man.get("meta", {}), tier
+                return self._load_shard(shard, tier, full_hash=full_hash, into=into), man.get("meta", {}), tier
             except CheckpointError as exc:
                 errors.append(f"{tier.name} tier: {exc}")
         if not errors:
             raise CheckpointError(f"no checkpoint for step {step}")
         raise CheckpointError("; ".join(errors))
 
-    def _load_shard(self, shard: dict[str, Any], tier: Tier, *, full_hash: bool = False) -> Any:
+    def _load_shard(self, shard: dict[str, Any], tier: Tier, *, full_hash: bool = False, into: Any = None) -> Any:
         try:
             tensors_doc = shard["tensors"]
             skeleton = shard["skeleton"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError("shard document is malformed; corrupt") from exc
+        targets = state.targets_in(skeleton, into) if into is not None else {}
         values: list[Any] = []
         jobs: list[tuple[str, np.ndarray, tuple[str, str] | None]] = []
         for i, td in enumerate(tensors_doc):
             leaf = state.leaf_from_doc(td, f"tensors[{i}]")
-            value, raw = state.empty_for(leaf)
+            value, raw = state.view_of(leaf, targets.get(i)) or state.empty_for(leaf)
             values.append(value)
             off = 0
             chunks = td.get("chunks", [])
@@ -447,16 +454,18 @@ class CheckpointStore:
             for ctx in self._ctxs:
                 ctx.times.clear()
 
-    def restore(self, coll: Collective | None = None) -> RestoreResult | None:
+    def restore(self, coll: Collective | None = None, *, into: Any = None) -> RestoreResult | None:
         """The newest checkpoint that every rank can load and verify, or None when
-        there is none (a first run). Collective: every rank must call it."""
+        there is none (a first run). Collective: every rank must call it.
+        ``into``: decode into this live state's tensors where they fit (see
+        :meth:`load_rank`)."""
         coll = coll or SoloCollective()
         t0 = time.perf_counter()
         steps = sorted({s for lst in coll.allgather(self.steps()) for s in lst}, reverse=True)
         skipped: list[tuple[int, str]] = []
         for step in steps:
             try:
-                value, meta, tier = self.load_rank(step, coll.rank)
+                value, meta, tier = self.load_rank(step, coll.rank, into=into)
                 mine: str | None = None
             except CheckpointError as exc:
                 value, mine = None, f"rank {coll.rank}: {exc}"
