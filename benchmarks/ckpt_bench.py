@@ -333,25 +333,56 @@ def hetrun_restore(d: Path, st: Any, threads: int) -> dict[str, float]:
 
 _FRESH = r"""
 import json, sys, time
-kind, path, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+kind, path, threads, template = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 import torch
+target = None
+if kind.endswith("-into"):
+    # A live state to load into, as a requeued job has after building its
+    # model and optimizer: allocated and touched before the clock starts.
+    target = torch.load(template, weights_only=True)
+    def zero(o):
+        if isinstance(o, torch.Tensor):
+            o.zero_()
+        for v in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):
+            zero(v)
+    zero(target)
 t0 = time.perf_counter()
+stages = {}
 if kind == "torch":
     torch.load(path, weights_only=True)
-    stages = {}
+elif kind == "torch-into":  # what a torch.save user does on requeue: load, then copy into the model
+    def copy(dst, src):
+        if isinstance(dst, torch.Tensor):
+            dst.copy_(src)
+        elif isinstance(dst, dict):
+            for k in dst:
+                copy(dst[k], src[k])
+        elif isinstance(dst, (list, tuple)):
+            for d, x in zip(dst, src):
+                copy(d, x)
+    copy(target, torch.load(path, weights_only=True))
+elif kind == "dcp-into":
+    import torch.distributed.checkpoint as dcp
+    dcp.load(target, checkpoint_id=path)
 else:
     from hetrun.runtime.ckpt import open_store
     store = open_store(path, threads=threads)
-    assert store.restore() is not None
+    assert store.restore(into=target) is not None
     stages = store.stage_seconds()
 print(json.dumps({"s": time.perf_counter() - t0, "stages": stages}))
 """
 
 
-def fresh_restores(targets: dict[str, tuple[str, Path]], threads: int, reps: int) -> dict[str, Any]:
+def fresh_restores(targets: dict[str, tuple[str, Path]], threads: int, reps: int,
+                   template: Path | None = None) -> dict[str, Any]:
     """Each restore in a new process, as after a requeue: fresh memory faults
     in, and no allocator reuse flatters a second load in one process. Rounds
-    alternate the candidates, so drift hits all alike; medians reported."""
+    alternate the candidates, so drift hits all alike; medians reported.
+    Kinds: "torch" (torch.load), "hetrun" (restore into fresh memory), and,
+    given ``template`` (a torch.save of the state), "torch-into", "dcp-into"
+    and "hetrun-into": into a live state built from it before the clock
+    starts (torch.load then copy_ into it, as load_state_dict does; DCP's
+    in-place load; hetrun's ``restore(into=...)``)."""
     import statistics
     import subprocess
 
@@ -359,7 +390,7 @@ def fresh_restores(targets: dict[str, tuple[str, Path]], threads: int, reps: int
     stages: dict[str, dict[str, float]] = {}
     for _ in range(reps):
         for name, (kind, path) in targets.items():
-            out = subprocess.run([sys.executable, "-c", _FRESH, kind, str(path), str(threads)],
+            out = subprocess.run([sys.executable, "-c", _FRESH, kind, str(path), str(threads), str(template or "")],
                                  capture_output=True, text=True, check=True).stdout
             got = json.loads(out.strip().splitlines()[-1])
             runs[name].append(got["s"])

@@ -8,9 +8,12 @@ pages fault in slowly; this one keeps the parent small.
 
 Builds once (134M GPT + AdamW as in ckpt_bench.py, checkpoints at steps 3,
 5 and 105 with the default delta chain, the step-105 state again with
-``max_delta_chain=1``, and torch.save of it), then alternates rounds of
-torch.load / hetrun (chain of 3) / hetrun (no chain), each in its own
-process, and prints medians with the per-stage thread-seconds.
+``max_delta_chain=1``, torch.save and DCP save of it), then alternates
+rounds of torch.load / hetrun (chain of 3) / hetrun (no chain) into fresh
+memory, and torch.load + copy / DCP's in-place load / hetrun
+``restore(into=...)`` into a live state built before the clock starts (what a requeued job has once its model
+and optimizer exist), each in its own process, and prints medians with the
+per-stage thread-seconds.
 
     python benchmarks/ckpt_restore_fresh.py            # build (~3 min) + 5 rounds
     python benchmarks/ckpt_restore_fresh.py --rounds 9 --keep   # reuse the build
@@ -54,6 +57,9 @@ def build() -> None:
     print(f"step 105, max_delta_chain=1: {w1.wait().stored_bytes / 1e6:.0f} MB", flush=True)
     w1.close()
     torch.save(st, ROOT / "state.pt")
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(st, checkpoint_id=str(ROOT / "dcp"))
 
 
 def main() -> None:
@@ -61,12 +67,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--keep", action="store_true", help="reuse an earlier build in " + str(ROOT))
     args = ap.parse_args()
-    if not (args.keep and (ROOT / "state.pt").exists()):
+    if not (args.keep and (ROOT / "dcp").exists()):
         build()
     targets = {"torch.load": ("torch", ROOT / "state.pt"), "hetrun (chain of 3)": ("hetrun", ROOT / "chain"),
-               "hetrun max_delta_chain=1": ("hetrun", ROOT / "no_chain")}
-    for name, r in cb.fresh_restores(targets, threads=2, reps=args.rounds).items():
-        print(f"{name:26s} median {r['median_s']:.3f} s  ({', '.join(f'{x:.2f}' for x in r['runs_s'])})"
+               "hetrun max_delta_chain=1": ("hetrun", ROOT / "no_chain"),
+               "torch.load + copy into live": ("torch-into", ROOT / "state.pt"),
+               "DCP in-place load": ("dcp-into", ROOT / "dcp"),
+               "hetrun in place (chain of 3)": ("hetrun-into", ROOT / "chain"),
+               "hetrun in place, chain=1": ("hetrun-into", ROOT / "no_chain")}
+    for name, r in cb.fresh_restores(targets, threads=2, reps=args.rounds, template=ROOT / "state.pt").items():
+        print(f"{name:30s} median {r['median_s']:.3f} s  ({', '.join(f'{x:.2f}' for x in r['runs_s'])})"
               + ("  stages (thread-s, last round): " + ", ".join(f"{k} {x:.2f}" for k, x in r["stages"].items())
                  if r["stages"] else ""))
 
