@@ -442,10 +442,19 @@ def gpt_full(args: argparse.Namespace, out: dict[str, Any]) -> None:
     gc.collect()
     fresh_ref = ROOT / "gpt100_fresh.pt"
     torch.save(st, fresh_ref)
+    fresh_dcp = ROOT / "gpt100_fresh.dcp"
+    clean(fresh_dcp)
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(st, checkpoint_id=str(fresh_dcp))
     res["fresh_restore"] = fresh_restores(
         {"torch.load": ("torch", fresh_ref), "hetrun (chain of 3)": ("hetrun", d),
-         "hetrun max_delta_chain=1": ("hetrun", d1)}, args.threads, args.fresh_reps)
+         "hetrun max_delta_chain=1": ("hetrun", d1),
+         "torch.load + copy into live": ("torch-into", fresh_ref), "DCP in-place load": ("dcp-into", fresh_dcp),
+         "hetrun in place (chain of 3)": ("hetrun-into", d), "hetrun in place, chain=1": ("hetrun-into", d1)},
+        args.threads, args.fresh_reps, template=fresh_ref)
     fresh_ref.unlink()
+    clean(fresh_dcp)
     clean(d1)
     train(model, opt, 1, args.vocab, args.seq, gen)
     st_a = full_state(model, opt)
