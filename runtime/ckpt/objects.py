@@ -397,6 +397,8 @@ class Tier:
             if not isinstance(s, dict) or s.get("rank") != i:
                 raise CheckpointError(f"{where}: shards[{i}] is malformed; corrupt")
             rel = s.get("path")
+            if not isinstance(rel, str):
+                raise CheckpointError(f"{where}: shards[{i}].path {rel!r} is not a shard path; rejected")
             self.safe_path(rel, f"{where}: shards[{i}].path")
             if not _SHARD_RE.fullmatch(rel):
                 raise CheckpointError(f"{where}: shards[{i}].path {rel!r} is not a shard path; rejected")
