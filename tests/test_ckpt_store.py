@@ -711,3 +711,32 @@ def test_restore_into_a_live_state_decodes_in_place_where_tensors_fit(tmp_path: 
     assert torch.equal(dict(live_model.named_parameters())[name], want["m"][name])
     assert res.state["a"] is live["a"] and np.array_equal(live["a"], want["a"])
     assert res.state["m"][wrong_shape] is not live["m"][wrong_shape] and live["m"][wrong_shape].sum() == 0
+
+
+def test_numpy_fallback_writes_and_reads_the_same_objects_as_the_c_kernels(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a C compiler the byte-plane kernels run in numpy: same objects,
+    so a checkpoint written on one machine restores on the other."""
+    import copy
+
+    from hetrun.kernels import byteplanes
+
+    saved = None
+    for where, native in (("c", True), ("numpy", False)):
+        m, o = trained_state()
+        if not native:
+            monkeypatch.setattr(byteplanes, "native", lambda: None)
+        w = writer(tmp_path / where)
+        for s in (1, 2):
+            step(m, o)
+            saved = copy.deepcopy({"m": m.state_dict(), "o": o.state_dict()})
+            w.save(s, saved)
+            assert w.wait().ok  # type: ignore[union-attr]
+        w.close()
+        monkeypatch.undo()
+    c_objects = {p.name: p.read_bytes() for p in Tier(tmp_path / "c").iter_objects()}
+    numpy_objects = {p.name: p.read_bytes() for p in Tier(tmp_path / "numpy").iter_objects()}
+    assert c_objects == numpy_objects and any(b'"rotl1s"' in b for b in c_objects.values())
+    monkeypatch.setattr(byteplanes, "native", lambda: None)
+    got = open_store(tmp_path / "c").restore()  # written by the C kernels, read by numpy
+    assert got is not None and got.step == 2 and exact(got.state, saved)
