@@ -3,6 +3,7 @@ verification with fallback, path-escape rejection, GC, tiers, export, CLI."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -572,8 +573,6 @@ def test_prepare_for_a_bigger_state_keeps_the_delta_base(tmp_path: Path) -> None
 def _rewrite_shard(root: Path, step: int, edit: object) -> None:
     """Edit rank 0's shard document of ``step`` and re-seal it in the manifest
     (what a writer of another format version would have produced)."""
-    import hashlib
-
     tier = Tier(root)
     man = tier.read_manifest(step)
     entry = man["shards"][0]
@@ -610,7 +609,7 @@ def test_fast_digests_verify_restores_and_older_shards_still_restore(tmp_path: P
     store = open_store(tmp_path)
     res = store.restore()
     assert res is not None and res.step == 20 and "does not match its hash" in res.skipped[0][1]
-    assert store.verify(30) == []  # `verify` checks the sha256 names: the objects are intact
+    assert store.verify(30) == []  # `verify` checks the object names: the objects are intact
 
     def right_blake3(d: dict) -> None:
         t, off = d["tensors"][0], 0
@@ -622,7 +621,7 @@ def test_fast_digests_verify_restores_and_older_shards_still_restore(tmp_path: P
     _rewrite_shard(tmp_path, 30, right_blake3)
     res = open_store(tmp_path).restore()
     assert res is not None and res.step == 30 and not res.skipped and exact(res.state["t"], versions[2])
-    # A shard written before any fast digest: checked against the sha256 names.
+    # A shard written before any fast digest: checked against the object names.
     _rewrite_shard(tmp_path, 30, lambda d: [t.pop("blake3") for t in d["tensors"]])
     res = open_store(tmp_path).restore()
     assert res is not None and res.step == 30 and not res.skipped and exact(res.state["t"], versions[2])
@@ -740,3 +739,44 @@ def test_numpy_fallback_writes_and_reads_the_same_objects_as_the_c_kernels(
     monkeypatch.setattr(byteplanes, "native", lambda: None)
     got = open_store(tmp_path / "c").restore()  # written by the C kernels, read by numpy
     assert got is not None and got.step == 2 and exact(got.state, saved)
+
+
+def test_objects_are_named_by_blake3_and_sha256_named_stores_still_restore_and_verify(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blake3
+    from hetrun.runtime.ckpt import store as store_mod
+
+    versions = _save_three(tmp_path / "new")
+    tier = Tier(tmp_path / "new")
+    man = tier.read_manifest(30)
+    doc = tier.read_shard(man["shards"][0]["path"], man["shards"][0]["sha256"], "test")
+    assert doc["names"] == "blake3"
+    raw = versions[2].numpy().view(np.uint8).reshape(-1)
+    off = 0
+    for h, n in doc["tensors"][0]["chunks"]:
+        assert h == blake3.blake3(raw[off : off + n]).hexdigest()
+        off += n
+    # A store written with sha256 names, its shards without the "names" field
+    # (as before BLAKE3 names): restores, and `verify` checks the sha256 names.
+    monkeypatch.setattr(store_mod, "NAME_HASH", "sha256")
+    import hetrun.runtime.ckpt.writer as writer_mod
+
+    monkeypatch.setattr(writer_mod, "NAME_HASH", "sha256")
+    old = _save_three(tmp_path / "old")
+    monkeypatch.undo()
+    for step in (10, 20, 30):
+        _rewrite_shard(tmp_path / "old", step, lambda d: d.pop("names"))
+    old_tier = Tier(tmp_path / "old")
+    man = old_tier.read_manifest(30)
+    doc = old_tier.read_shard(man["shards"][0]["path"], man["shards"][0]["sha256"], "test")
+    assert "names" not in doc
+    raw = old[2].numpy().view(np.uint8).reshape(-1)
+    assert doc["tensors"][0]["chunks"][0][0] == hashlib.sha256(raw[: doc["tensors"][0]["chunks"][0][1]]).hexdigest()
+    st = open_store(tmp_path / "old")
+    res = st.restore()
+    assert res is not None and res.step == 30 and exact(res.state["t"], old[2])
+    assert st.verify(30) == []
+    # An unknown naming hash is refused by name, never guessed.
+    _rewrite_shard(tmp_path / "old", 30, lambda d: d.update(names="md5"))
+    with pytest.raises(CheckpointError, match="'md5', unknown to this hetrun version"):
+        open_store(tmp_path / "old").load_rank(30, 0)

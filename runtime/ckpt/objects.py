@@ -2,9 +2,10 @@
 and the path rules that keep every read inside the store.
 
 Object file: ``MAGIC`` + 4-byte little-endian header length + JSON header +
-payload. The object's name is the sha256 of the chunk's *raw* bytes, so a
-restore verifies the decoded bytes against the name it looked up, and equal
-chunks are stored once.
+payload. The object's name is a 256-bit hash of the chunk's *raw* bytes
+(BLAKE3; sha256 in stores written before, which a shard's ``"names"`` field
+tells apart), so `verify` checks the decoded bytes against the name it
+looked up, and equal chunks are stored once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def digest(data: Any) -> str:
 def check_hash(value: object, where: str) -> str:
     if not isinstance(value, str) or not _HASH_RE.fullmatch(value):
         raise CheckpointError(
-            f"{where}: {value!r} is not a sha256 object name; the document is corrupt or forged"
+            f"{where}: {value!r} is not an object name (64 hex digits); the document is corrupt or forged"
         )
     return value
 
@@ -200,7 +201,7 @@ def atomic_write(path: Path, parts: list[Any], *, durable: bool, staged: Staged 
 
 class Tier:
     """One directory holding a complete store layout:
-    ``objects/ab/<sha256>``, ``shards/<step>/rank-<r>.json``,
+    ``objects/ab/<name>``, ``shards/<step>/rank-<r>.json``,
     ``manifests/<step>.json`` and ``latest``."""
 
     def __init__(self, root: str | os.PathLike[str], name: str = "shared") -> None:

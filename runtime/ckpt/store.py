@@ -5,7 +5,8 @@ A checkpoint exists when its manifest exists (written last, after every
 rank's shard was complete). Loading decodes every chunk and checks it against
 the XXH3-128 digest its shard records (the manifest's sha256 protects the
 shard; shards written before record BLAKE3) or, for shards without one and in
-``verify``, its sha256 object name, so a flipped byte or a missing chunk makes
+``verify``, its object name (BLAKE3, or sha256 for shards that say
+``"names": "sha256"`` or nothing), so a flipped byte or a missing chunk makes
 that checkpoint invalid; ``restore`` then falls back to the previous one and says
 why in ``RestoreResult.skipped``.
 """
@@ -39,12 +40,13 @@ USE_MMAP = True
 # previous whole-object walk, kept for side-by-side measurement).
 LAZY_CHAIN = True
 # Verify decoded chunks with the fast digest the shard records; shards
-# without one, and `verify`, use sha256 (the object name). XXH3-128 runs at
-# ~30 GB/s here against BLAKE3's 4.8 and sha256's ~1.5: restore's verify stage
-# for the 1.6 GB GPT state went 0.29 -> ~0.05 thread-s. A checksum suffices
-# for what this check is for (a flipped or torn byte, a wrong file): whoever
-# can rewrite objects can rewrite the shard's digests as well, whatever their
-# strength; the content addresses stay sha256.
+# without one, and `verify`, use the object name (a BLAKE3 or sha256 hash).
+# XXH3-128 runs at ~30 GB/s here against BLAKE3's 4.8 and sha256's 1.8:
+# restore's verify stage for the 1.6 GB GPT state went 0.29 -> ~0.05
+# thread-s. A checksum suffices for what this check is for (a flipped or torn
+# byte, a wrong file): whoever can rewrite objects can rewrite the shard's
+# digests as well, whatever their strength; the content addresses stay
+# cryptographic hashes.
 FAST_VERIFY = True
 _FAST_DIGESTS: dict[str, tuple[int, Any]] = {
     "xxh3": (32, xxhash.xxh3_128_hexdigest),
@@ -56,6 +58,22 @@ _HEX = frozenset("0123456789abcdef")
 def fast_digest(data: Any) -> tuple[str, str]:
     """(kind, digest) the writer records for a chunk."""
     return "xxh3", xxhash.xxh3_128_hexdigest(data)
+
+
+# Object names: the hash of a chunk's raw bytes. BLAKE3 (4.8 GB/s per thread
+# here) for new objects; sha256 (1.8 GB/s with SHA-NI) in stores written
+# before, whose shards carry no "names" field. The writer's hash stage for
+# the 1.6 GB GPT state went 1.3-1.5 -> ~0.5 thread-s.
+NAME_HASH = "blake3"
+_NAME_HASHES: dict[str, Any] = {
+    "blake3": lambda data: blake3.blake3(data, max_threads=1).hexdigest(),
+    "sha256": lambda data: hashlib.sha256(data).hexdigest(),
+}
+
+
+def object_name(data: Any) -> str:
+    """The name the writer gives a chunk's object (``NAME_HASH`` of its raw bytes)."""
+    return _NAME_HASHES[NAME_HASH](data)
 # Decompress planes with libzstd's one-shot call straight into the plane
 # buffer (zstd_direct) rather than python-zstandard's streaming reader, which
 # copies every plane once more out of zstd's window.
@@ -177,7 +195,7 @@ def _layout(h: str, header: dict[str, Any], nbytes: int) -> tuple[codec.Layout, 
 
 def _fast_digests(td: dict[str, Any], n: int, where: str) -> list[tuple[str, str]] | None:
     """The shard's fast digest of every chunk of a tensor, or None (a shard
-    written before them: the sha256 names are checked instead)."""
+    written before them: the object names are checked instead)."""
     for kind, (length, _) in _FAST_DIGESTS.items():
         got = td.get(kind)
         if got is None:
@@ -330,18 +348,20 @@ class CheckpointStore:
             node.rebased = self._replane(bp, b.lay, node.lay, nbytes, depth, ctx)
         return node.rebased[i]
 
-    def _decode_object(self, h: str, out: np.ndarray, prefer: Tier, fast: tuple[str, str] | None) -> None:
+    def _decode_object(self, h: str, out: np.ndarray, prefer: Tier, fast: tuple[str, str] | None,
+                       names: str) -> None:
         ctx = self._take_ctx()
         try:
-            self._decode_with(ctx, h, out, prefer, fast)
+            self._decode_with(ctx, h, out, prefer, fast, names)
         finally:
             with self._lock:
                 self._free.append(ctx)
 
     def _decode_with(self, ctx: _DecodeCtx, h: str, out: np.ndarray, prefer: Tier,
-                     fast: tuple[str, str] | None) -> None:
+                     fast: tuple[str, str] | None, names: str) -> None:
         """Decode object ``h`` into ``out`` and check it: against ``fast`` (the
-        kind and value of its digest in the shard) when given, else its sha256 name."""
+        kind and value of its digest in the shard) when given, else its name
+        (hashed with ``names``, "blake3" or "sha256")."""
         last: CheckpointError | None = None
         for tier in [prefer, *[t for t in self.tiers if t is not prefer]]:
             try:
@@ -363,7 +383,7 @@ class CheckpointStore:
                 if fast is not None:
                     ok = _FAST_DIGESTS[fast[0]][1](out.data) == fast[1]
                 else:
-                    ok = hashlib.sha256(out.data).hexdigest() == h
+                    ok = _NAME_HASHES[names](out.data) == h
                 ctx.add("verify", t)
                 if not ok:
                     raise CheckpointError(f"chunk {h[:16]}… in {tier.root} does not match its hash; corrupt")
@@ -378,8 +398,8 @@ class CheckpointStore:
     def load_rank(self, step: int, rank: int, *, full_hash: bool = False,
                   into: Any = None) -> tuple[Any, dict[str, Any], Tier]:
         """Rank ``rank``'s state at ``step`` from the first tier where it verifies.
-        ``full_hash``: check every chunk against its sha256 name even where the
-        shard records a (faster) digest. ``into``: a live state of the same
+        ``full_hash``: check every chunk against its name (a BLAKE3 or sha256
+        hash) even where the shard records a (faster) digest. ``into``: a live state of the same
         structure (e.g. the workload's ``state_dict()``); tensors of it that fit
         (same place, dtype and shape, CPU, contiguous) are decoded into in
         place and returned, instead of fresh memory that would then be copied
@@ -411,6 +431,10 @@ class CheckpointStore:
             skeleton = shard["skeleton"]
         except (KeyError, TypeError) as exc:
             raise CheckpointError("shard document is malformed; corrupt") from exc
+        names = shard.get("names", "sha256")  # shards before BLAKE3 names have no field
+        if names not in _NAME_HASHES:
+            raise CheckpointError(f"shard names its objects with {names!r}, unknown to this hetrun version",
+                                  hint="restore with the hetrun version that wrote the checkpoint")
         targets = state.targets_in(skeleton, into) if into is not None else {}
         values: list[Any] = []
         jobs: list[tuple[str, np.ndarray, tuple[str, str] | None]] = []
@@ -429,10 +453,10 @@ class CheckpointStore:
                 off += n
             if off != raw.size:
                 raise CheckpointError(f"tensors[{i}]: chunks cover {off} of {raw.size} bytes; corrupt")
-        # Chunks decode, verify (sha256) and land in place on the pool's threads;
+        # Chunks decode, verify and land in place on the pool's threads;
         # hashlib, zstd, file reads and the C kernel all release the GIL.
         with ThreadPoolExecutor(self.threads) as pool:
-            for fut in [pool.submit(self._decode_object, h, out, tier, fast) for h, out, fast in jobs]:
+            for fut in [pool.submit(self._decode_object, h, out, tier, fast, names) for h, out, fast in jobs]:
                 fut.result()
         return state.unflatten(skeleton, values)
 
