@@ -125,27 +125,30 @@ static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, i
     return i;
 }
 
-static int64_t merge4_avx2(uint8_t *const *planes, int64_t n, int rot, uint8_t *out) {
+/* Four plane vectors of 32 items -> the 32 interleaved words at out (undoing rot). */
+static inline void interleave4_store(__m256i p0, __m256i p1, __m256i p2, __m256i p3, int rot, uint8_t *out) {
     /* Inverses of group4's shuffle (a 4x4 byte transpose is its own inverse) and permute. */
     const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                           0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m256i iperm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i p0 = _mm256_loadu_si256((const __m256i *)(planes[0] + i));
-        __m256i p1 = _mm256_loadu_si256((const __m256i *)(planes[1] + i));
-        __m256i p2 = _mm256_loadu_si256((const __m256i *)(planes[2] + i));
-        __m256i p3 = _mm256_loadu_si256((const __m256i *)(planes[3] + i));
-        __m256i t0 = _mm256_permute2x128_si256(p0, p2, 0x20), t2 = _mm256_permute2x128_si256(p0, p2, 0x31);
-        __m256i t1 = _mm256_permute2x128_si256(p1, p3, 0x20), t3 = _mm256_permute2x128_si256(p1, p3, 0x31);
-        __m256i a[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1),
-                        _mm256_unpacklo_epi64(t2, t3), _mm256_unpackhi_epi64(t2, t3)};
-        for (int k = 0; k < 4; k++) {
-            __m256i v = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(a[k], iperm), shuf);
-            if (rot) v = _mm256_or_si256(_mm256_srli_epi32(v, 1), _mm256_slli_epi32(v, 31));
-            _mm256_storeu_si256((__m256i *)(out + 4 * (i + 8 * k)), v);
-        }
+    __m256i t0 = _mm256_permute2x128_si256(p0, p2, 0x20), t2 = _mm256_permute2x128_si256(p0, p2, 0x31);
+    __m256i t1 = _mm256_permute2x128_si256(p1, p3, 0x20), t3 = _mm256_permute2x128_si256(p1, p3, 0x31);
+    __m256i a[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1),
+                    _mm256_unpacklo_epi64(t2, t3), _mm256_unpackhi_epi64(t2, t3)};
+    for (int k = 0; k < 4; k++) {
+        __m256i v = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(a[k], iperm), shuf);
+        if (rot) v = _mm256_or_si256(_mm256_srli_epi32(v, 1), _mm256_slli_epi32(v, 31));
+        _mm256_storeu_si256((__m256i *)(out + 32 * k), v);
     }
+}
+
+static int64_t merge4_avx2(uint8_t *const *planes, int64_t n, int rot, uint8_t *out) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        interleave4_store(_mm256_loadu_si256((const __m256i *)(planes[0] + i)),
+                          _mm256_loadu_si256((const __m256i *)(planes[1] + i)),
+                          _mm256_loadu_si256((const __m256i *)(planes[2] + i)),
+                          _mm256_loadu_si256((const __m256i *)(planes[3] + i)), rot, out + 4 * i);
     return i;
 }
 #endif
@@ -398,26 +401,14 @@ static int64_t split_s_avx2(const uint8_t *src, const uint8_t *base, int64_t n, 
 }
 
 static int64_t merge_s_avx2(uint8_t *const *planes, int64_t n, uint8_t *out) {
-    const __m256i shuf = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
-                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i iperm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     int64_t i = 0;
     for (; i + 64 <= n; i += 32) { /* load28 reads 2 bytes past its group: not at the plane's end */
         uint32_t s;
         memcpy(&s, planes[4] + i / 8, 4);
-        __m256i p0 = _mm256_or_si256(unpack7_x4(load28(planes[0] + i / 8 * 7)), spread32(s));
-        __m256i p1 = _mm256_loadu_si256((const __m256i *)(planes[1] + i));
-        __m256i p2 = _mm256_loadu_si256((const __m256i *)(planes[2] + i));
-        __m256i p3 = _mm256_loadu_si256((const __m256i *)(planes[3] + i));
-        __m256i t0 = _mm256_permute2x128_si256(p0, p2, 0x20), t2 = _mm256_permute2x128_si256(p0, p2, 0x31);
-        __m256i t1 = _mm256_permute2x128_si256(p1, p3, 0x20), t3 = _mm256_permute2x128_si256(p1, p3, 0x31);
-        __m256i a[4] = {_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1),
-                        _mm256_unpacklo_epi64(t2, t3), _mm256_unpackhi_epi64(t2, t3)};
-        for (int k = 0; k < 4; k++) {
-            __m256i v = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(a[k], iperm), shuf);
-            v = _mm256_or_si256(_mm256_srli_epi32(v, 1), _mm256_slli_epi32(v, 31));
-            _mm256_storeu_si256((__m256i *)(out + 4 * (i + 8 * k)), v);
-        }
+        interleave4_store(_mm256_or_si256(unpack7_x4(load28(planes[0] + i / 8 * 7)), spread32(s)),
+                          _mm256_loadu_si256((const __m256i *)(planes[1] + i)),
+                          _mm256_loadu_si256((const __m256i *)(planes[2] + i)),
+                          _mm256_loadu_si256((const __m256i *)(planes[3] + i)), 1, out + 4 * i);
     }
     return i;
 }
