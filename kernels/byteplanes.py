@@ -3,8 +3,8 @@ with a numpy fallback that gives identical bytes.
 
 Why C: numpy can only do the (items, itemsize) -> (itemsize, items) transpose
 as a strided copy, ~0.5 GB/s here even when blocked for the cache; the AVX2
-kernel does the transpose, the optional one-bit rotation and the XOR with a
-base chunk in one pass at memory speed. Built at first use with
+kernel does the transpose, the optional one-bit rotation and the delta
+against a base chunk in one pass at memory speed. Built at first use with
 ``cc -O3 -march=native`` into ``$HETRUN_KERNEL_CACHE`` (default
 ``~/.cache/hetrun``), keyed by source and CPU like ``codec_native``. No
 compiler, or ``HETRUN_NATIVE_CODECS=0``: the numpy path.
@@ -34,7 +34,7 @@ _WORD = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 def _declare(dll: ctypes.CDLL) -> None:
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32
-    dll.hr_bp_split.argtypes = [p, p, i64, i32, i32, i32, p, p]
+    dll.hr_bp_split.argtypes = [p, i64, i32, i32, p]
     dll.hr_bp_split.restype = None
     dll.hr_bp_merge.argtypes = [ctypes.POINTER(p), i64, i32, i32, p]
     dll.hr_bp_merge.restype = None
@@ -77,7 +77,9 @@ def split(raw: np.ndarray, itemsize: int, planes: np.ndarray, *, rot: bool = Fal
     """Write the byte planes of ``raw`` (uint8, whole items) into ``planes``
     (uint8, ``raw.size`` bytes, plane p at ``[p * items:(p + 1) * items]``); with
     ``base`` (same length) also the delta planes into ``xplanes``: each plane
-    byte XOR the base's (``sub=False``) or minus it, mod 256 (``sub=True``)."""
+    byte XOR the base's (``sub=False``) or minus it, mod 256 (``sub=True``).
+    The encoder writes one form per plane (:func:`split_select`); both forms
+    are for tests and the numpy fallback of :func:`split_select`."""
     n = raw.size // itemsize
     if raw.size % itemsize or (rot and itemsize not in ROTATABLE):
         raise ValueError(f"byteplanes: {raw.size} bytes / item size {itemsize} (rot={rot}) is not splittable")
@@ -90,9 +92,11 @@ def split(raw: np.ndarray, itemsize: int, planes: np.ndarray, *, rot: bool = Fal
         _check(xplanes, raw.size, "xplanes")
     dll = native() if use_native else None
     if dll is not None:
-        dll.hr_bp_split(raw.ctypes.data, None if base is None else base.ctypes.data, n, itemsize,
-                        int(rot), int(sub), planes.ctypes.data,
-                        None if base is None else xplanes.ctypes.data)  # type: ignore[union-attr]
+        if base is None:
+            dll.hr_bp_split(raw.ctypes.data, n, itemsize, int(rot), planes.ctypes.data)
+        else:  # both forms: what the kernel writes one plane at a time
+            split_select(raw, itemsize, base, 0, planes, rot=rot, sub=sub)
+            split_select(raw, itemsize, base, (1 << itemsize) - 1, xplanes, rot=rot, sub=sub)  # type: ignore[arg-type]
         return
     src = _rotated(raw[: n * itemsize], itemsize, rot, left=True)
     planes[: raw.size].reshape(itemsize, n)[:] = src.reshape(n, itemsize).T

@@ -1,13 +1,12 @@
 /* Byte-plane split and merge for checkpoint chunks (AVX2 for 4-byte items,
  * portable C otherwise).
  *
- * split: planes[p * n + i] = byte p of xf(src[i]) (and, with a base,
- *        xplanes[p * n + i] = that byte OP the same byte of xf(base[i]), OP
- *        XOR (op 0) or subtraction mod 256 (op 1)) in one pass, so the
- *        encoder reads the chunk and its base once.
- * split_select: like split with a base, but one output: plane p is the delta
- *        plane where bit p of mask is set, else the plain plane (the encoder
- *        picks each plane's form from a sample first, then writes only that).
+ * split: planes[p * n + i] = byte p of xf(src[i]).
+ * split_select: with a base, plane p is the delta plane where bit p of mask
+ *        is set (that byte OP the same byte of xf(base[i]), OP XOR (op 0) or
+ *        subtraction mod 256 (op 1)), else the plain plane, in one pass: the
+ *        encoder picks each plane's form from a sample first, then writes
+ *        only that.
  * merge: the inverse, from one pointer per plane (planes need not be adjacent).
  * estimate: the bytes a Huffman coder (zstd's literals) would need for a
  *        plane, from its byte histogram: what the encoder's choices use.
@@ -50,22 +49,13 @@ static inline uint64_t load_w(const uint8_t *p, int size) {
 /* Portable path; rotation only for 2/4/8-byte items (callers pass rot=0 otherwise). */
 static inline uint8_t delta(uint8_t a, uint8_t b, int op) { return op ? (uint8_t)(a - b) : (uint8_t)(a ^ b); }
 
-static void split_scalar(const uint8_t *src, const uint8_t *base, int64_t lo, int64_t n, int size,
-                         int rot, int op, uint8_t *planes, uint8_t *xplanes) {
+static void split_scalar(const uint8_t *src, int64_t lo, int64_t n, int size, int rot, uint8_t *planes) {
     for (int64_t i = lo; i < n; i++) {
         if (rot) {
             uint64_t w = rotl_w(load_w(src + i * size, size), size);
-            uint64_t b = base ? rotl_w(load_w(base + i * size, size), size) : 0;
-            for (int p = 0; p < size; p++) {
-                planes[(int64_t)p * n + i] = (uint8_t)(w >> (8 * p));
-                if (base) xplanes[(int64_t)p * n + i] = delta((uint8_t)(w >> (8 * p)), (uint8_t)(b >> (8 * p)), op);
-            }
+            for (int p = 0; p < size; p++) planes[(int64_t)p * n + i] = (uint8_t)(w >> (8 * p));
         } else {
-            for (int p = 0; p < size; p++) {
-                uint8_t v = src[i * size + p];
-                planes[(int64_t)p * n + i] = v;
-                if (base) xplanes[(int64_t)p * n + i] = delta(v, base[i * size + p], op);
-            }
+            for (int p = 0; p < size; p++) planes[(int64_t)p * n + i] = src[i * size + p];
         }
     }
 }
@@ -103,8 +93,7 @@ static inline void transpose4(__m256i a0, __m256i a1, __m256i a2, __m256i a3, __
     o[3] = _mm256_permute2x128_si256(t1, t3, 0x31);
 }
 
-static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, int rot, int op,
-                           uint8_t *planes, uint8_t *xplanes) {
+static int64_t split4_avx2(const uint8_t *src, int64_t n, int rot, uint8_t *planes) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256i a[4], o[4];
@@ -112,15 +101,6 @@ static int64_t split4_avx2(const uint8_t *src, const uint8_t *base, int64_t n, i
             a[k] = group4(_mm256_loadu_si256((const __m256i *)(src + 4 * (i + 8 * k))), rot);
         transpose4(a[0], a[1], a[2], a[3], o);
         for (int p = 0; p < 4; p++) _mm256_storeu_si256((__m256i *)(planes + p * n + i), o[p]);
-        if (base) {
-            __m256i b[4], x[4];
-            for (int k = 0; k < 4; k++)
-                b[k] = group4(_mm256_loadu_si256((const __m256i *)(base + 4 * (i + 8 * k))), rot);
-            transpose4(b[0], b[1], b[2], b[3], x);
-            for (int p = 0; p < 4; p++)
-                _mm256_storeu_si256((__m256i *)(xplanes + p * n + i),
-                                    op ? _mm256_sub_epi8(o[p], x[p]) : _mm256_xor_si256(o[p], x[p]));
-        }
     }
     return i;
 }
@@ -153,13 +133,12 @@ static int64_t merge4_avx2(uint8_t *const *planes, int64_t n, int rot, uint8_t *
 }
 #endif
 
-void hr_bp_split(const uint8_t *src, const uint8_t *base, int64_t n, int32_t size, int32_t rot,
-                 int32_t op, uint8_t *planes, uint8_t *xplanes) {
+void hr_bp_split(const uint8_t *src, int64_t n, int32_t size, int32_t rot, uint8_t *planes) {
     int64_t done = 0;
 #ifdef __AVX2__
-    if (size == 4) done = split4_avx2(src, base, n, rot, op, planes, xplanes);
+    if (size == 4) done = split4_avx2(src, n, rot, planes);
 #endif
-    split_scalar(src, base, done, n, size, rot, op, planes, xplanes);
+    split_scalar(src, done, n, size, rot, planes);
 }
 
 void hr_bp_merge(uint8_t *const *planes, int64_t n, int32_t size, int32_t rot, uint8_t *out) {
