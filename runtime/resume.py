@@ -208,6 +208,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     lost_before = _last_iteration_done(ctx)
     skipped: list[tuple[int, str]] = []
     chosen = None
+    live: dict[str, Any] | None = None  # the workload's state, taken once: restore decodes into it
     for step in sorted(candidates or (), reverse=True):
         need = mine["required"] or not any(e["required"] for e in with_steps)
         value, problem = None, None
@@ -215,8 +216,8 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
             try:
                 # Straight into the workload's own tensors where they fit: no
                 # fresh 1x-state allocation and no copy in load_state_dict.
-                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank,
-                                                           into={"workload": workload.state_dict()})
+                live = live if live is not None else {"workload": workload.state_dict()}
+                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank, into=live)
             except CheckpointError as exc:
                 if need:
                     problem = f"rank {ctx.rank} ({ctx.component}): {exc}"

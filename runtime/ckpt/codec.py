@@ -44,6 +44,8 @@ chain decodes in plane space (XOR planes in place, interleave once).
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,13 +147,9 @@ class Layout:
     xf: str | None
     lengths: tuple[int, ...]
 
-    @property
-    def offsets(self) -> list[int]:
-        out, off = [], 0
-        for n in self.lengths:
-            out.append(off)
-            off += n
-        return out
+    @functools.cached_property
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.lengths, initial=0))[:-1]
 
     def views(self, flat: np.ndarray) -> list[np.ndarray]:
         return [flat[o : o + n] for o, n in zip(self.offsets, self.lengths, strict=True)]
@@ -319,13 +317,12 @@ def decode_planes(
     any plane is a delta; a writable base plane is updated in place (the
     caller gives up those arrays), a read-only one into ``scratch`` (the
     chunk's length). Returned planes may be views of ``payload``."""
-    plane_offsets(len(payload), planes, lay)
     dctx = decompressor or zstandard.ZstdDecompressor()
     decoded: list[np.ndarray] = []
-    offset = 0
-    for i, ((mode, stored), plane_len, start) in enumerate(zip(planes, lay.lengths, lay.offsets, strict=True)):
-        piece = payload[offset : offset + stored]
-        offset += stored
+    stored_at = plane_offsets(len(payload), planes, lay)
+    for i, ((mode, stored), at, plane_len, start) in enumerate(
+            zip(planes, stored_at, lay.lengths, lay.offsets, strict=True)):
+        piece = payload[at : at + stored]
         bp = None
         if mode[0:1] in ("x", "d"):
             if base_planes is None or len(base_planes) != len(lay.lengths):
@@ -439,24 +436,3 @@ def _decompress(piece: memoryview, plane_len: int, dctx: zstandard.ZstdDecompres
         )
     return into
 
-
-def decode_into(
-    payload: memoryview,
-    itemsize: int,
-    planes: list[tuple[str, int]],
-    out: np.ndarray,
-    base: np.ndarray | None,
-    *,
-    xf: str | None = None,
-    decompressor: zstandard.ZstdDecompressor | None = None,
-) -> None:
-    """Decode ``payload`` into ``out`` (uint8, the chunk's raw length), written
-    with transform ``xf``. ``base`` is the decoded base chunk (raw bytes) when
-    any plane is a delta; it must have been written in the same layout."""
-    lay = layout_of(itemsize, out.size, xf)
-    base_planes = None
-    if base is not None and base.size == out.size:
-        flat = np.empty(out.size, dtype=np.uint8)
-        lay.split(np.ascontiguousarray(base), flat)
-        base_planes = lay.views(flat)
-    lay.merge(decode_planes(payload, lay, planes, base_planes, decompressor=decompressor), out)

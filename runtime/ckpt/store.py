@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import mmap
 import threading
 import time
@@ -48,16 +47,22 @@ LAZY_CHAIN = True
 # digests as well, whatever their strength; the content addresses stay
 # cryptographic hashes.
 FAST_VERIFY = True
-_FAST_DIGESTS: dict[str, tuple[int, Any]] = {
-    "xxh3": (32, xxhash.xxh3_128_hexdigest),
-    "blake3": (64, lambda data: blake3.blake3(data, max_threads=1).hexdigest()),  # shards before XXH3
-}
+
+
+def _blake3(data: Any) -> str:
+    return blake3.blake3(data, max_threads=1).hexdigest()
+
+
+# Shard field -> (hex length, function); the writer records FAST_KIND, older
+# shards carry "blake3".
+FAST_KIND = "xxh3"
+_FAST_DIGESTS: dict[str, tuple[int, Any]] = {"xxh3": (32, xxhash.xxh3_128_hexdigest), "blake3": (64, _blake3)}
 _HEX = frozenset("0123456789abcdef")
 
 
-def fast_digest(data: Any) -> tuple[str, str]:
-    """(kind, digest) the writer records for a chunk."""
-    return "xxh3", xxhash.xxh3_128_hexdigest(data)
+def fast_digest(data: Any) -> str:
+    """The digest the writer records for a chunk under ``FAST_KIND``."""
+    return _FAST_DIGESTS[FAST_KIND][1](data)
 
 
 # Object names: the hash of a chunk's raw bytes. BLAKE3 (4.8 GB/s per thread
@@ -65,15 +70,14 @@ def fast_digest(data: Any) -> tuple[str, str]:
 # before, whose shards carry no "names" field. The writer's hash stage for
 # the 1.6 GB GPT state went 1.3-1.5 -> ~0.5 thread-s.
 NAME_HASH = "blake3"
-_NAME_HASHES: dict[str, Any] = {
-    "blake3": lambda data: blake3.blake3(data, max_threads=1).hexdigest(),
-    "sha256": lambda data: hashlib.sha256(data).hexdigest(),
-}
+_NAME_HASHES: dict[str, Any] = {"blake3": _blake3, "sha256": objects.digest}
 
 
 def object_name(data: Any) -> str:
     """The name the writer gives a chunk's object (``NAME_HASH`` of its raw bytes)."""
     return _NAME_HASHES[NAME_HASH](data)
+
+
 # Decompress planes with libzstd's one-shot call straight into the plane
 # buffer (zstd_direct) rather than python-zstandard's streaming reader, which
 # copies every plane once more out of zstd's window.

@@ -40,6 +40,7 @@ from hetrun.runtime.ckpt import codec, state
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective, node_leaders
 from hetrun.runtime.ckpt.objects import FORMAT, Staged, Tier, atomic_write
 from hetrun.runtime.ckpt.store import (
+    FAST_KIND,
     NAME_HASH,
     copy_object_tree,
     fast_digest,
@@ -131,7 +132,7 @@ class _Committed:
     layout: tuple[tuple[int, int], ...]
     buf_index: int
     chunks: list[list[tuple[str, int]]]  # per tensor: (object name, depth) per chunk
-    fast: list[list[str]]  # per tensor: XXH3-128 digest per chunk (see _chunk)
+    fast: list[list[str]]  # per tensor: fast digest (FAST_KIND) per chunk (see _chunk)
 
 
 class CheckpointWriter:
@@ -382,7 +383,7 @@ class CheckpointWriter:
             tier.touch_object(prev[1])
             return prev[1], prev[2], "reused", 0, prev[3]
         h = object_name(raw.data)
-        fast = fast_digest(raw.data)[1]
+        fast = fast_digest(raw.data)
         t = self._stage("hash", t)
         if tier.has_object(h):
             tier.touch_object(h)
@@ -459,7 +460,7 @@ class CheckpointWriter:
                 fast_table.append(fast)
                 tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
                                     "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks,
-                                    "xxh3": fast})
+                                    FAST_KIND: fast})
             # Every object fsync'd and under its final name before the shard names it.
             t_sync = time.perf_counter()
             self._staged.commit(self._pool.submit)
