@@ -212,7 +212,7 @@ def up(cfg: ClusterConfig | None = None, *, install: bool = True) -> ClusterStat
 
     ``cfg=None`` keeps the shape of the last ``up()`` (4 nodes x 2 CPUs x 2 GPUs
     x 4000 MB the first time). Only daemons that are down are started; a change
-    of slurm.conf/gres.conf restarts slurmctld and every slurmd together.
+    of slurm.conf/gres.conf/mpi.conf restarts slurmctld and every slurmd together.
     Raises SlurmError (with the log tail) when a daemon does not come up.
     """
     cfg = cfg or load_config()
@@ -236,7 +236,7 @@ def up(cfg: ClusterConfig | None = None, *, install: bool = True) -> ClusterStat
         start_slurmdbd(cfg, restart=changed["slurmdbd.conf"])
         running_nodes = running_slurmd_nodes(cfg)
         ctld_running = slurm_daemon_pid(cfg, "slurmctld") is not None
-        if (changed["slurm.conf"] or changed["gres.conf"]) and (ctld_running or running_nodes):
+        if (changed["slurm.conf"] or changed["gres.conf"] or changed["mpi.conf"]) and (ctld_running or running_nodes):
             # A controller and nodes with different configs leave nodes INVAL:
             # restart them all together.
             for node in running_nodes:

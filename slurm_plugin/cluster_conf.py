@@ -205,6 +205,17 @@ def render_gres_conf(cfg: ClusterConfig) -> str:
     return head + f"NodeName={_range('n', 1, cfg.nodes)} Name=gpu File={file_spec}\n"
 
 
+def render_mpi_conf() -> str:
+    """mpi/pmix settings for every job on the local cluster, not only those
+    hetrun renders. Slurm 22.05's default 'mixed' fences end MPI_Init with a
+    tree-collective barrier that let a het-step rank leave while a peer was
+    still in its modex fence; the peer then segfaulted on the first message
+    (seen in CI, about 1 start in 12 under load). Ring fences keep MPI_Init a
+    real barrier. Rendered sbatch scripts also export SLURM_PMIX_FENCE=ring,
+    for clusters configured otherwise."""
+    return "# Written by `hetrun cluster up`.\nPMIxCollFence=ring\n"
+
+
 def render_slurmdbd_conf(cfg: ClusterConfig, db_password: str) -> str:
     d = cfg.directory
     return "\n".join(

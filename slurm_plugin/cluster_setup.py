@@ -17,6 +17,7 @@ from hetrun.slurm_plugin.cluster_conf import (
     ClusterConfig,
     fake_gpu_files,
     render_gres_conf,
+    render_mpi_conf,
     render_slurm_conf,
     render_slurmdbd_conf,
     render_task_prolog,
@@ -137,6 +138,7 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
     changed = {
         "slurm.conf": write_if_changed(cfg.etc / "slurm.conf", render_slurm_conf(cfg)),
         "gres.conf": write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg)),
+        "mpi.conf": write_if_changed(cfg.etc / "mpi.conf", render_mpi_conf()),
         # slurmdbd refuses a config readable by others (it holds the DB password).
         "slurmdbd.conf": write_if_changed(
             cfg.etc / "slurmdbd.conf", render_slurmdbd_conf(cfg, db_password(cfg)), 0o600

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,7 +111,10 @@ def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
     probe.write_text(MPI_PROBE)
     out = shared_tmp / "het-%j.out"
     script = shared_tmp / "het.sbatch"
-    # No OMPI_* settings here on purpose: the cluster's TaskProlog provides them.
+    # No OMPI_* settings and no SLURM_PMIX_FENCE here on purpose: the cluster's
+    # TaskProlog and mpi.conf provide them for every job, not only hetrun's.
+    show = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"PMIxCollFence\s*=\s*ring", show), show
     script.write_text(
         "#!/bin/bash\n"
         "#SBATCH --job-name=hetrun-cluster-test\n"

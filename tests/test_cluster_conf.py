@@ -151,6 +151,7 @@ def test_write_configs_reports_changes_and_protects_the_password(tmp_path: Path)
     assert (cfg.etc / "slurmdbd.conf").stat().st_mode & 0o777 == 0o600
     assert (cfg.directory / "db_password").stat().st_mode & 0o777 == 0o600
     assert os.access(cfg.etc / "task_prolog.sh", os.X_OK)
+    assert "PMIxCollFence=ring" in (cfg.etc / "mpi.conf").read_text().splitlines()
     assert all(p.exists() for p in (cfg.directory / "fakegpu").iterdir())
     bigger = ClusterConfig(**{**cfg.__dict__, "nodes": 5})
     changed = cluster.write_configs(bigger)
