@@ -20,8 +20,16 @@ end of the first evaluation whose mean return reaches gymnasium's
 from ``learn()`` (SB3); the launch-inclusive time is reported too. Env steps/s,
 actions/s and busy fractions come from the run's events.jsonl.
 
-    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~5-8 minutes
-    python benchmarks/ppo_pipeline.py --seeds 0 --iterations 20   # smoke run
+Throughput is reported twice: steady state (updates after the first tenth,
+which carry one-time start-up such as the learner's first torch._dynamo
+import) and start-up seconds apart, plus the whole-run figure. Next to the
+(a)/(b) ratio stands its bound (R+L)/max(R,L) from the runs' own busy seconds
+per update; ``--steady-check`` repeats the throughput phase at twice the
+updates and prints how far the ratio moves (a steady figure moves < 5%).
+
+    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~10 minutes
+    python benchmarks/ppo_pipeline.py --steady-check --phases speed   # is 200 updates steady?
+    python benchmarks/ppo_pipeline.py --seeds 0 --speed-iterations 20 --iterations 20   # smoke run
 """
 
 from __future__ import annotations
@@ -125,6 +133,37 @@ def overlap_s(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> f
     return total
 
 
+def warmup_updates(iterations: int) -> int:
+    """Updates left out of the steady-state figures: one-time start-up (the
+    learner's first optimizer step imports torch._dynamo, ~2 s of CPU; first
+    weight messages; allocator warm-up) lands in the first few."""
+    return max(2, iterations // 10)
+
+
+def bound(r_s: float, l_s: float) -> float | None:
+    """(R+L)/max(R,L): the most a perfect two-core pipeline of a rollout taking R
+    and a learner taking L per update can gain over running them in turn."""
+    return (r_s + l_s) / max(r_s, l_s) if max(r_s, l_s) > 0 else None
+
+
+def steady_state(ends: dict[int, float], t0: float, steps_per_update: int, warm: int) -> dict[str, Any]:
+    """Steady throughput from the wall time at which each update ended.
+
+    ``ends[i]`` is the end of update i (the learner's last action of iteration
+    i; SB3: the start of the next rollout). Steady = updates warm..N-1 over
+    the time between the end of update warm-1 and the end of the last one;
+    start-up cost = the time before that beyond what warm updates take at the
+    steady rate (what a longer run amortises, reported apart).
+    """
+    n = max(ends) + 1
+    span = ends[n - 1] - ends[warm - 1]
+    per_update = span / (n - warm)
+    return {"steady_steps_per_s": (n - warm) * steps_per_update / span,
+            "steady_s_per_update": per_update,
+            "startup_s": max(0.0, (ends[warm - 1] - t0) - warm * per_update),
+            "warmup_updates": warm}
+
+
 def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dict[str, Any]:
     actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
     t0 = min(e["start"] for e in actions)
@@ -143,10 +182,24 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
     solved = next((e for e in evals if e.get("metrics", {}).get("solved")), None)
     # optimize is usually fused with the gradient sync ("sync.grads+optimize"): go by its metrics.
     staleness = [e["metrics"]["staleness"] for e in actions if "staleness" in e.get("metrics", {})]
+    learner = [e for e in actions if e["component"] == "learner"]
+    ends: dict[int, float] = {}
+    for e in learner:
+        ends[e["iteration"]] = max(ends.get(e["iteration"], 0.0), e["end"])
+    n = max(ends) + 1
+    warm = warmup_updates(n)
+    steady = steady_state(ends, t0, steps // n, warm)
+    # Busy seconds per update of each side inside the steady window: R and L of the bound.
+    per = {c: sum(e["end"] - e["start"] for e in actions
+                  if e["component"] == c and e["iteration"] >= warm) / (n - warm) for c in cores}
     return {
         "env_steps": steps,
         "span_s": span,
         "steps_per_s": steps / span,
+        **steady,
+        "rollout_busy_s": per["rollout"],
+        "learner_busy_s": per["learner"],
+        "bound": bound(per["rollout"], per["learner"]),
         "actions": len(actions),
         "actions_per_s": len(actions) / span,
         "busy": busy,
@@ -230,16 +283,20 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
 
         def _on_rollout_start(self) -> None:
             version = self.model.num_timesteps // batch  # updates done so far
+            if version:
+                ends[version - 1] = time.time()  # update version-1 ended: the steady-state clock
             if eval_interval and version and version % eval_interval == 0:
                 self._evaluate_now(version)
 
         def _on_training_end(self) -> None:
+            ends[iterations - 1] = time.time()
             if eval_interval:  # after the last update, as hetrun evaluates its last iteration
                 self._evaluate_now(iterations)
 
         def _on_step(self) -> bool:
             return True
 
+    ends: dict[int, float] = {}
     started = time.time()
     cpu0 = time.process_time()
     model.learn(total_timesteps=iterations * batch, callback=EvalEvery())
@@ -248,7 +305,8 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
     # One loop, no actions to count; busy = CPU time of the process over the 2 cores' time.
     log.update(env_steps=steps, span_s=span, steps_per_s=steps / span, actions=None,
                actions_per_s=None, busy={"process": (time.process_time() - cpu0) / (2 * span)},
-               mean_staleness=0.0)
+               mean_staleness=0.0,
+               **steady_state(ends, started, batch, warmup_updates(iterations)))
     return log
 
 
@@ -307,19 +365,20 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
-def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"Throughput: {args.speed_iterations} updates x 1024 env steps, no evaluation; "
-             f"median of seeds {args.seeds}.", "",
-             "| run | env steps/s | actions/s | busy: learner core / rollout core | "
+def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> list[str]:
+    warm = warmup_updates(iterations)
+    lines = [f"Throughput: {iterations} updates x 1024 env steps, no evaluation; steady state = "
+             f"updates {warm}..{iterations - 1} (the first {warm} carry the one-time start-up).", "",
+             "| run | steady env steps/s | start-up (s) | whole-run env steps/s | actions/s | "
+             "busy: learner core / rollout core | R / L busy s per update | "
              "rollout time overlapped by learner work |",
-             "|---|---|---|---|---|"]
-    speed = _by_mode(results, "speed")
+             "|---|---|---|---|---|---|---|---|"]
     for mode in ("pipelined", "coarse", "sb3"):
         runs = speed.get(mode)
         if not runs:
             continue
         if mode == "sb3":
-            aps = "n/a (one loop)"
+            aps, rl = "n/a (one loop)", "n/a"
             busy = f"one process: {statistics.median(r['busy']['process'] for r in runs):.0%} of 2 cores"
             overlap = "0% (one loop)"
         else:
@@ -327,11 +386,46 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
             aps = f"{_med(runs, 'actions_per_s'):,.1f}"
             busy = " / ".join(f"{statistics.median(r['busy'][c] for r in runs):.0%}"
                               for c in ("learner", "rollout"))
-        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | {busy} | "
-                     f"{overlap} |")
-    if "pipelined" in speed and "coarse" in speed:
-        ratio = _med(speed["pipelined"], "steps_per_s") / _med(speed["coarse"], "steps_per_s")
-        lines += ["", f"(a) / (b) env steps/s: **{ratio:.2f}x** (target >= 1.7x)"]
+            rl = f"{_med(runs, 'rollout_busy_s'):.4f} / {_med(runs, 'learner_busy_s'):.4f}"
+        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steady_steps_per_s'):,.0f} | "
+                     f"{_med(runs, 'startup_s'):.2f} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | "
+                     f"{busy} | {rl} | {overlap} |")
+    return lines
+
+
+def pipelining_ratio(speed: dict[str, list[dict[str, Any]]]) -> tuple[float, float, float] | None:
+    """(a)/(b) steady env steps/s, and the bound (R+L)/max(R,L) from the coarse
+    and from the pipelined runs' own busy seconds (medians over seeds)."""
+    if "pipelined" not in speed or "coarse" not in speed:
+        return None
+    ratio = _med(speed["pipelined"], "steady_steps_per_s") / _med(speed["coarse"], "steady_steps_per_s")
+    return ratio, _med(speed["coarse"], "bound"), _med(speed["pipelined"], "bound")
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [f"Median of seeds {args.seeds}.", ""]
+    speed = _by_mode(results, "speed")
+    lines += _speed_table(speed, args.speed_iterations)
+    got = pipelining_ratio(speed)
+    if got:
+        ratio, b_coarse, b_pipe = got
+        pipe = speed["pipelined"]
+        # How close (a) is to its own limit: a perfect pipeline takes max(R, L) per update.
+        eff = statistics.median(max(r["rollout_busy_s"], r["learner_busy_s"]) / r["steady_s_per_update"]
+                                for r in pipe)
+        lines += ["", f"(a) / (b) steady env steps/s: **{ratio:.2f}x** (target >= 1.7x); bound "
+                      f"(R+L)/max(R,L) from the runs' own busy seconds: pipelined {b_pipe:.2f}x, "
+                      f"coarse {b_coarse:.2f}x; (a) takes max(R,L) / (s per update) = {eff:.0%} "
+                      f"of its own limit (100% = the busier side never waits)"]
+        whole = _med(speed["pipelined"], "steps_per_s") / _med(speed["coarse"], "steps_per_s")
+        lines.append(f"(a) / (b) whole-run env steps/s, start-up included: {whole:.2f}x")
+    double = _by_mode(results, "speed2x")
+    got2 = pipelining_ratio(double)
+    if got and got2:
+        change = got2[0] / got[0] - 1
+        lines += ["", *_speed_table(double, 2 * args.speed_iterations), "",
+                  f"steadiness: (a)/(b) at {2 * args.speed_iterations} updates {got2[0]:.2f}x vs "
+                  f"{got[0]:.2f}x at {args.speed_iterations}: {change:+.1%} (must stay within 5%)"]
     stale = [r["mean_staleness"] for r in speed.get("pipelined", []) if r["mean_staleness"] is not None]
     if stale:
         lines.append(f"(a) mean staleness of the learned batches: {statistics.fmean(stale):.2f} "
@@ -370,15 +464,19 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--speed-iterations", type=int, default=40,
-                    help="updates of the throughput runs (no evaluation)")
+    ap.add_argument("--speed-iterations", type=int, default=200,
+                    help="updates of the throughput runs (no evaluation); long enough to be steady")
+    ap.add_argument("--steady-check", action="store_true",
+                    help="also run the throughput phase at twice --speed-iterations and print how "
+                         "much the (a)/(b) ratio moves (phase speed2x)")
     ap.add_argument("--iterations", type=int, default=60,
                     help="updates of the time-to-threshold runs")
     ap.add_argument("--eval-interval", type=int, default=5)
     ap.add_argument("--window", type=int, default=1, help="tolerance window of the rollout (a)")
     ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", "sb3"],
                     choices=["pipelined", "coarse", "sb3"])
-    ap.add_argument("--phases", nargs="+", default=["speed", "ttt"], choices=["speed", "ttt"])
+    ap.add_argument("--phases", nargs="+", default=["speed", "ttt"],
+                    choices=["speed", "speed2x", "ttt"])
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="keep job files and run directories here (default: a temporary folder)")
@@ -388,6 +486,8 @@ def main() -> None:
     if args.sb3_worker:
         print(json.dumps(sb3_worker(args.seeds[0], args.iterations, args.eval_interval)))
         return
+    if args.steady_check and "speed2x" not in args.phases:
+        args.phases.insert(args.phases.index("speed") + 1 if "speed" in args.phases else 0, "speed2x")
     args.load_before = f"{os.getloadavg()[0]:.2f}"
     results = []
     with tempfile.TemporaryDirectory(prefix="ppo-bench-") as tmp:
@@ -397,8 +497,9 @@ def main() -> None:
             probe = cores_available()
             print(f"seed {seed}: a job could get {probe:.2f} cores now", flush=True)
             for phase in args.phases:
-                iterations, every = ((args.speed_iterations, 0) if phase == "speed"
-                                     else (args.iterations, args.eval_interval))
+                iterations, every = {"speed": (args.speed_iterations, 0),
+                                     "speed2x": (2 * args.speed_iterations, 0),
+                                     "ttt": (args.iterations, args.eval_interval)}[phase]
                 # Interleave the three ways per seed so machine load hits them alike.
                 for mode in args.modes:
                     r = (run_sb3(seed, iterations, every, args) if mode == "sb3"
@@ -407,10 +508,10 @@ def main() -> None:
                     r["phase"] = phase
                     r["cores_available"] = probe if (phase, mode) == (args.phases[0], args.modes[0]) else None
                     results.append(r)
-                    solved = "" if phase == "speed" else (
+                    solved = f" (steady {r['steady_steps_per_s']:,.0f})" if phase != "ttt" else (
                         f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None
                         else ", not solved")
-                    print(f"seed {seed} {phase:5s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s"
+                    print(f"seed {seed} {phase:7s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s"
                           f"{solved}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
