@@ -107,21 +107,40 @@ MANAGED_OPTIONS: dict[str, str] = {
     "wrap": "nothing: hetrun writes the batch script",
 }
 
+# Options that exist but would undo what the rendered script relies on.
+REFUSED_OPTIONS: dict[str, str] = {
+    "export": "the script exports the job's env: itself; use the env: section",
+    "open-mode": "hetrun appends to logs so requeued attempts keep earlier output",
+    "no-requeue": "set preemption.max_restarts: 0 instead",
+    "uid": "the job runs as you; submit as the other user instead",
+    "gid": "the job runs with your group; use newgrp before submitting",
+    "bbf": "a burst-buffer file is read at submit time; put its lines in the bb option",
+}
+
 _EXTRA_RE = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.*))?$", re.DOTALL)
 # Values land in an #SBATCH line that sbatch parses itself; keep to characters
-# that need no quoting there (mail addresses, lists, times, node lists).
-_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=@%/+\[\]*-]{1,256}$")
+# that need no quoting there (mail addresses, lists, times, node lists,
+# feature expressions). No spaces, quotes, '$', backticks, backslashes or '#'.
+_VALUE_CHARS = "letters, digits and _ . , : = @ % / + & | ! ( ) [ ] * -"
+_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:=@%/+&|!()\[\]*-]{1,256}$")
 
 
-def check_extra_option(item: str) -> str | None:
-    """Why ``item`` is not an acceptable ``slurm.extra`` entry, or None when it is fine."""
-    m = _EXTRA_RE.match(item)
+def check_extra_option(item: object) -> str | None:
+    """Why ``item`` is not an acceptable ``slurm.extra`` entry, or None when it is fine.
+
+    The one rule for both the spec and the script renderer (slurm_plugin/quoting.py).
+    """
+    if not isinstance(item, str):
+        return f"expected a string like '--exclusive', got {type(item).__name__} {item!r}"
+    m = _EXTRA_RE.fullmatch(item)
     if not m:
         return (f"{item!r} is not a long sbatch option; expected --option or --option=value "
                 "(e.g. --exclusive, --mail-type=END)")
     name, value = m.group(1), m.group(2)
     if name in MANAGED_OPTIONS:
         return f"--{name} is set by hetrun; use {MANAGED_OPTIONS[name]}"
+    if name in REFUSED_OPTIONS:
+        return f"--{name} is not allowed in slurm.extra: {REFUSED_OPTIONS[name]}"
     if name not in SBATCH_OPTIONS:
         near = closest(name, list(SBATCH_OPTIONS) + list(MANAGED_OPTIONS))
         guess = f" Did you mean --{near}?" if near else ""
@@ -132,7 +151,7 @@ def check_extra_option(item: str) -> str | None:
         return f"--{name} needs a value: --{name}=VALUE"
     if takes is False and value is not None:
         return f"--{name} takes no value; write just --{name}"
-    if value is not None and not _VALUE_RE.match(value):
-        return (f"value {value!r} of --{name} has characters sbatch would misread "
-                "(allowed: letters, digits and _ . , : = @ % / + [ ] * -)")
+    if value is not None and not _VALUE_RE.fullmatch(value):
+        return (f"value {value[:80]!r} of --{name} has characters sbatch would misread "
+                f"(allowed: {_VALUE_CHARS})")
     return None

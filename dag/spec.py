@@ -150,17 +150,17 @@ class SlurmSpec(_Section):
     @field_validator("partition")
     @classmethod
     def _partition(cls, value: str | None) -> str | None:
-        return None if value is None else v.check_pattern(value, v.PARTITION_RE, "partition name (letters, digits, _ . -; comma-separated list allowed)")
+        return None if value is None else v.check_partition(value)
 
     @field_validator("account", "qos")
     @classmethod
     def _names(cls, value: str | None) -> str | None:
-        return None if value is None else v.check_pattern(value, v.SLURM_NAME_RE, "Slurm name (letters, digits, _ . -, at most 64)")
+        return None if value is None else v.check_slurm_name(value)
 
     @field_validator("constraint")
     @classmethod
     def _constraint(cls, value: str | None) -> str | None:
-        return None if value is None else v.check_pattern(value, v.CONSTRAINT_RE, "constraint (features joined by & | , with [] () * :)")
+        return None if value is None else v.check_constraint(value)
 
     @field_validator("time", mode="before")
     @classmethod
@@ -214,10 +214,7 @@ class PreemptionSpec(_Section):
     @field_validator("signal")
     @classmethod
     def _signal(cls, value: str) -> str:
-        name = value.upper().removeprefix("SIG")
-        if name not in v.SIGNALS:
-            raise ValueError(f"signal {value!r} is not one of {', '.join(v.SIGNALS)}")
-        return name
+        return v.check_signal(value)
 
 
 class CommsSpec(_Section):
@@ -227,7 +224,7 @@ class CommsSpec(_Section):
     @field_validator("forward_codec", "backward_codec")
     @classmethod
     def _codec(cls, value: str) -> str:
-        return v.check_pattern(value, v.CODEC_RE, "codec name (e.g. none, int8, fp8, onebit, onebit_ef)")
+        return v.check_codec(value)
 
 
 class ScheduleSpec(_Section):
@@ -247,7 +244,7 @@ class ScheduleSpec(_Section):
 class JobSpec(_Section):
     """A whole training job, as written in the job YAML."""
 
-    name: str = Field(description="job name, [A-Za-z0-9_.-]{1,64}")
+    name: str = Field(description=f"job name: {v.JOB_NAME_HELP}")
     workload: str = Field(description="module.path:Class implementing the workload")
     workload_args: dict[str, Any] = Field(default_factory=dict, description="JSON values passed to the workload")
     components: dict[str, ComponentSpec] = Field(min_length=1, max_length=32,
@@ -264,12 +261,12 @@ class JobSpec(_Section):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return v.check_pattern(value, v.JOB_NAME_RE, "job name ([A-Za-z0-9_.-], 1 to 64 characters)")
+        return v.check_job_name(value)
 
     @field_validator("workload")
     @classmethod
     def _workload(cls, value: str) -> str:
-        return v.check_pattern(value, v.WORKLOAD_RE, "workload reference; expected module.path:Class")
+        return v.check_workload_ref(value)
 
     @field_validator("workload_args")
     @classmethod
@@ -284,25 +281,21 @@ class JobSpec(_Section):
             return value  # the type check reports it
         out: dict[Any, Any] = {}
         for key, val in value.items():
-            if not isinstance(key, str) or not v.ENV_NAME_RE.match(key):
-                raise SpecIssue(f"{key!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)",
-                                path=("env", str(key)))
-            if isinstance(val, int) and not isinstance(val, bool):
-                val = str(val)
-            if not isinstance(val, str):
-                raise SpecIssue(f"value is {type(val).__name__} {val!r}; environment values are strings",
-                                path=("env", key), hint=f'quote it: {key}: "{val}"')
             try:
-                v.check_plain_string(val, "value")
+                v.check_env_name(key)
             except ValueError as exc:
-                raise SpecIssue(str(exc), path=("env", key)) from None
-            out[key] = val
+                raise SpecIssue(str(exc), path=("env", str(key))) from None
+            try:
+                out[key] = v.check_env_value(val)
+            except ValueError as exc:
+                hint = None if isinstance(val, str) else f'quote it: {key}: "{val}"'
+                raise SpecIssue(str(exc), path=("env", key), hint=hint) from None
         return out
 
     @model_validator(mode="after")
     def _semantics(self) -> JobSpec:
         for cname in self.components:
-            if not v.COMPONENT_NAME_RE.match(cname):
+            if not v.COMPONENT_NAME_RE.fullmatch(cname):
                 raise SpecIssue(f"component name {cname!r} is invalid; expected [a-z][a-z0-9_]{{0,31}}",
                                 path=("components", cname), hint="use lower-case letters, digits and _")
         owner: dict[str, str] = {}

@@ -1,8 +1,16 @@
-"""Checks for the strings a job spec carries into Slurm scripts and paths.
+"""The one owner of every rule for strings a job spec carries into Slurm scripts and paths.
 
-Each check returns the normalized value or raises ``ValueError`` with a
-message that says what was expected; the spec models turn that into a
-``SpecError`` with file, line and key path.
+Each ``check_*`` returns the normalized value or raises ``ValueError`` with a
+message that says what was expected. Two callers use the same functions, so a
+value is either accepted by both or refused by the first:
+
+* the spec models (``hetrun.dag.spec``) turn the ``ValueError`` into a
+  ``SpecError`` with file, line, column and key path;
+* the script renderer (``hetrun.slurm_plugin.quoting``) re-checks every value
+  it writes, as the last gate before the script, with the key path only.
+
+``#SBATCH`` lines are read by sbatch's own scanner, not by a shell: quoting
+does not protect there, so values are held to a strict character set here.
 """
 
 from __future__ import annotations
@@ -11,17 +19,29 @@ import math
 import re
 from typing import Any
 
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# Job names: not starting with '-' (reads as an option) or '.' (a hidden,
+# relative-looking run directory name).
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+JOB_NAME_HELP = "1-64 letters, digits, '_', '.', '-', not starting with '.' or '-'"
 COMPONENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+COMPONENT_NAME_HELP = "a lowercase letter then up to 31 lowercase letters, digits or '_'"
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 WORKLOAD_RE = re.compile(rf"^{_IDENT}(?:\.{_IDENT})*:{_IDENT}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Slurm object names (account, QOS): what sacctmgr accepts and sbatch reads verbatim.
 SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 PARTITION_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64}){0,15}$")
-CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|()\[\]*:-]{1,256}$")
-CODEC_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+# Node features with Slurm's operators (& | , * [ ] ( ) ! :): harmless inside an
+# #SBATCH comment, and none is special to sbatch's scanner.
+CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.,&|()\[\]*:!-]{1,256}$")
 MEM_RE = re.compile(r"^([0-9]{1,12})([KMGTkmgt]?)[Bb]?$")
+# Signals the runtime installs a handler for (runtime/preempt.py) and sbatch's
+# --signal takes by name.
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "XCPU")
+# The codec names of comms: (kernels/codec_registry.py implements exactly these;
+# tests/test_validators.py keeps the two equal). Kept here so `hetrun plan`
+# checks them without importing torch.
+CODEC_NAMES = ("none", "onebit", "onebit_ef", "onebit_stochastic", "int8", "int4", "fp8")
 
 _TIME_FORMATS = (
     re.compile(r"^(?P<m>\d{1,7})$"),
@@ -36,12 +56,83 @@ TIME_FORMATS_HELP = ('Slurm time: "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", 
                      'or "UNLIMITED"')
 
 
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what} as a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_pattern(value: Any, pattern: re.Pattern[str], what: str) -> str:
+    if not pattern.fullmatch(_text(value, what)):  # fullmatch: `$` alone lets a final "\n" through
+        raise ValueError(f"{value[:80]!r} is not a valid {what}")
+    return value
+
+
+def check_job_name(value: Any) -> str:
+    return check_pattern(value, JOB_NAME_RE, f"job name ({JOB_NAME_HELP})")
+
+
+def check_component_name(value: Any) -> str:
+    return check_pattern(value, COMPONENT_NAME_RE, f"component name ({COMPONENT_NAME_HELP})")
+
+
+def check_workload_ref(value: Any) -> str:
+    return check_pattern(value, WORKLOAD_RE, "workload reference; expected module.path:Class")
+
+
+def check_slurm_name(value: Any) -> str:
+    return check_pattern(value, SLURM_NAME_RE, "Slurm name (letters, digits, _ . -, at most 64)")
+
+
+def check_partition(value: Any) -> str:
+    return check_pattern(value, PARTITION_RE,
+                         "partition name (letters, digits, _ . -; a comma-separated list allowed)")
+
+
+def check_constraint(value: Any) -> str:
+    return check_pattern(value, CONSTRAINT_RE,
+                         "constraint (node features joined by & | , with [ ] ( ) ! * : and no spaces)")
+
+
+def check_env_name(value: Any) -> str:
+    return check_pattern(value, ENV_NAME_RE,
+                         "environment variable name (a letter or '_' then letters, digits, '_')")
+
+
+def check_env_value(value: Any) -> str:
+    """An environment value: one line of text (tabs allowed); it is shell-quoted when rendered."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"value is {type(value).__name__} {value!r}; environment values are strings "
+                         "(quote it in YAML)")
+    return check_plain_string(value, "value")
+
+
+def check_signal(value: Any) -> str:
+    """``usr1``, ``SIGUSR1`` -> ``USR1``."""
+    name = _text(value, "a signal name").upper().removeprefix("SIG")
+    if name not in SIGNALS:
+        raise ValueError(f"signal {value!r} is not one of {', '.join(SIGNALS)}")
+    return name
+
+
+def check_codec(value: Any) -> str:
+    from hetrun.dag.errors import closest
+
+    if _text(value, "a codec name") not in CODEC_NAMES:
+        near = closest(value, CODEC_NAMES)
+        guess = f"did you mean {near!r}? " if near else ""
+        raise ValueError(f"unknown codec {value!r}; {guess}valid codecs: {', '.join(CODEC_NAMES)}")
+    return value
+
+
 def time_seconds(value: str) -> int | None:
     """Seconds of a Slurm time string; None for UNLIMITED. ValueError if malformed."""
     if value.upper() in _UNLIMITED:
         return None
     for fmt in _TIME_FORMATS:
-        m = fmt.match(value)
+        m = fmt.fullmatch(value)
         if m:
             parts = {k: int(v) for k, v in m.groupdict().items() if v is not None}
             total = (parts.get("d", 0) * 86400 + parts.get("h", 0) * 3600
@@ -49,21 +140,23 @@ def time_seconds(value: str) -> int | None:
             if total <= 0:
                 raise ValueError(f"time limit {value!r} is zero; expected a positive {TIME_FORMATS_HELP}")
             return total
-    raise ValueError(f"{value!r} is not a {TIME_FORMATS_HELP}")
+    raise ValueError(f"{value[:80]!r} is not a {TIME_FORMATS_HELP}")
 
 
 def check_time(value: Any) -> str:
+    """A Slurm time limit; ``Unlimited``/``infinite`` are written the one way sbatch documents."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)  # sbatch reads a bare number as minutes
     if not isinstance(value, str):
         raise ValueError(f"expected a {TIME_FORMATS_HELP}, got {type(value).__name__}")
-    time_seconds(value)
+    if time_seconds(value) is None:
+        return "UNLIMITED"
     return value
 
 
 def mem_to_mb(value: str) -> int:
     """Megabytes of a Slurm memory size (K/M/G/T suffix, default M), rounded up."""
-    m = MEM_RE.match(value)
+    m = MEM_RE.fullmatch(value)
     if not m:
         raise ValueError(f"{value!r} is not a memory size; expected a number with K, M, G or T (e.g. 2G, 512M)")
     number, unit = int(m.group(1)), (m.group(2) or "M").upper()
@@ -85,17 +178,16 @@ def check_mem(value: Any) -> str:
     return value
 
 
-def check_pattern(value: str, pattern: re.Pattern[str], what: str) -> str:
-    if not pattern.match(value):
-        raise ValueError(f"{value!r} is not a valid {what}")
-    return value
-
-
 def check_plain_string(value: str, what: str, max_len: int = 4096) -> str:
-    """Strings that will be shell-quoted later may hold anything but NUL and line breaks."""
-    bad = next((c for c in value if c in "\x00\n\r"), None)
+    """Text that is shell-quoted later: anything but control characters (a tab is fine).
+
+    NUL and line breaks would end a script line; ESC and the other C0 controls
+    would reach a terminal through logs and `hetrun plan`.
+    """
+    bad = next((c for c in value if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F), None)
     if bad is not None:
-        raise ValueError(f"{what} {value[:60]!r} contains {bad!r}; NUL and line breaks are not allowed")
+        raise ValueError(f"{what} {value[:60]!r} contains the control character {bad!r}; "
+                         "line breaks, NUL, ESC and other control characters are not allowed")
     if len(value) > max_len:
         raise ValueError(f"{what} is longer than {max_len} characters")
     return value

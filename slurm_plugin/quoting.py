@@ -1,6 +1,12 @@
-"""Validation and quoting of every user string that reaches a script or a path.
+"""The last gate before a script or a path: re-checks and quotes every user string.
 
-Two different parsers read what we render, and each needs its own rule:
+The rules themselves live in one place, ``hetrun.dag.validators`` (and
+``hetrun.dag.sbatch_options`` for ``slurm.extra``), shared with the spec: a
+value the spec accepts renders, and a value this module refuses was already
+refused by the spec with its file:line:column. Here a refusal names the key
+path only (the renderer also takes plans built in code).
+
+Two different parsers read what we render:
 
 * ``#SBATCH`` lines are read by sbatch's own option scanner, not by a shell.
   Quoting does not protect there (and a newline would end the comment and turn
@@ -16,46 +22,18 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
+from hetrun.dag import validators as v
 from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.dag.sbatch_options import check_extra_option
 
-# Slurm names (partition, account, qos, reservation...): what sinfo/sacctmgr accept.
-_SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-# A partition may be a comma-separated list ("debug,normal").
-_PARTITION_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}(,[A-Za-z0-9_.-]{1,128}){0,15}")
-# Job names: letters, digits, `_ . -`, not starting with `-` or `.` (a leading
-# `-` reads as an option, a leading `.` makes hidden/relative-looking paths).
-_JOB_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-_COMPONENT_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
-# Slurm time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED.
-_TIME_RE = re.compile(
-    r"(\d{1,7}(:\d{1,2}){0,2}|\d{1,4}-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|unlimited|infinite|INFINITE)"
-)
-# Node features with Slurm's operators (& | , * [ ] ( ) !): harmless inside a
-# #SBATCH comment, and no character there is special to sbatch's scanner.
-_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.&|,*\[\]()!:-]{1,256}")
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-# Values of options in `slurm.extra`: no whitespace, quotes, `$`, backticks,
-# backslashes, `#` (starts a comment for sbatch) or `%` (a filename pattern).
-_EXTRA_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:=+@/&|*\[\]()!-]{1,256}")
 # An absolute path that can go into a #SBATCH line verbatim: `%` would be a
 # Slurm filename pattern, `#`, spaces and quotes confuse sbatch's scanner.
 _SBATCH_PATH_RE = re.compile(r"/[A-Za-z0-9_./+,@:=~-]*")
 
-# Which `slurm.extra` options exist and take values is the spec's table
-# (hetrun.dag.sbatch_options); the renderer re-checks every entry because it is
-# the last gate before the script. On top of the spec's refusals it refuses
-# options that would undo what the script relies on.
-_EXTRA_REFUSED = {
-    "export": "the script exports the job's env: itself; use the env: section",
-    "open-mode": "hetrun appends to logs so requeued attempts keep earlier output",
-    "no-requeue": "set preemption.max_restarts: 0 instead",
-    "uid": "the job runs as you; submit as the other user instead",
-    "gid": "the job runs with your group; use newgrp before submitting",
-    "bbf": "a burst-buffer file is read at submit time; put its lines in the bb option",
-}
 # Job-wide options go into the first het component only; the others are
 # repeated in every component, since Slurm reads them per component.
 EXTRA_JOB_WIDE = frozenset(
@@ -69,103 +47,59 @@ EXTRA_JOB_WIDE = frozenset(
 )
 
 
-def _check_no_controls(value: str, key_path: str, *, allow_tab: bool = False) -> None:
-    for ch in value:
-        if ch == "\t" and allow_tab:
-            continue
-        if ord(ch) < 0x20 or ord(ch) == 0x7F:
-            raise SpecError(
-                f"control character {ch!r} (newline, NUL...) is not allowed here",
-                key_path=key_path,
-                value=value,
-                hint="write the value on one line without control characters",
-            )
-
-
-def _require(pattern: re.Pattern[str], value: object, key_path: str, expected: str) -> str:
-    if not isinstance(value, str):
-        raise SpecError(
-            f"expected a string, got {type(value).__name__} {value!r}",
-            key_path=key_path, value=value, hint=f"give {expected}",
-        )
-    _check_no_controls(value, key_path)
-    if not pattern.fullmatch(value):
-        raise SpecError(
-            f"{value!r} is not a valid value", key_path=key_path, value=value, hint=f"give {expected}"
-        )
-    return value
+def _checked(check: Callable[[Any], str], value: object, key_path: str) -> str:
+    """``check(value)`` with its ValueError turned into a SpecError naming ``key_path``."""
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise SpecError(str(exc), key_path=key_path, value=value) from None
 
 
 def job_name(value: object, key_path: str = "name") -> str:
-    return _require(_JOB_NAME_RE, value, key_path,
-                    "1-64 letters, digits, '_', '.', '-', not starting with '.' or '-'")
+    return _checked(v.check_job_name, value, key_path)
 
 
 def component_name(value: object, key_path: str = "components") -> str:
-    return _require(_COMPONENT_RE, value, key_path,
-                    "a lowercase letter then up to 31 lowercase letters, digits or '_'")
+    return _checked(v.check_component_name, value, key_path)
 
 
 def slurm_name(value: object, key_path: str) -> str:
-    """Account, QOS, reservation: one Slurm object name."""
-    return _require(_SLURM_NAME_RE, value, key_path, "a Slurm name: letters, digits, '_', '.', '-'")
+    """Account, QOS: one Slurm object name."""
+    return _checked(v.check_slurm_name, value, key_path)
 
 
 def partition(value: object, key_path: str = "slurm.partition") -> str:
-    return _require(_PARTITION_RE, value, key_path,
-                    "a partition name, or several separated by commas (letters, digits, '_', '.', '-')")
+    return _checked(v.check_partition, value, key_path)
 
 
 def time_limit(value: object, key_path: str = "slurm.time") -> str:
-    return _require(_TIME_RE, value, key_path,
-                    "a Slurm time: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED")
+    return _checked(v.check_time, value, key_path)
 
 
 def constraint(value: object, key_path: str = "slurm.constraint") -> str:
-    return _require(_CONSTRAINT_RE, value, key_path,
-                    "node features joined by & | , with optional [ ] ( ) ! * (no spaces or quotes)")
+    return _checked(v.check_constraint, value, key_path)
+
+
+def signal_name(value: object, key_path: str = "preemption.signal") -> str:
+    return _checked(v.check_signal, value, key_path)
 
 
 def env_key(value: object, key_path: str) -> str:
-    return _require(_ENV_KEY_RE, value, key_path,
-                    "an environment variable name: a letter or '_' then letters, digits, '_'")
+    return _checked(v.check_env_name, value, key_path)
 
 
 def env_value(value: object, key_path: str) -> str:
     """An environment value: any single-line text; it is shell-quoted when rendered."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise SpecError(
-            f"expected a string or number, got {type(value).__name__} {value!r}",
-            key_path=key_path, value=value, hint='quote the value in YAML, e.g. "1"',
-        )
-    text = str(value)
-    _check_no_controls(text, key_path, allow_tab=True)
-    return text
+    return _checked(v.check_env_value, value, key_path)
 
 
 def extra_option(value: object, key_path: str) -> tuple[str, str | None]:
     """One entry of ``slurm.extra`` -> (option name, value or None), validated."""
-    from hetrun.dag.sbatch_options import check_extra_option
-
-    if not isinstance(value, str):
-        raise SpecError(f"expected a string like '--exclusive', got {value!r}",
-                        key_path=key_path, value=value)
-    _check_no_controls(value, key_path)
-    name, sep, arg = value[2:].partition("=") if value.startswith("--") else ("", "", "")
-    if name in _EXTRA_REFUSED:
-        raise SpecError(f"--{name} is not allowed in slurm.extra", key_path=key_path,
-                        value=value, hint=_EXTRA_REFUSED[name])
     problem = check_extra_option(value)
     if problem:
         raise SpecError(problem, key_path=key_path, value=value)
-    # The spec's value check allows '%' (harmless outside file names); every
-    # other character sbatch's scanner or a shell could misread is refused there.
-    if sep and not _EXTRA_VALUE_RE.fullmatch(arg.replace("%", "")):
-        raise SpecError(
-            f"value {arg!r} of --{name} has characters sbatch cannot take safely",
-            key_path=key_path, value=value,
-            hint="no spaces, quotes, '$', backticks, backslashes or '#' in option values",
-        )
+    assert isinstance(value, str)  # check_extra_option refuses everything else
+    name, sep, arg = value[2:].partition("=")
     return name, (arg if sep else None)
 
 
@@ -191,12 +125,12 @@ def sh_join(words: Iterable[object]) -> str:
 
 
 def check_relative_part(part: str, key_path: str) -> str:
-    """A user string used as one path component: no separators, no `..`, no NUL."""
-    if not part or part in (".", "..") or "/" in part or "\\" in part or "\x00" in part:
+    """A user string used as one path component: no separators, no `..`, no control characters."""
+    if not part or part in (".", "..") or "/" in part or "\\" in part:
         raise SpecError(f"{part!r} cannot be used as a file or directory name",
                         key_path=key_path, value=part,
                         hint="use letters, digits, '_', '.', '-' and no '/' or '..'")
-    _check_no_controls(part, key_path)
+    _checked(lambda p: v.check_plain_string(p, "name", max_len=255), part, key_path)
     return part
 
 

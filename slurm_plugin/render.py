@@ -25,8 +25,6 @@ from hetrun.dag.errors import SpecError
 from . import quoting
 
 REQUEUE_EXIT_CODE = 85
-# Signals a job may ask to be warned with; USR1 is the convention (submitit, torchx).
-_ALLOWED_SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "URG")
 
 
 def _field(obj: Any, key: str, default: Any = None) -> Any:
@@ -123,10 +121,7 @@ def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
         line = f"--{name}" if arg is None else f"--{name}={arg}"
         (extra_job if name in quoting.EXTRA_JOB_WIDE else extra_comp).append(line)
 
-    signal = str(_field(pre, "signal", "USR1") or "USR1").upper().removeprefix("SIG")
-    if signal not in _ALLOWED_SIGNALS:
-        raise SpecError(f"signal {signal!r} is not supported", key_path="preemption.signal",
-                        value=signal, hint="use one of " + ", ".join(_ALLOWED_SIGNALS))
+    signal = quoting.signal_name(_field(pre, "signal", "USR1") or "USR1")
     grace = _field(pre, "grace_seconds", 60)
     # Slurm's --signal takes 0..65535 seconds.
     if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 65535:
