@@ -38,6 +38,82 @@ def _resolve(ref: str, runs_dir: Path | None) -> Path:
     return Path(find_run(ref, runs_root(runs_dir)).run_dir)
 
 
+def _restored_text(comps: dict) -> str:
+    """Per component what really came back: a step only where every rank restored it."""
+    out = []
+    for name, c in comps.items():
+        if c["state"] == "restored":
+            out.append(f"{name}@{c['step']}")
+        elif c["state"] == "fresh":
+            out.append(f"{name} FRESH")
+        else:
+            out.append(f"{name} ?")
+    return " ".join(out) or "-"
+
+
+def _print_restarts(console, rep) -> None:
+    """Restart history: each restart's cause, queue wait, what came back, work lost."""
+    from rich.table import Table
+
+    c = rep.counts
+    if not rep.restart_history:
+        return
+    lost = "unknown" if rep.work_lost is None else f"{rep.work_lost} iteration(s)"
+    secs = sum(r["work_lost_s"] or 0 for r in rep.restart_history)
+    console.print(f"restarts {c.get('restarts', 0)} (preempted {c.get('preemptions', 0)}, time limit "
+                  f"{c.get('time_limits', 0)}, failed {c.get('failures', 0)}, unknown {c.get('unknown', 0)})"
+                  f"  work lost {lost}, {_dur(secs)}", highlight=False)
+    t = Table(show_edge=False, pad_edge=False, title="restarts")
+    for col in ("RESTART", "CAUSE", "QUEUE WAIT", "TO 1ST STEP", "RESTORED", "LOST ITERS", "LOST TIME"):
+        t.add_column(col)
+    for r in rep.restart_history:
+        opt = (lambda v: "-" if v is None else _dur(v))  # noqa: E731
+        t.add_row(str(r["restart"]), r["cause_text"], opt(r["queue_wait_s"]), opt(r["first_step_s"]),
+                  _restored_text(r["components"]),
+                  "-" if r["work_lost_iterations"] is None else str(r["work_lost_iterations"]),
+                  opt(r["work_lost_s"]))
+    console.print(t)
+    for r in rep.restart_history:
+        for line in r["detail"]:
+            console.print(f"  restart {r['restart']}: previous attempt: {line}", markup=False, highlight=False)
+        for name, comp in r["components"].items():
+            if comp["state"] != "restored":
+                what = "started fresh" if comp["state"] == "fresh" else comp["state"]
+                console.print(f"  restart {r['restart']}: {name}: {what} ({comp['fresh_reason']}); "
+                              f"{comp['ranks_restored']}/{comp['ranks']} rank(s) restored their state",
+                              markup=False, highlight=False)
+        if r.get("work_lost_from_actions") not in (None, r["work_lost_iterations"]):
+            console.print(f"  restart {r['restart']}: note: the restore lines say {r['work_lost_iterations']} "
+                          f"iteration(s) lost, the action lines {r['work_lost_from_actions']}",
+                          markup=False, highlight=False)
+    for row in rep.resumes:
+        secs_text = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
+        if row.get("start_to_restored_s") is not None:
+            # from the attempt's batch script start (ranks up, then restored)
+            secs_text += (f" ({row['start_to_restored_s']:.2f}s after the job started, ranks up in "
+                          f"{row.get('startup_s', 0.0):.2f}s)")
+        skipped = "".join(f"; skipped checkpoint {s['step']}: {s['why']}" for s in row["skipped"])
+        console.print(f"  restart {row['restart']}: {row['ranks']} rank(s) ran restore, checkpoint step "
+                      f"{row['step']}{secs_text}{skipped}", markup=False, highlight=False)
+
+
+def _print_outcome(console, rep) -> None:
+    """How the newest attempt ended; an older attempt's failure is in the restart history."""
+    out = rep.outcome
+    if not out or out.get("attempt") is None:
+        return
+    word = out["outcome"]
+    where = f" (attempt {out['attempt'] + 1})" if out["attempt"] else ""
+    style = "red" if word == "failed" else "green" if word == "done" else "yellow"
+    first = out.get("failures") or []
+    from rich.markup import escape
+
+    console.print(f"[{style}]{word}[/{style}]{where}" + (f": {escape(first[0])}" if first else ""),
+                  markup=True, highlight=False)
+    for more in first[1:]:
+        console.print(f"  also: {more}", markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
@@ -115,28 +191,8 @@ def register(app: typer.Typer) -> None:
             f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
-        if rep.resumes:
-            lost = "unknown" if rep.work_lost is None else f"{rep.work_lost} iteration(s)"
-            console.print(f"restarts {rep.restarts}  work lost {lost}")
-        for row in rep.resumes:
-            limit = "" if row.get("max_restarts") is None else f"/{row['max_restarts']}"
-            secs = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
-            if row.get("start_to_restored_s") is not None:
-                # from the attempt's batch script start (ranks up, then restored)
-                secs += (f" ({row['start_to_restored_s']:.2f}s after the job started, ranks up in "
-                         f"{row.get('startup_s', 0.0):.2f}s)")
-            skipped = "".join(f"; skipped checkpoint {s['step']}: {s['why']}" for s in row["skipped"])
-            console.print(
-                f"  restart {row['restart']}{limit}: {row['ranks']} rank(s) resumed at iteration "
-                f"{row['iteration']} (checkpoint step {row['step']}){secs}, work lost "
-                f"{'unknown' if row['work_lost'] is None else row['work_lost']}{skipped}",
-                markup=False, highlight=False)
-        if rep.errors:
-            first = rep.errors[0]
-            console.print(
-                f"[red]failed[/red]: rank {first.get('rank')} ({first.get('component')}) in "
-                f"action {first.get('action')} iteration {first.get('iteration')}: "
-                f"{first.get('error')}", markup=True, highlight=False)
+        _print_restarts(console, rep)
+        _print_outcome(console, rep)
         for w in rep.warnings:
             console.print(f"note: {w}", highlight=False)
         if rep.skipped_lines:

@@ -25,6 +25,14 @@ def _elapsed(seconds: int | None) -> str:
     return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
 
 
+def _restarts_text(from_events: int, from_scheduler: int) -> str:
+    """Restarts the runtime saw; the scheduler's count beside it only when it is higher
+    (an attempt requeued before any rank started leaves no event)."""
+    if from_scheduler > from_events:
+        return f"{from_events} (scheduler: {from_scheduler})"
+    return str(from_events)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
@@ -69,24 +77,27 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(show_edge=False, pad_edge=False)
-        from hetrun.runtime.report import restart_summary
+        from hetrun.runtime.report_attempts import status_summary
 
         for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
-                    "WORK LOST", "REASON"):
+                    "PREEMPT", "FAILED", "WORK LOST", "REASON"):
             table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
         for run in chosen:
             st = results[run.run_dir]
-            # Iterations redone after restarts, from the runtime's restore events
-            # (whole-run figure, shown on the run's first line).
-            _, lost = restart_summary(run.run_dir)
-            lost_text = "-" if lost is None else str(lost)
+            # Whole-run figures on the run's first line, from the same functions as
+            # `hetrun report` (report_attempts), so the two commands agree.
+            counts, lost = status_summary(run.run_dir)
             for i, comp in enumerate(st.components):
+                first = i == 0
                 table.add_row(
-                    Path(run.run_dir).name if i == 0 else "",
-                    run.backend if i == 0 else "",
+                    Path(run.run_dir).name if first else "",
+                    run.backend if first else "",
                     comp.job_id or run.job_id or "-",
                     comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
-                    str(comp.restarts), lost_text if i == 0 else "", comp.reason or "",
+                    _restarts_text(counts.restarts, comp.restarts) if first else "",
+                    str(counts.preemptions) if first else "",
+                    str(counts.failures) if first else "",
+                    ("-" if lost is None else str(lost)) if first else "", comp.reason or "",
                 )
         Console(width=200 if not Console().is_terminal else None).print(table)
         if failure is not None:

@@ -21,7 +21,11 @@ from typing import Any
 
 from hetrun.dag.errors import RunDirError
 
-from .events import EVENTS_FILE, read_events
+from .events import EVENTS_FILE
+from .report_attempts import AttemptTracker, status_summary, total_work_lost
+from .report_intervals import IntervalSet
+from .report_reader import EventStream, event_time
+from .report_timeline import Timeline
 
 
 @dataclass
@@ -69,34 +73,6 @@ class ComponentRow:
         return (self.last_action - self.first_action) / self.iterations
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in intervals)
-
-
-def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(x) and j < len(y):
-        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
-        if hi > lo:
-            total += hi - lo
-        if x[i][1] < y[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 @dataclass
 class RunReport:
     run_dir: str
@@ -123,17 +99,23 @@ class RunReport:
     overlap_s: dict[str, float] = field(default_factory=dict)
     # one row per restart, from the ``restore`` events of runtime/resume.py
     resumes: list[dict[str, Any]] = field(default_factory=list)
+    # report_attempts: the one count (same as `hetrun status`), one row per restart
+    # (cause, queue wait, what each component restored, work lost), the newest attempt's end
+    counts: dict[str, int] = field(default_factory=dict)
+    restart_history: list[dict[str, Any]] = field(default_factory=list)
+    outcome: dict[str, Any] = field(default_factory=dict)
+    work_lost_total: int | None = 0
+    timeline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
-        """Restarts seen by the runtime (SLURM_RESTART_COUNT / HETRUN_RESTART_COUNT)."""
-        return max((int(r["restart"]) for r in self.resumes), default=0)
+        """Restarts seen in the events (SLURM_RESTART_COUNT / HETRUN_RESTART_COUNT)."""
+        return int(self.counts.get("restarts", 0))
 
     @property
     def work_lost(self) -> int | None:
         """Iterations redone over all restarts (None when no restart could tell)."""
-        known = [int(r["work_lost"]) for r in self.resumes if r.get("work_lost") is not None]
-        return sum(known) if known else (0 if not self.resumes else None)
+        return self.work_lost_total
 
     @property
     def wall_s(self) -> float:
@@ -178,15 +160,10 @@ class RunReport:
 
 
 def restart_summary(run_dir: str | os.PathLike[str]) -> tuple[int, int | None]:
-    """(restarts, iterations of work lost) from a run's ``restore`` events only.
-
-    Cheap enough for ``hetrun status`` over many runs: other event lines are
-    not parsed. Work lost is None when no restart recorded it.
-    """
-    rows = summarize_resumes(list(read_events(run_dir, only="restore")))
-    restarts = max((int(r["restart"]) for r in rows), default=0)
-    known = [int(r["work_lost"]) for r in rows if r.get("work_lost") is not None]
-    return restarts, (sum(known) if known else (0 if not rows else None))
+    """(restarts, iterations of work lost) as ``hetrun status`` shows them: the same
+    functions as the report (report_attempts), over the few lines they need."""
+    counts, lost = status_summary(run_dir)
+    return counts.restarts, lost
 
 
 def _startup_seconds(startups: list[dict[str, Any]], restores: list[dict[str, Any]]) -> dict[str, float]:
@@ -257,15 +234,138 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _count_lines(path: Path) -> int:
-    try:
-        with path.open("rb") as fh:
-            return sum(1 for _ in fh)
-    except OSError:
-        return 0
+def _spec_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    return _read_json(run_dir / "run.json"), _read_json(run_dir / "plan.json")
+
+
+class _Collector:
+    """One pass over the events: per rank and component totals, attempts, checkpoints.
+
+    Keeps totals, unions of busy intervals and the few rare lines (checkpoints,
+    restores, errors...), never the action lines themselves.
+    """
+
+    def __init__(self) -> None:
+        self.ranks: dict[tuple[str, int], RankRow] = {}
+        self.lives: dict[tuple[int, str, int], list[float]] = {}  # (attempt, comp, rank) -> [start, end]
+        self.attempt_of_rank: dict[int, int] = {}
+        self.attempt_keys: dict[Any, int] = {}
+        self.iterations: dict[str, set[int]] = defaultdict(set)
+        self.metrics: dict[str, Any] = {}
+        self.env_steps = self.n_actions = self.samples = 0
+        self.rare: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.warnings: list[str] = []
+        self.exit_codes: dict[int, int] = defaultdict(int)
+        self.first: float | None = None
+        self.last: float | None = None
+        self.spans: dict[str, IntervalSet] = defaultdict(IntervalSet)
+        self.tracker = AttemptTracker()
+        self.timeline = Timeline()
+
+    def feed(self, e: dict[str, Any]) -> None:
+        self.tracker.feed(e)
+        t = event_time(e)
+        if t is not None:
+            self.first = t if self.first is None else min(self.first, t)
+            self.last = t if self.last is None else max(self.last, t)
+        rank = e.get("rank")
+        if not isinstance(rank, int):
+            return
+        ev, comp = e.get("ev"), str(e.get("component", "?"))
+        if ev == "start":
+            self._start(e, rank, comp)
+            return
+        life = self.lives.setdefault((self.attempt_of_rank.get(rank, 0), comp, rank),
+                                     [float(t or 0), float(t or 0)])
+        if t is not None:
+            life[1] = max(life[1], t)
+        row = self.ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
+        if ev == "action":
+            self._action(e, row, comp)
+        elif ev in ("checkpoint", "restore", "startup", "preempt", "error"):
+            self.rare[ev].append(e)
+        elif ev == "warning":
+            msg = str(e.get("message", ""))
+            if msg not in self.warnings:
+                self.warnings.append(msg)
+        elif ev == "exit":
+            self.exit_codes[int(e.get("code", -1))] += 1
+        if ev in ("checkpoint", "restore", "error"):
+            self.timeline.mark(rank, ev, t)
+
+    def _start(self, e: dict[str, Any], rank: int, comp: str) -> None:
+        key = (e.get("job_id"), e.get("restart_count", 0))
+        attempt = self.attempt_keys.setdefault(key, len(self.attempt_keys))
+        if self.attempt_of_rank.get(rank) == attempt:
+            # same key started again (local reruns): a new attempt
+            attempt = self.attempt_keys[(key, len(self.attempt_keys))] = len(self.attempt_keys)
+        self.attempt_of_rank[rank] = attempt
+        self.lives[(attempt, comp, rank)] = [float(e["time"]), float(e["time"])]
+        self.ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
+        self.timeline.mark(rank, "start", float(e["time"]))
+
+    def _action(self, e: dict[str, Any], row: RankRow, comp: str) -> None:
+        start, end = float(e.get("start", 0) or 0), float(e.get("end", 0) or 0)
+        kind = str(e.get("type", "?"))
+        if "part_of" not in e:
+            self.spans[comp].add(start, end)
+            self.timeline.add(row.rank, kind, start, end)
+            row.actions += 1
+            row.busy_s += max(0.0, end - start)
+            row.by_type[kind] = row.by_type.get(kind, 0) + 1
+            self.n_actions += 1
+        row.bytes += int(e.get("bytes", 0) or 0)
+        row.peak_mem = max(row.peak_mem, int(e.get("peak_mem", 0) or 0))
+        if isinstance(e.get("iteration"), int):
+            self.iterations[comp].add(e["iteration"])
+        if kind == "rollout":
+            self.env_steps += int(e.get("steps", 0) or 0)
+        self.samples += int(e.get("samples", 0) or 0)
+        if isinstance(e.get("metrics"), dict) and e["metrics"]:
+            self.metrics[kind] = {"iteration": e.get("iteration"), **e["metrics"]}
+
+
+def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, ComponentRow]:
+    for (_, comp, rank), (t0, t1) in col.lives.items():
+        if (comp, rank) in col.ranks:
+            col.ranks[(comp, rank)].life_s += max(0.0, t1 - t0)
+    comps: dict[str, ComponentRow] = {}
+    order = list(comp_spec) + sorted({c for c, _ in col.ranks} - set(comp_spec))
+    for name in order:
+        rows = [r for (c, _), r in col.ranks.items() if c == name]
+        if not rows:
+            continue
+        spec = comp_spec.get(name, {})
+        cr = ComponentRow(name=name, ranks=len(rows), nodes=sorted({r.node for r in rows}))
+        cr.actions = sum(r.actions for r in rows)
+        cr.busy_s = sum(r.busy_s for r in rows)
+        cr.life_s = sum(r.life_s for r in rows)
+        cr.bytes = sum(r.bytes for r in rows)
+        cr.iterations = len(col.iterations.get(name, ()))
+        cpus = int(spec.get("cpus_per_task", 1) or 1)
+        gpus = int(spec.get("gpus_per_node", 0) or 0)
+        by_attempt: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+        for (attempt, c, rank), (t0, t1) in col.lives.items():
+            if c == name:
+                node = col.ranks[(c, rank)].node if (c, rank) in col.ranks else "?"
+                by_attempt[attempt].append((t0, t1, node))
+        for rank_lives in by_attempt.values():
+            wall_h = (max(s[1] for s in rank_lives) - min(s[0] for s in rank_lives)) / 3600
+            nodes = len({s[2] for s in rank_lives})
+            cr.node_hours += wall_h * nodes
+            cr.core_hours += wall_h * len(rank_lives) * cpus
+            cr.gpu_hours += wall_h * nodes * gpus
+        union = col.spans.get(name)
+        if union is not None and len(union) and col.first is not None:
+            cr.first_action = (union.first() or 0.0) - col.first
+            cr.last_action = (union.last() or 0.0) - col.first
+            cr.active_s = union.length()
+        comps[name] = cr
+    return comps
 
 
 def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
+    """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl."""
     run_dir = Path(run_dir)
     events_path = run_dir / EVENTS_FILE
     if not run_dir.is_dir():
@@ -275,137 +375,29 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
             f"{events_path} does not exist: the run has not started (or this is not a run dir)",
             hint="check `hetrun status`; events appear once the runtime starts on the nodes",
         )
-    run = _read_json(run_dir / "run.json")
-    plan = _read_json(run_dir / "plan.json")
+    run, plan = _spec_of(run_dir)
     comp_spec = {str(c.get("name")): c for c in plan.get("components", []) if isinstance(c, dict)}
-    events = list(read_events(run_dir))
-    skipped = _count_lines(events_path) - len(events)
-
-    # An attempt = one start of the job (a requeue starts a new one).
-    ranks: dict[tuple[str, int], RankRow] = {}
-    lives: dict[tuple[int, str, int], list[float]] = {}  # (attempt, comp, rank) -> [start, end]
-    attempt_of_rank: dict[int, int] = {}
-    attempt_keys: dict[Any, int] = {}
-    iterations: dict[str, set[int]] = defaultdict(set)
-    metrics: dict[str, Any] = {}
-    env_steps = n_actions = samples = 0
-    checkpoints, restores, preempts, errors = [], [], [], []
-    startups: list[dict[str, Any]] = []
-    warnings: list[str] = []
-    exit_codes: dict[int, int] = defaultdict(int)
-    times: list[float] = []
-    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-
-    for e in events:
-        ev = e.get("ev")
-        rank = e.get("rank")
-        comp = str(e.get("component", "?"))
-        t = e.get("end") or e.get("time")
-        if isinstance(t, int | float):
-            times.append(float(t))
-        if not isinstance(rank, int):
-            continue
-        if ev == "start":
-            key = (e.get("job_id"), e.get("restart_count", 0))
-            attempt = attempt_keys.setdefault(key, len(attempt_keys))
-            if rank in attempt_of_rank and attempt_of_rank[rank] == attempt:
-                # same key started again (local reruns): a new attempt
-                attempt = attempt_keys[(key, len(attempt_keys))] = len(attempt_keys)
-            attempt_of_rank[rank] = attempt
-            lives[(attempt, comp, rank)] = [float(e["time"]), float(e["time"])]
-            ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
-            continue
-        attempt = attempt_of_rank.get(rank, 0)
-        life = lives.setdefault((attempt, comp, rank), [float(t or 0), float(t or 0)])
-        if isinstance(t, int | float):
-            life[1] = max(life[1], float(t))
-        row = ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
-        if ev == "action":
-            dur = max(0.0, float(e.get("end", 0)) - float(e.get("start", 0)))
-            if "part_of" not in e:
-                spans[comp].append((float(e.get("start", 0)), float(e.get("end", 0))))
-                row.actions += 1
-                row.busy_s += dur
-                row.by_type[e.get("type", "?")] = row.by_type.get(e.get("type", "?"), 0) + 1
-                n_actions += 1
-            row.bytes += int(e.get("bytes", 0) or 0)
-            row.peak_mem = max(row.peak_mem, int(e.get("peak_mem", 0) or 0))
-            if isinstance(e.get("iteration"), int):
-                iterations[comp].add(e["iteration"])
-            if e.get("type") == "rollout":
-                env_steps += int(e.get("steps", 0) or 0)
-            samples += int(e.get("samples", 0) or 0)
-            if isinstance(e.get("metrics"), dict) and e["metrics"]:
-                metrics[e.get("type", "?")] = {"iteration": e.get("iteration"), **e["metrics"]}
-        elif ev == "checkpoint":
-            checkpoints.append(e)
-        elif ev == "restore":
-            restores.append(e)
-        elif ev == "startup":
-            startups.append(e)
-        elif ev == "preempt":
-            preempts.append(e)
-        elif ev == "error":
-            errors.append(e)
-        elif ev == "warning":
-            msg = str(e.get("message", ""))
-            if msg not in warnings:
-                warnings.append(msg)
-        elif ev == "exit":
-            exit_codes[int(e.get("code", -1))] += 1
-
-    for (_, comp, rank), (t0, t1) in lives.items():
-        if (comp, rank) in ranks:
-            ranks[(comp, rank)].life_s += max(0.0, t1 - t0)
-
-    comps: dict[str, ComponentRow] = {}
-    order = list(comp_spec) + sorted({c for c, _ in ranks} - set(comp_spec))
-    for name in order:
-        rows = [r for (c, _), r in ranks.items() if c == name]
-        if not rows:
-            continue
-        spec = comp_spec.get(name, {})
-        cr = ComponentRow(name=name, ranks=len(rows), nodes=sorted({r.node for r in rows}))
-        cr.actions = sum(r.actions for r in rows)
-        cr.busy_s = sum(r.busy_s for r in rows)
-        cr.life_s = sum(r.life_s for r in rows)
-        cr.bytes = sum(r.bytes for r in rows)
-        cr.iterations = len(iterations.get(name, ()))
-        cpus = int(spec.get("cpus_per_task", 1) or 1)
-        gpus = int(spec.get("gpus_per_node", 0) or 0)
-        by_attempt: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
-        for (attempt, c, rank), (t0, t1) in lives.items():
-            if c == name:
-                by_attempt[attempt].append((t0, t1, ranks[(c, rank)].node if (c, rank) in ranks
-                                            else "?"))
-        for rank_lives in by_attempt.values():
-            wall_h = (max(s[1] for s in rank_lives) - min(s[0] for s in rank_lives)) / 3600
-            nodes = len({s[2] for s in rank_lives})
-            cr.node_hours += wall_h * nodes
-            cr.core_hours += wall_h * len(rank_lives) * cpus
-            cr.gpu_hours += wall_h * nodes * gpus
-        union = _union(spans.get(name, []))
-        if union and times:
-            cr.first_action = union[0][0] - min(times)
-            cr.last_action = union[-1][1] - min(times)
-            cr.active_s = _length(union)
-        comps[name] = cr
-
+    col = _Collector()
+    stream = EventStream(run_dir)
+    for e in stream:
+        col.feed(e)
+    comps = _components(col, comp_spec)
     names = list(comps)
-    overlap = {}
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            overlap[f"{a}+{b}"] = _intersection(_union(spans[a]), _union(spans[b]))
-
+    overlap = {f"{a}+{b}": col.spans[a].intersection(col.spans[b])
+               for i, a in enumerate(names) for b in names[i + 1:]}
+    history = col.tracker.history()
+    counts = col.tracker.counts()
     return RunReport(
         run_dir=str(run_dir), name=str(run.get("name") or plan.get("name") or run_dir.name),
-        job_id=run.get("job_id"), backend=run.get("backend"),
-        first=min(times) if times else None, last=max(times) if times else None,
-        attempts=max(len(attempt_keys), 1 if events else 0),
-        ranks=sorted(ranks.values(), key=lambda r: r.rank),
-        components=list(comps.values()), env_steps=env_steps, actions=n_actions, samples=samples,
-        checkpoints=checkpoints, restores=restores, preempts=preempts,
-        errors=sorted(errors, key=lambda e: e.get("time", 0)), warnings=warnings,
-        metrics=metrics, exit_codes=dict(exit_codes), skipped_lines=max(0, skipped),
-        overlap_s=overlap, resumes=summarize_resumes(restores, startups),
+        job_id=run.get("job_id"), backend=run.get("backend"), first=col.first, last=col.last,
+        attempts=max(len(col.attempt_keys), counts.attempts, 1 if stream.lines else 0),
+        ranks=sorted(col.ranks.values(), key=lambda r: r.rank),
+        components=list(comps.values()), env_steps=col.env_steps, actions=col.n_actions,
+        samples=col.samples, checkpoints=col.rare["checkpoint"], restores=col.rare["restore"],
+        preempts=col.rare["preempt"],
+        errors=sorted(col.rare["error"], key=lambda e: e.get("time", 0)), warnings=col.warnings,
+        metrics=col.metrics, exit_codes=dict(col.exit_codes), skipped_lines=stream.skipped,
+        overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
+        counts=counts.to_dict(), restart_history=history, outcome=col.tracker.outcome(),
+        work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
     )

@@ -1,0 +1,78 @@
+"""Per-rank busy time by action type in fixed-count time buckets, for a Gantt-style view.
+
+Bounded memory whatever the run's length: at most ``BUCKETS`` buckets per
+rank and action type; when an event falls past the last bucket the width
+doubles and neighbouring buckets merge. Marks (start, checkpoint, restore,
+error) keep their times, capped per rank.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+BUCKETS = 256
+MAX_MARKS = 2000
+
+
+class Timeline:
+    def __init__(self, first_width_s: float = 0.01) -> None:
+        self.origin: float | None = None
+        self.width = first_width_s
+        self.busy: dict[int, dict[str, array]] = {}
+        self.marks: dict[int, list[tuple[float, str]]] = {}
+
+    def _fit(self, t: float) -> None:
+        if self.origin is None:
+            self.origin = t
+        while t - self.origin >= self.width * BUCKETS:
+            self.width *= 2
+            for kinds in self.busy.values():
+                for arr in kinds.values():
+                    merged = [arr[2 * i] + arr[2 * i + 1] for i in range(BUCKETS // 2)]
+                    arr[:] = array("d", merged + [0.0] * (BUCKETS // 2))
+
+    def add(self, rank: int, kind: str, start: float, end: float) -> None:
+        if end < start:
+            return
+        self._fit(min(start, end) if self.origin is None else end)
+        assert self.origin is not None
+        arr = self.busy.setdefault(rank, {}).get(kind)
+        if arr is None:
+            arr = self.busy[rank][kind] = array("d", [0.0] * BUCKETS)
+        a = max(0.0, start - self.origin)
+        b = max(a, end - self.origin)
+        i = int(a // self.width)
+        while a < b and i < BUCKETS:
+            edge = (i + 1) * self.width
+            arr[i] += min(b, edge) - a
+            a = edge
+            i += 1
+
+    def mark(self, rank: int, kind: str, t: float | None) -> None:
+        if t is None:
+            return
+        self._fit(t)
+        marks = self.marks.setdefault(rank, [])
+        if len(marks) < MAX_MARKS:
+            marks.append((t, kind))
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"origin", "bucket_s", "buckets", "ranks": {rank: {"busy": {type: [s...]}, "marks": [[s, kind]]}}};
+        bucket values are busy seconds; mark times are seconds after ``origin``."""
+        used = 0
+        for kinds in self.busy.values():
+            for arr in kinds.values():
+                nz = [i for i, v in enumerate(arr) if v > 0]
+                used = max(used, nz[-1] + 1 if nz else 0)
+        if self.origin is not None:
+            for marks in self.marks.values():
+                for t, _ in marks:
+                    used = max(used, min(BUCKETS, int((t - self.origin) // self.width) + 1))
+        ranks: dict[str, Any] = {}
+        for rank in sorted(set(self.busy) | set(self.marks)):
+            ranks[str(rank)] = {
+                "busy": {k: [round(v, 6) for v in arr[:used]] for k, arr in sorted(self.busy.get(rank, {}).items())},
+                "marks": [[round(t - (self.origin or 0.0), 3), k] for t, k in self.marks.get(rank, [])],
+            }
+        return {"origin": self.origin, "bucket_s": self.width, "buckets": used, "ranks": ranks}
