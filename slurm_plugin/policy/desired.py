@@ -1,0 +1,180 @@
+"""What a policy wants the cluster to look like, in Slurm's own objects.
+
+- one QOS per tier: Priority spaced by rank (first = highest), and with
+  ``preemption: true`` a ``Preempt`` list of every lower tier and
+  ``PreemptMode=requeue``; ``DenyOnLimit`` so a job over a Max* limit is
+  refused at submission instead of pending forever;
+- one account per team with its association limits (GrpTRES = quota,
+  MaxTRESPerUser, MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
+  tier) and one user association per listed user;
+- the slurm.conf settings the policy needs (``ConfSetting``), partition
+  settings for time slicing, and fragments ``apply`` does not write because
+  they describe hardware (gres.conf shards, cgroup.conf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hetrun.dag import validators as v
+from hetrun.slurm_plugin.policy.model import PolicySpec, TierLimits
+from hetrun.slurm_plugin.policy.state import AssocState, QosState
+
+# Priority distance between adjacent tiers: large enough that with
+# PriorityWeightQOS dominating the other weights a higher tier always wins.
+TIER_PRIORITY_STEP = 1000
+
+
+@dataclass(frozen=True)
+class ConfSetting:
+    """A slurm.conf key. ``contains``: a comma list that must include these items
+    (others already there stay, e.g. SlurmdParameters=config_overrides)."""
+
+    key: str
+    value: str
+    why: str
+    contains: bool = False
+
+
+@dataclass
+class DesiredState:
+    qos: dict[str, QosState]
+    assocs: dict[tuple[str, str], AssocState]
+    conf: list[ConfSetting]
+    partitions: dict[str, dict[str, str]]
+    manual: list[str] = field(default_factory=list)
+
+
+def _qos_for_tier(policy: PolicySpec, rank: int, tier: str) -> QosState:
+    names = policy.tier_names
+    limits = policy.tiers.get(tier) or TierLimits.model_validate({})
+    lower = tuple(sorted(policy.qos_name(t) for t in names[rank + 1:])) if policy.preemption else ()
+    priority = limits.priority if limits.priority is not None else (len(names) - rank) * TIER_PRIORITY_STEP
+    wall = v.time_seconds(str(limits.max_wall)) if limits.max_wall is not None else None
+    return QosState(
+        name=policy.qos_name(tier),
+        priority=priority,
+        preempt=lower,
+        preempt_mode="requeue" if policy.preemption else "cluster",
+        max_wall=wall,
+        grp_tres=limits.grp_tres.as_slurm() if limits.grp_tres else {},
+        max_tres_per_user=limits.max_tres_per_user.as_slurm() if limits.max_tres_per_user else {},
+        flags=("DenyOnLimit",),
+    )
+
+
+def _assocs(policy: PolicySpec) -> dict[tuple[str, str], AssocState]:
+    out: dict[tuple[str, str], AssocState] = {}
+    for name, acct in policy.accounts.items():
+        tiers = acct.tiers if acct.tiers is not None else policy.tier_names
+        qos = tuple(sorted(policy.qos_name(t) for t in tiers))
+        default = policy.default_tier if policy.default_tier in tiers else (tiers[-1] if tiers else None)
+        state = AssocState(
+            account=name,
+            fairshare=acct.fairshare,
+            grp_tres=acct.quota.as_slurm() if acct.quota else {},
+            max_tres_per_user=acct.max_per_user.as_slurm() if acct.max_per_user else {},
+            max_wall=v.time_seconds(str(acct.max_wall)) if acct.max_wall is not None else None,
+            qos=qos,
+            default_qos=policy.qos_name(default) if default else "",
+            parent=acct.parent or "root",
+        )
+        out[(name, "")] = state
+        for user in acct.users:
+            # A user association inherits the account's limits; only QOS is
+            # copied so the user can submit to the tiers of the account.
+            out[(name, user)] = AssocState(account=name, user=user, qos=qos,
+                                           default_qos=state.default_qos)
+    return out
+
+
+def _conf(policy: PolicySpec) -> list[ConfSetting]:
+    conf: list[ConfSetting] = []
+    if policy.tier_names or policy.accounts:
+        w = policy.priority_weights
+        conf += [
+            ConfSetting("PriorityType", "priority/multifactor", "tiers order jobs by QOS priority"),
+            ConfSetting("PriorityWeightQOS", str(w.qos), "priority_weights.qos"),
+            ConfSetting("PriorityWeightFairshare", str(w.fairshare), "priority_weights.fairshare"),
+            ConfSetting("PriorityWeightAge", str(w.age), "priority_weights.age"),
+            ConfSetting("PriorityWeightJobSize", str(w.job_size), "priority_weights.job_size"),
+            ConfSetting("AccountingStorageEnforce", "associations,limits,qos,safe",
+                        "quotas (GrpTRES, MaxTRESPerUser, MaxWall) are enforced only with limits,qos", True),
+            ConfSetting("JobSubmitPlugins", "lua", "job_submit.lua: default tier, quota refusal, hetrun classes"),
+        ]
+    if policy.preemption:
+        mode = "REQUEUE,GANG" if policy.time_slicing else "REQUEUE"
+        conf += [
+            ConfSetting("PreemptType", "preempt/qos", "tiers preempt through their QOS Preempt lists"),
+            ConfSetting("PreemptMode", mode, "preempted jobs are requeued (hetrun resumes them)"),
+            ConfSetting("JobRequeue", "1", "batch jobs are requeueable by default"),
+        ]
+    elif policy.time_slicing:
+        conf.append(ConfSetting("PreemptMode", "GANG", "gang scheduling for time slicing"))
+    if policy.time_slicing:
+        conf.append(ConfSetting("SchedulerTimeSlice", str(policy.time_slicing.slice_seconds),
+                                "time_slicing.slice_seconds"))
+    conf += _isolation_conf(policy)
+    conf += _gres_conf(policy)
+    if policy.power:
+        conf += [
+            ConfSetting("SuspendTime", str(v.time_seconds(str(policy.power.idle_after))), "power.idle_after"),
+            ConfSetting("SuspendProgram", policy.power.suspend_program, "power.suspend_program"),
+            ConfSetting("ResumeProgram", policy.power.resume_program, "power.resume_program"),
+        ]
+    return conf
+
+
+def _isolation_conf(policy: PolicySpec) -> list[ConfSetting]:
+    iso = policy.resources.cpu.isolation if policy.resources.cpu else "none"
+    if iso == "none":
+        return []
+    conf = [
+        ConfSetting("ProctrackType", "proctrack/cgroup", "cpu.isolation: track tasks in cgroups"),
+        ConfSetting("TaskPlugin", "task/cgroup,task/affinity" if iso == "numa-aware" else "task/cgroup",
+                    "cpu.isolation: confine (cgroup) and bind (affinity) tasks"),
+    ]
+    if iso == "numa-aware":
+        conf += [
+            ConfSetting("TaskPluginParam", "autobind=sockets", "bind each task to one socket (= NUMA domain)"),
+            ConfSetting("SlurmdParameters", "numa_node_as_socket",
+                        "count NUMA nodes as sockets where a socket holds several", True),
+        ]
+    return conf
+
+
+def _gres_conf(policy: PolicySpec) -> list[ConfSetting]:
+    gpu = policy.resources.gpu
+    if gpu is None:
+        return []
+    tres = ["gres/gpu", *(f"gres/gpu:{t.lower()}" for t in gpu.type)]
+    if gpu.sharing:
+        tres.append("gres/shard")
+    conf = [ConfSetting("AccountingStorageTRES", ",".join(tres), "quotas per GPU type need these TRES", True)]
+    if gpu.sharing:
+        conf.append(ConfSetting("GresTypes", "gpu,shard", "GPU sharing through GRES shards", True))
+    return conf
+
+
+def _manual(policy: PolicySpec) -> list[str]:
+    out = []
+    gpu = policy.resources.gpu
+    if gpu and gpu.sharing:
+        k = gpu.sharing.shards_per_gpu
+        out.append(f"# gres.conf, per node with N GPUs: {k} shards per GPU\n"
+                   f"NodeName=<nodes> Name=shard Count=<N*{k}>\n"
+                   f"# slurm.conf node lines: Gres=gpu:<type>:<N>,shard:<N*{k}>")
+    iso = policy.resources.cpu.isolation if policy.resources.cpu else "none"
+    if iso != "none":
+        out.append("# cgroup.conf (needs cgroup v2 on the nodes)\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
+                   "ConstrainDevices=yes")
+    return out
+
+
+def desired_state(policy: PolicySpec) -> DesiredState:
+    qos = {policy.qos_name(t): _qos_for_tier(policy, i, t) for i, t in enumerate(policy.tier_names)}
+    parts: dict[str, dict[str, str]] = {}
+    if policy.time_slicing:
+        parts[policy.time_slicing.partition] = {
+            "OverSubscribe": f"FORCE:{policy.time_slicing.jobs_per_core}"}
+    return DesiredState(qos, _assocs(policy), _conf(policy), parts, _manual(policy))
