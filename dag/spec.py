@@ -209,12 +209,30 @@ class CheckpointSpec(_Section):
 class PreemptionSpec(_Section):
     signal: str = Field("USR1", description="signal Slurm sends before the time limit")
     grace_seconds: int = Field(60, ge=1, le=65535, description="seconds between the signal and the kill")
-    max_restarts: int = Field(3, ge=0, le=1000)
+    # Budgets (hetrun.dag.budgets): preemptions and failures are limited apart.
+    max_preemptions: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="preemptions + time-limit requeues a run may take; null (default) = unlimited")
+    max_failures: int = Field(
+        0, ge=0, le=1000,
+        description="failures (a rank died or raised) to requeue and resume from the newest checkpoint; "
+                    "0 (default) = a failure ends the run")
+    max_restarts: int | None = Field(
+        None, ge=0, le=1000,
+        description="old name of max_preemptions (failures were never requeued); give one of the two")
 
     @field_validator("signal")
     @classmethod
     def _signal(cls, value: str) -> str:
         return v.check_signal(value)
+
+    @model_validator(mode="after")
+    def _one_preemption_limit(self) -> PreemptionSpec:
+        if self.max_restarts is not None and self.max_preemptions is not None:
+            raise SpecIssue("both max_restarts and max_preemptions are set; max_restarts is the old name of "
+                            "max_preemptions", path=("preemption", "max_restarts"),
+                            hint="keep only max_preemptions")
+        return self
 
 
 class CommsSpec(_Section):
@@ -364,8 +382,14 @@ def validate_spec_data(data: Any, doc: SourceDoc | None = None,
         raise SpecError("the document is nested too deeply", file=doc.file if doc else None) from None
 
 
-def load_spec(path: str | Path, overrides: Overrides | None = None) -> JobSpec:
-    """Read a job YAML, apply command-line overrides, validate. Raises only ``SpecError``."""
+def load_spec(path: str | Path, overrides: Overrides | None = None, *,
+              check_args: bool = True) -> JobSpec:
+    """Read a job YAML, apply command-line overrides, validate. Raises only ``SpecError``.
+
+    ``check_args`` also validates ``workload_args`` against the workload's typed
+    model (``hetrun.dag.workload_args``), importing its light ``_args`` module
+    with the YAML's directory on sys.path, as the ranks will.
+    """
     doc = read_yaml_file(path)
     data = doc.data
     override_paths: dict[tuple[str | int, ...], str] = {}
@@ -374,7 +398,13 @@ def load_spec(path: str | Path, overrides: Overrides | None = None) -> JobSpec:
             return validate_spec_data(data, doc)
         data = copy.deepcopy(data)
         override_paths = apply_overrides(data, overrides)
-    return validate_spec_data(data, doc, override_paths)
+    spec = validate_spec_data(data, doc, override_paths)
+    if check_args:
+        from hetrun.dag.workload_args import check_workload_args
+
+        check_workload_args(spec.workload, spec.workload_args, doc, override_paths,
+                            job_dir=Path(doc.file).parent)
+    return spec
 
 
 def spec_from_dict(data: dict[str, Any]) -> JobSpec:

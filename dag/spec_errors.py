@@ -148,8 +148,13 @@ def translate_validation_error(
     model: type[BaseModel],
     doc: SourceDoc | None,
     override_paths: dict[KeyPath, str],
+    prefix: KeyPath = (),
 ) -> SpecError:
+    """``exc`` as one SpecError; ``prefix`` is where ``model`` sits in the document
+    (``("workload_args",)`` for a workload's arguments model)."""
     problems = [_problem(err, model) for err in exc.errors()]
+    if prefix:
+        problems = [_Problem((*prefix, *p.path), p.message, p.hint, p.value) for p in problems]
     # One problem per key path: unions report the same bad value once per branch.
     seen: set[KeyPath] = set()
     unique = []

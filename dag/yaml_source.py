@@ -9,6 +9,7 @@ keys, non-UTF-8 bytes and huge numbers all become ``SpecError``.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ MAX_NODES = 200_000
 KeyPath = tuple[str | int, ...]
 
 _PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+# A plain scalar with an exponent and no dot (1e-3, 5E+2), which YAML 1.2 reads as a float.
+_EXP_FLOAT_RE = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 
 
 @dataclass
@@ -122,6 +125,9 @@ class _Builder:
         # Slurm time string, so a plain scalar with a colon stays text.
         if node.style is None and isinstance(value, (int, float)) and not isinstance(value, bool) and ":" in node.value:
             return node.value
+        # YAML 1.1 (PyYAML) reads 1e-3 as a string; YAML 1.2 and every user mean the float.
+        if node.style is None and isinstance(value, str) and _EXP_FLOAT_RE.fullmatch(value):
+            return float(value)
         return value
 
 

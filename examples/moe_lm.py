@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from hetrun.dag.errors import CheckpointError, HetrunError
 from hetrun.examples.moe_data import ByteCorpus
+from hetrun.examples.moe_lm_args import MoELMWorkloadArgs
 from hetrun.examples.moe_model import MoEConfig, MoELM, expert_slice
 from hetrun.runtime import mpi_wait
 from hetrun.runtime.comms.alltoall import AllToAllComm
@@ -40,15 +41,6 @@ from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
 
 _EVAL_WINDOWS = 64  # divisible by every expert-parallel degree 16 experts allow
-_MODEL_KEYS = {
-    "d_model", "n_heads", "n_layers", "seq_len", "num_experts", "num_groups", "top_k",
-    "expert_hidden", "aux_loss_coef",
-}
-_WORKLOAD_KEYS = {
-    "batch_size", "lr", "warmup", "weight_decay", "corpus_bytes", "heldout_every", "transport",
-    "fused",
-}
-_TRANSPORTS = ("auto", "mpi", "torch")
 
 
 def _codec(comms: dict[str, Any], key: str) -> str | None:
@@ -60,67 +52,19 @@ def _codec(comms: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _require_codecs(*codecs: str | None) -> None:
-    """Fail at start-up, not at the first exchange, when a codec cannot be served."""
-    if all(c is None for c in codecs):
-        return
-    try:
-        import hetrun.runtime.comms.compressed  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name != "hetrun.runtime.comms.compressed":
-            raise
-        raise HetrunError(
-            f"MoE LM: comms codecs {[c for c in codecs if c]} need compressed all-to-all "
-            "codecs, which are unavailable (hetrun.runtime.comms.compressed is not installed)",
-            hint="set comms: {forward_codec: none, backward_codec: none} in the job YAML",
-        ) from exc
-
-
 class MoELMWorkload(Workload):
     """Byte-level MoE transformer LM; expert-parallel over the learner component."""
 
-    def __init__(
-        self,
-        ctx: RankContext,
-        *,
-        batch_size: int = 16,
-        lr: float = 3e-3,
-        warmup: int = 10,
-        weight_decay: float = 0.01,
-        corpus_bytes: int = 4_000_000,
-        heldout_every: int = 20,
-        transport: str = "auto",
-        fused: bool = False,
-        **model_args: Any,
-    ) -> None:
-        super().__init__(ctx, batch_size=batch_size, lr=lr, **model_args)
-        unknown = sorted(set(model_args) - _MODEL_KEYS)
-        if unknown:
-            from hetrun.dag.errors import closest
-
-            valid = sorted(_MODEL_KEYS | _WORKLOAD_KEYS)
-            guess = closest(unknown[0], valid)
-            raise HetrunError(
-                f"MoE LM: unknown workload_args key(s) {unknown}"
-                + (f" (did you mean {guess!r}?)" if guess else ""),
-                hint=f"valid keys: {', '.join(valid)}",
-            )
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise HetrunError(
-                f"MoE LM: workload_args.batch_size={batch_size!r} is invalid",
-                hint="use a positive integer (sequences per micro-batch per rank)",
-            )
-        if transport not in _TRANSPORTS:
-            raise HetrunError(
-                f"MoE LM: workload_args.transport={transport!r} is not one of {list(_TRANSPORTS)}",
-                hint="auto: torch.distributed on GPUs and on oversubscribed CPU nodes, else "
-                "mpi4py Alltoallv; torch: the component's torch.distributed group",
-            )
-        self.cfg = MoEConfig(**model_args)
+    def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
+        super().__init__(ctx, **workload_args)
+        # The typed model `hetrun plan` already checked (moe_lm_args.py); the same check here.
+        args = MoELMWorkloadArgs.from_args(workload_args)
+        transport = args.transport
+        self.cfg = MoEConfig(**args.model_args())
         self.cfg.validate()
-        self.batch_size = batch_size
-        self.lr = float(lr)
-        self.warmup = int(warmup)
+        self.batch_size = args.batch_size
+        self.lr = args.lr
+        self.warmup = args.warmup
         self.device = torch.device(ctx.device)
         self.forward_codec = _codec(ctx.comms, "forward_codec")
         self.backward_codec = _codec(ctx.comms, "backward_codec")
@@ -136,7 +80,6 @@ class MoELMWorkload(Workload):
         self.comm: AllToAllComm | None = None
         self.transport = "none"
         if size > 1:
-            _require_codecs(self.forward_codec, self.backward_codec)
             self.transport = transport if transport != "auto" else _auto_transport(ctx)
             if self.transport == "torch":
                 self.comm = AllToAllComm.from_torch(ctx.group, device=self.device)
@@ -149,11 +92,11 @@ class MoELMWorkload(Workload):
         self.model = MoELM(
             self.cfg, rank=rank, size=size, comm=self.comm,
             forward_codec=self.forward_codec, backward_codec=self.backward_codec,
-            fused=bool(fused),
+            fused=args.fused,
         ).to(self.device)
-        self.weight_decay = float(weight_decay)
+        self.weight_decay = args.weight_decay
         self._optimizer: torch.optim.AdamW | None = None  # built on first use (learners only)
-        self.corpus = ByteCorpus.from_stdlib(corpus_bytes, heldout_every)
+        self.corpus = ByteCorpus.from_stdlib(args.corpus_bytes, args.heldout_every)
         self.step = 0
         # Learners publish the full model only when another component consumes it.
         self._publishing = _publishing_actions(ctx) if self.expert_parallel and size > 1 else []

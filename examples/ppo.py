@@ -22,105 +22,26 @@ still a valid set of per-environment trajectories.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import CheckpointError, SpecError, closest
+from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
 
+from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import capture_env_state, env_facts, make_vector_env, restore_env_state
 
 # ---------------------------------------------------------------- configuration
 
 
-@dataclass(frozen=True)
-class PPOConfig:
-    """``workload_args`` of the job YAML. Defaults solve CartPole-v1 in ~50k env steps."""
-
-    env_id: str = "CartPole-v1"
-    num_envs: int = 8  # per rollout rank
-    num_steps: int = 128  # steps per env per rollout; batch = num_envs * num_steps
-    hidden: int = 64
-    learning_rate: float = 2.5e-3
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_coef: float = 0.2
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    norm_adv: bool = True
-    eval_episodes: int = 20
-    # Sampled actions by default: a greedy CartPole policy can score 500 after a single update,
-    # so "solved" on greedy episodes says little about what PPO learned.
-    eval_deterministic: bool = False
-    torch_threads: int = 1
-
-    @classmethod
-    def from_args(cls, args: dict[str, Any]) -> PPOConfig:
-        """Validate ``workload_args``: unknown keys, wrong types and bad ranges are SpecErrors."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in args.items():
-            if key not in fields:
-                near = closest(key, fields)
-                raise SpecError(
-                    f"unknown PPO argument {key!r}",
-                    key_path=f"workload_args.{key}",
-                    value=value,
-                    hint=(f"did you mean {near!r}? " if near else "")
-                    + f"valid keys: {', '.join(sorted(fields))}",
-                )
-            values[key] = _coerce(key, value, type(getattr(cls, key)))
-        cfg = cls(**values)
-        cfg._check_ranges()
-        return cfg
-
-    def _check_ranges(self) -> None:
-        positive = ("num_envs", "num_steps", "hidden", "update_epochs", "num_minibatches",
-                    "eval_episodes", "torch_threads", "learning_rate", "max_grad_norm")
-        for key in positive:
-            if getattr(self, key) <= 0:
-                _bad(key, getattr(self, key), "must be > 0")
-        for key in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, key) <= 1.0:
-                _bad(key, getattr(self, key), "must be within [0, 1]")
-        for key in ("clip_coef", "ent_coef", "vf_coef"):
-            if getattr(self, key) < 0:
-                _bad(key, getattr(self, key), "must be >= 0")
-        if self.num_envs * self.num_steps < self.num_minibatches:
-            _bad("num_minibatches", self.num_minibatches,
-                 f"exceeds the batch of num_envs*num_steps = {self.num_envs * self.num_steps}")
-
-
-def _bad(key: str, value: object, why: str) -> None:
-    raise SpecError(f"{value!r} {why}", key_path=f"workload_args.{key}", value=value,
-                    hint=f"set workload_args.{key} to a valid value")
-
-
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    ok = (
-        (kind is bool and isinstance(value, bool))
-        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
-        or (kind is float and isinstance(value, int | float) and not isinstance(value, bool))
-        or (kind is str and isinstance(value, str))
-    )
-    if not ok:
-        raise SpecError(
-            f"expected {kind.__name__}, got {type(value).__name__} {value!r}",
-            key_path=f"workload_args.{key}",
-            value=value,
-            hint=f"write workload_args.{key} as a {kind.__name__}",
-        )
-    return float(value) if kind is float else value
+# ``workload_args`` are the typed model in ppo_args.py: `hetrun plan` checks them
+# there without importing this module (hetrun.dag.workload_args).
+PPOConfig = PPOWorkloadArgs
 
 
 # ---------------------------------------------------------------- networks

@@ -1,0 +1,57 @@
+"""``workload_args`` of ``hetrun.examples.ppo:PPOWorkload``, as a typed model.
+
+Kept out of ``ppo.py`` (which imports torch and gymnasium) so ``hetrun plan``
+and ``hetrun submit --dry-run`` check a job's arguments in milliseconds, by the
+naming rule of ``hetrun.dag.workload_args``. The workload builds itself from
+this same model, so both checks are one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetrun.dag.spec_errors import SpecIssue
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class PPOWorkloadArgs(BaseModel):
+    """Defaults solve CartPole-v1 in ~50k env steps."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    env_id: str = Field("CartPole-v1", min_length=1, description="gymnasium environment id")
+    num_envs: int = Field(8, gt=0, description="environments per rollout rank")
+    num_steps: int = Field(128, gt=0, description="steps per env per rollout; batch = num_envs * num_steps")
+    hidden: int = Field(64, gt=0)
+    learning_rate: float = Field(2.5e-3, gt=0)
+    gamma: float = Field(0.99, ge=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    clip_coef: float = Field(0.2, ge=0)
+    ent_coef: float = Field(0.0, ge=0)
+    vf_coef: float = Field(0.5, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    update_epochs: int = Field(4, gt=0)
+    num_minibatches: int = Field(4, gt=0)
+    norm_adv: bool = True
+    eval_episodes: int = Field(20, gt=0)
+    # Sampled actions by default: a greedy CartPole policy can score 500 after a single update,
+    # so "solved" on greedy episodes says little about what PPO learned.
+    eval_deterministic: bool = False
+    torch_threads: int = Field(1, gt=0)
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> PPOWorkloadArgs:
+        batch = self.num_envs * self.num_steps
+        if self.num_minibatches > batch:
+            raise SpecIssue(f"num_minibatches {self.num_minibatches} exceeds the batch of "
+                            f"num_envs*num_steps = {batch}",
+                            path=("num_minibatches",),
+                            hint="lower num_minibatches or raise num_envs / num_steps")
+        return self
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> PPOWorkloadArgs:
+        """Validate ``workload_args`` (SpecError naming the key) the way ``hetrun plan`` does."""
+        from hetrun.dag.workload_args import validate_args
+
+        return validate_args(cls, args)
