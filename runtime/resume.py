@@ -112,7 +112,8 @@ def _slot(ctx: Any) -> _Slot:
         from hetrun.runtime.ckpt.writer import CheckpointWriter
 
         cfg = (getattr(ctx, "plan", None) and ctx.plan.checkpoint) or {}
-        coll = _collective(getattr(ctx, "comm", None))
+        # A ctx may bring its own collective (the public run API over torch.distributed).
+        coll = getattr(ctx, "collective", None) or _collective(getattr(ctx, "comm", None))
         tiers = tiers_for(checkpoint_dir(ctx), _local_dir(ctx))
         writer = CheckpointWriter(tiers, collective=coll, keep=int(cfg.get("keep", 3) or 3),
                                   max_delta_chain=int(cfg.get("max_delta_chain", 4) or 4),
@@ -153,6 +154,9 @@ def _has_checkpoint_action(ctx: Any, component: str) -> bool:
 
 
 def _world_allgather(ctx: Any, value: Any) -> list[Any]:
+    coll = getattr(ctx, "world_collective", None)  # the public run API's (torch or MPI)
+    if coll is not None:
+        return list(coll.allgather(value))
     comm = getattr(ctx, "world_comm", None)
     if comm is None or comm.Get_size() == 1:
         return [value]

@@ -1,0 +1,272 @@
+"""``Run``: checkpoints, exact resume, the agreed stop and events for any script.
+
+One implementation: ``restore``/``save``/``flush`` are
+``hetrun.runtime.resume``'s (the executor's hooks: same store, writer,
+restore selection, RNG capture, restore/work-lost events); the stop signal
+handling is ``hetrun.runtime.preempt``'s. This module only adapts a user's
+dict of objects to the workload protocol resume.py expects and connects the
+ranks through whatever the script has (``hetrun.runtime.api.collectives``).
+
+Steps: ``save(step, ...)`` records that steps ``0..step`` are done; the
+checkpoint is stored under ``step + 1``, the step a resumed run starts from,
+which is what ``restore`` returns (0 on a first run), as the executor's
+iteration numbers do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hetrun.dag.errors import CheckpointError, RuntimeFailure
+from hetrun.runtime import preempt, resume
+from hetrun.runtime.api import env as envmod
+from hetrun.runtime.api.stop import SoloAgreement, StepAgreement
+from hetrun.runtime.events import EventLog
+
+DEFAULT_WINDOW = 2
+CKPT_EVERY_ENV = "HETRUN_CKPT_EVERY"
+
+
+@dataclass
+class ApiContext:
+    """What resume.py / preempt.py read from a rank context (duck-typed RankContext)."""
+
+    rank: int
+    world_size: int
+    component: str
+    run_dir: Path
+    node: str
+    comp_rank: int = 0
+    comp_size: int = 1
+    plan: Any = None
+    comm: Any = None
+    world_comm: Any = None
+    collective: Any = None  # the store's (checkpoint commits, from the writer thread)
+    world_collective: Any = None  # the restore agreement's
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class StateObjects:
+    """A dict of tensors / Stateful objects as one workload (state_dict/load_state_dict)."""
+
+    def __init__(self, objs: dict[str, Any]) -> None:
+        import torch
+
+        if not isinstance(objs, dict) or not objs:
+            raise CheckpointError(f"expected a non-empty dict of name -> object, got {type(objs).__name__}",
+                                  hint='e.g. {"model": model, "optim": optimizer}')
+        for key, obj in objs.items():
+            if not isinstance(key, str):
+                raise CheckpointError(f"key {key!r}: names must be strings")
+            stateful = callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+            if not (stateful or isinstance(obj, torch.Tensor)):
+                raise CheckpointError(
+                    f"key {key!r}: a {type(obj).__name__} has no state_dict()/load_state_dict()",
+                    hint="pass tensors or objects with both methods (torch's Stateful protocol); "
+                         "wrap anything else in a small class that has them")
+        self.objs = objs
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
+        return {k: (v if isinstance(v, torch.Tensor) else v.state_dict()) for k, v in self.objs.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import torch
+
+        missing = sorted(set(self.objs) - set(state))
+        if missing:
+            raise CheckpointError(f"the checkpoint has no {missing} (it holds {sorted(state)})",
+                                  hint="restore the same names that were saved")
+        for key, obj in self.objs.items():
+            if isinstance(obj, torch.Tensor):
+                if state[key].data_ptr() != obj.data_ptr():  # decoded elsewhere (shape changed)
+                    with torch.no_grad():
+                        obj.copy_(state[key])
+            else:
+                obj.load_state_dict(state[key])
+
+
+class Run:
+    """A script's handle on hetrun; see ``hetrun.attach``."""
+
+    def __init__(self, rank_env: envmod.RankEnv, run_dir: Path, component: str,
+                 checkpoint_every: int, window: int) -> None:
+        self.env = rank_env
+        self.run_dir = run_dir
+        self.component = component
+        self.checkpoint_every = checkpoint_every
+        self.window = window
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        self.ctx = ApiContext(rank_env.rank, rank_env.world_size, component, run_dir, node,
+                              comp_rank=rank_env.rank, comp_size=rank_env.world_size)
+        self.events = EventLog(run_dir, rank=rank_env.rank, component=component, node=node)
+        self.start_step = 0
+        self._connected = False
+        self._agreement: Any = None
+        self._last_log = time.time()
+        preempt.install(self.ctx)  # now: USR1's default action would kill the process
+        self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
+                         size=rank_env.world_size, comp_rank=rank_env.rank, comp_size=rank_env.world_size,
+                         launcher=rank_env.launcher, pid=os.getpid(), api=True)
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    # -- connecting the ranks -------------------------------------------------
+    def _connect(self) -> None:
+        """Collective on first use: the groups the store and the agreement need."""
+        if self._connected:
+            return
+        from hetrun.runtime.api import collectives
+
+        if self.env.world_size > 1:
+            transport, store_coll, main_coll = self._transports(collectives)
+            dirs = main_coll.allgather(str(self.run_dir))
+            if len(set(dirs)) != 1:
+                raise RuntimeFailure(f"the ranks resolved different run directories: {sorted(set(dirs))}",
+                                     hint="set HETRUN_RUN_DIR (or attach(run_dir=...)) to one shared path")
+            self.ctx.collective, self.ctx.world_collective = store_coll, main_coll
+            self._transport = transport
+        self._connected = True
+
+    def _transports(self, collectives: Any) -> tuple[Any, Any, Any]:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_world_size() != self.env.world_size:
+                raise RuntimeFailure(
+                    f"torch.distributed has {dist.get_world_size()} ranks, the launcher "
+                    f"({self.env.launcher}) says {self.env.world_size}",
+                    hint="initialise the default process group over every rank of the job")
+            store_group, main_group = collectives.new_cpu_group(), collectives.new_cpu_group()
+            return (collectives.TorchMaxReduce(main_group), collectives.TorchCollective(store_group),
+                    collectives.TorchCollective(main_group))
+        if self.env.launcher == "mpirun" or "PMIX_RANK" in os.environ:
+            from hetrun.runtime.ckpt.collective import MPICollective
+            from mpi4py import MPI
+
+            world = MPI.COMM_WORLD
+            if world.Get_size() == self.env.world_size:
+                return collectives.MPIMaxReduce(world), MPICollective(world), MPICollective(world)
+        raise RuntimeFailure(
+            f"rank {self.rank} of {self.world_size}: the ranks are not connected yet",
+            hint="call torch.distributed.init_process_group() before run.restore()/save()/should_stop() "
+                 "(or launch with MPI: srun --mpi=pmix / mpirun)")
+
+    # -- checkpoints ------------------------------------------------------------
+    def restore(self, objs: dict[str, Any]) -> int:
+        """Load the newest checkpoint every rank can verify into ``objs`` (in place),
+        restore the RNG states; returns the step to start from (0: none)."""
+        self._connect()
+        self.start_step = resume.restore_if_any(self.ctx, StateObjects(objs))
+        self._agreement = None  # numbered from the restored step
+        return self.start_step
+
+    def save(self, step: int, objs: dict[str, Any], *, wait: bool = False) -> dict[str, Any]:
+        """Checkpoint the state after ``step`` (collective: every rank, same step).
+        Training waits only for a copy unless ``wait``; returns the outcome."""
+        self._connect()
+        t0 = time.time()
+        info = resume.save_checkpoint(self.ctx, StateObjects(objs), step + 1)
+        if wait:
+            done = resume.flush(self.ctx) or {}
+            info.update({k: done[k] for k in ("ok", "error", "write_s") if k in done})
+        self.events.emit("checkpoint", iteration=step + 1, reason=preempt.stop_reason() or "interval",
+                         start=t0, end=time.time(), **info)
+        return info
+
+    def checkpoint_due(self, step: int) -> bool:
+        return self.checkpoint_every > 0 and (step + 1) % self.checkpoint_every == 0
+
+    # -- the agreed stop ----------------------------------------------------------
+    def should_stop(self, step: int) -> bool:
+        """After ``step`` on every rank: True on every rank at the same step once a
+        stop was requested (signal, time limit) on any of them."""
+        if self._agreement is None:
+            self._connect()
+            self._agreement = (SoloAgreement() if self.world_size == 1
+                               else StepAgreement(self._transport, self.window, self.start_step))
+        stop = self._agreement.check(step, preempt.stop_level(self.ctx))
+        if stop:
+            preempt.agree(self._agreement.level)
+        return stop
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """One ``action`` event of type ``step`` (``hetrun report`` counts it; a
+        restart's work-lost accounting reads it)."""
+        now = time.time()
+        self.events.emit("action", type="step", id="step", iteration=step, start=self._last_log, end=now,
+                         **({"metrics": metrics} if metrics else {}))
+        self._last_log = now
+
+    # -- ending -------------------------------------------------------------------
+    def exit_for_requeue(self) -> NoReturn:
+        """Wait for the checkpoint in flight and exit so the job comes back.
+
+        After the warning signal or a near time limit: exit 85 (a batch script
+        or ``RequeueExit=85`` turns it into a requeue) and, on rank 0 when
+        ``scontrol`` is there, ``scontrol requeue`` the job now. After SIGTERM
+        (Slurm preempting or cancelling) exit 143: Slurm requeues by its own
+        policy, a cancel stays cancelled."""
+        code = preempt.exit_code(self.ctx)  # flushes the writer first
+        requeued = None
+        if code == preempt.EXIT_REQUEUE and self.rank == 0 and self.env.job_id:
+            requeued = _scontrol_requeue(self.env.job_id)
+        self.close(code, requeued=requeued)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(code)
+
+    def close(self, code: int = 0, **fields: Any) -> None:
+        """Wait for the checkpoint in flight; write the ``exit`` event. Collective."""
+        flushed = resume.flush(self.ctx)
+        if isinstance(flushed, dict) and flushed.get("ok") is False:
+            self.events.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
+        if self._agreement is not None:
+            self._agreement.close()
+            self._agreement = None
+        self.events.emit("exit", code=code, reason=preempt.stop_reason(), **fields)
+
+
+def _scontrol_requeue(job_id: str) -> bool | str:
+    """True when Slurm accepted the requeue; the error text otherwise (the exit code still asks)."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return "scontrol not found on this node"
+    try:
+        r = subprocess.run([exe, "requeue", job_id], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"scontrol requeue failed: {exc}"
+    return True if r.returncode == 0 else (r.stderr.strip() or f"scontrol exited {r.returncode}")
+
+
+def attach(run_dir: str | os.PathLike[str] | None = None, *, name: str | None = None,
+           component: str = "train", checkpoint_every: int | None = None,
+           window: int = DEFAULT_WINDOW) -> Run:
+    """The run this process belongs to (see ``hetrun.attach``)."""
+    from hetrun.runtime.api import rundir
+
+    rank_env = envmod.discover()
+    envmod.export_torchrun_env(rank_env)
+    path = rundir.resolve(rank_env, run_dir, name)
+    if checkpoint_every is None:
+        raw = os.environ.get(CKPT_EVERY_ENV, "0")
+        if not raw.isdigit():
+            raise RuntimeFailure(f"${CKPT_EVERY_ENV}={raw!r} is not a number of steps",
+                                 hint="e.g. HETRUN_CKPT_EVERY=100, or attach(checkpoint_every=100)")
+        checkpoint_every = int(raw)
+    return Run(rank_env, path, component, int(checkpoint_every), window)
