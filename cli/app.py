@@ -37,6 +37,8 @@ _COMMAND_MODULES = (
     "report_cmd",
     "cluster_cmd",
     "ckpt_cmd",
+    "pool_cmd",
+    "policy_cmd",
 )
 
 

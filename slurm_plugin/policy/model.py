@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetrun.dag import validators as v
-from hetrun.dag.errors import SpecError
+from hetrun.dag.errors import SpecError, closest
 from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -75,20 +75,22 @@ class Tres(_Section):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        for key, value in data.items():
-            if not isinstance(key, str) or not _TRES_KEY_RE.match(key):
-                raise ValueError(f"TRES key {key!r} is not one of cpu, mem, gpu, node, shard, "
-                                 "gpu:<type>, shard:<type>")
-            if key == "mem":
-                size_mb(value)
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{key}: expected a whole number >= 0, got {value!r}")
-        return data
+    def check(self, path: tuple[str | int, ...]) -> None:
+        """Keys and amounts, checked by the policy with the absolute path (so an error
+        points at the bad key's own line and column)."""
+        for key, value in (self.model_extra or {}).items():
+            if not _TRES_KEY_RE.match(key):
+                near = closest(key, list(TRES_KEYS))
+                raise SpecIssue(f"TRES key {key!r} is not one of cpu, mem, gpu, node, shard, "
+                                "gpu:<type>, shard:<type>", path=(*path, key),
+                                hint=f"did you mean {near!r}?" if near else None)
+            try:
+                if key == "mem":
+                    size_mb(value)
+                elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise ValueError(f"expected a whole number >= 0, got {value!r}")
+            except ValueError as exc:
+                raise SpecIssue(str(exc), path=(*path, key)) from None
 
     def as_slurm(self) -> dict[str, int]:
         """``{"cpu": 64, "gres/gpu": 16, "mem": 262144}`` (mem in MB, as sacctmgr stores it)."""
@@ -269,6 +271,7 @@ class PolicySpec(_Section):
 
     @model_validator(mode="after")
     def _semantics(self) -> PolicySpec:
+        self._check_tres()
         names = self.tier_names
         if (self.tiers or any(a.tiers for a in self.accounts.values())) and not names:
             raise SpecIssue("tiers are used but resources.gpu.scheduling.priority lists none",
@@ -290,10 +293,18 @@ class PolicySpec(_Section):
         self._check_gpu_types()
         return self
 
+    def _check_tres(self) -> None:
+        for tname, limits in self.tiers.items():
+            for fname in ("grp_tres", "max_tres_per_user"):
+                if getattr(limits, fname) is not None:
+                    getattr(limits, fname).check(("tiers", tname, fname))
+        for aname, acct in self.accounts.items():
+            for fname in ("quota", "max_per_user"):
+                if getattr(acct, fname) is not None:
+                    getattr(acct, fname).check(("accounts", aname, fname))
+
     def _known_tier(self, tier: str, path: tuple[str | int, ...]) -> None:
         if tier not in self.tier_names:
-            from hetrun.dag.errors import closest
-
             near = closest(tier, self.tier_names)
             raise SpecIssue(f"tier {tier!r} is not in resources.gpu.scheduling.priority "
                             f"({', '.join(self.tier_names) or 'none'})", path=path,
