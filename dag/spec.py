@@ -18,7 +18,7 @@ from hetrun.dag import validators as v
 from hetrun.dag.errors import SpecError
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
-from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
+from hetrun.dag.spec_errors import SpecIssue, attach_source, translate_validation_error
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
 from pydantic import (
     BaseModel,
@@ -399,6 +399,7 @@ def load_spec(path: str | Path, overrides: Overrides | None = None, *,
         data = copy.deepcopy(data)
         override_paths = apply_overrides(data, overrides)
     spec = validate_spec_data(data, doc, override_paths)
+    attach_source(spec, doc, override_paths)  # later graph errors point at the YAML too
     if check_args:
         from hetrun.dag.workload_args import check_workload_args
 

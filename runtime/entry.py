@@ -1,8 +1,16 @@
 """One rank's life: plan -> world -> start event -> executor -> exit/error event.
 
-A rank that raises writes ``{"ev": "error", ...}`` with its traceback, prints
-the message on stderr and calls ``MPI_Abort``, which ends every rank of the
-job at once: no peer is left waiting on a dead rank.
+A rank that raises writes ``{"ev": "error", ...}`` with its traceback and a
+``rank_failure`` line (``detected_by: "runtime"``), prints the message on
+stderr and calls ``MPI_Abort``, which ends every rank of the job at once: no
+peer is left waiting on a dead rank. A rank that dies without raising (kill,
+segfault, exit during start-up) is named by the launcher's post-mortem
+(``hetrun.slurm_plugin.postmortem``).
+
+Before exiting with a non-zero code after an agreed stop (85, 143) every rank
+meets its peers once its checkpoint is flushed: srun runs with
+``--kill-on-bad-exit=1`` and mpirun ends the job on a non-zero exit, so the
+first rank out must not take a peer's unfinished save with it.
 """
 
 from __future__ import annotations
@@ -22,6 +30,24 @@ from .resume import restart_count
 
 EXIT_OK = 0
 EXIT_REQUEUE = 85
+# Test hook (tests/test_rank_death.py): "RANK:CODE" makes that global rank exit
+# with CODE before MPI_Init, as a rank dying during start-up would.
+TEST_EXIT_BEFORE_MPI = "HETRUN_TEST_EXIT_BEFORE_MPI"
+
+
+def _launcher_rank() -> str | None:
+    for key in ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return os.environ[key]
+    return None
+
+
+def _test_exit_before_mpi() -> None:
+    rank, _, code = os.environ.get(TEST_EXIT_BEFORE_MPI, "").partition(":")
+    if rank and rank == _launcher_rank():
+        sys.stderr.write(f"hetrun.runtime: {TEST_EXIT_BEFORE_MPI} set: rank {rank} exits {code} before MPI_Init\n")
+        sys.stderr.flush()
+        os._exit(int(code or 1))
 
 
 def has_work(plan: PlanView) -> bool:
@@ -90,6 +116,7 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
 
     from .world import build_world
 
+    _test_exit_before_mpi()
     try:
         world = build_world(plan)
     except HetrunError as exc:
@@ -145,8 +172,10 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
     except BaseException as exc:
         _report_failure(log, None, None, exc, world)
         return 1
-    log.emit("exit", code=code, elapsed=time.time() - started)
+    log.emit("exit", code=code, elapsed=time.time() - started, restart_count=restarts)
     world.shutdown()
+    if code != EXIT_OK:
+        mpi_wait.meet(world.comm)  # every peer has flushed its checkpoint (see the module doc)
     return code
 
 
@@ -157,6 +186,9 @@ def _report_failure(log: EventLog, action: str | None, iteration: int | None,
     try:
         log.emit("error", action=action, iteration=iteration, error=f"{type(exc).__name__}: {exc}",
                  traceback=tb, code=code)
+        log.emit("rank_failure", signal=None, exit_code=code, detected_by="runtime",
+                 restart_count=restart_count(), action=action, iteration=iteration,
+                 message=f"{type(exc).__name__}: {exc}", t=time.time())
     finally:
         where = f" in action {action} (iteration {iteration})" if action else ""
         rank = getattr(world, "rank", "?")

@@ -2,17 +2,23 @@
 
 - ``restore_if_any(ctx, workload) -> int``: before the loop, on every rank.
   All ranks agree (a collective over the world) on the newest checkpoint step
-  that every component running ``checkpoint`` actions can load and verify;
-  components without that action restore their own state at that step when
-  they have one (e.g. after a preemption checkpoint) and otherwise start
-  from the weights the learner sends. Restores workload state and the
+  that EVERY component can load and verify (every component saves at every
+  boundary). Only in a run directory written before that (no checkpoint says
+  ``every_component``) the old rule holds: the components running
+  ``checkpoint`` actions decide, the others restore their own state at that
+  step when they have one and otherwise start fresh. Restores workload state,
+  the executor's pipeline state (``restored_pipeline``) and the
   python/numpy/torch RNG states, and returns the iteration to start from
   (0 on a first run, which is normal). Writes a ``restore`` event with the
-  restart count, the limit, the checkpoint used, the ones skipped (and why)
-  and the work lost.
-- ``save_checkpoint(ctx, workload, iteration) -> dict``: snapshot + background
-  write into ``<checkpoint dir>/<component>/`` (one store per component, its
-  ranks committing together over the component communicator).
+  restart count, the limit, the checkpoint used, ``restored_state`` (this
+  rank loaded its own state) and ``fresh_reason`` when it did not, the ones
+  skipped (and why) and the work lost.
+- ``save_checkpoint(ctx, workload, iteration, pipeline=None) -> dict``:
+  snapshot + background write into ``<checkpoint dir>/<component>/`` (one
+  store per component, its ranks committing together over the component
+  communicator). The stored tree: ``workload`` (its ``state_dict()``),
+  ``rng`` (this process's global generators), ``iteration`` and, on a state
+  producer's leader, ``pipeline`` (executor.Executor._pipeline_state).
 - ``flush(ctx)``: wait for the write in flight (before exiting).
 
 ``checkpoint.optimizer_encoding: lossy-4bit`` (opt-in, LOSSY) stores the Adam
@@ -38,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.errors import CheckpointError, RuntimeFailure
-from hetrun.runtime import mpi_wait, preempt
+from hetrun.runtime import attempts, mpi_wait, preempt
 
 LOCAL_ENV = "HETRUN_CKPT_LOCAL"
 
@@ -54,6 +60,7 @@ class _Slot:
     encoder: threading.Thread | None = None
     encode_error: str | None = None
     encode_s: float = 0.0  # last lossy encode: part of what a final checkpoint costs
+    pipeline: Any = None  # the executor's pipeline state of the restored checkpoint
 
 
 _SLOTS: dict[tuple[str, int], _Slot] = {}
@@ -68,16 +75,12 @@ def restart_count() -> int:
 
 
 def max_restarts(ctx: Any) -> int | None:
-    """``preemption.max_restarts``; a component may override it with its own
-    ``max_restarts`` (plan.json components[i]) where components differ."""
+    """The preemption budget (``preemption.max_preemptions``, or its old name
+    ``max_restarts``; None = unlimited), reported in ``restore`` events."""
+    from hetrun.dag.budgets import Budgets
+
     plan = getattr(ctx, "plan", None)
-    if plan is None:
-        return None
-    for comp in (plan.raw or {}).get("components", []):
-        if isinstance(comp, dict) and comp.get("name") == ctx.component and comp.get("max_restarts") is not None:
-            return int(comp["max_restarts"])
-    value = (plan.preemption or {}).get("max_restarts")
-    return int(value) if value is not None else None
+    return None if plan is None else Budgets.from_preemption(plan.preemption).max_preemptions
 
 
 def checkpoint_dir(ctx: Any) -> Path:
@@ -153,6 +156,30 @@ def _has_checkpoint_action(ctx: Any, component: str) -> bool:
     return any(a.type == "checkpoint" and a.component == component for a in plan.actions)
 
 
+def _saves_every_component(store: Any) -> bool:
+    """Whether this store was written by a runtime that saves every component
+    at every boundary (its checkpoints say so in their meta)."""
+    try:
+        return any(info.meta.get("every_component") for info in store.info())
+    except CheckpointError:
+        return False
+
+
+def _required(everyone: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks whose component must hold the restored step."""
+    with_steps = [e for e in everyone if e["steps"]]
+    if any(e["every"] for e in with_steps):
+        return everyone  # a component without that step would start inexact: not a candidate
+    # A run directory from before: the components with `checkpoint` actions decide.
+    return [e for e in with_steps if e["required"]] or with_steps
+
+
+def restored_pipeline(ctx: Any) -> Any:
+    """The executor's pipeline state of the checkpoint this rank restored (None: none)."""
+    slot = _SLOTS.get((ctx.component, ctx.comp_rank))
+    return slot.pipeline if slot is not None else None
+
+
 def _world_allgather(ctx: Any, value: Any) -> list[Any]:
     coll = getattr(ctx, "world_collective", None)  # the public run API's (torch or MPI)
     if coll is not None:
@@ -196,15 +223,18 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
             "preempt", deadline=True, code=code, budget_s=budget,
             message="grace time over before the agreement/checkpoint finished; "
                     "the newest complete checkpoint stays the restore point"))
-    if limit is not None and restarts > limit:
-        raise RuntimeFailure(
-            f"component {ctx.component}: restart {restarts} exceeds preemption.max_restarts={limit}",
-            hint="the checkpoints are kept; raise preemption.max_restarts or resubmit to continue")
+    over = attempts.preemption_budget_error(ctx.run_dir, restarts, getattr(ctx.plan, "preemption", None)) \
+        if limit is not None else None
+    if over:
+        raise RuntimeFailure(f"component {ctx.component}: {over}",
+                             hint="the checkpoints are kept; raise preemption.max_preemptions (null = unlimited) "
+                                  "or resubmit to continue")
+    steps = slot.store.steps()
     mine = {"component": ctx.component, "required": _has_checkpoint_action(ctx, ctx.component),
-            "steps": slot.store.steps()}
+            "steps": steps, "every": bool(steps) and _saves_every_component(slot.store)}
     everyone = _world_allgather(ctx, mine)
-    with_steps = [e for e in everyone if e["steps"]]
-    required = [e for e in with_steps if e["required"]] or with_steps
+    required = _required(everyone)
+    need = any(e["component"] == ctx.component for e in required)
     candidates: set[int] | None = None
     for comp in {e["component"] for e in required}:
         steps = set.intersection(*(set(e["steps"]) for e in required if e["component"] == comp))
@@ -214,7 +244,6 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     chosen = None
     live: dict[str, Any] | None = None  # the workload's state, taken once: restore decodes into it
     for step in sorted(candidates or (), reverse=True):
-        need = mine["required"] or not any(e["required"] for e in with_steps)
         value, problem = None, None
         if step in mine["steps"] or need:
             try:
@@ -237,7 +266,10 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
                 "no checkpoint could be restored: " + " | ".join(f"step {s}: {w}" for s, w in skipped),
                 hint="inspect with `hetrun ckpt verify RUN`")
         if restarts:
+            anyone = any(e["steps"] for e in everyone)
             log.emit("restore", step=None, iteration=0, restart_count=restarts, max_restarts=limit,
+                     restored_state=False,
+                     fresh_reason=("no step that every component saved" if anyone else "no checkpoint yet"),
                      message="restarted, but no checkpoint yet: starting from the beginning",
                      work_lost=(lost_before + 1) if lost_before is not None else None)
         log.close()
@@ -258,9 +290,14 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint step {step} of {ctx.component} lacks workload/rng state ({exc})") from exc
         restored_state = True
+        slot.pipeline = value.get("pipeline")
+    fresh = None if restored_state else (
+        "component had no checkpoints (old run directory)" if not mine["steps"]
+        else f"component had no checkpoint at step {step} (old run directory)")
     slot.last_step = step
     log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
-             restored_state=restored_state, seconds=round(time.perf_counter() - t0, 4), entered=entered,
+             restored_state=restored_state, **({"fresh_reason": fresh} if fresh else {}),
+             seconds=round(time.perf_counter() - t0, 4), entered=entered,
              agreed=agreed, loaded=loaded,  # wall clock: the step agreed; the workload took its state
              # CPU seconds this rank used since it started: with ranks sharing
              # cores, it tells waiting (a core given away) from working.
@@ -272,8 +309,11 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
     return iteration
 
 
-def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
-    """Snapshot now, write in the background; returns what the event should say."""
+def save_checkpoint(ctx: Any, workload: Any, iteration: int, pipeline: Any = None) -> dict[str, Any]:
+    """Snapshot now, write in the background; returns what the event should say.
+
+    ``pipeline``: the executor's in-flight state (stored as ``pipeline``).
+    """
     from hetrun.runtime.ckpt.state import capture_rng
 
     slot = _slot(ctx)
@@ -290,10 +330,11 @@ def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
             info["skipped"] = "already saved at this iteration"
             return info
     meta = {"iteration": iteration, "component": ctx.component, "restart_count": restart_count(),
-            "reason": preempt.stop_reason() or "interval"}
+            "reason": preempt.stop_reason() or "interval", "every_component": True}
+    extra = {"pipeline": pipeline} if pipeline is not None else {}
     encoding = optimizer_encoding(ctx)
     if encoding == "exact":
-        state = {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration}
+        state = {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration, **extra}
         info["stall_s"] = round(slot.writer.save(iteration, state, meta), 6)
     else:
         # Training waits only for a copy; 4-bit encoding (seconds for a large
@@ -302,7 +343,8 @@ def save_checkpoint(ctx: Any, workload: Any, iteration: int) -> dict[str, Any]:
         snapshot = _detached_copy(workload.state_dict())
         rng = capture_rng()
         slot.encoder = threading.Thread(
-            target=_encode_and_save, args=(slot, iteration, snapshot, rng, meta, encoding),
+            target=_encode_and_save, args=(slot, iteration, snapshot, rng, meta, encoding,
+                                           _detached_copy(extra)),
             name="ckpt-lossy-encode", daemon=True)
         slot.encoder.start()
         info["lossy"] = True
@@ -336,7 +378,7 @@ def _detached_copy(tree: Any) -> Any:
 
 
 def _encode_and_save(slot: _Slot, iteration: int, snapshot: Any, rng: Any,
-                     meta: dict[str, Any], encoding: str) -> None:
+                     meta: dict[str, Any], encoding: str, extra: dict[str, Any]) -> None:
     from hetrun.runtime.ckpt.lossy import encode_state, lossy_meta
 
     try:
@@ -344,7 +386,7 @@ def _encode_and_save(slot: _Slot, iteration: int, snapshot: Any, rng: Any,
         tree, encoded = encode_state(snapshot, encoding)
         slot.encode_s = time.perf_counter() - t0
         meta = {**meta, **lossy_meta(encoded), "encode_s": round(slot.encode_s, 4)}
-        slot.writer.save(iteration, {"workload": tree, "rng": rng, "iteration": iteration}, meta)
+        slot.writer.save(iteration, {"workload": tree, "rng": rng, "iteration": iteration, **extra}, meta)
     except BaseException as exc:  # reported by the next save / flush; training goes on
         slot.encode_error = f"lossy checkpoint encoding failed at iteration {iteration}: {exc!r}"
 

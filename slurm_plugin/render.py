@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetrun.dag.budgets import Budgets
 from hetrun.dag.errors import SpecError
 
 from . import quoting
@@ -103,7 +104,7 @@ class SlurmOptions:
     extra_component: tuple[str, ...]
     signal: str
     grace_seconds: int
-    max_restarts: int
+    budgets: Budgets
 
 
 def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
@@ -127,10 +128,12 @@ def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
     if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 65535:
         raise SpecError(f"expected 0..65535 seconds, got {grace!r}",
                         key_path="preemption.grace_seconds", value=grace)
-    max_restarts = _field(pre, "max_restarts", 3)
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise SpecError(f"expected an integer >= 0, got {max_restarts!r}",
-                        key_path="preemption.max_restarts", value=max_restarts)
+    limits = {}
+    for key in ("max_preemptions", "max_restarts", "max_failures"):
+        value = _field(pre, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpecError(f"expected an integer >= 0, got {value!r}", key_path=f"preemption.{key}", value=value)
+        limits[key] = value
     return SlurmOptions(
         partition=opt("partition", quoting.partition),
         account=opt("account", quoting.slurm_name),
@@ -141,7 +144,7 @@ def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
         extra_component=tuple(extra_comp),
         signal=signal,
         grace_seconds=grace,
-        max_restarts=max_restarts,
+        budgets=Budgets.from_preemption(limits),
     )
 
 
@@ -186,7 +189,11 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
     """
     logs = quoting.sbatch_path(run_dir / "logs", "log directory")
     runtime = [python, "-m", "hetrun.runtime", str(run_dir)]
-    words = ["srun", "--mpi=pmix", "--kill-on-bad-exit=0"]
+    # A rank that dies (or exits non-zero, before MPI_Init included) ends the
+    # step at once: its peers would otherwise wait in a collective until
+    # HETRUN_COLLECTIVE_TIMEOUT. The runtime meets its peers after flushing a
+    # checkpoint before it exits 85/143, so this never cuts a save short.
+    words = ["srun", "--mpi=pmix", "--kill-on-bad-exit=1"]
     if len(components) == 1:
         return [*words, f"--output={logs}/{components[0]}-%j-%t.out", *runtime]
     for i, name in enumerate(components):
@@ -251,11 +258,43 @@ def _het_job_ids(n: int) -> str:
     return '"' + ",".join(f"${{SLURM_JOB_ID_HET_GROUP_{i}:-$SLURM_JOB_ID}}" for i in range(n)) + '"'
 
 
-def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = None) -> str:
+def _postmortem_lines(opts: SlurmOptions, hetrun_python: str) -> list[str]:
+    """After srun: name dead ranks, write attempt_end, apply the budgets, requeue or end.
+
+    ``hetrun.slurm_plugin.postmortem`` decides (the local supervisor applies the
+    same rules in-process); if it cannot run, exit 85 still requeues.
+    """
+    b = opts.budgets
+    limit = "none" if b.max_preemptions is None else str(b.max_preemptions)
+    postmortem = quoting.sh_join([
+        hetrun_python, "-m", "hetrun.slurm_plugin.postmortem", "--launcher", "srun",
+        "--max-preemptions", limit, "--max-failures", str(b.max_failures), "--preemption-key", b.preemption_key,
+    ])
+    return [
+        'cat "$_hetrun_srun_log" >&2 2>/dev/null',
+        f'_hetrun_next=$({postmortem} --exit-code "$_hetrun_rc" --signal "$_hetrun_sig" \\',
+        '    --restart "${SLURM_RESTART_COUNT:-0}" --log "$_hetrun_srun_log" "$HETRUN_RUN_DIR")',
+        f'if [ -z "$_hetrun_next" ] && [ "$_hetrun_rc" -eq {REQUEUE_EXIT_CODE} ]; then _hetrun_next=requeue; fi',
+        "# After SIGTERM (preemption) Slurm requeues the job itself.",
+        'if [ "$_hetrun_next" = requeue ] && [ "$_hetrun_sig" != TERM ]; then',
+        '    echo "hetrun: requeueing job $SLURM_JOB_ID (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))" >&2',
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+        '    echo "hetrun: scontrol requeue $SLURM_JOB_ID failed" >&2',
+        "fi",
+        'exit "$_hetrun_rc"',
+        "",
+    ]
+
+
+def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = None,
+                  hetrun_python: str | None = None) -> str:
     """The sbatch script for ``plan`` (a ``Plan`` or its JSON dict) and ``spec``
     (a ``JobSpec`` or dict), running in ``run_dir`` (absolute).
 
-    ``python`` defaults to ``sys.executable``; golden tests pass a fixed one.
+    ``python`` (the ranks' interpreter) defaults to ``sys.executable``;
+    ``hetrun_python`` runs hetrun's own post-mortem in the batch shell and
+    defaults to ``sys.executable`` (``python`` may be a test's stand-in).
+    Golden tests pass fixed ones.
     """
     plan_d = _as_plan_dict(plan)
     if not run_dir.is_absolute():
@@ -266,7 +305,8 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     opts = slurm_options(spec, plan_d)
     env = _env(spec, plan_d)
     py = python or sys.executable
-    if not py:
+    hetrun_py = hetrun_python or sys.executable
+    if not py or not hetrun_py:
         raise ValueError("no Python interpreter path (sys.executable is empty)")
 
     out: list[str] = [
@@ -314,8 +354,11 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     body += [
         "",
         "_hetrun_pid=''",
+        "_hetrun_sig=''",
         "_hetrun_forward() {",
-        "    # srun passes the signal on to every task; the runtime checkpoints and exits 85.",
+        "    # srun passes the signal on to every task; the runtime checkpoints and exits 85",
+        "    # (143 after SIGTERM). The post-mortem records which signal it was.",
+        '    _hetrun_sig=$1',
         '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
         "}",
     ]
@@ -324,8 +367,10 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     body += [
         "",
         "export HETRUN_SRUN_START=${EPOCHREALTIME:-}",
+        "# srun's own messages (which task died, how) for the post-mortem; copied to this log after.",
+        '_hetrun_srun_log="$HETRUN_RUN_DIR/logs/srun-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}.err"',
         # In the background so the shell can run its traps while srun runs.
-        f"{srun} &",
+        f'{srun} 2>"$_hetrun_srun_log" &',
         "_hetrun_pid=$!",
         f"_hetrun_watchdog {_het_job_ids(len(comps))} &",
         "_hetrun_watch=$!",
@@ -345,17 +390,6 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "fi",
         'kill "$_hetrun_watch" 2>/dev/null',
         'if [ -s "$_hetrun_stuck" ]; then _hetrun_rc=$(cat "$_hetrun_stuck"); fi',
-        f'if [ "$_hetrun_rc" -eq {REQUEUE_EXIT_CODE} ]; then',
-        f'    if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {opts.max_restarts} ]; then',
-        '        echo "hetrun: runtime checkpointed; requeueing job $SLURM_JOB_ID '
-        '(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of ' + str(opts.max_restarts) + ')" >&2',
-        '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
-        '        echo "hetrun: scontrol requeue $SLURM_JOB_ID failed" >&2',
-        "    else",
-        f'        echo "hetrun: preemption.max_restarts ({opts.max_restarts}) reached; not requeueing" >&2',
-        "    fi",
-        "fi",
-        'exit "$_hetrun_rc"',
-        "",
     ]
+    body += _postmortem_lines(opts, hetrun_py)
     return "\n".join(out + body)

@@ -30,6 +30,7 @@ PLAN_JSON = "plan.json"
 SCRIPT = "hetjob.sbatch"
 LOGS = "logs"
 RUNS_ENV = "HETRUN_RUNS"
+EVENTS = "events.jsonl"
 
 
 
@@ -229,3 +230,40 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.5) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def append_event(run_dir: Path, ev: str, **fields: Any) -> dict[str, Any]:
+    """Append one ``{"ev": ev, ..., "t": now}`` line to events.jsonl, the way the
+    runtime's EventLog does (one O_APPEND write, so lines never interleave).
+
+    The Slurm side (batch script post-mortem, local supervisor) writes
+    ``rank_failure`` and ``attempt_end`` with it without importing the runtime.
+    """
+    record = {"ev": ev, **fields}
+    record.setdefault("t", time.time())
+    data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
+    fd = os.open(run_dir / EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return record
+
+
+def events_of(run_dir: Path, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The events.jsonl records whose ``ev`` is one of ``kinds`` (a truncated or
+    corrupt line is skipped, as every reader of the file does)."""
+    needles = [json.dumps(k).encode() for k in kinds]
+    out = []
+    try:
+        with (run_dir / EVENTS).open("rb") as fh:
+            for raw in fh:
+                if not any(n in raw for n in needles):
+                    continue
+                with contextlib.suppress(ValueError):
+                    rec = json.loads(raw)
+                    if isinstance(rec, dict) and rec.get("ev") in kinds:
+                        out.append(rec)
+    except FileNotFoundError:
+        pass
+    return out

@@ -26,7 +26,7 @@ PYTHON = "/usr/bin/python3"
 
 def _render(path: Path) -> str:
     spec = load_spec(path)
-    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON)
+    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON, hetrun_python=PYTHON)
 
 
 def test_every_example_has_a_golden_file() -> None:
@@ -74,7 +74,7 @@ def _spec(**changes: object) -> object:
 
 
 def _script(spec: object) -> str:
-    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON)  # type: ignore[arg-type]
+    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON, hetrun_python=PYTHON)  # type: ignore[arg-type]
 
 
 def _blocks(script: str) -> list[list[str]]:
@@ -117,7 +117,16 @@ def test_srun_runs_the_runtime_on_every_het_group_and_requeues_on_85() -> None:
     assert "trap '_hetrun_forward USR1' USR1" in script
     assert "trap '_hetrun_forward TERM' TERM" in script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
-    assert '[ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]' in script
+    # A dead rank ends the step; the post-mortem gets the budgets (old max_restarts = max_preemptions).
+    assert "--kill-on-bad-exit=1" in srun
+    assert "--max-preemptions 2 --max-failures 0 --preemption-key max_restarts" in script
+
+
+def test_budgets_reach_the_post_mortem_and_default_to_unlimited_preemptions() -> None:
+    script = _script(_spec(preemption={"signal": "USR1", "grace_seconds": 90, "max_failures": 2}))
+    assert "--max-preemptions none --max-failures 2 --preemption-key max_preemptions" in script
+    with pytest.raises(SpecError, match="max_restarts"):
+        _spec(preemption={"max_restarts": 1, "max_preemptions": 1})
     # env sorted, quoted
     assert script.index("export A=1") < script.index("export B=2")
 

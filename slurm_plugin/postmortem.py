@@ -1,0 +1,275 @@
+"""After an attempt's ranks have all ended: who died, how the attempt ended, requeue or not.
+
+Run by the batch script once srun returns
+(``python -m hetrun.slurm_plugin.postmortem RUN_DIR --launcher srun ...``) and
+called in-process by the local supervisor after mpirun returns. It
+
+- names each dead rank from the launcher's own report (srun:
+  ``srun: error: n3: task 1: Killed``, where the task number counts within its
+  het group; mpirun: ``process rank 2 with PID ... exited on signal 9``) and
+  the ranks' ``start`` events, and appends one ``rank_failure`` line per dead
+  rank (unless the runtime already wrote its own for an exception);
+- decides the attempt's outcome (done / preempted / time_limit / failed /
+  cancelled) from the ranks' ``exit`` events first, then the signal the batch
+  shell trapped and the launcher's exit code;
+- applies the budgets (``hetrun.dag.budgets``) and appends exactly one
+  ``attempt_end`` line saying whether the run is requeued.
+
+It imports no runtime code and no torch: it must start in a fraction of a
+second inside Slurm's grace time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.budgets import Budgets, count_attempts, should_requeue
+
+from .rundir import PLAN_JSON, append_event, events_of
+
+REQUEUE_EXIT_CODE = 85
+TERM_EXIT_CODE = 128 + signal.SIGTERM
+# srun and Open MPI print strsignal()'s words ("Killed", "Segmentation fault").
+_SIGNAL_BY_TEXT = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
+_SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+?)\s*$")
+# Lines after which srun reports the peers it ended itself, not deaths.
+_SRUN_ABORTING = ("_step_signal: Terminating", "CANCELLED AT", "Job step aborted")
+_MPIRUN_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) "
+                            r"exited on signal (?P<sig>\d+)")
+_MPIRUN_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]\s*Exit code:\s*(?P<code>\d+)")
+
+
+@dataclass
+class Death:
+    """One dead rank; ``task`` is srun's task number within its het group."""
+
+    rank: int | None = None
+    component: str | None = None
+    node: str | None = None
+    signal: str | None = None
+    exit_code: int | None = None
+    message: str = ""
+    task: int | None = None
+
+
+def _task_numbers(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_srun(text: str) -> list[Death]:
+    """Deaths srun reported before it began ending the step itself."""
+    deaths = []
+    for line in text.splitlines():
+        if any(marker in line for marker in _SRUN_ABORTING):
+            break
+        m = _SRUN_TASK.search(line)
+        if not m:
+            continue
+        what = m["what"]
+        code = re.fullmatch(r"Exited with exit code (\d+)", what)
+        for task in _task_numbers(m["tasks"]):
+            deaths.append(Death(node=m["node"], task=task, message=line.strip(),
+                                exit_code=int(code[1]) if code else None,
+                                signal=None if code else _SIGNAL_BY_TEXT.get(what, what)))
+    return deaths
+
+
+def parse_mpirun(text: str) -> list[Death]:
+    """The rank Open MPI's mpirun names as the first to die (signal or exit code)."""
+    deaths = []
+    for m in _MPIRUN_SIGNAL.finditer(text):
+        sig = int(m["sig"])
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else f"signal {sig}"
+        deaths.append(Death(rank=int(m["rank"]), node=m["node"], signal=name, message=" ".join(m[0].split())))
+    for m in _MPIRUN_EXIT.finditer(text):
+        deaths.append(Death(rank=int(m["rank"]), exit_code=int(m["code"]),
+                            message=f"rank {m['rank']} exited with code {m['code']}"))
+    return deaths
+
+
+@dataclass
+class Attempt:
+    """What the run directory says about one attempt (restart count ``restart``)."""
+
+    run_dir: Path
+    restart: int
+    components: list[tuple[str, int]]  # (name, ranks) in rank order
+    preemption: dict[str, Any]
+    starts: dict[int, dict[str, Any]]
+    exits: dict[int, int]
+    runtime_failures: int
+
+    @classmethod
+    def read(cls, run_dir: Path, restart: int) -> Attempt:
+        try:
+            plan = json.loads((run_dir / PLAN_JSON).read_text())
+        except FileNotFoundError:  # a bare script run by hand: no ranks to name
+            plan = {"components": []}
+        comps = [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
+                 for c in plan["components"]]
+        starts: dict[int, dict[str, Any]] = {}
+        exits: dict[int, int] = {}
+        failures = 0
+        for rec in events_of(run_dir, ("start", "exit", "rank_failure")):
+            if rec["ev"] == "start" and rec.get("restart_count", 0) == restart:
+                starts[int(rec["rank"])] = rec
+            elif rec["ev"] == "exit" and rec.get("restart_count") == restart and isinstance(rec.get("code"), int):
+                exits[int(rec["rank"])] = rec["code"]
+            elif rec["ev"] == "rank_failure" and rec.get("restart_count") == restart \
+                    and rec.get("detected_by") == "runtime":
+                failures += 1
+        return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures)
+
+    @property
+    def size(self) -> int:
+        return sum(n for _, n in self.components)
+
+    def component_of(self, rank: int) -> str | None:
+        start = 0
+        for name, n in self.components:
+            if start <= rank < start + n:
+                return name
+            start += n
+        return None
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.split()
+
+
+def _srun_rank(death: Death, attempt: Attempt, env: Mapping[str, str]) -> int | None:
+    """The global rank of srun's (node, task within its het group)."""
+    hits = [r for r, s in attempt.starts.items()
+            if s.get("node") == death.node and s.get("comp_rank") == death.task]
+    if len(hits) == 1:
+        return hits[0]
+    # Died before its start event (start-up): the group's nodes, block distribution.
+    first = 0
+    for g, (_name, ntasks) in enumerate(attempt.components):
+        nodes = _hostnames(env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{g}") or env.get("SLURM_JOB_NODELIST", ""))
+        per_node = -(-ntasks // max(1, len(nodes))) if nodes else 0
+        if death.task is not None and death.task < ntasks and per_node \
+                and nodes[min(death.task // per_node, len(nodes) - 1)] == death.node:
+            hits.append(first + death.task)
+        first += ntasks
+    return hits[0] if len(hits) == 1 else None
+
+
+def name_deaths(deaths: Sequence[Death], attempt: Attempt, env: Mapping[str, str]) -> list[Death]:
+    """Fill in rank, component and node of each death (None where it cannot be told)."""
+    for d in deaths:
+        if d.rank is None and d.task is not None:
+            d.rank = _srun_rank(d, attempt, env)
+        if d.rank is not None:
+            d.component = attempt.component_of(d.rank)
+            start = attempt.starts.get(d.rank)
+            if start and start.get("node"):
+                d.node = start["node"]
+    return list(deaths)
+
+
+def outcome(attempt: Attempt, exit_code: int, trapped: str | None) -> str:
+    """How the attempt ended: the ranks' own exit events first (srun may kill a
+    rank that was about to exit 85 itself), then the trapped signal and code."""
+    codes = set(attempt.exits.values())
+    by_code = {0: "done", REQUEUE_EXIT_CODE: "time_limit", TERM_EXIT_CODE: "preempted"}
+    if len(attempt.exits) == attempt.size and len(codes) == 1 and next(iter(codes)) in by_code:
+        return by_code[next(iter(codes))]
+    if trapped == "TERM":
+        return "preempted"
+    if exit_code == 0:
+        return "done"
+    if exit_code == REQUEUE_EXIT_CODE:
+        return "time_limit"
+    return "failed"
+
+
+def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str, log_text: str,
+                   trapped: str | None = None, forced: str | None = None, forced_reason: str = "",
+                   budgets: Budgets | None = None,
+                   env: Mapping[str, str] | None = None) -> tuple[bool, dict[str, Any]]:
+    """Write the attempt's ``rank_failure`` lines and its ``attempt_end``;
+    return (requeue?, the attempt_end record). ``forced``: an outcome the caller
+    knows (the local supervisor: cancelled, or a requeue it was asked for);
+    ``budgets`` default to plan.json's ``preemption`` section."""
+    attempt = Attempt.read(run_dir, restart)
+    result = forced or outcome(attempt, exit_code, trapped)
+    deaths: list[Death] = []
+    if result == "failed":
+        parsed = parse_srun(log_text) if launcher == "srun" else parse_mpirun(log_text)
+        deaths = name_deaths(parsed, attempt, env or {})
+        if not attempt.runtime_failures:  # else the runtime named the rank that raised
+            for d in deaths:
+                fields = {k: v for k, v in asdict(d).items() if k != "task"}
+                append_event(run_dir, "rank_failure", **fields, detected_by=launcher, restart_count=restart)
+    previous = events_of(run_dir, ("attempt_end",))
+    this = {"ev": "attempt_end", "restart_count": restart, "outcome": result}
+    counts = count_attempts([*previous, this], restart_count=restart)
+    requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
+    reason = forced_reason or why
+    if deaths:
+        reason = "; ".join(_describe(d) for d in deaths) + f" ({why})"
+    record = append_event(run_dir, "attempt_end", restart_count=restart, outcome=result, requeued=requeue,
+                          exit_code=exit_code, reason=reason, launcher=launcher, signal=trapped,
+                          failed_ranks=[d.rank for d in deaths])
+    return requeue, record
+
+
+def _describe(d: Death) -> str:
+    how = f"signal {d.signal}" if d.signal else f"exit code {d.exit_code}"
+    who = f"rank {d.rank}" if d.rank is not None else "a rank"
+    return f"{who} ({d.component or '?'}) on {d.node or '?'} died: {how}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    p = argparse.ArgumentParser(prog="python -m hetrun.slurm_plugin.postmortem", description=__doc__)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--launcher", choices=("srun", "mpirun"), default="srun")
+    p.add_argument("--exit-code", type=int, required=True, help="the launcher's exit status")
+    p.add_argument("--signal", default="", help="the signal the batch shell trapped (USR1, TERM), if any")
+    p.add_argument("--restart", type=int, default=0, help="SLURM_RESTART_COUNT of this attempt")
+    p.add_argument("--log", type=Path, help="the launcher's stderr of this attempt")
+    p.add_argument("--max-preemptions", default="none", help="preemption.max_preemptions (none: unlimited)")
+    p.add_argument("--max-failures", type=int, default=0, help="preemption.max_failures")
+    p.add_argument("--preemption-key", default="max_preemptions", choices=("max_preemptions", "max_restarts"),
+                   help="the spec key the preemption limit came from (for messages)")
+    args = p.parse_args(argv)
+    limit = None if args.max_preemptions == "none" else int(args.max_preemptions)
+    budgets = Budgets(limit, args.max_failures, args.preemption_key)
+    text = ""
+    if args.log is not None and args.log.is_file():
+        text = args.log.read_text(errors="replace")
+    try:
+        requeue, rec = finish_attempt(args.run_dir.resolve(), restart=args.restart, exit_code=args.exit_code,
+                                      launcher=args.launcher, log_text=text, trapped=args.signal or None,
+                                      budgets=budgets, env=os.environ)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.stderr.write(f"hetrun: post-mortem of {args.run_dir} failed: {exc}\n")
+        return 1
+    sys.stderr.write(f"hetrun: attempt {args.restart} ended: {rec['outcome']}: {rec['reason']}\n")
+    print("requeue" if requeue else "end")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
