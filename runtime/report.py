@@ -22,7 +22,7 @@ from typing import Any
 from hetrun.dag.errors import RunDirError
 
 from .events import EVENTS_FILE
-from .report_attempts import AttemptTracker, status_summary, total_work_lost
+from .report_attempts import Attempt, AttemptTracker, status_summary, total_work_lost
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_timeline import Timeline
@@ -261,13 +261,26 @@ class _Collector:
         self.spans: dict[str, IntervalSet] = defaultdict(IntervalSet)
         self.tracker = AttemptTracker()
         self.timeline = Timeline()
+        self.cursors: dict[int, _Cursor] = {}
+        self.bad_lines = 0
 
     def feed(self, e: dict[str, Any]) -> None:
+        if e.get("ev") == "action":
+            cur = self.cursors.get(e.get("rank"))  # type: ignore[arg-type]
+            if cur is not None and cur.comp == e.get("component"):
+                try:
+                    self._action(e, cur)
+                except (TypeError, ValueError):
+                    self.bad_lines += 1  # a field of the wrong type (a hand-edited line): skipped
+                return
+        self._feed_any(e)
+
+    def _feed_any(self, e: dict[str, Any]) -> None:
+        """Every line but the common action case: the attempt tracker sees it too."""
         self.tracker.feed(e)
         t = event_time(e)
         if t is not None:
-            self.first = t if self.first is None else min(self.first, t)
-            self.last = t if self.last is None else max(self.last, t)
+            self._seen(t)
         rank = e.get("rank")
         if not isinstance(rank, int):
             return
@@ -275,13 +288,11 @@ class _Collector:
         if ev == "start":
             self._start(e, rank, comp)
             return
-        life = self.lives.setdefault((self.attempt_of_rank.get(rank, 0), comp, rank),
-                                     [float(t or 0), float(t or 0)])
+        cur = self._cursor(rank, comp, str(e.get("node", "?")), t)
         if t is not None:
-            life[1] = max(life[1], t)
-        row = self.ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
+            cur.life[1] = max(cur.life[1], t)
         if ev == "action":
-            self._action(e, row, comp)
+            self._action(e, cur, tracked=True)
         elif ev in ("checkpoint", "restore", "startup", "preempt", "error"):
             self.rare[ev].append(e)
         elif ev == "warning":
@@ -293,6 +304,25 @@ class _Collector:
         if ev in ("checkpoint", "restore", "error"):
             self.timeline.mark(rank, ev, t)
 
+    def _seen(self, t: float) -> None:
+        if self.first is None or t < self.first:
+            self.first = t
+        if self.last is None or t > self.last:
+            self.last = t
+
+    def _cursor(self, rank: int, comp: str, node: str, t: float | None) -> _Cursor:
+        """The rank's current attempt and component, cached so an action line costs a few updates."""
+        cur = self.cursors.get(rank)
+        attempt = self.attempt_of_rank.get(rank, 0)
+        if cur is not None and cur.comp == comp and cur.attempt_no == attempt:
+            return cur
+        row = self.ranks.setdefault((comp, rank), RankRow(comp, rank, node))
+        life = self.lives.setdefault((attempt, comp, rank), [float(t or 0), float(t or 0)])
+        cur = _Cursor(comp, attempt, row, life, self.spans[comp], self.iterations[comp],
+                      self.tracker.attempt_of(rank))
+        self.cursors[rank] = cur
+        return cur
+
     def _start(self, e: dict[str, Any], rank: int, comp: str) -> None:
         key = (e.get("job_id"), e.get("restart_count", 0))
         attempt = self.attempt_keys.setdefault(key, len(self.attempt_keys))
@@ -301,28 +331,60 @@ class _Collector:
             attempt = self.attempt_keys[(key, len(self.attempt_keys))] = len(self.attempt_keys)
         self.attempt_of_rank[rank] = attempt
         self.lives[(attempt, comp, rank)] = [float(e["time"]), float(e["time"])]
-        self.ranks.setdefault((comp, rank), RankRow(comp, rank, str(e.get("node", "?"))))
+        self._cursor(rank, comp, str(e.get("node", "?")), float(e["time"]))
         self.timeline.mark(rank, "start", float(e["time"]))
 
-    def _action(self, e: dict[str, Any], row: RankRow, comp: str) -> None:
-        start, end = float(e.get("start", 0) or 0), float(e.get("end", 0) or 0)
-        kind = str(e.get("type", "?"))
+    def _action(self, e: dict[str, Any], cur: _Cursor, tracked: bool = False) -> None:
+        # The hot path (nearly every line of a long run): locals and plain updates only.
+        start, end = e.get("start") or 0.0, e.get("end") or 0.0
+        if not tracked:
+            if self.last is None or end > self.last:
+                self.last = end
+            if self.first is None or end < self.first:
+                self.first = end
+            if end > cur.life[1]:
+                cur.life[1] = end
+            att = cur.attempt
+            if att.last_t is None or end > att.last_t:
+                att.last_t = end
+        kind = e.get("type", "?")
+        row = cur.row
+        it = e.get("iteration")
         if "part_of" not in e:
-            self.spans[comp].add(start, end)
+            cur.spans.add(start, end)
             self.timeline.add(row.rank, kind, start, end)
             row.actions += 1
-            row.busy_s += max(0.0, end - start)
+            if end > start:
+                row.busy_s += end - start
             row.by_type[kind] = row.by_type.get(kind, 0) + 1
             self.n_actions += 1
-        row.bytes += int(e.get("bytes", 0) or 0)
-        row.peak_mem = max(row.peak_mem, int(e.get("peak_mem", 0) or 0))
-        if isinstance(e.get("iteration"), int):
-            self.iterations[comp].add(e["iteration"])
+            if not tracked:
+                cur.attempt.action(cur.comp, it, start, end)
+        row.bytes += e.get("bytes") or 0
+        peak = e.get("peak_mem") or 0
+        if peak > row.peak_mem:
+            row.peak_mem = peak
+        if type(it) is int:
+            cur.iters.add(it)
         if kind == "rollout":
-            self.env_steps += int(e.get("steps", 0) or 0)
-        self.samples += int(e.get("samples", 0) or 0)
-        if isinstance(e.get("metrics"), dict) and e["metrics"]:
-            self.metrics[kind] = {"iteration": e.get("iteration"), **e["metrics"]}
+            self.env_steps += e.get("steps") or 0
+        self.samples += e.get("samples") or 0
+        metrics = e.get("metrics")
+        if metrics and isinstance(metrics, dict):
+            self.metrics[kind] = {"iteration": it, **metrics}
+
+
+@dataclass
+class _Cursor:
+    """What an action line of one rank updates, looked up once per (rank, attempt, component)."""
+
+    comp: str
+    attempt_no: int
+    row: RankRow
+    life: list[float]
+    spans: IntervalSet
+    iters: set[int]
+    attempt: Attempt
 
 
 def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, ComponentRow]:
@@ -396,7 +458,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         samples=col.samples, checkpoints=col.rare["checkpoint"], restores=col.rare["restore"],
         preempts=col.rare["preempt"],
         errors=sorted(col.rare["error"], key=lambda e: e.get("time", 0)), warnings=col.warnings,
-        metrics=col.metrics, exit_codes=dict(col.exit_codes), skipped_lines=stream.skipped,
+        metrics=col.metrics, exit_codes=dict(col.exit_codes), skipped_lines=stream.skipped + col.bad_lines,
         overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
         counts=counts.to_dict(), restart_history=history, outcome=col.tracker.outcome(),
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),

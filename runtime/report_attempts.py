@@ -124,6 +124,18 @@ class Attempt:
         self.first_t = t if self.first_t is None else min(self.first_t, t)
         self.last_t = t if self.last_t is None else max(self.last_t, t)
 
+    def action(self, comp: str, it: Any, start: float, end: float) -> None:
+        """An action of this attempt (not a fused part): first step, iterations done."""
+        if self.first_action_end is None or end < self.first_action_end:
+            self.first_action_end = end
+        if type(it) is not int:
+            return
+        if it > self.last_iteration.get(comp, -1):
+            self.last_iteration[comp] = it
+        starts = self.iteration_start[comp]
+        if start < starts.get(it, start + 1):
+            starts[it] = start
+
     def ended_at(self) -> float | None:
         return event_time(self.end) if self.end else self.last_t
 
@@ -160,7 +172,8 @@ class AttemptTracker:
                     a.start_t = _min(a.start_t, float(e[key]))
                     break
         elif ev == "action" and "part_of" not in e:
-            self._action(a, e)
+            a.action(str(e.get("component", "?")), e.get("iteration"), float(e.get("start") or 0.0),
+                     float(e.get("end") or 0.0))
         elif ev == "restore":
             a.restores.append(e)
         elif ev == "attempt_end":
@@ -172,20 +185,9 @@ class AttemptTracker:
         elif ev == "exit" and rank is not None:
             a.exits[rank] = _int(e.get("code")) if _int(e.get("code")) is not None else -1
 
-    @staticmethod
-    def _action(a: Attempt, e: dict[str, Any]) -> None:
-        end = e.get("end")
-        if isinstance(end, int | float):
-            a.first_action_end = _min(a.first_action_end, float(end))
-        it = _int(e.get("iteration"))
-        comp = str(e.get("component", "?"))
-        if it is None:
-            return
-        a.last_iteration[comp] = max(a.last_iteration.get(comp, it), it)
-        start = e.get("start")
-        if isinstance(start, int | float):
-            starts = a.iteration_start[comp]
-            starts[it] = min(starts.get(it, float(start)), float(start))
+    def attempt_of(self, rank: int) -> Attempt:
+        """The attempt a rank's next action lines belong to (its latest start)."""
+        return self._get(self._rank_attempt.get(rank, 0))
 
     def counts(self) -> AttemptCounts:
         return count_attempts(set(self.attempts), {k: a.end for k, a in self.attempts.items() if a.end})

@@ -18,6 +18,11 @@ from typing import Any
 
 from .events import EVENTS_FILE
 
+try:  # ~4x json's speed on event lines; the stdlib parser reads the same lines
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson is a dependency
+    _loads = json.loads
+
 
 def event_time(e: dict[str, Any]) -> float | None:
     """When an event happened: ``end`` for actions, else ``time`` (EventLog), else ``t``
@@ -56,8 +61,8 @@ class EventStream:
                 if self._needles is not None and not any(n in raw for n in self._needles):
                     continue
                 try:
-                    record = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                    record = _loads(raw)
+                except (ValueError, UnicodeDecodeError):
                     self.skipped += 1
                     continue
                 if not isinstance(record, dict):

@@ -21,6 +21,7 @@ class Timeline:
         self.width = first_width_s
         self.busy: dict[int, dict[str, array]] = {}
         self.marks: dict[int, list[tuple[float, str]]] = {}
+        self._limit = float("-inf")  # origin + width * BUCKETS: past it the width doubles
 
     def _fit(self, t: float) -> None:
         if self.origin is None:
@@ -31,20 +32,32 @@ class Timeline:
                 for arr in kinds.values():
                     merged = [arr[2 * i] + arr[2 * i + 1] for i in range(BUCKETS // 2)]
                     arr[:] = array("d", merged + [0.0] * (BUCKETS // 2))
+        self._limit = self.origin + self.width * BUCKETS
 
     def add(self, rank: int, kind: str, start: float, end: float) -> None:
         if end < start:
             return
-        self._fit(min(start, end) if self.origin is None else end)
-        assert self.origin is not None
-        arr = self.busy.setdefault(rank, {}).get(kind)
+        if self.origin is None:
+            self._fit(start)
+        if end >= self._limit:
+            self._fit(end)
+        kinds = self.busy.get(rank)
+        arr = kinds.get(kind) if kinds is not None else None
         if arr is None:
-            arr = self.busy[rank][kind] = array("d", [0.0] * BUCKETS)
-        a = max(0.0, start - self.origin)
-        b = max(a, end - self.origin)
-        i = int(a // self.width)
+            arr = self.busy.setdefault(rank, {})[kind] = array("d", [0.0] * BUCKETS)
+        w = self.width
+        a = start - self.origin
+        if a < 0.0:
+            a = 0.0
+        b = end - self.origin
+        if b <= a:
+            return
+        i = int(a // w)
+        if b < (i + 1) * w:  # the common case: inside one bucket
+            arr[i] += b - a
+            return
         while a < b and i < BUCKETS:
-            edge = (i + 1) * self.width
+            edge = (i + 1) * w
             arr[i] += min(b, edge) - a
             a = edge
             i += 1
