@@ -44,12 +44,12 @@ def _lua_table(items: dict[str, object], indent: str = "   ") -> str:
 
 def class_to_tier(policy: PolicySpec) -> dict[str, str]:
     """hetrun's action QoS classes onto the tiers: a class named like a tier is that
-    tier; otherwise critical -> the highest, high -> the second, low -> the lowest,
-    normal -> the default tier."""
+    tier; otherwise critical -> the highest, high -> the second of three or more
+    (else the highest), low -> the lowest, normal -> the default tier."""
     tiers = policy.tier_names
     if not tiers:
         return {}
-    fallback = {"critical": tiers[0], "high": tiers[min(1, len(tiers) - 1)],
+    fallback = {"critical": tiers[0], "high": tiers[1] if len(tiers) >= 3 else tiers[0],
                 "normal": policy.default_tier or tiers[-1], "low": tiers[-1]}
     return {c: (c if c in tiers else fallback[c]) for c in HETRUN_CLASSES}
 
