@@ -46,21 +46,32 @@ class SpecError(HetrunError):
         self.line = line
         self.column = column
         self.value = value
-        where = file or "<job spec>"
-        if line is not None:
-            where += f":{line}"
-            if column is not None:
-                where += f":{column}"
-        prefix = f"{where}: "
-        if key_path:
-            prefix += f"{key_path}: "
-        super().__init__(prefix + message, hint=hint)
+        super().__init__(_where(file or "<job spec>", line, column, key_path) + message, hint=hint)
+
+
+def _where(file: str | None, line: int | None, column: int | None, key_path: str | None) -> str:
+    """``file:line:col: key.path: `` (the parts that are known) in front of a message."""
+    where = file or ""
+    if file and line is not None:
+        where += f":{line}" + (f":{column}" if column is not None else "")
+    prefix = f"{where}: " if where else ""
+    return prefix + (f"{key_path}: " if key_path else "")
 
 
 class GraphError(HetrunError):
-    """The action graph is invalid (cycle, unsatisfiable resource profile...)."""
+    """The action graph is invalid (cycle, unsatisfiable resource profile...).
+
+    ``key_path`` names the job YAML key that caused it (``actions.forward.after``);
+    the planner adds the file, line and column of that key when it knows the file.
+    """
 
     exit_code = 2
+
+    def __init__(self, message: str, *, hint: str | None = None, key_path: str | None = None,
+                 file: str | None = None, line: int | None = None, column: int | None = None) -> None:
+        self.key_path, self.file, self.line, self.column = key_path, file, line, column
+        self.bare_message = message
+        super().__init__(_where(file, line, column, key_path) + message, hint=hint)
 
 
 class SlurmError(HetrunError):

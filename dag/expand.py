@@ -16,6 +16,8 @@ fuses this template.
 
 from __future__ import annotations
 
+import itertools
+
 from hetrun.dag.action import ActionGraph, Dep, ResourceProfile, TrainingAction
 from hetrun.dag.errors import GraphError
 from hetrun.dag.spec import ActionOverride, ComponentSpec, JobSpec
@@ -118,17 +120,32 @@ def _add_user_deps(spec: JobSpec, graph: ActionGraph) -> None:
         by_type.setdefault(a.action_type, []).append(a.id)
     for action_type, override in spec.actions.items():
         for before in override.after:
+            key = f"actions.{action_type}.after"
             if before == action_type:
                 raise GraphError(f"dependency cycle: {action_type} -> {action_type}",
-                                 hint=f"remove {before!r} from actions.{action_type}.after")
+                                 hint=f"remove {before!r} from {key}", key_path=key)
             if before not in by_type:
-                raise GraphError(f"actions.{action_type}.after names {before!r}, which this job does not run",
-                                 hint=_why_missing(before))
+                raise GraphError(f"{key} names {before!r}, which this job does not run",
+                                 hint=_why_missing(before), key_path=key)
             for aid in by_type.get(action_type, []):
                 action = graph[aid]
                 for bid in by_type.get(before, []):
                     if bid != aid and all(d.id != bid or d.lag != 0 for d in action.deps):
                         action.deps.append(Dep(bid, 0, "user"))
+    cycle = graph.find_cycle()
+    if cycle:
+        raise GraphError("dependency cycle: " + " -> ".join(cycle), key_path=_after_key(spec, graph, cycle),
+                         hint="remove one of these deps from actions.<type>.after")
+
+
+def _after_key(spec: JobSpec, graph: ActionGraph, cycle: list[str]) -> str | None:
+    """The ``actions.<type>.after`` list that closes ``cycle`` (a depends on b ...)."""
+    for a, b in itertools.pairwise(cycle):
+        ta, tb = graph[a].action_type, graph[b].action_type
+        override = spec.actions.get(ta)
+        if override is not None and tb in override.after:
+            return f"actions.{ta}.after"
+    return None
 
 
 def _why_missing(action_type: str) -> str:

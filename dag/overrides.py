@@ -75,17 +75,22 @@ def _parse_count(text: str, label: str, what: str) -> int:
     return int(text)
 
 
-def _set_path(data: dict[str, Any], path: list[str], value: Any, label: str) -> None:
+def _set_path(data: dict[str, Any], path: list[str], value: Any, label: str) -> KeyPath:
+    """Set ``path`` to ``value``; returns the shortest path this created or replaced, so
+    errors about anything under a mapping the override made are blamed on it."""
     node: Any = data
+    created: KeyPath | None = None
     for i, part in enumerate(path[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
+            created = created or tuple(path[: i + 1])
         if not isinstance(child, dict):
             raise _fail(label, f"{'.'.join(path[: i + 1])} is a {type(child).__name__}, not a mapping; "
                         f"cannot set {'.'.join(path)}")
         node = child
     node[path[-1]] = value
+    return created or tuple(path)
 
 
 def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[KeyPath, str]:
@@ -139,9 +144,10 @@ def apply_overrides(data: dict[str, Any], overrides: Overrides) -> dict[KeyPath,
         if bad is not None:
             raise _fail(label, f"key path {key!r} has an invalid part {bad!r}",
                         hint="dotted keys of letters, digits and _, e.g. components.learner.nodes")
+        if parts[0] == "components" and len(parts) > 2:
+            _component_named(data, parts[1], label)  # a typo here would create a component
         value = None if raw.strip() == "" else _parse_value(raw, label)
-        _set_path(data, parts, value, label)
-        touched[tuple(parts)] = label
+        touched[_set_path(data, parts, value, label)] = label
     return touched
 
 

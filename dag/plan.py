@@ -22,7 +22,7 @@ from hetrun.dag.action import (
     split_id,
 )
 from hetrun.dag.compile import MemoryEstimate, PassReport, compile_template, describe
-from hetrun.dag.errors import RunDirError
+from hetrun.dag.errors import GraphError, RunDirError
 from hetrun.dag.expand import expand
 from hetrun.dag.schedule import (
     Weights,
@@ -40,6 +40,7 @@ from hetrun.dag.spec import (
     SlurmSpec,
     TrainingSpec,
 )
+from hetrun.dag.spec_errors import locate_graph_error
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 PLAN_VERSION = 1
@@ -248,7 +249,21 @@ def build_plan_explained(
     weights: Weights | tuple[float, float] | None = None,
     capacities: Sequence[NodeCapacity] | None = None,
 ) -> PlanBuild:
-    """Plan ``spec`` and keep every intermediate graph for display."""
+    """Plan ``spec`` and keep every intermediate graph for display.
+
+    A ``GraphError`` caused by a job YAML key names that key's file:line:col.
+    """
+    try:
+        return _build(spec, weights, capacities)
+    except GraphError as exc:
+        raise locate_graph_error(exc, spec) from None
+
+
+def _build(
+    spec: JobSpec,
+    weights: Weights | tuple[float, float] | None,
+    capacities: Sequence[NodeCapacity] | None,
+) -> PlanBuild:
     if weights is None:
         w = Weights(spec.schedule.qos_weight, spec.schedule.util_weight)
     elif isinstance(weights, Weights):

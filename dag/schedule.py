@@ -63,22 +63,28 @@ def check_fits_rank(graph: ActionGraph, spec: JobSpec) -> None:
         comp = spec.components[a.component]
         p = a.resource_profile
         where = f"components.{a.component}"
-        problems = []
+        problems = []  # (message, the actions.<type> key that asks for it)
         if p.cpu > comp.cpus_per_task:
-            problems.append(f"{p.cpu} CPUs but a rank has cpus_per_task={comp.cpus_per_task}")
+            problems.append((f"{p.cpu} CPUs but a rank has cpus_per_task={comp.cpus_per_task}", "cpu"))
         if p.gpu > comp.gpus_per_task:
-            problems.append(f"{p.gpu} GPUs but a rank has {comp.gpus_per_task} "
-                            f"(gpus_per_node={comp.gpus_per_node}, tasks_per_node={comp.tasks_per_node})")
+            problems.append((f"{p.gpu} GPUs but a rank has {comp.gpus_per_task} "
+                             f"(gpus_per_node={comp.gpus_per_node}, tasks_per_node={comp.tasks_per_node})",
+                             "gpu"))
         if p.memory_mb > comp.mem_per_task_mb:
-            problems.append(f"{p.memory_mb} MB memory but a rank has {comp.mem_per_task_mb} MB "
-                            f"(mem={comp.mem} over {comp.tasks_per_node} tasks)")
+            problems.append((f"{p.memory_mb} MB memory but a rank has {comp.mem_per_task_mb} MB "
+                             f"(mem={comp.mem} over {comp.tasks_per_node} tasks)", "memory"))
         gpu_budget = comp.gpu_mem_per_task_mb
         if gpu_budget is not None and p.gpu_memory_mb > gpu_budget:
-            problems.append(f"{p.gpu_memory_mb} MB GPU memory but a rank has {gpu_budget} MB")
+            problems.append((f"{p.gpu_memory_mb} MB GPU memory but a rank has {gpu_budget} MB", "gpu_memory"))
         if problems:
+            # Blame the YAML key that asked for more than the component has.
+            override = spec.actions.get(a.action_type)
+            field = problems[0][1]
+            asked = override is not None and getattr(override, field) is not None
             raise GraphError(f"action {a.id!r} cannot run on a rank of component {a.component!r}: "
-                             + "; ".join(problems),
-                             hint=f"raise {where} resources or lower actions.{a.action_type} in the job YAML")
+                             + "; ".join(m for m, _ in problems),
+                             hint=f"raise {where} resources or lower actions.{a.action_type} in the job YAML",
+                             key_path=f"actions.{a.action_type}.{field}" if asked else where)
 
 
 def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[NodeCapacity]) -> None:

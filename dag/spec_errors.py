@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from hetrun.dag.errors import SpecError, closest
+from hetrun.dag.errors import GraphError, SpecError, closest
 from hetrun.dag.yaml_source import KeyPath, SourceDoc, format_path
 from pydantic import BaseModel, ValidationError
 
@@ -185,3 +185,27 @@ def translate_validation_error(
         message += f"\n  ... and {len(unique) - 6} more"
     return SpecError(message, file=file, key_path=format_path(first.path) or None, line=line,
                      column=col, value=first.value, hint=first.hint)
+
+
+# Where a loaded spec came from, kept on the JobSpec instance (outside its
+# fields, so equality and dumps ignore it) for errors found after validation.
+_SOURCE_ATTR = "_hetrun_source"
+
+
+def attach_source(spec: BaseModel, doc: SourceDoc, override_paths: dict[KeyPath, str]) -> None:
+    object.__setattr__(spec, _SOURCE_ATTR, (doc, dict(override_paths)))
+
+
+def locate_graph_error(err: GraphError, spec: BaseModel) -> GraphError:
+    """``err`` with the file:line:col (or the override) of its ``key_path``, when known."""
+    source = getattr(spec, _SOURCE_ATTR, None)
+    if source is None or err.key_path is None or err.file is not None:
+        return err
+    doc, override_paths = source
+    path: KeyPath = tuple(err.key_path.split("."))
+    label = _override_for(path, override_paths)
+    if label is not None:
+        return GraphError(err.bare_message, hint=err.hint, key_path=err.key_path, file=f"override {label}")
+    line, column = doc.mark_for(path)
+    return GraphError(err.bare_message, hint=err.hint, key_path=err.key_path, file=doc.file,
+                      line=line, column=column)

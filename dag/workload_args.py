@@ -38,8 +38,8 @@ def args_model_ref(workload: str) -> tuple[str, str]:
 @contextmanager
 def _job_dir_on_path(job_dir: Path | None) -> Iterator[None]:
     """The ranks put the job YAML's directory on sys.path (plan.json job_dir); so does planning."""
-    entry = str(job_dir.resolve()) if job_dir is not None else None
-    added = entry is not None and entry not in sys.path
+    entry = str(job_dir.resolve()) if job_dir is not None else ""
+    added = bool(entry) and entry not in sys.path
     if added:
         sys.path.insert(0, entry)
     try:

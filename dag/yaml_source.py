@@ -9,7 +9,9 @@ keys, non-UTF-8 bytes and huge numbers all become ``SpecError``.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ MAX_NODES = 200_000
 KeyPath = tuple[str | int, ...]
 
 _PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 # A plain scalar with an exponent and no dot (1e-3, 5E+2), which YAML 1.2 reads as a float.
 _EXP_FLOAT_RE = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 
@@ -96,12 +99,17 @@ class _Builder:
         return self._scalar(node, path)
 
     def _mapping(self, node: yaml.MappingNode, path: KeyPath, depth: int) -> dict[str, Any]:
+        own_pairs = sum(1 for key_node, _ in node.value if key_node.tag != _MERGE_TAG)
         try:
             self.constructor.flatten_mapping(node)  # resolves `<<: *base` merge keys
         except yaml.YAMLError as exc:
             raise self.fail(node, path, f"invalid merge key: {exc}") from None
+        # flatten_mapping puts the merged pairs first (the last of them wins), then the
+        # mapping's own pairs, which override merged ones: only an own key twice is a mistake.
+        merged_pairs = len(node.value) - own_pairs
         out: dict[str, Any] = {}
-        for key_node, value_node in node.value:
+        own_keys: set[str] = set()
+        for i, (key_node, value_node) in enumerate(node.value):
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, path, "a key must be a plain string, not a list or mapping")
             key = self._scalar(key_node, path)
@@ -109,12 +117,21 @@ class _Builder:
                 raise self.fail(key_node, path, f"key {key_node.value!r} is read as {type(key).__name__}, not a string",
                                 hint=f'quote it: "{key_node.value}"')
             key = key_node.value if not isinstance(key, str) else key
-            if key in out:
+            if key in own_keys:
                 raise self.fail(key_node, (*path, key), f"duplicate key {key!r}",
                                 hint="each key may appear once; remove one of them")
+            if i >= merged_pairs:
+                own_keys.add(key)
+            if key in out:  # a merged value overridden: its positions must not linger
+                self._forget((*path, key))
             out[key] = self.build(value_node, (*path, key), depth + 1)
             self.marks[(*path, key)] = (value_node.start_mark.line + 1, value_node.start_mark.column + 1)
         return out
+
+    def _forget(self, prefix: KeyPath) -> None:
+        n = len(prefix)
+        for p in [p for p in self.marks if p[:n] == prefix]:
+            del self.marks[p]
 
     def _scalar(self, node: yaml.ScalarNode, path: KeyPath) -> Any:
         try:
@@ -183,13 +200,36 @@ def parse_yaml_text(text: str, file: str) -> SourceDoc:
     return SourceDoc(data=data, file=file, marks=builder.marks)
 
 
+def _read_regular_file(path: Path, limit: int, name: str) -> bytes:
+    """At most ``limit`` bytes of ``path``, refusing anything but a regular file.
+
+    Opened non-blocking and checked with fstat before reading: a FIFO (or a
+    terminal, /dev/stdin, a socket) would otherwise block the command forever.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(name)
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device"
+                    if stat.S_ISCHR(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            raise SpecError(f"is {kind}, not a job YAML file", file=name,
+                            hint="give the path of a regular file (save piped YAML to a file first)")
+        with os.fdopen(fd, "rb", closefd=True) as fh:
+            fd = -1
+            return fh.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def read_yaml_file(path: str | Path) -> SourceDoc:
     """Read and parse a YAML file. Raises only ``SpecError`` (missing file, bad bytes, bad YAML)."""
     p = Path(path)
     name = str(path)
     try:
-        with p.open("rb") as fh:
-            raw = fh.read(MAX_FILE_BYTES + 1)
+        raw = _read_regular_file(p, MAX_FILE_BYTES + 1, name)
     except FileNotFoundError:
         raise SpecError("no such file", file=name, hint="check the path of the job YAML") from None
     except IsADirectoryError:

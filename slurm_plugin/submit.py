@@ -56,6 +56,40 @@ def _check_checkpoint_dir(spec: Any, run_dir: Path) -> None:
         quoting.safe_join(run_dir, directory, "checkpoint.directory")
 
 
+# Directories every compute node has its own copy of: what the submitting host
+# writes there, the ranks cannot see (the local cluster's slurmd run with a
+# private /tmp exactly like real nodes).
+NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/run")
+
+
+def _node_local_root(path: Path) -> str | None:
+    resolved = path.expanduser().resolve()
+    return next((r for r in NODE_LOCAL_ROOTS if resolved == Path(r) or Path(r) in resolved.parents), None)
+
+
+def _workload_in_job_dir(workload: str, job_dir: Path) -> bool:
+    """Whether ``module:Class`` is imported from the job YAML's directory (found by its
+    first module name, as sys.path order would: job_dir comes first on the ranks)."""
+    top = workload.partition(":")[0].split(".")[0]
+    return (job_dir / f"{top}.py").is_file() or (job_dir / top).is_dir()
+
+
+def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None) -> None:
+    """Refuse paths the Slurm nodes cannot see, before anything is queued."""
+    problems = [("the runs directory", runs_root_dir, "use --runs-dir (or $HETRUN_RUNS) on a shared file system")]
+    directory = spec.checkpoint.directory
+    if directory and Path(directory).is_absolute():
+        problems.append(("checkpoint.directory", Path(directory), "point checkpoint.directory at a shared file system"))
+    if job_dir is not None and _workload_in_job_dir(spec.workload, Path(job_dir)):
+        problems.append((f"the workload module of {spec.workload} (next to the job YAML)", Path(job_dir),
+                         "move the job YAML and its workload module to a shared directory"))
+    for what, path, fix in problems:
+        root = _node_local_root(path)
+        if root is not None:
+            raise RunDirError(f"{what} is {path}, under {root}, which is private to each Slurm node: "
+                              "the job's ranks would not find it", hint=fix + " (or use --backend local)")
+
+
 def resolve_job_dir(job_dir: str | Path) -> str:
     """The job YAML's directory as an absolute path the ranks can import workloads from."""
     path = Path(job_dir).expanduser().resolve()
@@ -98,6 +132,8 @@ def submit_spec(
         plan_d["job_dir"] = resolve_job_dir(job_dir)
     root = runs_root(runs_dir)
     quoting.sbatch_path(root, "runs directory")
+    if backend_obj.name != "local":
+        check_visible_to_nodes(spec, root, Path(job_dir) if job_dir is not None else None)
 
     for _ in range(16):
         run_dir = root / quoting.check_relative_part(new_run_name(spec.name), "name")

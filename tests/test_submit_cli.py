@@ -18,15 +18,33 @@ def hetrun(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str
                           cwd=cwd, env=full_env, timeout=120, check=False)
 
 
-def test_dry_run_prints_the_script_and_writes_nothing(tmp_path: Path) -> None:
+def test_dry_run_prints_the_script_and_writes_nothing(shared_tmp: Path) -> None:
+    # A shared directory: the sbatch backend refuses runs under /tmp (private to each node).
     proc = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "sbatch", "-p", "high", "-t", "00:10:00",
-                  cwd=tmp_path)
+                  cwd=shared_tmp)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("#!/bin/bash\n")
     assert "#SBATCH --partition=high" in proc.stdout and "#SBATCH --time=00:10:00" in proc.stdout
     assert "would run: sbatch --parsable " in proc.stderr
-    assert f"{tmp_path}/runs/ppo-cartpole-" in proc.stderr  # ./runs by default
-    assert list(tmp_path.iterdir()) == []
+    assert f"{shared_tmp}/runs/ppo-cartpole-" in proc.stderr  # ./runs by default
+    assert list(shared_tmp.iterdir()) == []
+
+
+def test_node_private_directories_are_refused_for_slurm_before_the_queue(tmp_path: Path, shared_tmp: Path) -> None:
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "sbatch", cwd=tmp_path)
+    assert bad.returncode == 4 and "private to each Slurm node" in bad.stderr and "/tmp" in bad.stderr
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "sbatch", "--runs-dir", str(shared_tmp),
+                 "--set", "checkpoint.directory=/dev/shm/ck", cwd=tmp_path)
+    assert bad.returncode == 4 and "checkpoint.directory is /dev/shm/ck" in bad.stderr
+    # A workload module next to a YAML under /tmp would not import on the nodes.
+    (tmp_path / "mine.py").write_text("")
+    job = tmp_path / "job.yaml"
+    job.write_text(EXAMPLE.read_text().replace("hetrun.examples.ppo:PPOWorkload", "mine:Work"))
+    bad = hetrun("submit", str(job), "--dry-run", "--backend", "sbatch", "--runs-dir", str(shared_tmp),
+                 cwd=tmp_path)
+    assert bad.returncode == 4 and "workload module of mine:Work" in bad.stderr, bad.stderr
+    ok = hetrun("submit", str(job), "--dry-run", "--backend", "local", "--runs-dir", str(tmp_path), cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_local_dry_run_shows_the_mpirun_launch(tmp_path: Path) -> None:
