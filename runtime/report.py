@@ -22,7 +22,7 @@ from typing import Any
 from hetrun.dag.errors import RunDirError
 
 from .events import EVENTS_FILE
-from .report_attempts import Attempt, AttemptTracker, status_summary, total_work_lost
+from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_timeline import Timeline
@@ -460,6 +460,6 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         errors=sorted(col.rare["error"], key=lambda e: e.get("time", 0)), warnings=col.warnings,
         metrics=col.metrics, exit_codes=dict(col.exit_codes), skipped_lines=stream.skipped + col.bad_lines,
         overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
-        counts=counts.to_dict(), restart_history=history, outcome=col.tracker.outcome(),
+        counts=counts_dict(counts), restart_history=history, outcome=col.tracker.outcome(),
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
     )

@@ -9,9 +9,10 @@ and the batch script / local supervisor write:
 - ``rank_failure``: which rank died, where, of what;
 - ``restore`` (every rank of a restarted attempt): what that rank restored.
 
-:func:`count_attempts` is THE count of restarts, preemptions and failures:
-``hetrun status``, ``hetrun report`` (and the runtime's budget check, if it
-imports it) all use it, so they cannot disagree. Never a claim the events do
+:func:`count_attempts` hands the lines to THE count of restarts, preemptions
+and failures (``hetrun.dag.budgets.count_attempts``, which the runtime's
+budget check and the batch script's post-mortem apply too): ``hetrun status``
+and ``hetrun report`` both call it, so they cannot disagree. Never a claim the events do
 not support: a component is "resumed at step S" only if every one of its
 ranks in that attempt wrote ``restored_state: true`` for S.
 """
@@ -23,29 +24,15 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hetrun.dag import budgets
+from hetrun.dag.budgets import UNKNOWN_CAUSE, AttemptCounts
+
 from .report_reader import EventStream, event_time
 
 # Event kinds the attempt history needs; ``hetrun status`` reads only these.
 COUNT_KINDS = ("start", "restore", "attempt_end", "rank_failure")
-UNKNOWN_CAUSE = "unknown (no attempt_end: node failure or manual requeue)"
 _CAUSE_TEXT = {"preempted": "preempted", "time_limit": "time limit", "failed": "failed",
                "cancelled": "cancelled", "done": "done"}
-
-
-@dataclass
-class AttemptCounts:
-    """How many times a run started again, and why (from ``attempt_end`` lines)."""
-
-    attempts: int = 0
-    restarts: int = 0
-    preemptions: int = 0  # outcome "preempted" (Slurm preemption)
-    time_limits: int = 0  # outcome "time_limit" (--signal before the limit, or a user's signal)
-    failures: int = 0  # outcome "failed" (a rank died or raised)
-    cancelled: int = 0
-    unknown: int = 0  # restarts whose previous attempt wrote no attempt_end
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 def _int(v: Any) -> int | None:
@@ -53,29 +40,16 @@ def _int(v: Any) -> int | None:
 
 
 def count_attempts(restart_counts: set[int], ends: dict[int, dict[str, Any]]) -> AttemptCounts:
-    """The one count: attempts seen (any line's ``restart_count``) and each attempt's end.
-
-    A restart whose previous attempt has no ``attempt_end`` counts as unknown.
-    The last attempt's own end counts too (a run that just failed has 1 failure).
-    """
+    """The one count (``hetrun.dag.budgets.count_attempts``, which the batch script's
+    post-mortem and the runtime's budget check apply too) for the attempts seen in the
+    events: the newest attempt's ``restart_count`` finds the restarts with no attempt_end."""
     seen = set(restart_counts) | set(ends)
-    if not seen:
-        return AttemptCounts()
-    restarts = max(seen)
-    c = AttemptCounts(attempts=restarts + 1, restarts=restarts)
-    for k in range(restarts + 1):
-        outcome = (ends.get(k) or {}).get("outcome")
-        if outcome == "preempted":
-            c.preemptions += 1
-        elif outcome == "time_limit":
-            c.time_limits += 1
-        elif outcome == "failed":
-            c.failures += 1
-        elif outcome == "cancelled":
-            c.cancelled += 1
-        elif k < restarts and outcome is None:
-            c.unknown += 1
-    return c
+    return budgets.count_attempts(ends.values(), restart_count=max(seen) if seen else None) \
+        if seen else AttemptCounts()
+
+
+def counts_dict(c: AttemptCounts) -> dict[str, int]:
+    return {**asdict(c), "preemption_like": c.preemption_like}
 
 
 def counts_of_run(run_dir: str | os.PathLike[str]) -> AttemptCounts:

@@ -15,8 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hetrun.runtime.attempts import attempt_counts
 from hetrun.runtime.report import build_report
-from hetrun.runtime.report_attempts import count_attempts, counts_of_run, status_summary
+from hetrun.runtime.report_attempts import (
+    count_attempts,
+    counts_dict,
+    counts_of_run,
+    status_summary,
+)
 
 COMPS = (("learner", 0, "n1"), ("rollout", 1, "n2"), ("rollout", 2, "n3"))
 
@@ -98,7 +104,7 @@ def test_two_preemptions_then_done(tmp_path: Path) -> None:
 
     rep = build_report(w.dir)
     assert rep.counts == {"attempts": 3, "restarts": 2, "preemptions": 2, "time_limits": 0,
-                          "failures": 0, "cancelled": 0, "unknown": 0}
+                          "failures": 0, "unknown": 0, "preemption_like": 2}
     first, second = rep.restart_history
     assert (first["cause"], first["cause_text"]) == ("preempted", "preempted")
     # queue wait: from the attempt_end (t + 1) to the next batch script start (t + 31 - 1)
@@ -188,10 +194,13 @@ def test_a_failed_last_attempt_names_the_dead_rank(tmp_path: Path) -> None:
 
 
 def test_counting_rules() -> None:
-    ends = {0: {"outcome": "preempted"}, 1: {"outcome": "time_limit"}, 3: {"outcome": "failed"}}
+    ends = {k: {"ev": "attempt_end", "restart_count": k, "outcome": o}
+            for k, o in ((0, "preempted"), (1, "time_limit"), (3, "failed"))}
     c = count_attempts({0, 1, 2, 3, 4}, ends)
-    assert (c.attempts, c.restarts, c.preemptions, c.time_limits, c.failures, c.unknown) == (5, 4, 1, 1, 1, 1)
-    assert count_attempts(set(), {}).attempts == 0
+    # attempts = those that wrote attempt_end (hetrun.dag.budgets' meaning)
+    assert (c.attempts, c.restarts, c.preemptions, c.time_limits, c.failures, c.unknown) == (3, 4, 1, 1, 1, 1)
+    assert c.preemption_like == 3  # what preemption.max_preemptions limits
+    assert count_attempts(set(), {}).restarts == 0
     # the newest attempt's missing end is not an unknown restart (it may still run)
     assert count_attempts({0}, {}).unknown == 0
 
@@ -208,7 +217,8 @@ def test_status_and_report_agree_on_counts(tmp_path: Path) -> None:
     t = w.attempt(2, t + 5, range(3, 5), restore=_resumed(3), work_lost=1)
     rep = build_report(w.dir)
     counts, lost = status_summary(w.dir)
-    assert counts.to_dict() == rep.counts and lost == rep.work_lost == 2
+    assert counts_dict(counts) == rep.counts and lost == rep.work_lost == 2
+    assert counts == attempt_counts(w.dir, restart_count=2)  # what the runtime's budget check counts
     out = subprocess.run([sys.executable, "-m", "hetrun.cli", "status", "--runs-dir", str(runs)],
                          capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
