@@ -12,8 +12,18 @@ Dependencies (``{"id": X, "lag": k}``: X of iteration i-k):
   (batch sent point-to-point, rollout rank j feeds learner rank j mod L);
 - on any other action of another component (optimize / weight sync): a
   *state* message from that component's leader carrying ``policy_state()``;
-  the consumer loads the newest state it has, which must come from at least
-  iteration i - lag_eff. Weight sends are non-blocking.
+  the consumer loads EXACTLY the state sent at iteration
+  ``producer.last_run_at_or_before(i - lag_eff)`` (runtime/state_history.py),
+  so timing never decides which policy version a rollout uses. Weight sends
+  are non-blocking.
+
+Checkpoints: every component saves its own state at every checkpoint
+boundary b (b = i + 1 where a ``checkpoint`` action, on any component, runs
+at i), at the START of iteration b: a rank that runs ahead saves the state
+it had before b, not the one it has when the learner gets there. The state
+producer's leader also saves the state messages consumers of iterations >= b
+still need (``pipeline``) and sends them again, with their original labels,
+when it restores.
 
 Staleness: the planner writes a rollout's tolerance window w as lag 1 + w on
 its weight dep; the executor caps it at 1 + pipeline_window. ``training.mode:
@@ -51,6 +61,7 @@ from .context import RankContext
 from .events import EventLog
 from .hooks import Hooks, load_hooks
 from .plan_view import ActionSpec, Dep, PlanView
+from .state_history import StateHistory, pick_for
 from .workload import load_workload_class
 
 EXIT_OK = 0
@@ -173,6 +184,13 @@ class StopAgreement:
         self.comm.Free()
 
 
+def checkpoint_boundary(plan: PlanView, boundary: int) -> bool:
+    """True when a ``checkpoint`` action (alone or fused) runs at ``boundary - 1``."""
+    return boundary > 0 and any(
+        kind == "checkpoint" and a.runs_at(boundary - 1)
+        for a in plan.actions for _, kind, _ in sub_actions(plan, a))
+
+
 def sub_actions(plan: PlanView, action: ActionSpec) -> list[tuple[str, str, int | None]]:
     """(id, type, micro) of what one dispatch runs: the action itself or its fused parts."""
     if not action.fused:
@@ -254,8 +272,13 @@ class Executor:
         self._init_node_sharing()
         # inbox: data[(producer id, iteration)] = {source rank: Message}
         self.data: dict[tuple[str, int], dict[int, Any]] = defaultdict(dict)
-        self.states: dict[str, Any] = {}  # newest state message per producer id
+        # Received state messages per producer id, as many as the exact-version rule needs.
+        self.states: dict[str, StateHistory] = {}
+        # Sent state messages per own producer id (component leader): saved with the
+        # checkpoint and sent again on restore, so consumers see the same versions.
+        self.sent: dict[str, StateHistory] = {}
         self.loaded_version: int | None = None
+        self.loaded_from: tuple[str, int] | None = None  # (producer, label) of the loaded state
         self.version = 0  # optimize steps taken on this rank
         self.syncs: dict[str, _Sync] = {}
         self.stop_level = 0  # this rank's local preemption request (0 none, 1 requeue, 2 TERM)
@@ -280,12 +303,20 @@ class Executor:
         self.out_data: dict[str, list[int]] = {}  # my action id -> global ranks I feed
         self.out_state: dict[str, list[int]] = {}  # my action id -> global ranks to send state to
         self.lags: dict[tuple[str, str], int] = {}
+        # The largest lag a consumer has on a state producer: how far back its history reaches.
+        self.keep_in: dict[str, int] = {}  # producer id -> max lag of my actions on it
+        self.keep_out: dict[str, int] = {}  # my producer id -> max lag of other components on it
         for consumer in plan.actions:
             for dep in consumer.deps:
                 producer = self.by_id[dep.id]
-                self.lags[(consumer.id, dep.id)] = effective_lag(plan, consumer, dep, producer)
+                lag = self.lags[(consumer.id, dep.id)] = effective_lag(plan, consumer, dep, producer)
                 if producer.component == consumer.component:
                     continue
+                if producer.type != "rollout":
+                    if consumer.component == me:
+                        self.keep_in[producer.id] = max(lag, self.keep_in.get(producer.id, 0))
+                    if producer.component == me:
+                        self.keep_out[producer.id] = max(lag, self.keep_out.get(producer.id, 0))
                 src, dst = ranks[producer.component], ranks[consumer.component]
                 is_data = producer.type == "rollout"
                 if consumer.component == me:
@@ -361,21 +392,30 @@ class Executor:
                 # The producer sends its initial state first thing: wait for it.
                 while producer_id not in self.states:
                     self._accept(self.mailbox.recv_from(src))
-                template = self.states[producer_id].tensors
+                template = self.states[producer_id].items[-1][1].tensors
             shared = SharedWeights.create(sub, template)
             if self.world.rank == leader:
-                msg = self.states[producer_id]
-                shared.publish(msg.tensors, msg.iteration + 1)
+                label, msg = self.states[producer_id].items[-1]
+                shared.publish(msg.tensors, label + 1)
             mpi_wait.meet(sub)
             self.shared[producer_id] = shared
             self.log.emit("shared_weights", producer=producer_id, group_size=sub.Get_size(),
                           bytes=shared.nbytes, leader=leader)
+            if self.keep_in.get(producer_id, 0) > 1:
+                # One window holds one version: its readers load the newest published one.
+                self.log.emit("warning", message=(
+                    f"shared weights of {producer_id}: consumers load the newest published "
+                    "version, not the exact-version rule; resume of this run is not bit-exact "
+                    "(unset HETRUN_SHARED_WEIGHTS for exact resume)"))
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
         for line in self.hooks.missing:
             self.log.emit("warning", message=f"no {line}")
+        from .ckpt.state import seed_global_rngs
+
         wl_cls = load_workload_class(self.plan.workload, self._search_dirs())
+        seed_global_rngs(self.ctx.rank_seed)  # runs of one job save the same RNG states
         try:
             self.workload = wl_cls(self.ctx, **self.plan.workload_args)
         except HetrunError:
@@ -386,6 +426,7 @@ class Executor:
         start = self.hooks.restore(self.ctx, self.workload)
         if start:
             self.version = start
+        self._restore_pipeline(self.hooks.restored_pipeline(self.ctx))
         self.agreement = StopAgreement(self.world.comm, agreement_window(self.plan), start)
         self._send_initial_states(start)
         self._open_shared_windows()
@@ -397,6 +438,9 @@ class Executor:
             self.ctx.iteration = it
             self._check_stop(it)
             self.agreement.contribute(it, self.stop_level)
+            self._prune_histories(it)
+            if it > start and checkpoint_boundary(self.plan, it):
+                self._save_boundary(it)
             self._run_iteration(it)
             last_done = it
         self._finish_syncs()
@@ -421,6 +465,8 @@ class Executor:
             if self.hooks.save_checkpoint is not None:
                 self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
+        elif last_done + 1 == self.plan.iterations and checkpoint_boundary(self.plan, last_done + 1):
+            self._save_boundary(last_done + 1)
         flushed = self.hooks.flush_checkpoints(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.log.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
@@ -439,10 +485,42 @@ class Executor:
         return dirs
 
     def _send_initial_states(self, start: int) -> None:
-        # Consumers wait for a state of iteration >= start-1 before their
-        # first action: every rank then starts from the leader's weights.
+        # Consumers wait for a state labelled >= start-1 before their first
+        # action. After a restore the saved history goes first, with its
+        # original labels: the versions consumers of iterations >= start load.
         for producer_id, targets in self.out_state.items():
-            self._send_state(producer_id, start - 1, targets)
+            history = self.sent.get(producer_id)
+            for label, tensors in list(history.items) if history is not None else []:
+                self._send_state(producer_id, label, targets, tensors)
+            if history is None or history.newest is None or history.newest < start - 1:
+                self._send_state(producer_id, start - 1, targets)
+
+    # ----------------------------------------------------- pipeline in flight
+    def _prune_histories(self, it: int) -> None:
+        """Before iteration ``it``: drop state messages no iteration >= it can load."""
+        for producer_id, history in self.states.items():
+            history.prune(it - self.keep_in.get(producer_id, 0))
+        for producer_id, history in self.sent.items():
+            history.prune(it - self.keep_out.get(producer_id, 0))
+
+    def _pipeline_state(self) -> dict[str, Any] | None:
+        """What the checkpoint holds of the pipeline: the sent states consumers still need."""
+        if not self.sent:
+            return None
+        return {"sent": {pid: [{"iteration": label, "state": tensors} for label, tensors in h.items]
+                         for pid, h in sorted(self.sent.items())}}
+
+    def _restore_pipeline(self, saved: Any) -> None:
+        if not isinstance(saved, dict) or not isinstance(saved.get("sent"), dict):
+            return
+        for pid, items in saved["sent"].items():
+            if pid in self.out_state:
+                self.sent[pid] = StateHistory([(int(x["iteration"]), x["state"]) for x in items])
+
+    def _save_boundary(self, boundary: int) -> None:
+        """Every component's state at a checkpoint boundary, whichever carries the action."""
+        if self.hooks.save_checkpoint is not None:
+            self._checkpoint(boundary, reason="interval", quiet=True)
 
     def _run_iteration(self, it: int) -> None:
         pending = list(self.actions)
@@ -489,9 +567,8 @@ class Executor:
                 if self.shared[dep.id].version - 1 < need:
                     return False
             elif dep.id in self.in_state:
-                newest = self.states.get(dep.id)
-                need = producer.last_run_at_or_before(src_it)
-                if newest is None or newest.iteration < need:
+                history = self.states.get(dep.id)
+                if history is None or not history.covers(producer.last_run_at_or_before(src_it)):
                     return False
         # A deferred sync is completed by its consumer, not waited on here.
         return True
@@ -523,13 +600,11 @@ class Executor:
         if msg.kind == "data":
             self.data[(msg.producer, msg.iteration)][msg.source] = msg
         elif msg.kind == "state":
-            old = self.states.get(msg.producer)
-            if old is None or msg.iteration >= old.iteration:
-                self.states[msg.producer] = msg
-                shared = self.shared.get(msg.producer)
-                if shared is not None and msg.iteration + 1 > shared.version:
-                    # Node leader: one copy for every consumer rank of this node.
-                    shared.publish(msg.tensors, msg.iteration + 1)
+            self.states.setdefault(msg.producer, StateHistory()).add(msg.iteration, msg)
+            shared = self.shared.get(msg.producer)
+            if shared is not None and msg.iteration + 1 > shared.version:
+                # Node leader: one copy for every consumer rank of this node.
+                shared.publish(msg.tensors, msg.iteration + 1)
 
     # ---------------------------------------------------------------- stop
     def _pump(self) -> int:
@@ -594,7 +669,7 @@ class Executor:
     # --------------------------------------------------------------- actions
     def _run_action(self, action: ActionSpec, it: int, state: _IterState) -> None:
         self._complete_syncs_for(action)
-        self._load_newest_state(action, it)
+        self._load_states(action, it)
         t0 = time.time()
         extra: dict[str, Any] = {}
         nbytes = 0
@@ -663,7 +738,8 @@ class Executor:
             if self.hooks.save_checkpoint is None:
                 extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
                 return 0
-            self._checkpoint(it + 1, reason="interval", quiet=True)
+            # The save itself happens at the boundary, on every component (_save_boundary).
+            extra["boundary"] = it + 1
             return 0
         raise RuntimeFailure(
             f"action {sub_id!r} has type {kind!r}, which this runtime does not execute",
@@ -690,7 +766,8 @@ class Executor:
             state.batch = self.workload.merge_batches(batches)
         return state.batch
 
-    def _load_newest_state(self, action: ActionSpec, it: int) -> None:
+    def _load_states(self, action: ActionSpec, it: int) -> None:
+        """Load the state the exact-version rule names for ``action`` at ``it``."""
         for dep in action.deps:
             shared = self.shared.get(dep.id)
             if shared is not None:
@@ -699,13 +776,15 @@ class Executor:
                     self.workload.load_policy(snapshot, version)
                     self.loaded_version = version
                 continue
-            msg = self.states.get(dep.id) if dep.id in self.in_state else None
-            if msg is None:
+            history = self.states.get(dep.id) if dep.id in self.in_state else None
+            picked = pick_for(history, it - self.lags[(action.id, dep.id)]) if history else None
+            if picked is None or self.loaded_from == (dep.id, picked[0]):
                 continue
+            msg = picked[1]
             version = int(msg.meta.get("version", msg.iteration + 1))
-            if self.loaded_version is None or version > self.loaded_version:
-                self.workload.load_policy(msg.tensors, version)
-                self.loaded_version = version
+            self.workload.load_policy(msg.tensors, version)
+            self.loaded_version = version
+            self.loaded_from = (dep.id, picked[0])
 
     def _send_outputs(self, action: ActionSpec, it: int, extra: dict[str, Any],
                       state: _IterState) -> int:
@@ -722,11 +801,14 @@ class Executor:
             nbytes += self._send_state(action.id, it, self.out_state[action.id])
         return nbytes
 
-    def _send_state(self, producer_id: str, it: int, targets: list[int]) -> int:
+    def _send_state(self, producer_id: str, it: int, targets: list[int],
+                    tensors: dict[str, Any] | None = None) -> int:
         from .comms.p2p import pack
 
-        buf = pack("state", producer_id, it, self.workload.policy_state(),
-                   {"version": it + 1})
+        if tensors is None:
+            tensors = self.workload.policy_state()
+        self.sent.setdefault(producer_id, StateHistory()).add(it, tensors)
+        buf = pack("state", producer_id, it, tensors, {"version": it + 1})
         return sum(self.mailbox.isend(buf, t) for t in targets)
 
     # --------------------------------------------------------- gradient sync
@@ -785,8 +867,10 @@ class Executor:
     # ----------------------------------------------------------- checkpoints
     def _checkpoint(self, resume_at: int, reason: str, quiet: bool = False) -> None:
         assert self.hooks.save_checkpoint is not None
+        self._prune_histories(resume_at)  # the same content whichever path saves at resume_at
         t0 = time.time()
-        info = self.hooks.save_checkpoint(self.ctx, self.workload, resume_at)
+        info = self.hooks.save_checkpoint(self.ctx, self.workload, resume_at,
+                                          pipeline=self._pipeline_state())
         self.log.emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
                       end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
 

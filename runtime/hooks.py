@@ -5,10 +5,14 @@ The checkpoint engineer implements them in ``hetrun.runtime.resume`` and
 
 - ``resume.restore_if_any(ctx, workload) -> int``: before the loop, on every
   rank; returns the iteration to start from (0 on a first run).
-- ``resume.save_checkpoint(ctx, workload, iteration) -> dict | None``: the
-  ``checkpoint`` action and the checkpoint after a stop; ``iteration`` is the
-  iteration a resumed run starts from. Called on every rank at the same point
-  of the protocol (it may use collectives on ``ctx.comm``/``ctx.world_comm``).
+- ``resume.save_checkpoint(ctx, workload, iteration, pipeline=None) -> dict | None``:
+  every component at every checkpoint boundary and after a stop;
+  ``iteration`` is the iteration a resumed run starts from; ``pipeline`` is
+  the executor's in-flight state (state messages consumers still need),
+  saved beside the workload's. Called on every rank of a component at the
+  same point of the protocol (it may use collectives on ``ctx.comm``).
+- ``resume.restored_pipeline(ctx)``: the ``pipeline`` of the checkpoint the
+  last ``restore_if_any`` restored on this rank (None: none).
 - ``resume.flush(ctx)``: before the rank exits, wait for a background write.
 - ``preempt.should_stop(ctx) -> bool`` / ``preempt.stop_level(ctx) -> int``
   (0 go on, 1 requeue, 2 SIGTERM): a LOCAL check (signal flag, deadline),
@@ -46,7 +50,8 @@ def _import(name: str) -> Any:
 @dataclass
 class Hooks:
     restore_if_any: Callable[[Any, Any], int] | None = None
-    save_checkpoint: Callable[[Any, Any, int], Any] | None = None
+    save_checkpoint: Callable[..., Any] | None = None
+    pipeline_of: Callable[[Any], Any] | None = None
     should_stop: Callable[[Any], bool] | None = None
     stop_level: Callable[[Any], int] | None = None
     agree: Callable[[int], None] | None = None
@@ -59,6 +64,10 @@ class Hooks:
             return 0
         start = self.restore_if_any(ctx, workload)
         return int(start or 0)
+
+    def restored_pipeline(self, ctx: Any) -> Any:
+        """The executor's pipeline state from the restored checkpoint, if any."""
+        return self.pipeline_of(ctx) if self.pipeline_of is not None else None
 
     def stop_requested(self, ctx: Any) -> bool:
         return bool(self.should_stop(ctx)) if self.should_stop is not None else False
@@ -89,6 +98,7 @@ def load_hooks() -> Hooks:
         hooks.restore_if_any = getattr(resume, "restore_if_any", None)
         hooks.save_checkpoint = getattr(resume, "save_checkpoint", None)
         hooks.flush = getattr(resume, "flush", None)
+        hooks.pipeline_of = getattr(resume, "restored_pipeline", None)
     if preempt is not None:
         hooks.should_stop = getattr(preempt, "should_stop", None)
         hooks.stop_level = getattr(preempt, "stop_level", None)

@@ -3,8 +3,12 @@
 Same plan, same workload code, same events as the MPI executor, but one
 workload instance per component (each component has one "rank") and no MPI
 world: for fast tests and for a laptop without MPI. Actions run in the plan's
-topological order, iteration after iteration, so this is the synchronous
-(coarse) schedule: a rollout always gets the newest weights.
+topological order, iteration after iteration. Which weights a consumer loads
+follows the same exact-version rule as the MPI executor
+(runtime/state_history.py: the state sent at
+``producer.last_run_at_or_before(i - lag)``), so a run here computes what the
+pipelined MPI run computes. Checkpoints, as there: every component at every
+boundary, the producer's sent states in its ``pipeline``.
 
     from hetrun.runtime.inprocess import run_inprocess
     result = run_inprocess("runs/ppo-...")          # a run dir with plan.json
@@ -25,9 +29,10 @@ from hetrun.dag.errors import HetrunError, RuntimeFailure
 
 from .context import RankContext
 from .events import EventLog
-from .executor import peak_memory_bytes, sub_actions
+from .executor import checkpoint_boundary, effective_lag, peak_memory_bytes, sub_actions
 from .hooks import Hooks, load_hooks
 from .plan_view import PlanView, load_plan, plan_from_dict
+from .state_history import StateHistory, pick_for
 from .workload import load_workload_class
 
 
@@ -98,9 +103,17 @@ class _InProcess:
                 mode="inprocess", comms=plan.comms,
             )
             self.logs[c.name] = EventLog(run_dir, rank=c.index, component=c.name, node=self.node)
-        # newest state snapshot per producer action: (iteration, tensors)
-        self.states: dict[str, tuple[int, dict[str, Any]]] = {}
+        # state snapshots per producer action, as many as the exact-version rule needs
+        self.states: dict[str, StateHistory] = {}
+        self.keep: dict[str, int] = {}  # producer id -> the largest lag a consumer has on it
+        for a in plan.actions:
+            for d in a.deps:
+                producer = self.by_id[d.id]
+                if producer.component != a.component and producer.type != "rollout":
+                    lag = effective_lag(plan, a, d, producer)
+                    self.keep[d.id] = max(lag, self.keep.get(d.id, 0))
         self.loaded: dict[str, int] = {}
+        self.loaded_from: dict[str, tuple[str, int]] = {}
         self.version: dict[str, int] = dict.fromkeys(names, 0)
         self.data: dict[tuple[str, int], dict[str, Any]] = {}
 
@@ -114,7 +127,10 @@ class _InProcess:
                      gpus=c.gpus_per_node, job_id=None, restart_count=0)
             for line in self.hooks.missing:
                 log.emit("warning", message=f"no {line}")
+        from .ckpt.state import seed_global_rngs
+
         cls = load_workload_class(self.plan.workload, self.search)
+        seed_global_rngs(self.plan.seed)  # one process, one set of global generators
         used = {a.component for a in self.plan.actions}
         for name, ctx in self.ctxs.items():
             if name in used:
@@ -127,12 +143,16 @@ class _InProcess:
                 # restart count and work lost; writing one here would count it twice.
                 self.version[name] = s
             start = max(start, s)
+        self._initial_states(start)
         result = InProcessResult(exit_code=0, workloads=self.workloads)
         order = [self.by_id[i] for i in self.plan.order if i in self.by_id]
         order += [a for a in self.plan.actions if a.id not in self.plan.order]
         it = start
         stop = False
         for it in range(start, iterations):
+            self._prune(it)
+            if it > start and checkpoint_boundary(self.plan, it):
+                self._save_all(it)
             state: dict[str, Any] = {"losses": {}, "batch": {}}
             for action in order:
                 if not action.runs_at(it):
@@ -163,6 +183,8 @@ class _InProcess:
                 if self.hooks.save_checkpoint is not None:
                     self._checkpoint(name, wl, it + 1, "preempt")
             result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
+        elif not stop and iterations == self.plan.iterations and checkpoint_boundary(self.plan, iterations):
+            self._save_all(iterations)
         for ctx in self.ctxs.values():
             self.hooks.flush_checkpoints(ctx)
         result.wall_s = time.time() - t_start
@@ -171,10 +193,41 @@ class _InProcess:
             self.logs[name].close()
         return result
 
+    def _initial_states(self, start: int) -> None:
+        """The states consumers load first: a restored producer's saved ones, else its
+        weights now, labelled ``start - 1`` (as the MPI executor sends them)."""
+        for pid in self.keep:
+            comp = self.by_id[pid].component
+            saved = self.hooks.restored_pipeline(self.ctxs[comp])
+            items = ((saved or {}).get("sent") or {}).get(pid) if isinstance(saved, dict) else None
+            history = StateHistory([(int(x["iteration"]), x["state"]) for x in items or []])
+            if history.newest is None or history.newest < start - 1:
+                tensors = {k: v.detach().clone() for k, v in self.workloads[comp].policy_state().items()}
+                history.add(start - 1, tensors)
+            self.states[pid] = history
+
+    def _prune(self, it: int) -> None:
+        """Drop the states no iteration >= ``it`` can load."""
+        for pid, history in self.states.items():
+            history.prune(it - self.keep[pid])
+
+    def _save_all(self, boundary: int) -> None:
+        if self.hooks.save_checkpoint is None:
+            return
+        for name, wl in self.workloads.items():
+            self._checkpoint(name, wl, boundary, "interval")
+            self.hooks.flush_checkpoints(self.ctxs[name])
+
+    def _pipeline_of(self, comp: str) -> dict[str, Any] | None:
+        sent = {pid: [{"iteration": label, "state": t} for label, t in h.items]
+                for pid, h in sorted(self.states.items()) if self.by_id[pid].component == comp}
+        return {"sent": sent} if sent else None
+
     def _checkpoint(self, comp: str, wl: Any, resume_at: int, reason: str) -> None:
         assert self.hooks.save_checkpoint is not None
+        self._prune(resume_at)  # the same content whichever path saves at resume_at
         t0 = time.time()
-        info = self.hooks.save_checkpoint(self.ctxs[comp], wl, resume_at)
+        info = self.hooks.save_checkpoint(self.ctxs[comp], wl, resume_at, pipeline=self._pipeline_of(comp))
         self.logs[comp].emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
                              end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
 
@@ -182,14 +235,16 @@ class _InProcess:
                     result: InProcessResult) -> None:
         comp = action.component
         wl = self.workloads[comp]
-        # Newest weights from other components this action depends on.
+        # The weights the exact-version rule names, from the components this action depends on.
         for dep in action.deps:
-            producer = self.by_id[dep.id]
-            if producer.component != comp and producer.type != "rollout" and dep.id in self.states:
-                s_it, tensors = self.states[dep.id]
-                if self.loaded.get(comp, -1) < s_it + 1:
-                    wl.load_policy(tensors, s_it + 1)
-                    self.loaded[comp] = s_it + 1
+            history = self.states.get(dep.id)
+            if history is None or self.by_id[dep.id].component == comp:
+                continue
+            picked = pick_for(history, it - effective_lag(self.plan, action, dep, self.by_id[dep.id]))
+            if picked is not None and self.loaded_from.get(comp) != (dep.id, picked[0]):
+                wl.load_policy(picked[1], picked[0] + 1)
+                self.loaded[comp] = picked[0] + 1
+                self.loaded_from[comp] = (dep.id, picked[0])
         t0 = time.time()
         extra: dict[str, Any] = {}
         nbytes = 0
@@ -225,7 +280,7 @@ class _InProcess:
                              if any(d.id == action.id for d in a.deps) and a.component != comp]
                 if consumers:
                     tensors = {k: v.detach().clone() for k, v in wl.policy_state().items()}
-                    self.states[action.id] = (it, tensors)
+                    self.states.setdefault(action.id, StateHistory()).add(it, tensors)
                     nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
                 # a gradient sync over one rank moves nothing
             elif kind == "optimize":
@@ -242,7 +297,7 @@ class _InProcess:
                 if self.hooks.save_checkpoint is None:
                     extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
                 else:
-                    self._checkpoint(comp, wl, it + 1, "interval")
+                    extra["boundary"] = it + 1  # every component saves at the boundary (_save_all)
             else:
                 raise RuntimeFailure(f"action {sub_id!r} has type {kind!r}, which this runtime "
                                      "does not execute")

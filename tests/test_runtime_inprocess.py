@@ -26,8 +26,10 @@ def test_toy_trains_in_process(tmp_path: Path) -> None:
     for a in plan["actions"]:
         n = sum(1 for e in acts if e["id"] == a["id"])
         assert n == 12 // a["every"], a["id"]
-    # In-process is synchronous: every rollout sees the newest weights.
-    assert all(e["policy_version"] == e["iteration"] for e in acts if e["type"] == "rollout")
+    # The exact-version rule, as under MPI: rollout i (lag 2) uses the weights
+    # sent at i - 2, i.e. version i - 1 (version 0 before any update).
+    assert [e["policy_version"] for e in acts if e["type"] == "rollout"] == [
+        max(0, i - 1) for i in range(12)]
     assert {e["ev"] for e in events} >= {"start", "action", "exit"}
     assert res.env_steps == 12 * 64
 

@@ -193,6 +193,20 @@ def unflatten(skeleton: Any, values: list[Any]) -> Any:
     return walk(skeleton)
 
 
+def seed_global_rngs(seed: int) -> None:
+    """Seed python's, numpy's and torch's global generators from ``seed``.
+
+    Python and numpy seed their global generators from OS entropy at import,
+    so without this two runs of the same job saved different RNG states (and
+    a workload drawing from them was not reproducible). The runtime calls it
+    with the rank's seed before the workload is built.
+    """
+    seed = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFF_FFFF)
+    torch.manual_seed(seed)
+
+
 def capture_rng() -> dict[str, Any]:
     """python, numpy and torch (CPU and CUDA) generator states."""
     py = random.getstate()
