@@ -104,7 +104,9 @@ fi
 # --- hetrun itself, editable, with dev tools ---------------------------------
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 have="$(cat "$STATE/pyproject.sha256" 2>/dev/null || true)"
-if [ "$want" = "$have" ] && "$PY" -c 'import hetrun.cli.app, pytest, mpi4py' 2>/dev/null; then
+# The stamp alone can be stale (a copied checkout carries it): also require that
+# hetrun imports from this very checkout (scripts/installed_from.py).
+if [ "$want" = "$have" ] && "$PY" scripts/installed_from.py "$ROOT"; then
     log "hetrun already installed (editable, pyproject.toml unchanged)"
 else
     log "pip install -e .[dev,gpu,lightning]"

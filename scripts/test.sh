@@ -5,21 +5,21 @@
 # Exit code = pytest's; "no tests collected" (5) counts as a failure.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# -P: the physical path, so a symlink into /tmp is seen for what it is.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)"
 cd "$ROOT"
 
 T0=$(date +%s)
 section() { printf '\n==== %s  [%s UTC, +%ss] ====\n' "$*" "$(date -u +%H:%M:%S)" "$(( $(date +%s) - T0 ))"; }
 
 case "$ROOT/" in
-    /tmp/*)
-        # Each emulated Slurm node has a private /tmp: jobs could not see this
-        # checkout (nor the editable install pointing into it). Run from a copy.
+    /tmp/*|/dev/shm/*|/run/*)
+        # Each Slurm node has its own /tmp (the emulated ones too): jobs could not
+        # see this checkout, nor an editable install pointing into it. Run from a
+        # copy; its setup re-points the editable install there (scripts/setup.sh).
         COPY="/var/tmp/hetrun-src"
-        section "repository is under /tmp, invisible to Slurm jobs: running from a copy in $COPY"
-        rm -rf "$COPY"
-        mkdir -p "$COPY"
-        cp -a "$ROOT/." "$COPY/"
+        section "repository is under a node-private directory, invisible to Slurm jobs: running from a copy in $COPY"
+        bash "$ROOT/scripts/copy_checkout.sh" "$ROOT" "$COPY"
         exec bash "$COPY/scripts/test.sh" "$@"
         ;;
 esac
