@@ -51,6 +51,32 @@ def _restored_text(comps: dict) -> str:
     return " ".join(out) or "-"
 
 
+def _print_checkpoints(console, rep) -> None:
+    """Every checkpoint: step, bytes, ratio to the full state, stall, save time, tier, verified."""
+    import time
+
+    from rich.table import Table
+
+    hist = rep.checkpoint_history or {}
+    rows = hist.get("rows") or []
+    if rows:
+        t = Table(show_edge=False, pad_edge=False, title="checkpoints")
+        for col in ("COMPONENT", "STEP", "CREATED (UTC)", "REASON", "STATE", "ADDED", "RATIO", "STALL",
+                    "SAVE", "TIERS", "VERIFIED"):
+            t.add_column(col)
+        for r in rows:
+            created = time.strftime("%H:%M:%S", time.gmtime(r["created"])) if r.get("created") else "-"
+            opt = (lambda v, f: "-" if v is None else f(v))  # noqa: E731
+            t.add_row(r["component"], str(r["step"]), created, str(r.get("reason") or "-"),
+                      opt(r["state_bytes"], _bytes), opt(r["stored_bytes"], _bytes),
+                      opt(r["ratio"], lambda v: f"{v:.3f}"), opt(r["stall_s"], lambda v: f"{v:.3f}s"),
+                      opt(r["save_s"], lambda v: f"{v:.2f}s"), ",".join(r["tiers"]) or "-",
+                      r["verified"] if not r.get("error") else f"{r['verified']} ({r['error']})")
+        console.print(t)
+    for note in hist.get("notes") or []:
+        console.print(f"note: {note}", markup=False, highlight=False)
+
+
 def _print_restarts(console, rep) -> None:
     """Restart history: each restart's cause, queue wait, what came back, work lost."""
     from rich.table import Table
@@ -124,11 +150,13 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
         per_rank: Annotated[bool, typer.Option(
             "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
+        verify: Annotated[bool, typer.Option(
+            "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
     ) -> None:
         """What ran where: per component, rank and node; throughput; checkpoints; cost."""
         from hetrun.runtime.report import build_report
 
-        rep = build_report(_resolve(run, runs_dir))
+        rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify)
         if as_json:
             typer.echo(json.dumps(rep.to_dict(), indent=2, default=str))
             return
@@ -191,6 +219,7 @@ def register(app: typer.Typer) -> None:
             f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
+        _print_checkpoints(console, rep)
         _print_restarts(console, rep)
         _print_outcome(console, rep)
         for w in rep.warnings:

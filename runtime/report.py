@@ -23,6 +23,7 @@ from hetrun.dag.errors import RunDirError
 
 from .events import EVENTS_FILE
 from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
+from .report_ckpt import checkpoint_history
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_timeline import Timeline
@@ -106,6 +107,8 @@ class RunReport:
     outcome: dict[str, Any] = field(default_factory=dict)
     work_lost_total: int | None = 0
     timeline: dict[str, Any] = field(default_factory=dict)
+    # report_ckpt: {"rows": one per (component, step), "notes": [...]}
+    checkpoint_history: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -426,8 +429,9 @@ def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, Compone
     return comps
 
 
-def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
-    """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl."""
+def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = False) -> RunReport:
+    """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl
+    (plus the checkpoint store's listing; ``verify_checkpoints`` decodes every checkpoint)."""
     run_dir = Path(run_dir)
     events_path = run_dir / EVENTS_FILE
     if not run_dir.is_dir():
@@ -462,4 +466,6 @@ def build_report(run_dir: str | os.PathLike[str]) -> RunReport:
         overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
         counts=counts_dict(counts), restart_history=history, outcome=col.tracker.outcome(),
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
+        checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
+                                              verify=verify_checkpoints),
     )
