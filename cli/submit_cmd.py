@@ -27,7 +27,7 @@ from hetrun.cli.spec_options import (
 
 BackendOpt = Annotated[str, typer.Option(
     "--backend", "-b",
-    help="auto (sbatch when Slurm is installed, else local), sbatch, local or pyslurm.")]
+    help="auto (sbatch when a Slurm controller answers within 2 s, else local), sbatch, local or pyslurm.")]
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
     help="Where run directories are created (default ./runs).")]
@@ -58,6 +58,12 @@ def register(app: typer.Typer) -> None:
         from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
         spec = load_job(job, overrides_from(partition, time, account, qos, nodes, gres, constraint, sets))
+        if backend == "auto":
+            from hetrun.slurm_plugin.backends import choose_auto
+
+            choice = choose_auto()
+            sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
+            backend = choice.name
         result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run,
                              job_dir=Path(job).parent)
         if result.dry_run is not None:

@@ -28,12 +28,30 @@ def test_unknown_backend_names_the_choices() -> None:
     assert "'sbatch'" in str(err.value) and "local" in str(err.value)
 
 
-def test_auto_is_sbatch_with_slurm_else_local(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _tool(directory: Path, name: str, body: str) -> None:
+    (directory / name).write_text(f"#!/bin/sh\n{body}\n")
+    (directory / name).chmod(0o755)
+
+
+def test_auto_is_sbatch_when_a_controller_answers_else_local(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    """Issue 12: auto used to pick sbatch whenever sbatch was on PATH, then retry for a minute."""
+    from hetrun.slurm_plugin.backends import choose_auto
+
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no sbatch
     assert resolve_name("auto") == "local"
-    (tmp_path / "sbatch").write_text("#!/bin/sh\nexit 0\n")
-    (tmp_path / "sbatch").chmod(0o755)
+    assert "no sbatch on PATH" in choose_auto().reason
+    _tool(tmp_path, "sbatch", "exit 0")
+    assert choose_auto().name == "local"  # no scontrol to ask
+    _tool(tmp_path, "scontrol", 'echo "Slurmctld(primary) at head is UP"')
     assert resolve_name("auto") == "sbatch"
+    assert "Slurmctld(primary) at head is UP" in choose_auto().reason
+    _tool(tmp_path, "scontrol", 'echo "Slurmctld(primary) at head is DOWN"; exit 1')
+    choice = choose_auto()
+    assert choice.name == "local" and "is DOWN" in choice.reason
+    _tool(tmp_path, "scontrol", "exec /bin/sleep 30")  # a controller that never answers
+    choice = choose_auto(timeout_s=0.5)
+    assert choice.name == "local" and "within 0.5 s" in choice.reason
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pyslurm") is not None, reason="pyslurm is importable here")
