@@ -27,8 +27,8 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-# Modules that contribute commands. A module that is not there yet (a layer
-# still being built) is skipped so the rest of the CLI keeps working.
+# Modules that contribute commands. Each is part of the package: a missing or
+# broken one is a packaging error and fails loudly, never a silently absent command.
 _COMMAND_MODULES = (
     "plan_cmd",
     "submit_cmd",
@@ -40,7 +40,6 @@ _COMMAND_MODULES = (
     "pool_cmd",
     "policy_cmd",
 )
-
 
 
 @app.callback()
@@ -61,13 +60,7 @@ def version() -> None:
 
 
 for _name in _COMMAND_MODULES:
-    try:
-        _mod = importlib.import_module(f"hetrun.cli.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"hetrun.cli.{_name}":
-            raise
-        continue
-    _mod.register(app)
+    importlib.import_module(f"hetrun.cli.{_name}").register(app)
 
 
 def print_error(exc: HetrunError) -> None:

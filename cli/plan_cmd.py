@@ -46,10 +46,8 @@ def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, st
     """Node capacities to check against and where they came from."""
     if mode == "spec":
         return None, "the job spec (--capacity spec)"
-    try:
-        from hetrun.slurm_plugin.inventory import node_capacities
-    except ImportError:
-        return None, "the job spec (Slurm inventory unavailable)"
+    from hetrun.slurm_plugin.inventory import node_capacities
+
     caps = node_capacities(spec.slurm.partition)
     if caps is None:
         if mode == "cluster":
@@ -62,17 +60,11 @@ def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, st
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
-def _render_script(build: PlanBuild, spec: JobSpec, runs_dir: Path | None) -> tuple[str | None, str]:
-    try:
-        from hetrun.slurm_plugin.render import render_sbatch
-    except ImportError:
-        return None, "the sbatch script renderer (hetrun.slurm_plugin.render) is unavailable"
-    try:
-        from hetrun.slurm_plugin.rundir import new_run_name, runs_root
+def _render_script(build: PlanBuild, spec: JobSpec, runs_dir: Path | None) -> tuple[str, str]:
+    from hetrun.slurm_plugin.render import render_sbatch
+    from hetrun.slurm_plugin.rundir import new_run_name, runs_root
 
-        run_dir = runs_root(runs_dir).resolve() / new_run_name(spec.name)
-    except ImportError:
-        run_dir = (runs_dir or Path("runs")).resolve() / f"{spec.name}-PLAN"
+    run_dir = runs_root(runs_dir).resolve() / new_run_name(spec.name)
     return render_sbatch(build.plan, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
 
 
@@ -223,13 +215,10 @@ def register(app: typer.Typer) -> None:
         if unroll_n:
             _print_unroll(console, build, unroll_n)
         script, note = _render_script(build, spec, runs_dir)
-        if script is None:
-            console.print(f"[yellow]sbatch script not shown: {note}[/yellow]")
-        else:
-            console.print(f"[bold]sbatch script[/bold] ({note})")
-            console.file.flush()
-            # Written raw: the script must come out byte for byte, never re-wrapped by rich.
-            sys.stdout.write(script if script.endswith("\n") else script + "\n")
+        console.print(f"[bold]sbatch script[/bold] ({note})")
+        console.file.flush()
+        # Written raw: the script must come out byte for byte, never re-wrapped by rich.
+        sys.stdout.write(script if script.endswith("\n") else script + "\n")
 
     @app.command("schema")
     def schema_cmd() -> None:

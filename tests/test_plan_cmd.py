@@ -151,3 +151,11 @@ def test_every_example_plans(example: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 0, err
     plan = Plan.from_json(out)
     assert plan.order and len(plan.components) >= 2  # every example is a real het job
+
+
+def test_a_missing_command_module_is_a_loud_packaging_error() -> None:
+    """cli/app.py used to skip command modules that were "not there yet" (issue 12)."""
+    probe = ("import sys; sys.modules['hetrun.cli.ckpt_cmd'] = None\n"
+             "try:\n    import hetrun.cli.app\nexcept ImportError as exc:\n    print('LOUD', exc)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert "LOUD" in proc.stdout and "ckpt_cmd" in proc.stdout, proc.stdout + proc.stderr

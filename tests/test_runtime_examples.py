@@ -83,8 +83,6 @@ def _check_run(run_dir: Path, proc: subprocess.CompletedProcess[str]) -> list[di
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["toy", "moe"])
 def test_local_backend_runs_the_job(name: str, tmp_path: Path) -> None:
-    if name == "moe":
-        pytest.importorskip("hetrun.examples.moe_lm")
     job = _job_file(name, tmp_path)
     proc, run_dir = _submit(job, "local", tmp_path / "runs", JOBS[name][1], timeout=300)
     _check_run(run_dir, proc)
@@ -93,8 +91,6 @@ def test_local_backend_runs_the_job(name: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["toy", "ppo", "moe"])
 def test_slurm_het_job_runs_the_job(name: str, slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip({"toy": "torch", "ppo": "hetrun.examples.ppo",
-                         "moe": "hetrun.examples.moe_lm"}[name])
     job = _job_file(name, shared_tmp)
     proc, run_dir = _submit(job, "sbatch", shared_tmp / "runs", JOBS[name][1], timeout=400)
     events = _check_run(run_dir, proc)

@@ -57,7 +57,6 @@ def test_missing_plan_is_a_run_dir_error(tmp_path: Path) -> None:
 
 
 def test_ppo_example_runs_in_process(tmp_path: Path) -> None:
-    pytest.importorskip("hetrun.examples.ppo")
     from hetrun.dag.plan import build_plan
     from hetrun.dag.spec import load_spec
 

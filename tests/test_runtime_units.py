@@ -86,12 +86,21 @@ def test_fused_actions_run_their_parts_in_order(plan) -> None:  # type: ignore[n
     assert parts[0][1] == "forward" and parts[1][1] == "backward" and parts[0][2] == fused.micro
 
 
-def test_pack_round_trip_without_pickle() -> None:
+def test_pack_round_trip_without_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Any use of pickle (or torch.save/load, which pickle) on either side fails the test.
+    import pickle
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("tensor messages must not pickle")
+
+    for owner, names in ((pickle, ("dumps", "loads", "dump", "load", "Pickler", "Unpickler")),
+                         (torch, ("save", "load"))):
+        for name in names:
+            monkeypatch.setattr(owner, name, refuse)
     tensors = {"obs": torch.randn(5, 3), "act": torch.arange(5), "done": torch.tensor([True, False]),
                "scalar": torch.tensor(2.5, dtype=torch.float64), "empty": torch.zeros(0, 4),
                "half": torch.ones(3, dtype=torch.bfloat16)}
     buf = pack("data", "rollout", 7, tensors, {"steps": 5})
-    assert b"pickle" not in buf.tobytes()
     msg = unpack(np.array(buf), source=3)
     assert (msg.kind, msg.producer, msg.iteration, msg.source, msg.meta) == ("data", "rollout", 7, 3,
                                                                             {"steps": 5})
