@@ -77,6 +77,25 @@ def _print_checkpoints(console, rep) -> None:
         console.print(f"note: {note}", markup=False, highlight=False)
 
 
+def _print_accounting(console, rep) -> None:
+    """Slurm's own record per component and attempt (sacct), or the one line saying why not."""
+    from rich.table import Table
+
+    acc = rep.accounting or {}
+    if acc.get("note"):
+        if acc["note"] != "not asked":
+            console.print(f"slurm accounting: {acc['note']}", markup=False, highlight=False)
+        return
+    t = Table(show_edge=False, pad_edge=False, title="slurm accounting (sacct)")
+    for col in ("COMPONENT", "JOBID", "ATTEMPT", "STATE", "ELAPSED", "ALLOCTRES", "MAXRSS", "EXIT", "NODES"):
+        t.add_column(col)
+    for r in acc.get("rows") or []:
+        t.add_row(r["component"], r["job_id"], str(r["attempt"] + 1), r["state"],
+                  "-" if r["elapsed_s"] is None else _dur(r["elapsed_s"]), r["alloc_tres"],
+                  "-" if r["max_rss"] is None else _bytes(r["max_rss"]), r["exit_code"], r["nodes"])
+    console.print(t)
+
+
 def _print_restarts(console, rep) -> None:
     """Restart history: each restart's cause, queue wait, what came back, work lost."""
     from rich.table import Table
@@ -220,6 +239,7 @@ def register(app: typer.Typer) -> None:
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
         _print_checkpoints(console, rep)
+        _print_accounting(console, rep)
         _print_restarts(console, rep)
         _print_outcome(console, rep)
         for w in rep.warnings:

@@ -12,10 +12,12 @@ x ranks x cpus per task, GPU-hours = wall x nodes x GPUs per node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summar
 from .report_ckpt import checkpoint_history
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
+from .report_sacct import slurm_accounting
 from .report_timeline import Timeline
 
 
@@ -109,6 +112,8 @@ class RunReport:
     timeline: dict[str, Any] = field(default_factory=dict)
     # report_ckpt: {"rows": one per (component, step), "notes": [...]}
     checkpoint_history: dict[str, Any] = field(default_factory=dict)
+    # report_sacct: {"rows": one per (component, attempt), "note": str | None}
+    accounting: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -429,9 +434,11 @@ def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, Compone
     return comps
 
 
-def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = False) -> RunReport:
-    """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl
-    (plus the checkpoint store's listing; ``verify_checkpoints`` decodes every checkpoint)."""
+def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = False,
+                 accounting: bool = True) -> RunReport:
+    """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl, plus
+    the checkpoint store's listing (``verify_checkpoints`` decodes every checkpoint) and
+    Slurm's accounting (``accounting``: one sacct call)."""
     run_dir = Path(run_dir)
     events_path = run_dir / EVENTS_FILE
     if not run_dir.is_dir():
@@ -468,4 +475,17 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
         checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
                                               verify=verify_checkpoints),
+        accounting=_accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"},
     )
+
+
+def _accounting(run: dict[str, Any], plan: dict[str, Any], comps: dict[str, ComponentRow]) -> dict[str, Any]:
+    names = [str(n) for n in run.get("components") or
+             [c.get("name") for c in plan.get("components", []) if isinstance(c, dict)] or list(comps)]
+    submitted = run.get("submitted_at")
+    not_before = None
+    if isinstance(submitted, str):
+        with contextlib.suppress(ValueError):
+            not_before = datetime.fromisoformat(submitted.replace("Z", "+00:00")).timestamp()
+    return slurm_accounting(run.get("job_id"), run.get("backend"), names,
+                            name=run.get("name") or plan.get("name"), not_before=not_before)
