@@ -284,6 +284,7 @@ def encode(
     prefix = "d" if sub else "x"
     out_planes: list[tuple[str, int]] = []
     parts: list[bytes | memoryview] = []
+    demoted = 0  # delta planes stored plain after all (their bytes live in the "plain" scratch)
     for i, plane in enumerate(lay.views(planes)):
         delta = (mask >> i) & 1
         if ests[i] < COMPRESS_IF_BELOW:
@@ -295,8 +296,11 @@ def encode(
             if delta:
                 # The sample promised more than the plane gave: stored raw, the
                 # delta would only make restore read the base. The plain plane.
+                # Every plane demoted so far stays plain in this split: the
+                # parts already taken point into the same scratch.
+                demoted |= 1 << i
                 plain = scratch.get("plain", raw.size)
-                lay.split(raw, plain, base, mask & ~(1 << i), sub)
+                lay.split(raw, plain, base, mask & ~demoted, sub)
                 plane = lay.views(plain)[i]
         out_planes.append(("r", plane.size))
         parts.append(plane.data.cast("B"))
