@@ -77,6 +77,24 @@ def _print_checkpoints(console, rep) -> None:
         console.print(f"note: {note}", markup=False, highlight=False)
 
 
+def _print_cost(console, rep) -> None:
+    c = rep.cost
+    if not c:
+        return
+    cur = c["currency"]
+    per = []
+    if c.get("per_iteration") is not None:
+        per.append(f"{c['per_iteration']:.4f} {cur}/iteration")
+    if c.get("per_million_env_steps") is not None:
+        per.append(f"{c['per_million_env_steps']:.4f} {cur}/M env steps")
+    comps = ", ".join(f"{name} {row['cost']:.4f}" for name, row in c["components"].items())
+    console.print(f"cost {c['total']:.4f} {cur} ({comps}; from {c['source']})"
+                  + (f"  {'  '.join(per)}" if per else ""), markup=False, highlight=False)
+    console.print(f"wasted {100 * c['wasted_share']:.1f}% (work lost to restarts "
+                  f"{100 * c['wasted_restarts_share']:.1f}%, idle inside the allocation "
+                  f"{100 * c['wasted_idle_share']:.1f}%)", markup=False, highlight=False)
+
+
 def _print_accounting(console, rep) -> None:
     """Slurm's own record per component and attempt (sacct), or the one line saying why not."""
     from rich.table import Table
@@ -171,11 +189,17 @@ def register(app: typer.Typer) -> None:
             "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
         verify: Annotated[bool, typer.Option(
             "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
+        prices: Annotated[Optional[Path], typer.Option(
+            "--prices", envvar="HETRUN_PRICES", show_envvar=True,
+            help="Price table YAML (currency, node_hour, core_hour, gpu_hour, partitions). "
+                 "Default: ~/.config/hetrun/prices.yaml, else 0.05/core-hour and 2.50/GPU-hour.")] = None,
     ) -> None:
         """What ran where: per component, rank and node; throughput; checkpoints; cost."""
         from hetrun.runtime.report import build_report
+        from hetrun.runtime.report_cost import load_prices, prices_path
 
-        rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify)
+        table = load_prices(prices_path(prices))
+        rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)
         if as_json:
             typer.echo(json.dumps(rep.to_dict(), indent=2, default=str))
             return
@@ -238,6 +262,7 @@ def register(app: typer.Typer) -> None:
             f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
+        _print_cost(console, rep)
         _print_checkpoints(console, rep)
         _print_accounting(console, rep)
         _print_restarts(console, rep)

@@ -26,6 +26,7 @@ from hetrun.dag.errors import RunDirError
 from .events import EVENTS_FILE
 from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
 from .report_ckpt import checkpoint_history
+from .report_cost import DEFAULT_PRICES, run_cost
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_sacct import slurm_accounting
@@ -114,6 +115,8 @@ class RunReport:
     checkpoint_history: dict[str, Any] = field(default_factory=dict)
     # report_sacct: {"rows": one per (component, attempt), "note": str | None}
     accounting: dict[str, Any] = field(default_factory=dict)
+    # report_cost: total, per component, per iteration / million env steps, waste shares
+    cost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -435,7 +438,7 @@ def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, Compone
 
 
 def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = False,
-                 accounting: bool = True) -> RunReport:
+                 accounting: bool = True, prices: dict[str, Any] | None = None) -> RunReport:
     """Everything ``hetrun report`` shows, from one streamed pass over events.jsonl, plus
     the checkpoint store's listing (``verify_checkpoints`` decodes every checkpoint) and
     Slurm's accounting (``accounting``: one sacct call)."""
@@ -460,6 +463,14 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
                for i, a in enumerate(names) for b in names[i + 1:]}
     history = col.tracker.history()
     counts = col.tracker.counts()
+    acc = _accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"}
+    attempts_wall = sum((a.last_t or 0) - (a.start_t or a.first_t or a.last_t or 0)
+                        for a in col.tracker.attempts.values())
+    cost = run_cost(prices or DEFAULT_PRICES, acc["rows"], list(comps.values()),
+                    (plan.get("slurm") or {}).get("partition"),
+                    iterations=max((c.iterations for c in comps.values()), default=0),
+                    env_steps=col.env_steps, lost_s=sum(r["work_lost_s"] or 0 for r in history),
+                    attempts_wall_s=attempts_wall)
     return RunReport(
         run_dir=str(run_dir), name=str(run.get("name") or plan.get("name") or run_dir.name),
         job_id=run.get("job_id"), backend=run.get("backend"), first=col.first, last=col.last,
@@ -475,7 +486,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
         checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
                                               verify=verify_checkpoints),
-        accounting=_accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"},
+        accounting=acc, cost=cost,
     )
 
 
