@@ -180,7 +180,8 @@ def _print_outcome(console, rep) -> None:
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
-        run: Annotated[str, typer.Argument(help="Run: directory, name (prefix) or Slurm job id.")],
+        run: Annotated[Optional[str], typer.Argument(
+            help="Run: directory, name (prefix) or Slurm job id.", show_default=False)] = None,
         runs_dir: Annotated[Optional[Path], typer.Option(
             "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
             help="Where run directories live (default ./runs).")] = None,
@@ -189,12 +190,23 @@ def register(app: typer.Typer) -> None:
             "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
         verify: Annotated[bool, typer.Option(
             "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
+        schema: Annotated[bool, typer.Option(
+            "--schema", help="Print the JSON Schema of --json and exit.")] = False,
         prices: Annotated[Optional[Path], typer.Option(
             "--prices", envvar="HETRUN_PRICES", show_envvar=True,
             help="Price table YAML (currency, node_hour, core_hour, gpu_hour, partitions). "
                  "Default: ~/.config/hetrun/prices.yaml, else 0.05/core-hour and 2.50/GPU-hour.")] = None,
     ) -> None:
-        """What ran where: per component, rank and node; throughput; checkpoints; cost."""
+        """What ran where: per component, rank and node; throughput; restarts; checkpoints; cost."""
+        if schema:
+            from hetrun.runtime.report_schema import REPORT_SCHEMA
+
+            typer.echo(json.dumps(REPORT_SCHEMA, indent=2))
+            return
+        if run is None:
+            from hetrun.dag.errors import RunDirError
+
+            raise RunDirError("hetrun report needs a RUN", hint="give a run directory, run name or Slurm job id")
         from hetrun.runtime.report import build_report
         from hetrun.runtime.report_cost import load_prices, prices_path
 

@@ -30,6 +30,7 @@ from .report_cost import DEFAULT_PRICES, run_cost
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_sacct import slurm_accounting
+from .report_schema import SCHEMA_ID
 from .report_timeline import Timeline
 
 
@@ -157,7 +158,8 @@ class RunReport:
         return sum(c.gpu_hours for c in self.components)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The ``--json`` document (runtime/report_schema.py: REPORT_SCHEMA)."""
+        d = {"schema": SCHEMA_ID, **asdict(self)}
         d.update(wall_s=self.wall_s, steps_per_s=self.steps_per_s, samples_per_s=self.samples_per_s,
                  actions_per_s=self.actions_per_s, node_hours=self.node_hours,
                  core_hours=self.core_hours, gpu_hours=self.gpu_hours,

@@ -1,0 +1,102 @@
+"""The JSON Schema of ``hetrun report --json`` (print it with ``hetrun report --schema``).
+
+Version ``hetrun.report/1``. Fields may be added; none listed here is
+renamed or removed without a new version. Times are epoch seconds, durations
+seconds, sizes bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SCHEMA_ID = "hetrun.report/1"
+
+_num = {"type": "number"}
+_opt_num = {"type": ["number", "null"]}
+_opt_int = {"type": ["integer", "null"]}
+_str = {"type": "string"}
+_opt_str = {"type": ["string", "null"]}
+
+_RANK = {"type": "object", "required": ["component", "rank", "node", "actions", "busy_s", "life_s",
+                                         "busy_fraction", "by_type"],
+         "properties": {"component": _str, "rank": {"type": "integer"}, "node": _str,
+                        "actions": {"type": "integer"}, "busy_s": _num, "life_s": _num,
+                        "busy_fraction": _num, "bytes": {"type": "integer"}, "peak_mem": {"type": "integer"},
+                        "by_type": {"type": "object", "additionalProperties": {"type": "integer"}}}}
+
+_COMPONENT = {"type": "object", "required": ["name", "ranks", "nodes", "iterations", "busy_s", "busy_fraction",
+                                              "node_hours", "core_hours", "gpu_hours"],
+              "properties": {"name": _str, "ranks": {"type": "integer"}, "nodes": {"type": "array", "items": _str},
+                             "iterations": {"type": "integer"}, "busy_s": _num, "busy_fraction": _num,
+                             "node_hours": _num, "core_hours": _num, "gpu_hours": _num,
+                             "first_action": _opt_num, "last_action": _opt_num, "active_s": _num,
+                             "s_per_iteration": _num}}
+
+_COMP_RESTORE = {"type": "object", "required": ["state", "ranks", "ranks_restored", "step", "iteration"],
+                 "properties": {"state": {"enum": ["restored", "fresh", "unconfirmed", "no restore recorded"]},
+                                "ranks": {"type": "integer"}, "ranks_restored": {"type": "integer"},
+                                "step": {}, "iteration": _opt_int, "fresh_reason": _opt_str}}
+
+_RESTART = {"type": "object",
+            "required": ["restart", "cause", "cause_text", "detail", "queue_wait_s", "first_step_s", "components",
+                         "work_lost_iterations", "work_lost_s"],
+            "properties": {"restart": {"type": "integer", "minimum": 1}, "cause": _str, "cause_text": _str,
+                           "detail": {"type": "array", "items": _str}, "queue_wait_s": _opt_num,
+                           "first_step_s": _opt_num, "resumed_iteration": _opt_int,
+                           "components": {"type": "object", "additionalProperties": _COMP_RESTORE},
+                           "work_lost_iterations": _opt_int, "work_lost_s": _opt_num,
+                           "work_lost_from_actions": _opt_int}}
+
+_CKPT = {"type": "object", "required": ["component", "step", "in_store", "state_bytes", "stored_bytes", "ratio",
+                                         "stall_s", "save_s", "tiers", "verified"],
+         "properties": {"component": _str, "step": {"type": "integer"}, "in_store": {"type": "boolean"},
+                        "state_bytes": _opt_int, "stored_bytes": _opt_int, "ratio": _opt_num,
+                        "stall_s": _opt_num, "save_s": _opt_num, "tiers": {"type": "array", "items": _str},
+                        "verified": _str, "error": _opt_str}}
+
+_ACCT = {"type": "object", "required": ["component", "job_id", "attempt", "state", "elapsed_s", "alloc_tres",
+                                         "max_rss", "exit_code", "nodes"],
+         "properties": {"component": _str, "job_id": _str, "attempt": {"type": "integer"}, "state": _str,
+                        "elapsed_s": _opt_int, "alloc_tres": _str, "max_rss": _opt_int, "exit_code": _str,
+                        "nodes": _str}}
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SCHEMA_ID,
+    "title": "hetrun report",
+    "type": "object",
+    "required": ["schema", "run_dir", "name", "wall_s", "attempts", "ranks", "components", "counts",
+                 "restart_history", "outcome", "work_lost", "checkpoint_history", "accounting", "cost", "timeline"],
+    "properties": {
+        "schema": {"const": SCHEMA_ID},
+        "run_dir": _str, "name": _str, "job_id": _opt_str, "backend": _opt_str,
+        "first": _opt_num, "last": _opt_num, "wall_s": _num, "attempts": {"type": "integer"},
+        "env_steps": {"type": "integer"}, "steps_per_s": _num, "actions": {"type": "integer"},
+        "ranks": {"type": "array", "items": _RANK},
+        "components": {"type": "array", "items": _COMPONENT},
+        "counts": {"type": "object", "required": ["restarts", "preemptions", "time_limits", "failures", "unknown"],
+                   "additionalProperties": {"type": "integer"}},
+        "restart_history": {"type": "array", "items": _RESTART},
+        "outcome": {"type": "object", "required": ["outcome"],
+                    "properties": {"outcome": _str, "attempt": _opt_int,
+                                   "failures": {"type": "array", "items": _str}}},
+        "work_lost": _opt_int,
+        "checkpoint_history": {"type": "object", "required": ["rows", "notes"],
+                               "properties": {"rows": {"type": "array", "items": _CKPT},
+                                              "notes": {"type": "array", "items": _str}}},
+        "accounting": {"type": "object", "required": ["rows", "note"],
+                       "properties": {"rows": {"type": "array", "items": _ACCT}, "note": _opt_str}},
+        "cost": {"type": "object", "required": ["currency", "source", "total", "components", "wasted_share"],
+                 "properties": {"currency": _str, "source": _str, "total": _num, "per_iteration": _opt_num,
+                                "per_million_env_steps": _opt_num, "wasted_share": _num,
+                                "wasted_restarts_share": _num, "wasted_idle_share": _num,
+                                "components": {"type": "object"}}},
+        "timeline": {"type": "object", "properties": {
+            "origin": _opt_num, "bucket_s": _num, "buckets": {"type": "integer"},
+            "ranks": {"type": "object", "additionalProperties": {
+                "type": "object", "required": ["busy", "marks"],
+                "properties": {"busy": {"type": "object", "additionalProperties": {"type": "array", "items": _num}},
+                               "marks": {"type": "array", "items": {"type": "array", "prefixItems": [_num, _str]}}}}}}},
+        "skipped_lines": {"type": "integer"},
+    },
+}
