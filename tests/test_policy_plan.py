@@ -32,6 +32,7 @@ accounts:
   vision:
     fairshare: 10
     quota: {gpu: 4, cpu: 6, mem: 8Gi}
+    max_per_user: {gpu: 2}
     tiers: [high, normal]
     users: [alice]
 """
@@ -45,10 +46,10 @@ pool_high|2000|pool_normal|requeue||||DenyOnLimit
 pool_normal|1000||requeue||||DenyOnLimit
 """
 LIVE_ASSOC = """\
-root|||1||||normal||
-root|root||1||||normal||
-vision|||10|cpu=6,gres/gpu=4,mem=8G|||pool_high,pool_normal|pool_normal|root
-vision|alice||1||||pool_high,pool_normal|pool_normal|
+root|||1|||normal||
+root|root||1|||normal||
+vision|||10|cpu=6,gres/gpu=4,mem=8G||pool_high,pool_normal|pool_normal|root
+vision|alice||1|gres/gpu=2||pool_high,pool_normal|pool_normal|
 """
 LIVE_CONFIG = """\
 Configuration data as of 2026-12-01T15:19:22
@@ -91,7 +92,9 @@ def test_plan_against_an_empty_cluster_creates_everything_in_order(policy) -> No
     assert "sacctmgr -i add account vision Parent=root" in cmds
     assert ("sacctmgr -i modify account where name=vision set Fairshare=10 "
             "GrpTRES=cpu=6,gres/gpu=4,mem=8192 QOS=pool_high,pool_normal DefaultQOS=pool_normal") in cmds
-    assert cmds[-1] == "sacctmgr -i add user alice Account=vision"
+    # The per-user cap is the GrpTRES of the user's own association.
+    assert cmds[-2:] == ["sacctmgr -i add user alice Account=vision",
+                         "sacctmgr -i modify user where name=alice account=vision set GrpTRES=gres/gpu=2"]
     assert plan.conf_values["PreemptType"] == "preempt/qos"
     assert plan.conf_values["AccountingStorageEnforce"] == "associations,limits,qos,safe"
     assert plan.conf_values["JobSubmitPlugins"] == "lua"

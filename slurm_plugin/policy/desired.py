@@ -5,8 +5,9 @@
   ``PreemptMode=requeue``; ``DenyOnLimit`` so a job over a Max* limit is
   refused at submission instead of pending forever;
 - one account per team with its association limits (GrpTRES = quota,
-  MaxTRESPerUser, MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
-  tier) and one user association per listed user;
+  MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
+  tier) and one user association per listed user, whose own GrpTRES is
+  the account's per-user cap (associations have no MaxTRESPerUser);
 - the slurm.conf settings the policy needs (``ConfSetting``), partition
   settings for time slicing, and fragments ``apply`` does not write because
   they describe hardware (gres.conf shards, cgroup.conf).
@@ -73,17 +74,17 @@ def _assocs(policy: PolicySpec) -> dict[tuple[str, str], AssocState]:
             account=name,
             fairshare=acct.fairshare,
             grp_tres=acct.quota.as_slurm() if acct.quota else {},
-            max_tres_per_user=acct.max_per_user.as_slurm() if acct.max_per_user else {},
             max_wall=v.time_seconds(str(acct.max_wall)) if acct.max_wall is not None else None,
             qos=qos,
             default_qos=policy.qos_name(default) if default else "",
             parent=acct.parent or "root",
         )
         out[(name, "")] = state
+        per_user = acct.max_per_user.as_slurm() if acct.max_per_user else {}
         for user in acct.users:
-            # A user association inherits the account's limits; only QOS is
-            # copied so the user can submit to the tiers of the account.
-            out[(name, user)] = AssocState(account=name, user=user, qos=qos,
+            # A user association inherits the account's QOS (sacctmgr copies it,
+            # checked live); its own GrpTRES is the per-user cap in this account.
+            out[(name, user)] = AssocState(account=name, user=user, grp_tres=per_user, qos=qos,
                                            default_qos=state.default_qos)
     return out
 

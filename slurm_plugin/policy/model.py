@@ -178,7 +178,8 @@ class Account(_Section):
 
     fairshare: int = Field(1, ge=1, le=1_000_000, description="Fairshare (shares)")
     quota: Tres | None = Field(None, description="GrpTRES: everything the team runs at once")
-    max_per_user: Tres | None = Field(None, description="MaxTRESPerUser")
+    max_per_user: Tres | None = Field(None, description="cap per listed user in this account "
+                                      "(GrpTRES of the user's association)")
     max_wall: str | int | None = None
     tiers: list[str] | None = Field(None, description="tiers (QOS) the team may use; default: all")
     users: list[str] = Field(default_factory=list)
@@ -311,13 +312,14 @@ class PolicySpec(_Section):
                             hint=f"did you mean {near!r}?" if near else "add it to the priority list")
 
     def _check_gpu_types(self) -> None:
-        types = set(self.resources.gpu.type) if self.resources.gpu else set()
+        # GRES types compare case-insensitively (TRES names are lower-case).
+        types = {t.lower() for t in self.resources.gpu.type} if self.resources.gpu else set()
         for aname, acct in self.accounts.items():
             for field_name in ("quota", "max_per_user"):
                 tres = getattr(acct, field_name)
                 for key in (tres.model_extra or {}) if tres else {}:
                     base, _, gtype = key.partition(":")
-                    if base == "gpu" and gtype and gtype not in types:
+                    if base == "gpu" and gtype and gtype.lower() not in types:
                         raise SpecIssue(f"GPU type {gtype!r} is not in resources.gpu.type",
                                         path=("accounts", aname, field_name, key),
                                         hint=f"one of: {', '.join(sorted(types)) or 'none listed'}")

@@ -161,20 +161,21 @@ def _assoc_changes(desired: DesiredState, live: LiveState) -> list[Change]:
             changes.append(ch)
     for (acct, user), want in users:
         old = live.assocs.get((acct, user))
+        target, where = f"{user}@{acct}", ["modify", "user", "where", f"name={user}", f"account={acct}"]
+        # Only what the policy sets on a user association; the rest is inherited.
+        diffs = [(opt, a, b) for opt, a, b in _diff_objects(old, want, AssocState(acct, user))
+                 if opt in ("GrpTRES", "QOS", "DefaultQOS")]
+        commands: list[tuple[str, ...]] = []
         if old is None:
-            # The new association inherits the account's QOS and limits (checked live).
-            changes.append(Change("user", f"{user}@{acct}", "add", (FieldChange("Account", "(absent)", acct),),
-                                  ((*SACCTMGR, "add", "user", user, f"Account={acct}"),)))
-            continue
-        ch = _object_change("user", f"{user}@{acct}", old, want, AssocState(acct, user),
-                            [], ["modify", "user", "where", f"name={user}", f"account={acct}"])
-        if ch:
-            ch_fields = tuple(f for f in ch.fields if f.option in ("QOS", "DefaultQOS"))
-            if ch_fields:
-                sets = [f"{f.option}={f.wanted}" for f in ch_fields]
-                changes.append(Change("user", ch.target, "modify", ch_fields,
-                                      ((*SACCTMGR, "modify", "user", "where", f"name={user}",
-                                        f"account={acct}", "set", *sets),)))
+            # The new association inherits the account's QOS (checked live).
+            commands.append((*SACCTMGR, "add", "user", user, f"Account={acct}"))
+            diffs = [d for d in diffs if d[0] == "GrpTRES"]
+        if diffs:
+            commands.append((*SACCTMGR, *where, "set", *(f"{o}={_set_value(o, a, b)}" for o, a, b in diffs)))
+        if commands:
+            shown = tuple(FieldChange(o, "(absent)" if old is None else _show(o, a), _show(o, b))
+                          for o, a, b in diffs) or (FieldChange("Account", "(absent)", acct),)
+            changes.append(Change("user", target, "add" if old is None else "modify", shown, tuple(commands)))
     return changes
 
 

@@ -20,7 +20,9 @@ from hetrun.slurm_plugin.policy.model import size_mb
 Runner = Callable[[Sequence[str]], str]
 
 QOS_FORMAT = "Name,Priority,Preempt,PreemptMode,MaxWall,GrpTRES,MaxTRESPU,Flags"
-ASSOC_FORMAT = "Account,User,Partition,Fairshare,GrpTRES,MaxTRESPU,MaxWall,QOS,DefaultQOS,ParentName"
+# Associations have no MaxTRESPerUser (a QOS limit): a per-user cap inside an
+# account is the GrpTRES of that user's own association.
+ASSOC_FORMAT = "Account,User,Partition,Fairshare,GrpTRES,MaxWall,QOS,DefaultQOS,ParentName"
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,6 @@ class AssocState:
     user: str = ""
     fairshare: int = 1
     grp_tres: dict[str, int] = field(default_factory=dict)
-    max_tres_per_user: dict[str, int] = field(default_factory=dict)
     max_wall: int | None = None
     qos: tuple[str, ...] = ()
     default_qos: str = ""
@@ -112,14 +113,14 @@ def parse_assocs(text: str) -> dict[tuple[str, str], AssocState]:
     out: dict[tuple[str, str], AssocState] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 10:
+        if len(parts) != 9:
             continue
-        account, user, partition, share, grp, maxpu, wall, qos, defqos, parent = parts
+        account, user, partition, share, grp, wall, qos, defqos, parent = parts
         if partition:
             continue  # per-partition associations are not managed by the policy
         share_n = int(share) if share.lstrip("-").isdigit() else 1
-        out[(account, user)] = AssocState(account, user, share_n, parse_tres(grp), parse_tres(maxpu),
-                                          parse_wall(wall), _names(qos), defqos, parent)
+        out[(account, user)] = AssocState(account, user, share_n, parse_tres(grp), parse_wall(wall),
+                                          _names(qos), defqos, parent)
     return out
 
 
