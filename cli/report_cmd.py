@@ -177,6 +177,30 @@ def _print_outcome(console, rep) -> None:
         console.print(f"  also: {more}", markup=False, highlight=False)
 
 
+def _print_vs(a, b, as_json: bool) -> None:
+    from hetrun.runtime.report_compare import compare
+
+    rows = compare(a, b)
+    if as_json:
+        typer.echo(json.dumps({"a": a.run_dir, "b": b.run_dir, "rows": rows}, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    t = Table(show_edge=False, pad_edge=False, title=f"A = {a.name} ({a.run_dir})\nB = {b.name} ({b.run_dir})")
+    for col in ("METRIC", "UNIT", "A", "B", "B/A"):
+        t.add_column(col, justify="left" if col in ("METRIC", "UNIT") else "right")
+    for r in rows:
+        t.add_row(r["metric"], r["unit"], fmt(r["a"]), fmt(r["b"]),
+                  "-" if r["ratio"] is None else f"{r['ratio']:.2f}x")
+    Console(width=200 if not Console().is_terminal else None).print(t)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
@@ -188,6 +212,10 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
         per_rank: Annotated[bool, typer.Option(
             "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
+        vs: Annotated[Optional[str], typer.Option(
+            "--vs", help="Compare with this run (B): the two side by side with B/A.")] = None,
+        gantt: Annotated[bool, typer.Option(
+            "--timeline/--no-timeline", help="Show the per-rank timeline (one row per rank).")] = True,
         verify: Annotated[bool, typer.Option(
             "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
         schema: Annotated[bool, typer.Option(
@@ -212,6 +240,9 @@ def register(app: typer.Typer) -> None:
 
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)
+        if vs is not None:
+            _print_vs(rep, build_report(_resolve(vs, runs_dir), verify_checkpoints=verify, prices=table), as_json)
+            return
         if as_json:
             typer.echo(json.dumps(rep.to_dict(), indent=2, default=str))
             return
@@ -252,6 +283,12 @@ def register(app: typer.Typer) -> None:
         console.print(tl)
         for pair, secs in rep.overlap_s.items():
             console.print(f"components running at the same time ({pair}): {_dur(secs)}")
+        if gantt:
+            from hetrun.cli.report_timeline_view import timeline_rows
+
+            labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
+            for line in timeline_rows(rep.timeline, labels, console.width):
+                console.print(line, no_wrap=True, overflow="crop")
 
         if per_rank and rep.ranks:
             r = Table(title="ranks", show_edge=False, pad_edge=False)
