@@ -33,7 +33,7 @@ MOE = {"workload_args": {"d_model": 16, "n_layers": 1, "num_experts": 4, "num_gr
                          "seq_len": 16, "batch_size": 2, "corpus_bytes": 400000},
        "components": {"learner": {"nodes": 1, "tasks_per_node": 1}},
        "training": {"iterations": 8, "micro_batches": 2, "eval_interval": 4},
-       "checkpoint": {"interval": 2, "keep": 10, "max_delta_chain": 1},
+       "checkpoint": {"interval": 2, "keep": 10},
        "comms": {"forward_codec": "none", "backward_codec": "none"}}
 
 
