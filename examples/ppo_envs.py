@@ -84,7 +84,9 @@ def _require_state(env_id: str, raw: gym.Env) -> None:
 def capture_env_state(envs: SyncVectorEnv, env_id: str) -> list[dict[str, Any]]:
     """JSON-able state of every sub-environment (physics, step counters, RNG)."""
     out: list[dict[str, Any]] = []
-    for env in envs.envs:
+    # Pending autoresets (used by the NEXT_STEP mode; SAME_STEP leaves them False).
+    autoreset = [bool(x) for x in getattr(envs, "_autoreset_envs", [False] * len(envs.envs))]
+    for env, pending in zip(envs.envs, autoreset, strict=True):
         raw: Any = env.unwrapped  # classic-control envs keep their physics in `state`
         _require_state(env_id, raw)
         limit: Any = _time_limit(env)
@@ -95,6 +97,7 @@ def capture_env_state(envs: SyncVectorEnv, env_id: str) -> list[dict[str, Any]]:
                 "steps_beyond_terminated": getattr(raw, "steps_beyond_terminated", None),
                 "elapsed_steps": limit._elapsed_steps if limit is not None else None,
                 "rng": raw.np_random.bit_generator.state,
+                "autoreset": pending,
             }
         )
     return out
@@ -118,3 +121,6 @@ def restore_env_state(envs: SyncVectorEnv, env_id: str, states: list[dict[str, A
         if limit is not None and st["elapsed_steps"] is not None:
             limit._elapsed_steps = int(st["elapsed_steps"])
         raw.np_random.bit_generator.state = st["rng"]
+    flags = getattr(envs, "_autoreset_envs", None)
+    if flags is not None:
+        flags[:] = [bool(st.get("autoreset", False)) for st in states]
