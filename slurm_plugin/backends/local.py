@@ -7,9 +7,13 @@ one ``mpirun`` MPMD launch with one app context per component and
 or, when ``mpirun`` is absent and the job has a single rank, as one plain
 process (the runtime's MPI world is then a singleton; several ranks without
 mpirun would each see a world of one, so that is refused). It plays
-the batch script's part: forwards USR1/TERM, restarts on exit code 85 up to
-``preemption.max_restarts`` (HETRUN_RESTART_COUNT tells the runtime it is a
-restart), and records the outcome in ``<run_dir>/local.json``.
+the batch script's part: forwards USR1/TERM, and after each attempt runs the
+same post-mortem as the batch script (``hetrun.slurm_plugin.postmortem``:
+names a dead rank from mpirun's report, writes ``rank_failure`` and
+``attempt_end``, applies ``preemption.max_preemptions`` / ``max_failures``),
+restarts when it says so (HETRUN_RESTART_COUNT tells the runtime it is a
+restart), and records the outcome in ``<run_dir>/local.json``. mpirun's own
+messages of attempt N go to ``logs/mpirun-N.err`` (and the supervisor's log).
 
 ``run.json`` keeps the supervisor's pid and its start time from /proc, so
 status and cancel never mistake a recycled pid for the run.
@@ -33,7 +37,7 @@ from typing import Any
 
 from hetrun.dag.errors import RunDirError, SlurmError
 
-from ..render import REQUEUE_EXIT_CODE
+from ..postmortem import finish_attempt
 from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, utc_now_iso, write_atomic
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 
@@ -158,6 +162,7 @@ class _Supervisor:
         self.children: list[subprocess.Popen[bytes]] = []
         self.cancelled = False
         self.requeue_asked = False
+        self.warned: str | None = None  # the warning signal forwarded in this attempt (USR1/USR2)
         self.state: dict[str, Any] = {}
 
     def _write(self, **changes: Any) -> None:
@@ -179,6 +184,7 @@ class _Supervisor:
             self.requeue_asked = True
             self._signal_children(signal.SIGTERM)
         else:  # USR1/USR2: the preemption warning, as Slurm's --signal would send it
+            self.warned = signal.Signals(signum).name.removeprefix("SIG")
             self._signal_children(signum)
 
     def _start(self, restarts: int) -> str:
@@ -189,12 +195,15 @@ class _Supervisor:
         self.children = []
         if launcher == "processes":
             env["HETRUN_COMPONENT"] = comps[0][0]
-        for argv in cmds:
-            child_env = env
-            # Own process group: signals reach mpirun and every rank it started.
-            self.children.append(subprocess.Popen(argv, env=child_env, cwd=self.run_dir,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+        with self._launcher_log(restarts).open("wb") as err:
+            for argv in cmds:
+                # Own process group: signals reach mpirun and every rank it started.
+                self.children.append(subprocess.Popen(argv, env=env, cwd=self.run_dir, stderr=err,
+                                                      stdin=subprocess.DEVNULL, start_new_session=True))
         return launcher
+
+    def _launcher_log(self, restarts: int) -> Path:
+        return self.run_dir / LOGS / f"mpirun-{restarts}.err"
 
     def _wait(self) -> int:
         deadline = None
@@ -210,11 +219,26 @@ class _Supervisor:
         # Like srun: the highest exit code wins; death by signal N reads as 128+N.
         return max((c if c >= 0 else 128 - c) for c in (ch.returncode for ch in self.children))
 
+    def _finish(self, restarts: int, rc: int, launcher: str) -> tuple[bool, dict[str, Any]]:
+        """The post-mortem of one attempt (the batch script's, in-process)."""
+        text = self._launcher_log(restarts).read_text(errors="replace")
+        sys.stderr.write(text)
+        forced, why = None, ""
+        if self.cancelled:
+            forced, why = "cancelled", "cancelled (SIGTERM/SIGINT to the supervisor)"
+        elif self.requeue_asked:
+            forced, why = "preempted", "requeue asked (hetrun requeue: SIGHUP to the supervisor)"
+        requeue, rec = finish_attempt(self.run_dir, restart=restarts, exit_code=rc, launcher="mpirun",
+                                      log_text=text if launcher == "mpirun" else "", trapped=self.warned,
+                                      forced=forced, forced_reason=why)
+        sys.stderr.write(f"hetrun: attempt {restarts} ended: {rec['outcome']}: {rec['reason']}\n")
+        sys.stderr.flush()
+        self._write(outcome=rec["outcome"], reason=rec["reason"], failed_ranks=rec["failed_ranks"])
+        return requeue and not self.cancelled, rec
+
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, self._on_signal)
-        _, plan = _plan_components(self.run_dir)
-        max_restarts = int((plan.get("preemption") or {}).get("max_restarts", 3))
         restarts = 0
         self._write(state="RUNNING", supervisor_pid=os.getpid(), started_at=utc_now_iso(),
                     restarts=0, exit_code=None, ended_at=None)
@@ -226,15 +250,16 @@ class _Supervisor:
             self._write(state="RUNNING", launcher=launcher, restarts=restarts,
                         child_pids=[c.pid for c in self.children])
             rc = self._wait()
+            requeue, rec = self._finish(restarts, rc, launcher)
             if self.cancelled:
                 self._write(state="CANCELLED", exit_code=rc, ended_at=utc_now_iso())
                 return rc
-            if (rc == REQUEUE_EXIT_CODE or self.requeue_asked) and restarts < max_restarts:
-                self.requeue_asked = False
+            if requeue:
+                self.requeue_asked, self.warned = False, None
                 restarts += 1
                 self._write(state="REQUEUED", exit_code=rc)
                 continue
-            final = "COMPLETED" if rc == 0 else "FAILED"
+            final = "COMPLETED" if rec["outcome"] == "done" else "FAILED"
             self._write(state=final, exit_code=rc, ended_at=utc_now_iso())
             return rc
 
