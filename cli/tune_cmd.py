@@ -1,0 +1,86 @@
+"""`hetrun tune RUN`: component sizes that balance the pipeline at the lowest cost per env step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def tune(
+        run: Annotated[str, typer.Argument(metavar="RUN", help="Run directory, run name (prefix) or job id.")],
+        runs_dir: Annotated[Optional[Path], typer.Option(
+            "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
+            help="Where run directories live (default ./runs).")] = None,
+        margin: Annotated[float, typer.Option(
+            "--margin", min=0.0, help="Memory headroom over the measured peak (0.25 = +25%).")] = 0.25,
+        max_cores: Annotated[Optional[int], typer.Option(
+            "--max-cores", min=1, help="Cores the proposal may use (default: the measured job's).")] = None,
+        skip: Annotated[int, typer.Option(
+            "--skip", min=0, help="Start-up iterations left out of the demand.")] = 1,
+        model: Annotated[Optional[Path], typer.Option(
+            "--model", help="A demand LSTM (JSON, from benchmarks/demand_prediction.py --save); "
+                            "default: EWMA of the busy seconds.")] = None,
+        prices: Annotated[Optional[Path], typer.Option(
+            "--prices", envvar="HETRUN_PRICES", show_envvar=True,
+            help="Price table YAML (as `hetrun report`).")] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the proposal as JSON.")] = False,
+    ) -> None:
+        """Propose ranks and memory per component from the run's measured demand, with the expected effect.
+
+        Resubmitting with the proposal resumes nothing yet: `hetrun resubmit --resize`
+        (restoring into a different number of ranks) is not implemented.
+        """
+        import json
+
+        from hetrun.runtime.demand.sizing import propose
+        from hetrun.runtime.report_cost import load_prices, prices_path
+
+        run_dir = _resolve(run, runs_dir)
+        predictor = None
+        if model is not None:
+            from hetrun.runtime.demand.lstm import load_chooser
+
+            predictor = load_chooser(model)
+        result = propose(run_dir, load_prices(prices_path(prices)), predictor=predictor, margin=margin,
+                         max_cores=max_cores, skip=skip)
+        if as_json:
+            typer.echo(json.dumps(result.to_json(), indent=2))
+            return
+        _print(result)
+
+
+def _resolve(ref: str, runs_dir: Path | None) -> Path:
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    from hetrun.slurm_plugin.rundir import find_run, runs_root
+
+    return Path(find_run(ref, runs_root(runs_dir)).run_dir)
+
+
+def _print(p: object) -> None:
+    from hetrun.runtime.demand.sizing import Proposal
+    from rich.console import Console
+    from rich.table import Table
+
+    assert isinstance(p, Proposal)
+    table = Table(title=f"hetrun tune {Path(p.run_dir).name}  (demand: {p.predictor})")
+    for col in ("component", "ranks", "cpus/task", "mem", "busy s/1k steps", "utilization"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for now, new in zip(p.current, p.proposed, strict=True):
+        table.add_row(now.name, f"{now.ranks} -> {new.ranks}", str(new.cpus_per_task),
+                      f"{now.mem_mb}M -> {new.mem_mb}M", f"{now.busy_s_per_step * 1000:.3f}",
+                      f"{now.utilization:.0%} -> {new.utilization:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(f"env steps/s: measured {p.measured_steps_per_s:,.0f}; model {p.current_steps_per_s:,.0f} "
+                  f"-> {p.proposed_steps_per_s:,.0f} proposed")
+    console.print(f"cost per 1M env steps: {p.current_cost_per_m:.4f} -> {p.proposed_cost_per_m:.4f} "
+                  f"{p.currency} ({p.cost_cut:+.1%} cut)")
+    for note in p.notes:
+        console.print(f"note: {note}")
+    console.print("resubmit with: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))

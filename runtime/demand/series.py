@@ -1,0 +1,107 @@
+"""Demand series of one run: per (component, action type, metric), one value per iteration.
+
+Read from ``events.jsonl`` (runtime/events.py ``read_events``) action lines:
+- ``busy_s``: rank-seconds the component spent in actions of that type in the
+  iteration (summed over its ranks: the work to be spread over ranks);
+- ``bytes``: bytes those actions moved (summed);
+- ``peak_mem``: the largest ``peak_mem`` a rank reported (bytes).
+The type is the event's ``type`` (a fused dispatch counts as its first member's).
+Iterations a restart ran twice keep the last attempt's events.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetrun.runtime.events import read_events
+
+METRICS = ("busy_s", "bytes", "peak_mem")
+
+
+@dataclass
+class DemandSeries:
+    component: str
+    action_type: str
+    metric: str
+    values: list[float]  # in iteration order
+    iterations: list[int]
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.component, self.action_type, self.metric)
+
+
+@dataclass
+class RunDemand:
+    """Every series of a run, plus what sizing needs: ranks per component and env steps."""
+
+    run_dir: str
+    series: dict[tuple[str, str, str], DemandSeries]
+    ranks: dict[str, int]  # component -> ranks seen in start events
+    steps_per_iteration: dict[int, int] = field(default_factory=dict)  # iteration -> env steps/samples
+    wall_s: float = 0.0  # first action start to last action end
+    spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # iteration -> (first start, last end)
+
+    def steps_per_s(self, skip: int = 0) -> float:
+        """Env steps (or samples) per second over iterations >= ``skip`` (start-up left out)."""
+        its = [i for i in sorted(self.spans) if i >= skip] or sorted(self.spans)
+        if not its:
+            return 0.0
+        wall = max(self.spans[i][1] for i in its) - min(self.spans[i][0] for i in its)
+        return sum(self.steps_per_iteration.get(i, 0) for i in its) / wall if wall > 0 else 0.0
+
+    def get(self, component: str, action_type: str, metric: str) -> DemandSeries | None:
+        return self.series.get((component, action_type, metric))
+
+
+def _action_events(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, set[int]]]:
+    """Action events with start/end, a redone iteration's earlier attempts dropped; ranks per component."""
+    ranks: dict[str, set[int]] = defaultdict(set)
+    attempt: dict[int, int] = defaultdict(int)  # rank -> attempt its lines belong to (start lines say)
+    tagged: list[tuple[int, dict[str, Any]]] = []
+    newest: dict[tuple[int, int], int] = {}
+    for e in read_events(run_dir):
+        rank = int(e.get("rank", 0))
+        if e.get("ev") == "start":
+            ranks[str(e.get("component"))].add(rank)
+            attempt[rank] = int(e.get("restart_count") or 0)
+        elif e.get("ev") == "action" and "start" in e and "end" in e:
+            key = (rank, int(e.get("iteration", 0)))
+            newest[key] = max(newest.get(key, 0), attempt[rank])
+            tagged.append((attempt[rank], e))
+    kept = [e for att, e in tagged if att == newest[(int(e.get("rank", 0)), int(e.get("iteration", 0)))]]
+    return kept, ranks
+
+
+def read_demand(run_dir: str | os.PathLike[str]) -> RunDemand:
+    """The demand series of ``run_dir`` (empty when it has no action events yet)."""
+    acc: dict[tuple[str, str, int], dict[str, float]] = defaultdict(
+        lambda: {"busy_s": 0.0, "bytes": 0.0, "peak_mem": 0.0})
+    steps: dict[int, int] = defaultdict(int)
+    first, last = float("inf"), 0.0
+    spans: dict[int, tuple[float, float]] = {}
+    events, ranks = _action_events(run_dir)
+    for e in events:
+        it = int(e.get("iteration", 0))
+        row = acc[(str(e.get("component")), str(e.get("type")), it)]
+        row["busy_s"] += max(0.0, float(e["end"]) - float(e["start"]))
+        row["bytes"] += float(e.get("bytes") or 0)
+        row["peak_mem"] = max(row["peak_mem"], float(e.get("peak_mem") or 0))
+        if e.get("type") == "rollout" and e.get("steps") is not None:
+            steps[it] += int(e["steps"])
+        elif e.get("samples") is not None:
+            steps[it] += int(e["samples"])
+        first, last = min(first, float(e["start"])), max(last, float(e["end"]))
+        lo, hi = spans.get(it, (float(e["start"]), float(e["end"])))
+        spans[it] = (min(lo, float(e["start"])), max(hi, float(e["end"])))
+    series: dict[tuple[str, str, str], DemandSeries] = {}
+    for (comp, kind, it) in sorted(acc, key=lambda k: (k[0], k[1], k[2])):
+        for metric in METRICS:
+            s = series.setdefault((comp, kind, metric), DemandSeries(comp, kind, metric, [], []))
+            s.values.append(acc[(comp, kind, it)][metric])
+            s.iterations.append(it)
+    return RunDemand(str(run_dir), series, {c: len(r) for c, r in ranks.items()}, dict(steps),
+                     max(0.0, last - first) if last else 0.0, spans)

@@ -1,0 +1,206 @@
+"""``hetrun tune``: component sizes from a run's measured (and predicted) demand.
+
+Model (stated so a reader can check it): every component's work grows with
+the env steps (or samples) of an iteration, and each component's ranks split
+it evenly. From the run's steady iterations, component c costs ``r_c``
+rank-seconds per env step (its predicted busy seconds per iteration over the
+steps of an iteration). With ``n_c`` ranks the pipeline moves at
+``min_c n_c / r_c`` steps per second (the slowest component sets the pace;
+the others wait), and a step costs ``sum_c n_c * price_c / throughput``
+where ``price_c`` is the component's hourly rank price from the report's price
+table (cpus x core_hour + gpus x gpu_hour). Within the same number of cores
+as the measured job (or ``max_cores``), the proposal is the rank mix with the
+lowest cost per step, ties going to the higher throughput. Communication
+does not enter the model: adding data-parallel learners adds gradient
+all-reduces it does not price.
+
+Memory: the largest peak a rank of the component reported, plus ``margin``,
+rounded up to 64 MiB. cpus_per_task stays as measured: events do not say how
+an action would scale with more threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetrun.dag.errors import SpecError
+
+from .predictors import EWMA, Predictor
+from .series import RunDemand, read_demand
+
+_MIB = 1024 * 1024
+
+
+@dataclass
+class ComponentSize:
+    name: str
+    ranks: int
+    cpus_per_task: int
+    gpus_per_rank: float
+    mem_mb: int
+    busy_s_per_step: float = 0.0  # rank-seconds per env step (predicted)
+    utilization: float = 0.0  # busy share of its ranks' time at the model's pace
+
+
+@dataclass
+class Proposal:
+    run_dir: str
+    steps_per_iteration: float
+    measured_steps_per_s: float
+    current: list[ComponentSize]
+    proposed: list[ComponentSize]
+    current_steps_per_s: float  # the model's figure for the measured sizes
+    proposed_steps_per_s: float
+    current_cost_per_m: float  # currency per million env steps
+    proposed_cost_per_m: float
+    currency: str
+    predictor: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cost_cut(self) -> float:
+        return 1.0 - self.proposed_cost_per_m / self.current_cost_per_m if self.current_cost_per_m else 0.0
+
+    def overrides(self) -> list[str]:
+        """``--set`` arguments that give a new submit the proposed sizes."""
+        out = []
+        for c in self.proposed:
+            out += [f"components.{c.name}.nodes={c.ranks}", f"components.{c.name}.tasks_per_node=1",
+                    f"components.{c.name}.mem={c.mem_mb}M"]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "cost_cut": self.cost_cut, "overrides": self.overrides()}
+
+
+def _plan(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "plan.json"
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"no plan.json in the run directory ({exc.strerror})", file=str(path),
+                        hint="give the directory `hetrun submit` created (runs/<name>-<stamp>-<id>)") from exc
+    except json.JSONDecodeError as exc:
+        raise SpecError(f"plan.json is not JSON: {exc}", file=str(path)) from exc
+
+
+def _steady(values: list[float], skip: int) -> list[float]:
+    return values[skip:] if len(values) > skip + 1 else values
+
+
+def predicted_busy(demand: RunDemand, component: str, predictor: Predictor, skip: int) -> float:
+    """Predicted busy rank-seconds of ``component`` per iteration, its action types summed.
+
+    Each type's series is predicted on its own (the chooser may use the LSTM for
+    some types only) and weighted by how often the type runs (eval every k iterations).
+    """
+    iterations = len(demand.spans) or 1
+    total = 0.0
+    for (comp, _kind, metric), s in demand.series.items():
+        if comp != component or metric != "busy_s" or not s.values:
+            continue
+        values = _steady(s.values, skip if len(s.values) == iterations else 0)
+        total += predictor.predict(values, s) * len(s.values) / iterations
+    return total
+
+
+def peak_memory_mb(demand: RunDemand, component: str) -> float:
+    peaks = [max(s.values) for (comp, _k, m), s in demand.series.items()
+             if comp == component and m == "peak_mem" and s.values]
+    return max(peaks) / _MIB if peaks else 0.0
+
+
+def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | None) -> tuple[float, float]:
+    """(price per rank-hour, gpus per rank) from the price table (partition rates override)."""
+    rates = {**prices, **(prices.get("partitions", {}).get(partition or "", {}))}
+    gpu_rate = rates.get("gpu_hour", 0.0)
+    if isinstance(gpu_rate, dict):
+        gpu_rate = gpu_rate.get("default", 0.0)
+    ntasks = max(1, int(comp.get("ntasks", 1)))
+    gpus = float(comp.get("gpus_per_node", 0)) * int(comp.get("nodes", 1)) / ntasks
+    cpu_rate = float(rates.get("core_hour", 0.0))
+    return int(comp.get("cpus_per_task", 1)) * cpu_rate + gpus * float(gpu_rate), gpus
+
+
+def _pace(ranks: tuple[int, ...], per_step: list[float]) -> float:
+    """Steps per second of the pipeline: its slowest component's."""
+    rates = [n / r for n, r in zip(ranks, per_step, strict=True) if r > 0]
+    return min(rates) if rates else 0.0
+
+
+def _cost_per_m(ranks: tuple[int, ...], price: list[float], pace: float) -> float:
+    per_hour = sum(n * p for n, p in zip(ranks, price, strict=True))
+    return per_hour / 3600.0 / pace * 1e6 if pace > 0 else math.inf
+
+
+def _search(per_step: list[float], price: list[float], cpus: list[int], max_cores: int,
+            max_ranks: int) -> tuple[int, ...]:
+    best: tuple[float, float, tuple[int, ...]] | None = None
+    for ranks in itertools.product(range(1, max_ranks + 1), repeat=len(per_step)):
+        if sum(n * c for n, c in zip(ranks, cpus, strict=True)) > max_cores:
+            continue
+        pace = _pace(ranks, per_step)
+        key = (round(_cost_per_m(ranks, price, pace), 12), -pace, ranks)
+        if best is None or key < best:
+            best = key
+    if best is None:
+        raise SpecError(f"no rank mix fits in {max_cores} cores",
+                        hint="raise --max-cores to at least one rank per component")
+    return best[2]
+
+
+def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predictor: Predictor | None = None,
+            margin: float = 0.25, max_cores: int | None = None, skip: int = 1) -> Proposal:
+    """The sizing proposal for ``run_dir`` (module docstring: the model and its limits)."""
+    run = Path(run_dir)
+    plan = _plan(run)
+    demand = read_demand(run)
+    comps = plan.get("components", [])
+    if not demand.series:
+        raise SpecError("the run has no action events yet", file=str(run / "events.jsonl"),
+                        hint="tune a run that has completed a few iterations")
+    predictor = predictor or EWMA()
+    steps_all = [demand.steps_per_iteration[i] for i in sorted(demand.steps_per_iteration)]
+    steps = statistics.median(_steady(steps_all, skip)) if steps_all else 0.0
+    if steps <= 0:
+        raise SpecError("the run's events count no env steps or samples per iteration",
+                        file=str(run / "events.jsonl"), hint="tune runs whose rollouts report `steps`")
+    partition = (plan.get("slurm") or {}).get("partition")
+    current, per_step, price, cpus = [], [], [], []
+    for comp in comps:
+        name = comp["name"]
+        work = predicted_busy(demand, name, predictor, skip)
+        rank_price, gpus = _rank_price(comp, prices, partition)
+        ranks_run = demand.ranks.get(name, int(comp["ntasks"]))  # in-process: one per component
+        current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus,
+                                     int(comp["mem_mb"]), work / steps))
+        per_step.append(work / steps)
+        price.append(rank_price)
+        cpus.append(int(comp["cpus_per_task"]))
+    now = tuple(c.ranks for c in current)
+    budget = max_cores or sum(n * c for n, c in zip(now, cpus, strict=True))
+    best = _search(per_step, price, cpus, budget, max_ranks=max(budget, 1))
+    pace_now, pace_new = _pace(now, per_step), _pace(best, per_step)
+    proposed = []
+    for c, n in zip(current, best, strict=True):
+        mem = peak_memory_mb(demand, c.name) * (1 + margin)
+        mem_mb = max(64, math.ceil(mem / 64) * 64) if mem else c.mem_mb
+        proposed.append(ComponentSize(c.name, n, c.cpus_per_task, c.gpus_per_rank, mem_mb, c.busy_s_per_step,
+                                      c.busy_s_per_step * pace_new / n))
+        c.utilization = c.busy_s_per_step * pace_now / c.ranks
+    measured = demand.steps_per_s(skip)
+    notes = ["cpus_per_task kept: events do not say how an action scales with threads",
+             "gradient all-reduce between added learner ranks is not priced"]
+    if len(comps) == 1:
+        notes.append("one component: nothing to balance; only memory is resized")
+    return Proposal(str(run), steps, measured, current, proposed, pace_now, pace_new,
+                    _cost_per_m(now, price, pace_now), _cost_per_m(best, price, pace_new),
+                    str(prices.get("currency", "USD")), getattr(predictor, "name", "?"), notes)
+

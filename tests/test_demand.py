@@ -1,0 +1,174 @@
+"""Demand series, predictors and `hetrun tune` on recorded runs.
+
+Recorded runs are real: short in-process PPO CartPole jobs (the runtime's own
+events.jsonl). Two cases use a hand-written events.jsonl (the documented
+format) where the answer must be known exactly: the restart rule and the
+balance of the rank search.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hetrun.dag.errors import SpecError
+from hetrun.dag.overrides import Overrides
+from hetrun.dag.plan import build_plan
+from hetrun.dag.spec import load_spec
+from hetrun.runtime.demand.predictors import EWMA, Chooser, LastValue, evaluate
+from hetrun.runtime.demand.series import DemandSeries, read_demand
+from hetrun.runtime.demand.sizing import propose
+from hetrun.runtime.inprocess import run_inprocess
+from hetrun.runtime.report_cost import DEFAULT_PRICES
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def record_cartpole(run_dir: Path, iterations: int = 8) -> Path:
+    spec = load_spec(EXAMPLES / "ppo_cartpole.yaml", Overrides(sets=[
+        f"training.iterations={iterations}", "training.eval_interval=4", "checkpoint.interval=0",
+        "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 2}"]))
+    plan = build_plan(spec)
+    run_dir.mkdir(parents=True)
+    (run_dir / "plan.json").write_text(plan.to_json())
+    assert run_inprocess(json.loads(plan.to_json()), run_dir=run_dir).exit_code == 0
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return record_cartpole(tmp_path_factory.mktemp("demand") / "run")
+
+
+def test_series_of_a_recorded_run(cartpole_run: Path) -> None:
+    d = read_demand(cartpole_run)
+    assert d.ranks == {"learner": 1, "rollout": 1}
+    assert d.steps_per_iteration == {i: 4 * 64 for i in range(8)}
+    rollout_busy = d.get("rollout", "rollout", "busy_s")
+    assert rollout_busy is not None and rollout_busy.iterations == list(range(8))
+    assert all(v > 0 for v in rollout_busy.values)
+    rollout_bytes = d.get("rollout", "rollout", "bytes")
+    assert rollout_bytes is not None and min(rollout_bytes.values) > 4 * 64 * 4  # obs alone are 4 floats
+    eval_busy = d.get("learner", "eval", "busy_s")
+    assert eval_busy is not None and eval_busy.iterations == [3, 7]  # eval_interval 4
+    peak = d.get("learner", "forward", "peak_mem")
+    assert peak is not None and min(peak.values) > 10 * 2**20
+    assert d.steps_per_s(skip=1) > 0
+
+
+def write_events(run_dir: Path, lines: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+def action(rank: int, comp: str, kind: str, it: int, start: float, secs: float, **extra: object) -> dict:
+    return {"ev": "action", "rank": rank, "component": comp, "type": kind, "id": kind, "iteration": it,
+            "start": start, "end": start + secs, "bytes": 10, "peak_mem": 2**20, **extra}
+
+
+def test_an_iteration_redone_after_a_restart_counts_once(tmp_path: Path) -> None:
+    write_events(tmp_path, [
+        {"ev": "start", "rank": 0, "component": "learner", "restart_count": 0},
+        action(0, "learner", "forward", 0, 0.0, 1.0),
+        action(0, "learner", "forward", 1, 1.0, 5.0),  # lost: the job was preempted in it
+        {"ev": "start", "rank": 0, "component": "learner", "restart_count": 1},
+        action(0, "learner", "forward", 1, 10.0, 2.0),
+    ])
+    s = read_demand(tmp_path).get("learner", "forward", "busy_s")
+    assert s is not None and s.values == [1.0, 2.0]
+
+
+def series(values: list[float], kind: str = "rollout") -> DemandSeries:
+    return DemandSeries("c", kind, "busy_s", values, list(range(len(values))))
+
+
+def test_last_value_and_ewma_errors_are_exact() -> None:
+    step = series([1.0, 1.0, 1.0, 3.0, 3.0])
+    last = evaluate(LastValue(), [step], warmup=1)
+    assert last.n == 4 and last.mae == pytest.approx(2.0 / 4)  # only the jump is missed
+    assert last.relative == pytest.approx(2.0 / (1 + 1 + 3 + 3))
+    assert EWMA(0.5).predict([1.0, 3.0], step) == pytest.approx(2.0)
+    assert evaluate(EWMA(), [series([2.0] * 6)]).mae == 0.0
+
+
+def test_lstm_learns_a_pattern_ewma_cannot_and_survives_json(tmp_path: Path) -> None:
+    from hetrun.runtime.demand.lstm import LSTMPredictor, load_chooser, save_chooser
+
+    def periodic(phase: int) -> DemandSeries:  # e.g. an action that is heavy every third iteration
+        return series([3.0 if (i + phase) % 3 == 0 else 1.0 for i in range(30)])
+
+    lstm = LSTMPredictor(seed=0)
+    lstm.fit([periodic(0), periodic(1)], steps=400)
+    held_out = [periodic(2)]
+    lstm_err, ewma_err = evaluate(lstm, held_out), evaluate(EWMA(), held_out)
+    assert lstm_err.mae < 0.5 * ewma_err.mae, (lstm_err.mae, ewma_err.mae)
+
+    chooser = Chooser(EWMA(), lstm)
+    flat = DemandSeries("c", "optimize", "busy_s", [2.0] * 30, list(range(30)))
+    assert chooser.choose([*held_out, flat]) == {("busy_s", "rollout"): True, ("busy_s", "optimize"): False}
+    save_chooser(chooser, tmp_path / "model.json")
+    again = load_chooser(tmp_path / "model.json")
+    assert again.use_lstm == {("busy_s", "rollout"): True}
+    history = held_out[0].values[:10]
+    assert again.predict(history, held_out[0]) == pytest.approx(chooser.predict(history, held_out[0]))
+    assert again.predict(history, flat) == EWMA().predict(history, flat)  # EWMA where it won
+
+
+def test_a_broken_model_file_is_a_spec_error(tmp_path: Path) -> None:
+    from hetrun.runtime.demand.lstm import load_chooser
+
+    bad = tmp_path / "model.json"
+    bad.write_text('{"lstm": {"kind": "something else"}, "alpha": 0.3, "use_lstm": []}')
+    with pytest.raises(SpecError, match="cannot load the demand model") as err:
+        load_chooser(bad)
+    assert str(bad) in str(err.value)
+
+
+def plan_json(run_dir: Path, comps: list[tuple[str, int]]) -> None:
+    (run_dir / "plan.json").write_text(json.dumps({"components": [
+        {"name": n, "ntasks": k, "nodes": k, "cpus_per_task": 1, "gpus_per_node": 0, "mem_mb": 4096}
+        for n, k in comps], "slurm": {"partition": "debug"}}))
+
+
+def test_the_search_balances_a_pipeline_whose_rollouts_cost_three_times_more(tmp_path: Path) -> None:
+    lines = [{"ev": "start", "rank": 0, "component": "learner"},
+             {"ev": "start", "rank": 1, "component": "rollout"}]
+    for it in range(6):  # rollout 3 s, learner 1 s for the same 100 steps, 1 rank each
+        lines += [action(1, "rollout", "rollout", it, 4.0 * it, 3.0, steps=100),
+                  action(0, "learner", "forward", it, 4.0 * it + 3.0, 1.0)]
+    write_events(tmp_path, lines)
+    plan_json(tmp_path, [("learner", 1), ("rollout", 1)])
+    p = propose(tmp_path, DEFAULT_PRICES, max_cores=4)
+    assert [(c.name, c.ranks) for c in p.proposed] == [("learner", 1), ("rollout", 3)]
+    assert p.current_steps_per_s == pytest.approx(100 / 3)
+    assert p.proposed_steps_per_s == pytest.approx(100.0)  # both sides busy all the time
+    assert [c.utilization for c in p.proposed] == pytest.approx([1.0, 1.0])
+    # 2 cores at 33 steps/s -> 4 cores at 100 steps/s: a step costs 2/3 of what it did
+    assert p.cost_cut == pytest.approx(1 - (4 / 100) / (2 / (100 / 3)))
+    assert all(c.mem_mb == 64 for c in p.proposed)  # 1 MiB peak + 25%, rounded up to 64 MiB
+    assert "components.rollout.nodes=3" in p.overrides()
+
+
+def test_tune_a_recorded_run_from_the_command_line(cartpole_run: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "tune", str(cartpole_run), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert [c["name"] for c in doc["proposed"]] == ["learner", "rollout"]
+    assert doc["proposed_cost_per_m"] <= doc["current_cost_per_m"]
+    peak_mb = max(max(s.values) for k, s in read_demand(cartpole_run).series.items() if k[2] == "peak_mem")
+    assert all(c["mem_mb"] >= peak_mb / 2**20 for c in doc["proposed"])
+    text = subprocess.run([sys.executable, "-m", "hetrun.cli", "tune", str(cartpole_run)],
+                          capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0 and "cost per 1M env steps" in text.stdout
+
+
+def test_tune_without_a_plan_names_the_file(tmp_path: Path) -> None:
+    write_events(tmp_path, [action(0, "learner", "forward", 0, 0.0, 1.0)])
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "tune", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "plan.json" in out.stderr and "Traceback" not in out.stderr
