@@ -37,6 +37,7 @@ _COMMAND_MODULES = (
     "report_cmd",
     "cluster_cmd",
     "ckpt_cmd",
+    "tune_cmd",
     "pool_cmd",
     "policy_cmd",
 )
