@@ -196,3 +196,13 @@ def test_a_foreign_slurm_conf_is_refused_unless_allowed(policy, tmp_path: Path) 
     backup, _ = write_conf(plan, conf, foreign_conf=True)
     assert backup is not None and "preempt/none" in backup.read_text()
     assert "PreemptType=preempt/qos" in conf.read_text()
+
+
+def test_associations_are_scoped_to_the_live_cluster(policy) -> None:
+    # One slurmdbd may serve several clusters; QOS are global, associations are not.
+    plan = _plan(policy, LiveState({}, {}, {}, {}, cluster="site"))
+    cmds = [" ".join(c) for ch in plan.changes for c in ch.commands]
+    assert "sacctmgr -i add account vision Parent=root Cluster=site" in cmds
+    assert any(c.startswith("sacctmgr -i modify account where name=vision cluster=site set ") for c in cmds)
+    assert "sacctmgr -i add user alice Account=vision Cluster=site" in cmds
+    assert "sacctmgr -i add qos pool_high" in cmds

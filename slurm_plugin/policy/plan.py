@@ -152,23 +152,26 @@ def _assoc_changes(desired: DesiredState, live: LiveState) -> list[Change]:
     changes = []
     accounts = [(k, a) for k, a in desired.assocs.items() if not k[1]]
     users = [(k, a) for k, a in desired.assocs.items() if k[1]]
+    on = [f"Cluster={live.cluster}"] if live.cluster else []
+    where_on = [f"cluster={live.cluster}"] if live.cluster else []
     for (acct, _), want in accounts:
         old = live.assocs.get((acct, ""))
         ch = _object_change("account", acct, old, want, AssocState(acct, parent="root"),
-                            ["add", "account", acct, f"Parent={want.parent}"],
-                            ["modify", "account", "where", f"name={acct}"])
+                            ["add", "account", acct, f"Parent={want.parent}", *on],
+                            ["modify", "account", "where", f"name={acct}", *where_on])
         if ch:
             changes.append(ch)
     for (acct, user), want in users:
         old = live.assocs.get((acct, user))
-        target, where = f"{user}@{acct}", ["modify", "user", "where", f"name={user}", f"account={acct}"]
+        target = f"{user}@{acct}"
+        where = ["modify", "user", "where", f"name={user}", f"account={acct}", *where_on]
         # Only what the policy sets on a user association; the rest is inherited.
         diffs = [(opt, a, b) for opt, a, b in _diff_objects(old, want, AssocState(acct, user))
                  if opt in ("GrpTRES", "QOS", "DefaultQOS")]
         commands: list[tuple[str, ...]] = []
         if old is None:
             # The new association inherits the account's QOS (checked live).
-            commands.append((*SACCTMGR, "add", "user", user, f"Account={acct}"))
+            commands.append((*SACCTMGR, "add", "user", user, f"Account={acct}", *on))
             diffs = [d for d in diffs if d[0] == "GrpTRES"]
         if diffs:
             commands.append((*SACCTMGR, *where, "set", *(f"{o}={_set_value(o, a, b)}" for o, a, b in diffs)))

@@ -57,6 +57,7 @@ class LiveState:
     assocs: dict[tuple[str, str], AssocState]  # (account, user)
     config: dict[str, str]  # scontrol show config, keys as printed
     partitions: dict[str, dict[str, str]]  # scontrol show partition -o, per partition
+    cluster: str | None = None  # ClusterName: associations are per cluster, QOS are not
 
 
 def parse_tres(text: str) -> dict[str, int]:
@@ -143,9 +144,12 @@ def parse_partitions(text: str) -> dict[str, dict[str, str]]:
 
 
 def read_live(run: Runner) -> LiveState:
-    """The live cluster's QOS, associations and config; ``run(argv) -> stdout``."""
-    qos = parse_qos(run(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FORMAT}"]))
-    assocs = parse_assocs(run(["sacctmgr", "-n", "-P", "show", "assoc", f"format={ASSOC_FORMAT}"]))
+    """The live cluster's QOS, its associations and config; ``run(argv) -> stdout``."""
     config = parse_config(run(["scontrol", "show", "config"]))
+    cluster = config.get("ClusterName") or None
+    # One slurmdbd may serve several clusters: only this cluster's associations.
+    where = ["where", f"cluster={cluster}"] if cluster else []
+    qos = parse_qos(run(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FORMAT}"]))
+    assocs = parse_assocs(run(["sacctmgr", "-n", "-P", "show", "assoc", *where, f"format={ASSOC_FORMAT}"]))
     partitions = parse_partitions(run(["scontrol", "show", "partition", "-o"]))
-    return LiveState(qos, assocs, config, partitions)
+    return LiveState(qos, assocs, config, partitions, cluster)
