@@ -189,7 +189,8 @@ class PPOWorkload(Workload):
         n, t_len = rewards.shape
         values = self.critic(obs).squeeze(-1)  # [N, T]
         # An episode cut by the time limit did not end: bootstrap its last reward with V(s_final).
-        rewards = rewards + cfg.gamma * batch["truncated"] * self.critic(batch["trunc_obs"]).squeeze(-1)
+        if batch["truncated"].any():  # most batches cut no episode: skip a critic pass over trunc_obs
+            rewards = rewards + cfg.gamma * batch["truncated"] * self.critic(batch["trunc_obs"]).squeeze(-1)
         next_value = self.critic(batch["last_obs"]).squeeze(-1)  # [N]
         advantages = torch.zeros(n, t_len)
         last_gae = torch.zeros(n)

@@ -1,0 +1,235 @@
+"""Atari environments for the PPO example: gymnasium + ale-py, standard preprocessing.
+
+The wrapper stack follows CleanRL's ``ppo_atari.py`` (itself the DQN paper's
+preprocessing), built from gymnasium's own wrappers where they exist:
+
+    ALE env (frameskip=1)                      ale-py ships the ROMs: nothing is downloaded
+    GameScore         the real game's score and length, across lives (what users report)
+    AtariPreprocessing  noop reset (1..30 no-ops), frame skip 4 with max-pool over the
+                        last two frames, grey 84x84
+    EpisodicLife      a lost life ends the *training* episode; the game goes on
+    FireReset         press FIRE after a reset in games that wait for it (Breakout)
+    TransformReward   reward clipped to its sign
+    FrameStackObservation  the last 4 frames: observation uint8 [4, 84, 84]
+
+``repeat_action_probability`` defaults to 0 as in CleanRL's ``*NoFrameskip-v4``
+ids (v5's sticky actions, 0.25, are available by setting it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ale_py
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from hetrun.dag.errors import SpecError
+
+gym.register_envs(ale_py)
+
+
+@dataclass(frozen=True)
+class AtariSettings:
+    env_id: str = "ALE/Breakout-v5"
+    repeat_action_probability: float = 0.0
+    frame_size: int = 84
+    frame_stack: int = 4
+    frame_skip: int = 4
+    noop_max: int = 30
+    episodic_life: bool = True
+    clip_reward: bool = True
+
+    @property
+    def obs_shape(self) -> tuple[int, int, int]:
+        return (self.frame_stack, self.frame_size, self.frame_size)
+
+
+class GameScore(gym.Wrapper):
+    """Sums the raw reward of a whole game (all lives); finished games wait in ``finished``.
+
+    It sits below EpisodicLife, so a lost life does not end its count: the
+    figures match what CleanRL logs as ``episodic_return``.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.score = 0.0
+        self.length = 0  # agent steps
+        self.finished: list[tuple[float, int]] = []
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.score += float(reward)
+        self.length += 1
+        if terminated or truncated:
+            self.finished.append((self.score, self.length))
+            self.score, self.length = 0.0, 0
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.score, self.length = 0.0, 0
+        return self.env.reset(**kwargs)
+
+
+class EpisodicLife(gym.Wrapper):
+    """A lost life is a terminal state for learning; the next reset continues the same game."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.lives = 0
+        self.game_over = True
+
+    def _ale_lives(self) -> int:
+        return int(self.env.unwrapped.ale.lives())  # type: ignore[attr-defined]
+
+    def step(self, action: Any) -> Any:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.game_over = bool(terminated or truncated)
+        lives = self._ale_lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs: Any) -> Any:
+        if self.game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:  # a no-op step moves on from the lost life without restarting the game
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.game_over = False
+        self.lives = self._ale_lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Press FIRE (then action 2) after a reset: games like Breakout wait for it."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.env.reset(**kwargs)
+        obs = info = None
+        for action in (1, 2):
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def _check_env_id(env_id: str) -> gym.envs.registration.EnvSpec:
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as exc:
+        raise SpecError(
+            f"unknown gymnasium environment {env_id!r} ({exc})",
+            key_path="workload_args.env_id", value=env_id,
+            hint="use an ale-py id such as ALE/Breakout-v5 or ALE/Pong-v5",
+        ) from exc
+    if not str(spec.entry_point).startswith("ale_py"):
+        raise SpecError(
+            f"{env_id} is not an Atari (ale-py) environment",
+            key_path="workload_args.env_id", value=env_id,
+            hint="use an ALE/<Game>-v5 id, or hetrun.examples.ppo:PPOWorkload for classic control",
+        )
+    return spec
+
+
+def make_atari_env(s: AtariSettings) -> gym.Env:
+    """One preprocessed Atari env (see the module docstring for the wrapper order)."""
+    _check_env_id(s.env_id)
+    env: gym.Env = gym.make(s.env_id, frameskip=1, repeat_action_probability=s.repeat_action_probability,
+                            full_action_space=False)
+    env = GameScore(env)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=s.noop_max, frame_skip=s.frame_skip,
+                                          screen_size=s.frame_size, grayscale_obs=True,
+                                          terminal_on_life_loss=False, scale_obs=False)
+    if s.episodic_life:
+        env = EpisodicLife(env)
+    if "FIRE" in env.unwrapped.get_action_meanings():  # type: ignore[attr-defined]
+        env = FireReset(env)
+    if s.clip_reward:
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+    return gym.wrappers.FrameStackObservation(env, s.frame_stack)
+
+
+def num_actions(s: AtariSettings) -> int:
+    """Size of the game's minimal action set."""
+    _check_env_id(s.env_id)
+    probe = gym.make(s.env_id, full_action_space=False)
+    try:
+        return int(probe.action_space.n)  # type: ignore[attr-defined]
+    finally:
+        probe.close()
+
+
+def _score_of(env: gym.Env) -> GameScore:
+    while not isinstance(env, GameScore):
+        env = env.env  # type: ignore[attr-defined]
+    return env
+
+
+class AtariVector:
+    """``num_envs`` preprocessed games stepped in lock-step, with finished games' real scores.
+
+    SAME_STEP autoreset: the step that ends a training episode already returns
+    the next one's first observation, so every transition is a real one.
+    """
+
+    def __init__(self, s: AtariSettings, num_envs: int, seed: int) -> None:
+        self.envs = SyncVectorEnv([lambda: make_atari_env(s) for _ in range(num_envs)],
+                                  autoreset_mode=AutoresetMode.SAME_STEP)
+        self.scores = [_score_of(e) for e in self.envs.envs]
+        self.obs, _ = self.envs.reset(seed=[seed + i for i in range(num_envs)])  # uint8 [N,C,H,W]
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(obs, clipped rewards, done) after one agent step; done = lost life or game over."""
+        obs, reward, terminated, truncated, _ = self.envs.step(actions)
+        self.obs = obs
+        # ALE's 108k-frame cap counts as game over, as in CleanRL: nothing is bootstrapped.
+        return obs, reward, np.logical_or(terminated, truncated)
+
+    def pop_finished(self) -> tuple[list[float], list[int]]:
+        """Scores and lengths (agent steps) of the games finished since the last call."""
+        returns: list[float] = []
+        lengths: list[int] = []
+        for tracker in self.scores:
+            for score, length in tracker.finished:
+                returns.append(score)
+                lengths.append(length)
+            tracker.finished.clear()
+        return returns, lengths
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def play_games(s: AtariSettings, games: int, seed: int, choose: Any, max_steps: int) -> np.ndarray:
+    """Real scores of ``games`` games, one per env, actions from ``choose(obs uint8 [N,C,H,W])``.
+
+    A game still running after ``max_steps`` agent steps counts with its score so far.
+    """
+    vec = AtariVector(s, games, seed)
+    scores = np.full(games, np.nan)
+    try:
+        for _ in range(max_steps):
+            vec.step(np.asarray(choose(vec.obs)))
+            for i, tracker in enumerate(vec.scores):
+                if tracker.finished and np.isnan(scores[i]):
+                    scores[i] = tracker.finished[0][0]
+                tracker.finished.clear()
+            if not np.isnan(scores).any():
+                break
+        running = np.isnan(scores)
+        scores[running] = [vec.scores[i].score for i in np.flatnonzero(running)]
+    finally:
+        vec.close()
+    return scores
+
+
+def random_policy_scores(s: AtariSettings, games: int, seed: int, max_steps: int) -> np.ndarray:
+    """The uniform-random baseline every Atari result is compared against."""
+    n = num_actions(s)
+    rng = np.random.default_rng(seed)
+    return play_games(s, games, seed, lambda obs: rng.integers(n, size=len(obs)), max_steps)

@@ -1,0 +1,270 @@
+"""PPO on Atari (gymnasium + ale-py) with an IMPALA-style residual CNN, as a hetrun workload.
+
+The PPO update is examples/ppo.py's, unchanged (clipped surrogate, GAE, value
+loss, entropy bonus, minibatch epochs, staleness via behaviour log-probs);
+this class swaps in what Atari needs:
+- observations are uint8 frame stacks [4, 84, 84] (examples/atari_envs.py),
+  shipped to the learner as uint8 (4x fewer bytes than float);
+- one network with a shared IMPALA encoder and two heads. ``actor`` and
+  ``critic`` are views of it, so the PPO code calls them as before; the loss
+  calls both on the same minibatch, and the encoder runs once for the pair;
+- episodic returns are real game scores across lives, as CleanRL logs them;
+  training episodes end at a lost life, and rewards are clipped to their sign.
+
+Rollout ranks step the games and run the policy on CPU; learner ranks train.
+
+Resume rule (documented, deterministic): the running games are not part of a
+checkpoint (an ALE state plus the wrappers' frame buffers would be); a restored
+rollout rank starts fresh games seeded by ``SeedSequence([seed, rank,
+policy_version])``, ``policy_version`` being the restored one. Weights,
+optimizer, version, step counts and the action-sampling generator resume exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from hetrun.runtime.context import RankContext
+from torch import Tensor, nn
+
+from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
+from .atari_ppo_args import AtariPPOWorkloadArgs
+from .ppo import PPOWorkload
+
+# ---------------------------------------------------------------- configuration
+
+
+def atari_settings(cfg: AtariPPOWorkloadArgs) -> AtariSettings:
+    return AtariSettings(env_id=cfg.env_id, repeat_action_probability=cfg.repeat_action_probability,
+                         frame_size=cfg.frame_size, frame_stack=cfg.frame_stack, noop_max=cfg.noop_max)
+
+
+# ---------------------------------------------------------------- network
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    """IMPALA stage: conv 3x3, max-pool 3x3 stride 2, two residual blocks."""
+
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1)
+        self.pool = nn.MaxPool2d(3, stride=2, padding=1)
+        self.res0, self.res1 = ResidualBlock(c_out), ResidualBlock(c_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaAgent(nn.Module):
+    """IMPALA encoder (CleanRL's ppo_atari_envpool IMPALA variant) with policy and value heads.
+
+    Input uint8 frames [..., C, H, W] (or flattened [..., C*H*W]); scaled to [0, 1] inside.
+    """
+
+    def __init__(self, obs_shape: tuple[int, int, int], width: int, hidden: int, n_actions: int,
+                 gen: torch.Generator) -> None:
+        super().__init__()
+        self.obs_shape = obs_shape
+        chans = [obs_shape[0], width, 2 * width, 2 * width]
+        self.stages = nn.Sequential(*(ConvSequence(a, b) for a, b in itertools.pairwise(chans)))
+        side = obs_shape[1]
+        for _ in range(3):
+            side = (side + 1) // 2
+        self.fc = nn.Linear(chans[-1] * side * side, hidden)
+        self.policy = nn.Linear(hidden, n_actions)
+        self.value = nn.Linear(hidden, 1)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d | nn.Linear):
+                gain = {id(self.policy): 0.01, id(self.value): 1.0}.get(id(module), math.sqrt(2))
+                nn.init.orthogonal_(module.weight, gain, generator=gen)
+                nn.init.zeros_(module.bias)
+        self._pending: tuple[Tensor, bool, Tensor] | None = None
+
+    def features(self, obs: Tensor) -> Tensor:
+        c, h, w = self.obs_shape
+        lead = obs.shape[:-3] if tuple(obs.shape[-3:]) == self.obs_shape else obs.shape[:-1]
+        x = obs.reshape(-1, c, h, w).float() / 255.0  # [B, C, H, W]
+        x = torch.relu(self.stages(x)).flatten(1)
+        return torch.relu(self.fc(x)).reshape(*lead, -1)  # [..., hidden]
+
+    def shared_features(self, obs: Tensor) -> Tensor:
+        """Features of ``obs``, reused once by the next call on an equal input.
+
+        PPO's loss evaluates the actor and then the critic on the same minibatch;
+        handing the second call the first one's features (same autograd graph)
+        runs the encoder once per pair, as a two-headed network does.
+        """
+        pending, self._pending = self._pending, None
+        grad = torch.is_grad_enabled()
+        if pending is not None:
+            seen, seen_grad, feats = pending
+            if seen_grad == grad and seen.shape == obs.shape and torch.equal(seen, obs):
+                return feats
+        feats = self.features(obs)
+        self._pending = (obs, grad, feats)
+        return feats
+
+
+class _Head(nn.Module):
+    """``actor`` (logits) or ``critic`` (value [..., 1]) as a module of its own, sharing the agent."""
+
+    def __init__(self, agent: ImpalaAgent, which: str) -> None:
+        super().__init__()
+        self.agent = agent
+        self.which = which
+
+    def forward(self, obs: Tensor) -> Tensor:
+        head = self.agent.policy if self.which == "policy" else self.agent.value
+        return head(self.agent.shared_features(obs))
+
+
+# ---------------------------------------------------------------- the workload
+
+
+class AtariPPOWorkload(PPOWorkload):
+    """One instance per rank: ``AtariPPOWorkload(ctx, **workload_args)``."""
+
+    def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
+        self.ctx = ctx
+        self.workload_args = workload_args
+        self.cfg = cfg = AtariPPOWorkloadArgs.from_args(workload_args)
+        self.settings = atari_settings(cfg)
+        self._init_common(ctx)
+        torch.set_num_threads(cfg.torch_threads)
+        self.n_actions = num_actions(self.settings)
+        self.obs_shape = self.settings.obs_shape
+        self.agent = ImpalaAgent(self.obs_shape, cfg.impala_width, cfg.hidden, self.n_actions,
+                                 torch.Generator().manual_seed(int(ctx.seed)))
+        self.actor = _Head(self.agent, "policy")
+        self.critic = _Head(self.agent, "value")
+        self._vec: AtariVector | None = None
+
+    def _init_common(self, ctx: RankContext) -> None:
+        """The per-rank state PPOWorkload keeps (version, counters, streams), without its MLPs."""
+        from collections import deque
+
+        self._optimizer: torch.optim.Adam | None = None
+        self.rank_seed = int(np.random.SeedSequence([int(ctx.seed), ctx.rank]).generate_state(1)[0])
+        self.gen = torch.Generator().manual_seed(self.rank_seed)
+        self.version = 0
+        self.env_steps = 0
+        self.recent_returns: deque[float] = deque(maxlen=20)
+        self._envs = None  # PPOWorkload's classic-control envs: never built here
+        self._obs = None
+        self._ep_return = self._ep_len = None
+        self._prepared = None
+        self._schedule = []
+        self._stats = {}
+        self.reward_threshold = None
+
+    # ------------------------------------------------------------ shared parameters
+
+    def parameters_to_sync(self) -> list[Tensor]:
+        return list(self.agent.parameters())  # actor and critic share them: each once
+
+    @property
+    def optimizer(self) -> torch.optim.Adam:
+        if self._optimizer is None:
+            self._optimizer = torch.optim.Adam(self.agent.parameters(), lr=self.cfg.learning_rate,
+                                               eps=1e-5)
+        return self._optimizer
+
+    # ------------------------------------------------------------ rollout side
+
+    def _games(self) -> AtariVector:
+        if self._vec is None:
+            n = self.cfg.num_envs
+            seed = np.random.SeedSequence([int(self.ctx.seed), self.ctx.rank, self.version])
+            self._vec = AtariVector(self.settings, n, int(seed.generate_state(1)[0]) % (2**31 - n))
+        return self._vec
+
+    @torch.no_grad()
+    def rollout(self, policy_version: int) -> dict[str, Tensor]:
+        """``num_steps`` agent steps of ``num_envs`` games; env-major tensors.
+
+        Keys as PPOWorkload.rollout's (obs uint8 [N,T,C,H,W], last_obs [N,C,H,W]);
+        ``truncated`` is all zeros: a game capped by ALE ends like a lost one.
+        """
+        vec = self._games()
+        n, t_len = self.cfg.num_envs, self.cfg.num_steps
+        obs = torch.empty(t_len, n, *self.obs_shape, dtype=torch.uint8)
+        actions = torch.empty(t_len, n, dtype=torch.int64)
+        logprobs = torch.empty(t_len, n)
+        rewards = torch.empty(t_len, n)
+        dones = torch.empty(t_len, n)
+        next_obs = torch.from_numpy(vec.obs)
+        for t in range(t_len):
+            obs[t] = next_obs
+            logp_all = torch.log_softmax(self.actor(next_obs), dim=-1)  # [N, A]
+            action = torch.multinomial(logp_all.exp(), 1, generator=self.gen)  # [N, 1]
+            actions[t] = action.squeeze(1)
+            logprobs[t] = logp_all.gather(1, action).squeeze(1)
+            o, r, done = vec.step(actions[t].numpy())
+            rewards[t] = torch.as_tensor(r, dtype=torch.float32)
+            dones[t] = torch.as_tensor(done, dtype=torch.float32)
+            next_obs = torch.from_numpy(o)
+        returns, lengths = vec.pop_finished()
+        self.env_steps += n * t_len
+        self.recent_returns.extend(returns)
+
+        def env_major(x: Tensor) -> Tensor:
+            return x.transpose(0, 1).contiguous()
+
+        return {
+            "obs": env_major(obs),
+            "actions": env_major(actions),
+            "logprobs": env_major(logprobs),
+            "rewards": env_major(rewards),
+            "dones": env_major(dones),
+            "truncated": torch.zeros(n, t_len),
+            "last_obs": next_obs.clone(),
+            "policy_version": torch.full((n,), int(policy_version), dtype=torch.int64),
+            "env_steps": torch.tensor([n * t_len], dtype=torch.int64),
+            "episode_returns": torch.tensor(returns, dtype=torch.float32),
+            "episode_lengths": torch.tensor(lengths, dtype=torch.int64),
+        }
+
+    # ------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Mean real score of ``eval_episodes`` games with sampled actions, seeded by (seed, version)."""
+        n = self.cfg.eval_episodes
+        seed = int(np.random.SeedSequence([int(self.ctx.seed), 1, self.version]).generate_state(1)[0])
+        gen = torch.Generator().manual_seed(seed)
+
+        def choose(obs: np.ndarray) -> np.ndarray:
+            probs = torch.softmax(self.actor(torch.from_numpy(obs)), -1)
+            return torch.multinomial(probs, 1, generator=gen).squeeze(1).numpy()
+
+        scores = play_games(self.settings, n, seed % (2**31 - n), choose, self.cfg.eval_max_steps)
+        return {
+            "eval_return_mean": float(scores.mean()),
+            "eval_return_min": float(scores.min()),
+            "eval_return_max": float(scores.max()),
+            "eval_return_std": float(scores.std(ddof=1)) if n > 1 else 0.0,
+            "eval_episodes": float(n),
+            "policy_version": float(self.version),
+        }
+
+    # ------------------------------------------------------------ checkpoint state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self._vec is not None:  # fresh games under the resume rule (module docstring)
+            self._vec.close()
+            self._vec = None

@@ -1,0 +1,38 @@
+"""``workload_args`` of ``hetrun.examples.atari_ppo:AtariPPOWorkload``, as a typed model.
+
+Light (no torch, no ale-py) so ``hetrun plan`` checks an Atari job's arguments
+without importing the workload (hetrun.dag.workload_args naming rule). The
+PPO keys are PPOWorkloadArgs'; the defaults are CleanRL's ppo_atari's.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from .ppo_args import PPOWorkloadArgs
+
+
+class AtariPPOWorkloadArgs(PPOWorkloadArgs):
+    env_id: str = Field("ALE/Breakout-v5", min_length=1, description="ale-py environment id")
+    learning_rate: float = Field(2.5e-4, gt=0)
+    clip_coef: float = Field(0.1, ge=0)
+    ent_coef: float = Field(0.01, ge=0)
+    hidden: int = Field(256, gt=0, description="width of the encoder's output layer")
+    impala_width: int = Field(16, gt=0, description="channels of the 3 conv stages: w, 2w, 2w")
+    repeat_action_probability: float = Field(0.0, ge=0, le=1, description="sticky actions (v5: 0.25)")
+    frame_size: int = Field(84, ge=8, description="grey frames are frame_size x frame_size")
+    frame_stack: int = Field(4, gt=0)
+    noop_max: int = Field(30, ge=0, description="random no-ops after a reset")
+    eval_episodes: int = Field(8, gt=0, description="games per evaluation")
+    eval_max_steps: int = Field(27_000, gt=0,
+                                description="agent steps per evaluation game (108k frames, ALE's cap)")
+
+    @model_validator(mode="after")
+    def _atari_id(self) -> AtariPPOWorkloadArgs:
+        from hetrun.dag.spec_errors import SpecIssue
+
+        if not self.env_id.startswith("ALE/"):
+            raise SpecIssue(f"{self.env_id!r} is not an ale-py id", path=("env_id",),
+                            hint="use ALE/<Game>-v5 (e.g. ALE/Breakout-v5); classic control runs "
+                                 "with hetrun.examples.ppo:PPOWorkload")
+        return self

@@ -1,0 +1,121 @@
+"""The Atari PPO example's parts: preprocessing, batches, the shared encoder, checkpoint state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hetrun.dag.errors import SpecError
+from hetrun.examples.atari_envs import AtariSettings, AtariVector, make_atari_env, num_actions
+from hetrun.examples.atari_ppo import AtariPPOWorkload
+from hetrun.runtime.context import RankContext
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_atari.yaml"
+SMALL = {"env_id": "ALE/Breakout-v5", "num_envs": 2, "num_steps": 16, "impala_width": 4, "hidden": 32,
+         "num_minibatches": 2, "update_epochs": 1, "eval_episodes": 2, "eval_max_steps": 50}
+
+
+def ctx(rank: int, component: str) -> RankContext:
+    return RankContext(rank=rank, world_size=2, component=component, comp_rank=0, comp_size=1,
+                       group=None, comm=None, device="cpu", seed=3, run_dir=Path("."), mode="inprocess")
+
+
+def test_preprocessing_gives_stacked_grey_84x84_frames_and_a_life_ends_an_episode() -> None:
+    s = AtariSettings(env_id="ALE/Breakout-v5")
+    env = make_atari_env(s)
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert num_actions(s) == 4
+    lives_lost = 0
+    for _ in range(2000):  # NOOP after FireReset's launch: the ball is missed, a life goes
+        obs, reward, terminated, truncated, _ = env.step(0)
+        assert reward in (0.0, 1.0)  # clipped to its sign
+        if terminated:
+            lives_lost += 1
+            if env.unwrapped.ale.lives() > 0:  # type: ignore[attr-defined]
+                break
+            pytest.fail("the game ended before a single life was lost")
+        assert not truncated
+    assert lives_lost == 1 and not env.unwrapped.ale.game_over()  # type: ignore[attr-defined]
+
+
+def test_vector_games_report_real_scores_across_lives() -> None:
+    vec = AtariVector(AtariSettings(env_id="ALE/Breakout-v5"), 2, seed=0)
+    rng = np.random.default_rng(0)
+    finished: list[float] = []
+    lives_ended = 0
+    for _ in range(3000):
+        _, _, done = vec.step(rng.integers(4, size=2))
+        lives_ended += int(done.sum())
+        finished += vec.pop_finished()[0]
+        if len(finished) >= 2:
+            break
+    vec.close()
+    assert len(finished) >= 2
+    assert lives_ended >= 5 * len(finished)  # Breakout: 5 lives per game, each a training episode
+
+
+def test_rollout_batch_and_one_update() -> None:
+    learner, roller = AtariPPOWorkload(ctx(0, "learner"), **SMALL), AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    roller.load_policy(learner.policy_state(), 0)
+    batch = roller.rollout(0)
+    assert batch["obs"].shape == (2, 16, 4, 84, 84) and batch["obs"].dtype == torch.uint8
+    assert batch["last_obs"].shape == (2, 4, 84, 84)
+    assert batch["actions"].shape == batch["logprobs"].shape == batch["dones"].shape == (2, 16)
+    assert int(batch["env_steps"]) == 32
+    assert len(learner.parameters_to_sync()) == len({id(p) for p in learner.parameters_to_sync()})
+    before = [p.detach().clone() for p in learner.parameters_to_sync()]
+    for micro in range(2):
+        learner.backward(learner.forward(batch, micro, 2))
+    metrics = learner.optimize()
+    assert metrics["policy_version"] == 1.0 and metrics["env_steps"] == 32.0
+    assert all(not torch.equal(a, b) for a, b in zip(before, learner.parameters_to_sync(), strict=True))
+
+
+def test_the_encoder_runs_once_for_the_actor_and_critic_of_one_minibatch() -> None:
+    wl = AtariPPOWorkload(ctx(0, "learner"), **SMALL)
+    calls = []
+    real = wl.agent.features
+    wl.agent.features = lambda obs: calls.append(1) or real(obs)  # type: ignore[method-assign]
+    obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    logits, value = wl.actor(obs.clone()), wl.critic(obs.clone())
+    assert len(calls) == 1 and logits.shape == (3, 4) and value.shape == (3, 1)
+    (logits.sum() + value.sum()).backward()  # one graph: both heads' gradients reach the encoder
+    wl.critic(obs)
+    assert len(calls) == 2  # a pair is used once: the next call computes afresh
+    other = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
+    wl.actor(other)
+    wl.critic(obs)  # a different input: no reuse
+    assert len(calls) == 4
+
+
+def test_checkpoint_state_resumes_weights_optimizer_and_streams_exactly() -> None:
+    a = AtariPPOWorkload(ctx(0, "learner"), **SMALL)
+    roller = AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    batch = roller.rollout(0)
+    for micro in range(2):
+        a.backward(a.forward(batch, micro, 2))
+    a.optimize()
+    state = a.state_dict()
+    assert not any(isinstance(v, bytes) for v in state.values())
+    b = AtariPPOWorkload(ctx(0, "learner"), **SMALL)
+    b.load_state_dict(state)
+    for wl in (a, b):
+        for micro in range(2):
+            wl.backward(wl.forward(batch, micro, 2))
+        wl.optimize()
+    for pa, pb in zip(a.parameters_to_sync(), b.parameters_to_sync(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_a_non_atari_env_is_refused_before_anything_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "plan", str(EXAMPLE), "--set",
+                          "workload_args.env_id=CartPole-v1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "workload_args.env_id" in out.stderr and "ALE/" in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(SpecError, match="unknown gymnasium environment"):
+        num_actions(AtariSettings(env_id="ALE/NoSuchGame-v5"))
