@@ -15,7 +15,7 @@ from fake_runtime_jobs import fake_runtime, two_component_spec
 from hetrun.dag.errors import SlurmError
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend, launch_commands, proc_start_ticks
-from hetrun.slurm_plugin.rundir import read_run, wait_for
+from hetrun.slurm_plugin.rundir import events_of, read_run, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
@@ -144,3 +144,50 @@ def test_without_mpirun_a_single_rank_job_runs_as_a_plain_process(
     run_dir = Path(res.run.run_dir)
     assert (run_dir / "fake-single").read_text().strip() == f"component=learner run_dir={run_dir} restart=0"
     assert json.loads((run_dir / "local.json").read_text())["launcher"] == "processes"
+
+
+WARNED_RUNTIME = """#!/bin/bash
+# fake runtime for tests: waits for the warning signal, then exits 85 like a checkpointing
+# runtime; from restart $FAKE_LAST_RESTART on it completes at once.
+run_dir="$3"; rank="${OMPI_COMM_WORLD_RANK:-0}"
+if [ "$HETRUN_RESTART_COUNT" -ge "$FAKE_LAST_RESTART" ]; then exit 0; fi
+trap 'exit 85' USR1
+touch "$run_dir/ready-$HETRUN_RESTART_COUNT-$rank"
+while :; do sleep 0.1; done
+"""
+
+
+def _warn_each_attempt(run: object, run_dir: Path, attempts: int) -> None:
+    """SIGUSR1 to the supervisor once every rank of each attempt is up, ``attempts`` times."""
+    for restart in range(attempts):
+        assert wait_for(lambda r=restart: len(list(run_dir.glob(f"ready-{r}-*"))) == 3, 60, 0.1), restart
+        os.kill(int(run.pids["supervisor"]), 10)  # type: ignore[attr-defined]
+
+
+def test_fifth_preemption_does_not_end_the_run_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETRUN_LOCAL_PYTHON", str(fake_runtime(tmp_path, "fake.sh", WARNED_RUNTIME)))
+    monkeypatch.setenv("FAKE_LAST_RESTART", "5")
+    res = submit_spec(two_component_spec("five-warnings", rollout_nodes=2), backend="local",
+                      runs_dir=tmp_path / "runs")
+    run_dir = Path(res.run.run_dir)
+    _warn_each_attempt(res.run, run_dir, 5)
+    final = wait_for_end(res.run, LocalBackend(), timeout_s=120, poll_s=0.3)
+    assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
+    assert all(c.restarts == 5 for c in final.components)
+    ends = events_of(run_dir, ("attempt_end",))
+    assert [(e["restart_count"], e["outcome"], e["requeued"], e["signal"]) for e in ends] == [
+        *[(r, "time_limit", True, "USR1") for r in range(5)], (5, "done", False, None)]
+
+
+def test_max_preemptions_ends_the_run_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETRUN_LOCAL_PYTHON", str(fake_runtime(tmp_path, "fake.sh", WARNED_RUNTIME)))
+    monkeypatch.setenv("FAKE_LAST_RESTART", "9")
+    spec = two_component_spec("limited", rollout_nodes=2, preemption={"max_preemptions": 1})
+    res = submit_spec(spec, backend="local", runs_dir=tmp_path / "runs")
+    run_dir = Path(res.run.run_dir)
+    _warn_each_attempt(res.run, run_dir, 2)
+    final = wait_for_end(res.run, LocalBackend(), timeout_s=60, poll_s=0.3)
+    assert [(c.state, c.exit_code) for c in final.components] == [("FAILED", 85)] * 2, final
+    ends = events_of(run_dir, ("attempt_end",))
+    assert [(e["outcome"], e["requeued"]) for e in ends] == [("time_limit", True), ("time_limit", False)]
+    assert "preemption.max_preemptions (1) reached" in ends[-1]["reason"]
