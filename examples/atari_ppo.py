@@ -69,37 +69,54 @@ class ConvSequence(nn.Module):
         return self.res1(self.res0(self.pool(self.conv(x))))
 
 
-class ImpalaAgent(nn.Module):
-    """IMPALA encoder (CleanRL's ppo_atari_envpool IMPALA variant) with policy and value heads.
+class ImpalaEncoder(nn.Module):
+    """IMPALA encoder (CleanRL's ppo_atari_envpool IMPALA variant): 3 conv stages, a dense layer.
 
-    Input uint8 frames [..., C, H, W] (or flattened [..., C*H*W]); scaled to [0, 1] inside.
+    Input uint8 frames [B, C, H, W]; scaled to [0, 1] inside. Output [B, hidden].
     """
 
-    def __init__(self, obs_shape: tuple[int, int, int], width: int, hidden: int, n_actions: int,
-                 gen: torch.Generator) -> None:
+    def __init__(self, obs_shape: tuple[int, int, int], width: int, hidden: int) -> None:
         super().__init__()
-        self.obs_shape = obs_shape
         chans = [obs_shape[0], width, 2 * width, 2 * width]
         self.stages = nn.Sequential(*(ConvSequence(a, b) for a, b in itertools.pairwise(chans)))
         side = obs_shape[1]
         for _ in range(3):
             side = (side + 1) // 2
         self.fc = nn.Linear(chans[-1] * side * side, hidden)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = torch.relu(self.stages(x.float() / 255.0)).flatten(1)
+        return torch.relu(self.fc(x))
+
+
+def orthogonal_init(module: nn.Module, gen: torch.Generator, gains: dict[int, float]) -> None:
+    """CleanRL's layer_init: orthogonal weights (gain sqrt 2 unless ``gains[id(layer)]``), zero biases."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv2d | nn.Linear):
+            nn.init.orthogonal_(layer.weight, gains.get(id(layer), math.sqrt(2)), generator=gen)
+            nn.init.zeros_(layer.bias)
+
+
+class ImpalaAgent(nn.Module):
+    """The IMPALA encoder with policy and value heads.
+
+    Input uint8 frames [..., C, H, W] (or flattened [..., C*H*W], as PPO's minibatches are).
+    """
+
+    def __init__(self, obs_shape: tuple[int, int, int], width: int, hidden: int, n_actions: int,
+                 gen: torch.Generator) -> None:
+        super().__init__()
+        self.obs_shape = obs_shape
+        self.encoder = ImpalaEncoder(obs_shape, width, hidden)
         self.policy = nn.Linear(hidden, n_actions)
         self.value = nn.Linear(hidden, 1)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d | nn.Linear):
-                gain = {id(self.policy): 0.01, id(self.value): 1.0}.get(id(module), math.sqrt(2))
-                nn.init.orthogonal_(module.weight, gain, generator=gen)
-                nn.init.zeros_(module.bias)
+        orthogonal_init(self, gen, {id(self.policy): 0.01, id(self.value): 1.0})
         self._pending: tuple[Tensor, bool, Tensor] | None = None
 
     def features(self, obs: Tensor) -> Tensor:
         c, h, w = self.obs_shape
         lead = obs.shape[:-3] if tuple(obs.shape[-3:]) == self.obs_shape else obs.shape[:-1]
-        x = obs.reshape(-1, c, h, w).float() / 255.0  # [B, C, H, W]
-        x = torch.relu(self.stages(x)).flatten(1)
-        return torch.relu(self.fc(x)).reshape(*lead, -1)  # [..., hidden]
+        return self.encoder(obs.reshape(-1, c, h, w)).reshape(*lead, -1)  # [..., hidden]
 
     def shared_features(self, obs: Tensor) -> Tensor:
         """Features of ``obs``, reused once by the next call on an equal input.
