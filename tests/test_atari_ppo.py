@@ -119,3 +119,17 @@ def test_a_non_atari_env_is_refused_before_anything_runs() -> None:
     assert "workload_args.env_id" in out.stderr and "ALE/" in out.stderr and "Traceback" not in out.stderr
     with pytest.raises(SpecError, match="unknown gymnasium environment"):
         num_actions(AtariSettings(env_id="ALE/NoSuchGame-v5"))
+
+
+def test_a_restored_rollout_rank_plays_fresh_games_seeded_by_the_restored_version() -> None:
+    first = AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    first.load_policy(first.policy_state(), 5)
+    first.rollout(5)
+    state = first.state_dict()
+    a, b = AtariPPOWorkload(ctx(1, "rollout"), **SMALL), AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    a.load_state_dict(state)
+    b.load_state_dict(state)
+    ba, bb = a.rollout(5), b.rollout(5)
+    assert all(torch.equal(ba[k], bb[k]) for k in ba)  # the documented rule is deterministic
+    fresh = AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    assert not torch.equal(fresh.rollout(0)["obs"], ba["obs"])  # version 5's seeds, not version 0's
