@@ -78,6 +78,19 @@ class NodeTrouble:
 
 
 @dataclass
+class NodeFree:
+    """One node's free resources (for placement); a node in no usable state has none."""
+
+    name: str
+    partitions: tuple[str, ...]
+    gres: str
+    state: str
+    cpus_free: int
+    gpus_free: int
+    mem_free_mb: int
+
+
+@dataclass
 class PoolSnapshot:
     taken_at: float
     hours: float
@@ -86,6 +99,7 @@ class PoolSnapshot:
     accounts: list[AccountShare]
     troubled: list[NodeTrouble]
     running_jobs: int = 0
+    nodes: list[NodeFree] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -178,6 +192,20 @@ def rows_from_sinfo(data: dict[str, Any]) -> list[PoolRow]:
             row.gpus_total += _gpu_count(gres)
             row.gpus_alloc += _gpu_count(used)
     return [rows[k] for k in sorted(rows)]
+
+
+def nodes_from_sinfo(data: dict[str, Any]) -> list[NodeFree]:
+    out = []
+    for node in data.get("nodes") or []:
+        gres, used = parse_gres(node.get("gres")), parse_gres(node.get("gres_used"))
+        state = node_state(node)
+        usable = state in ("idle", "mixed")
+        out.append(NodeFree(
+            str(node.get("name")), tuple(node.get("partitions") or ()), _gres_key(gres), state,
+            int(node.get("cpus") or 0) - int(node.get("alloc_cpus") or 0) if usable else 0,
+            _gpu_count(gres) - _gpu_count(used) if usable else 0,
+            int(node.get("real_memory") or 0) - int(node.get("alloc_memory") or 0) if usable else 0))
+    return out
 
 
 def pending_from_squeue(data: dict[str, Any]) -> tuple[list[Pending], int]:
@@ -318,4 +346,4 @@ def collect(run: Runner | None = None, *, hours: float = 6.0, now: float | None 
     pending, running = pending_from_squeue(squeue)
     usage, node_fail = usage_from_sacct(sacct, now, hours)
     return PoolSnapshot(now, hours, rows_from_sinfo(sinfo), pending, accounts_from(shares, usage),
-                        troubled_nodes(sinfo, node_fail), running)
+                        troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo))
