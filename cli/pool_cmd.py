@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -67,8 +68,28 @@ def _render(snap: Any) -> Any:
     return Group(*parts)
 
 
+def _print_fit(job: Path, snap: Any) -> None:
+    """Each component's candidates against the pool, best first, with why the others lost."""
+    from hetrun.dag.spec import load_spec
+    from hetrun.slurm_plugin.placement import Need, score
+
+    spec = load_spec(job)
+    for name, comp in spec.components.items():
+        need = Need(comp.nodes, comp.tasks_per_node * comp.cpus_per_task, comp.gpus_per_node, comp.mem_mb)
+        typer.echo(f"component {name}: {need.nodes} node(s) x {need.cpus_per_node} CPUs, "
+                   f"{need.gpus_per_node} GPUs, {need.mem_mb_per_node} MB")
+        cands = score(need, snap)
+        if not cands:
+            typer.echo("  no partition / GPU type of this pool can ever hold it")
+        for i, c in enumerate(cands):
+            mark = "best" if i == 0 else ("tie " if c.score == cands[0].score else "lost")
+            typer.echo(f"  {mark} {c.partition:<12} {c.gres:<10} score {c.score:7.2f}  " + "; ".join(c.reasons))
+
+
 def pool(
     as_json: Annotated[bool, typer.Option("--json", help="Print the snapshot as JSON.")] = False,
+    fit: Annotated[Optional[Path], typer.Option(help="Score where each component of this job YAML "
+                                                "would fit best now (placement candidates).")] = None,
     watch: Annotated[Optional[float], typer.Option(help="Refresh every N seconds until Ctrl-C.")] = None,
     hours: Annotated[float, typer.Option(help="Window of the allocated-share history (sacct).")] = 6.0,
 ) -> None:
@@ -81,6 +102,9 @@ def pool(
         raise HetrunError(f"--hours {hours:g} is out of range", hint="give 0 < hours <= 2160")
     if watch is not None and watch < 1:
         raise HetrunError(f"--watch {watch:g} is too short", hint="refresh at most once a second")
+    if fit is not None:
+        _print_fit(fit, collect(hours=hours))
+        return
     if as_json:
         typer.echo(json.dumps(collect(hours=hours).to_json(), indent=1))
         return

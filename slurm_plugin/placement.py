@@ -10,7 +10,7 @@ and the reasons behind it, so ``plan --explain`` can show why one lost:
 - it fits now (enough nodes with the CPUs, GPUs and memory free) or must wait;
 - free GPU share of the group (an idle GPU type beats a busy one), minus
   queue pressure (jobs already pending on the partition), minus nodes with a
-  failure history among those it would use.
+  failure history among those it would use, minus CPU-only work on GPU nodes.
 
 Pure arithmetic on ``PoolSnapshot``; no Slurm call (Slurm's own start-time
 estimate, ``sbatch --test-only``, is the next step and not done here).
@@ -25,6 +25,7 @@ from hetrun.slurm_plugin.pool import NodeFree, PoolSnapshot
 FITS_NOW_BONUS = 100.0
 PENDING_PENALTY = 5.0  # per pending job on the partition
 TROUBLE_PENALTY = 20.0  # per troubled node the component would land on
+GPU_WASTE_PENALTY = 10.0  # CPU-only work on GPU nodes keeps GPUs from GPU work
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,14 @@ def score(need: Need, snap: PoolSnapshot) -> list[Candidate]:
         bad = sum(1 for n in chosen if n in troubled)
         value = (FITS_NOW_BONUS if fits else 0.0) + 50.0 * (gpu_free if need.gpus_per_node else cpu_free) \
             - PENDING_PENALTY * pending.get(row.partition, 0) - TROUBLE_PENALTY * bad
-        reasons = [f"{len(free)}/{need.nodes} nodes free now" + ("" if fits else " (would wait)"),
+        gpu_waste = not need.gpus_per_node and row.gres != "-"
+        if gpu_waste:
+            value -= GPU_WASTE_PENALTY
+        reasons = [f"{len(free)} nodes free now, {need.nodes} needed" + ("" if fits else " (would wait)"),
                    f"{100 * gpu_free:.0f}% GPUs free, {100 * cpu_free:.0f}% CPUs free",
                    f"{pending.get(row.partition, 0)} jobs pending on {row.partition}"]
+        if gpu_waste:
+            reasons.append("CPU-only work on GPU nodes")
         if bad:
             reasons.append(f"{bad} of its nodes have a failure history")
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons))

@@ -12,14 +12,15 @@ from hetrun.slurm_plugin import placement, pool
 DATA = Path(__file__).parent / "data" / "pool"
 
 
-def snapshot(types: dict[str, str], busy: set[str], drained: set[str] = frozenset(),
+def snapshot(types: dict[str, str | None], busy: set[str], drained: set[str] = frozenset(),
              pending_jobs: int = 0):
     data = copy.deepcopy(json.loads((DATA / "sinfo.json").read_text()))
     for node in data["nodes"]:
         name = node["name"]
-        node["gres"] = f"gpu:{types[name]}:2"
         full = name in busy
-        node["gres_used"] = f"gpu:{types[name]}:{2 if full else 0}"
+        gtype = types[name]  # None: a node without GPUs
+        node["gres"] = f"gpu:{gtype}:2" if gtype else ""
+        node["gres_used"] = f"gpu:{gtype}:{2 if full else 0}" if gtype else ""
         node["alloc_cpus"] = node["cpus"] if full else 0
         node["alloc_memory"] = node["real_memory"] if full else 0
         node["state"] = "allocated" if full else "idle"
@@ -39,7 +40,7 @@ def test_the_idle_gpu_type_wins_when_the_other_is_busy() -> None:
     best = placement.score(LEARNER, snapshot(TYPES, busy={"n1", "n2"}))
     assert (best[0].gres, best[0].fits_now) == ("gpu:v100", True)
     a100 = next(c for c in best if c.gres == "gpu:a100")
-    assert not a100.fits_now and "0/1 nodes free now (would wait)" in a100.reasons
+    assert not a100.fits_now and "0 nodes free now, 1 needed (would wait)" in a100.reasons
     best = placement.score(LEARNER, snapshot(TYPES, busy={"n3", "n4"}))
     assert best[0].gres == "gpu:a100"
 
@@ -61,6 +62,14 @@ def test_queue_pressure_and_failure_history_lower_the_score() -> None:
     v100 = [c for c in drained if c.gres == "gpu:v100"]
     # n3 is drained: only n4 is usable, and it is the one chosen.
     assert all(c.nodes == ["n4"] for c in v100)
+
+
+def test_cpu_only_work_prefers_nodes_without_gpus() -> None:
+    cands = placement.score(placement.Need(1, 1, 0), snapshot({**TYPES, "n3": None, "n4": None}, busy=set()))
+    assert cands[0].gres == "-"
+    assert all("CPU-only work on GPU nodes" in c.reasons for c in cands if c.gres != "-")
+    # A GPU component never lands on the nodes without GPUs.
+    assert {c.gres for c in placement.score(LEARNER, snapshot({**TYPES, "n3": None, "n4": None}, busy=set()))} == {"gpu:a100"}
 
 
 def test_need_from_a_plan_component() -> None:
