@@ -83,6 +83,8 @@ def test_luac_accepts_the_rendered_script(script: Path) -> None:
 
 def test_a_job_without_a_tier_gets_the_default_qos(script: Path) -> None:
     assert submit(script, min_nodes=1)[:3] == (0, "pool_normal", None)
+    # Accounts outside the policy keep Slurm's own default QOS.
+    assert submit(script, account="other")[:2] == (0, None)
 
 
 @pytest.mark.parametrize(("asked", "qos"), [("critical", "pool_critical"), ("high", "pool_high"),

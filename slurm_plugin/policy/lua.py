@@ -71,6 +71,7 @@ def policy_table(policy: PolicySpec) -> dict[str, object]:
         "tiers": {t: policy.qos_name(t) for t in policy.tier_names},
         "classes": {c: policy.qos_name(t) for c, t in class_to_tier(policy).items()},
         "quotas": _quotas(policy),
+        "accounts": {name: True for name in policy.accounts},
     }
     if policy.default_tier:
         table["default_qos"] = policy.qos_name(policy.default_tier)

@@ -4,7 +4,8 @@ rendered by `hetrun policy plan|apply` (hetrun.slurm_plugin.policy.lua).
 slurmctld runs it for every submission, sbatch/srun/salloc alike, so the pool
 policy holds for plain Slurm users as well as for hetrun:
 
-  * a job that names no QOS gets the default tier's QOS;
+  * a job of one of the policy's accounts that names no QOS gets the
+    default tier's QOS (other accounts keep Slurm's default);
   * a job that names a tier, or one of hetrun's QoS classes (low, normal,
     high, critical), gets that tier's QOS;
   * a job that by itself asks for more than its account's quota (GrpTRES)
@@ -83,16 +84,18 @@ local function map_qos(qos)
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+   local account = job_desc.account
+   if account == nil or account == "" then
+      account = job_desc.default_account
+   end
    local qos = map_qos(job_desc.qos)
-   if qos == nil then
+   -- Only the policy's accounts may use the tier QOS; other accounts keep
+   -- Slurm's own default (a tier QOS there would be refused as invalid).
+   if qos == nil and account ~= nil and POLICY.accounts[account] then
       qos = POLICY.default_qos
    end
    if qos ~= nil and qos ~= job_desc.qos then
       job_desc.qos = qos
-   end
-   local account = job_desc.account
-   if account == nil or account == "" then
-      account = job_desc.default_account
    end
    if account ~= nil then
       local msg = over_quota(account, job_tres(job_desc))
