@@ -31,7 +31,7 @@ def _lua_table(items: dict[str, object], indent: str = "   ") -> str:
     lines = []
     for key, value in sorted(items.items()):
         if isinstance(value, dict):
-            rendered = _lua_table(value, indent + "   ")  # type: ignore[arg-type]
+            rendered = _lua_table(value, indent + "   ")
         elif isinstance(value, bool):
             rendered = "true" if value else "false"
         elif isinstance(value, int):

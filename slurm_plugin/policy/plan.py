@@ -85,7 +85,7 @@ def _show(option: str, value: object) -> str:
     if isinstance(value, tuple):
         return ",".join(value)
     if option == "MaxWall":
-        return format_wall(value) if value is not None else ""  # type: ignore[arg-type]
+        return format_wall(value) if value is not None else ""
     return "" if value is None else str(value)
 
 
@@ -96,7 +96,7 @@ def _set_value(option: str, live: object, wanted: object) -> str:
         merged = {**cleared, **wanted}
         return ",".join(f"{k}={n}" for k, n in sorted(merged.items()))
     if option == "MaxWall":
-        return format_wall(wanted)  # type: ignore[arg-type]
+        return format_wall(wanted)
     return _show(option, wanted)
 
 
