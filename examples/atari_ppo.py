@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import deque
 from typing import Any
 
 import numpy as np
 import torch
 from hetrun.runtime.context import RankContext
+from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
 
 from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
@@ -156,8 +158,9 @@ class AtariPPOWorkload(PPOWorkload):
     """One instance per rank: ``AtariPPOWorkload(ctx, **workload_args)``."""
 
     def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
-        self.ctx = ctx
-        self.workload_args = workload_args
+        # Not PPOWorkload.__init__: it builds classic-control MLPs from env_facts, which
+        # refuses image observations. The per-rank state it keeps is set in _init_common.
+        Workload.__init__(self, ctx, **workload_args)
         self.cfg = cfg = AtariPPOWorkloadArgs.from_args(workload_args)
         self.settings = atari_settings(cfg)
         self._init_common(ctx)
@@ -172,8 +175,6 @@ class AtariPPOWorkload(PPOWorkload):
 
     def _init_common(self, ctx: RankContext) -> None:
         """The per-rank state PPOWorkload keeps (version, counters, streams), without its MLPs."""
-        from collections import deque
-
         self._optimizer: torch.optim.Adam | None = None
         self.rank_seed = int(np.random.SeedSequence([int(ctx.seed), ctx.rank]).generate_state(1)[0])
         self.gen = torch.Generator().manual_seed(self.rank_seed)
