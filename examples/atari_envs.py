@@ -150,7 +150,7 @@ def make_atari_env(s: AtariSettings) -> gym.Env:
     if "FIRE" in env.unwrapped.get_action_meanings():  # type: ignore[attr-defined]
         env = FireReset(env)
     if s.clip_reward:
-        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))
     return gym.wrappers.FrameStackObservation(env, s.frame_stack)
 
 

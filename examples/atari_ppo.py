@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hetrun.dag.workload_args import validate_args
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
@@ -96,7 +97,8 @@ def orthogonal_init(module: nn.Module, gen: torch.Generator, gains: dict[int, fl
     for layer in module.modules():
         if isinstance(layer, nn.Conv2d | nn.Linear):
             nn.init.orthogonal_(layer.weight, gains.get(id(layer), math.sqrt(2)), generator=gen)
-            nn.init.zeros_(layer.bias)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
 
 
 class ImpalaAgent(nn.Module):
@@ -157,11 +159,13 @@ class _Head(nn.Module):
 class AtariPPOWorkload(PPOWorkload):
     """One instance per rank: ``AtariPPOWorkload(ctx, **workload_args)``."""
 
+    cfg: AtariPPOWorkloadArgs
+
     def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
         # Not PPOWorkload.__init__: it builds classic-control MLPs from env_facts, which
         # refuses image observations. The per-rank state it keeps is set in _init_common.
         Workload.__init__(self, ctx, **workload_args)
-        self.cfg = cfg = AtariPPOWorkloadArgs.from_args(workload_args)
+        self.cfg = cfg = validate_args(AtariPPOWorkloadArgs, workload_args)
         self.settings = atari_settings(cfg)
         self._init_common(ctx)
         torch.set_num_threads(cfg.torch_threads)
@@ -169,8 +173,9 @@ class AtariPPOWorkload(PPOWorkload):
         self.obs_shape = self.settings.obs_shape
         self.agent = ImpalaAgent(self.obs_shape, cfg.impala_width, cfg.hidden, self.n_actions,
                                  torch.Generator().manual_seed(int(ctx.seed)))
-        self.actor = _Head(self.agent, "policy")
-        self.critic = _Head(self.agent, "value")
+        # Views of one network where PPOWorkload has two MLPs (its loss calls them as modules).
+        self.actor = _Head(self.agent, "policy")  # type: ignore[assignment]
+        self.critic = _Head(self.agent, "value")  # type: ignore[assignment]
         self._vec: AtariVector | None = None
 
     def _init_common(self, ctx: RankContext) -> None:

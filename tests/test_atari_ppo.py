@@ -36,11 +36,11 @@ def test_preprocessing_gives_stacked_grey_84x84_frames_and_a_life_ends_an_episod
         assert reward in (0.0, 1.0)  # clipped to its sign
         if terminated:
             lives_lost += 1
-            if env.unwrapped.ale.lives() > 0:  # type: ignore[attr-defined]
+            if env.unwrapped.ale.lives() > 0:
                 break
             pytest.fail("the game ended before a single life was lost")
         assert not truncated
-    assert lives_lost == 1 and not env.unwrapped.ale.game_over()  # type: ignore[attr-defined]
+    assert lives_lost == 1 and not env.unwrapped.ale.game_over()
 
 
 def test_vector_games_report_real_scores_across_lives() -> None:
@@ -78,9 +78,14 @@ def test_rollout_batch_and_one_update() -> None:
 
 def test_the_encoder_runs_once_for_the_actor_and_critic_of_one_minibatch() -> None:
     wl = AtariPPOWorkload(ctx(0, "learner"), **SMALL)
-    calls = []
+    calls: list[int] = []
     real = wl.agent.features
-    wl.agent.features = lambda obs: calls.append(1) or real(obs)  # type: ignore[method-assign]
+
+    def counted(obs: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return real(obs)
+
+    wl.agent.features = counted
     obs = torch.randint(0, 255, (3, 4, 84, 84), dtype=torch.uint8)
     logits, value = wl.actor(obs.clone()), wl.critic(obs.clone())
     assert len(calls) == 1 and logits.shape == (3, 4) and value.shape == (3, 1)

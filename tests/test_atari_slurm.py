@@ -25,7 +25,7 @@ OVERRIDES = ["--set", "training.iterations=3", "--set", "training.eval_interval=
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_atari_ppo_runs_as_a_slurm_het_job(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+def test_atari_ppo_runs_as_a_slurm_het_job(slurm_cluster: object, shared_tmp: Path) -> None:
     proc, run_dir = _submit(EXAMPLE, "sbatch", shared_tmp / "runs", OVERRIDES, timeout=400)
     events = _check_run(run_dir, proc)
     starts = [e for e in events if e["ev"] == "start"]

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,8 @@ def _plan(run_dir: Path) -> dict[str, Any]:
         raise SpecError(f"plan.json is not JSON: {exc}", file=str(path)) from exc
 
 
-def _steady(values: list[float], skip: int) -> list[float]:
-    return values[skip:] if len(values) > skip + 1 else values
+def _steady(values: Sequence[float], skip: int) -> list[float]:
+    return list(values[skip:] if len(values) > skip + 1 else values)
 
 
 def predicted_busy(demand: RunDemand, component: str, predictor: Predictor, skip: int) -> float:
