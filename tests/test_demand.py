@@ -172,3 +172,14 @@ def test_tune_without_a_plan_names_the_file(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "plan.json" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_large_budgets_are_searched_by_growing_the_bottleneck() -> None:
+    from hetrun.runtime.demand.sizing import _search
+
+    # 600 cores, 3 components: 216M mixes is too many to try; the greedy path balances 3:1:2.
+    assert _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=600, max_ranks=600) == (300, 100, 200)
+    # the exhaustive path agrees with it where both run
+    assert _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=12, max_ranks=12) == (6, 2, 4)
+    with pytest.raises(SpecError, match="no rank mix fits in 2 cores"):
+        _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=2, max_ranks=2)

@@ -141,20 +141,33 @@ def _cost_per_m(ranks: tuple[int, ...], price: list[float], pace: float) -> floa
     return per_hour / 3600.0 / pace * 1e6 if pace > 0 else math.inf
 
 
+def _key(ranks: tuple[int, ...], per_step: list[float], price: list[float]) -> tuple[float, float, tuple[int, ...]]:
+    pace = _pace(ranks, per_step)
+    return (round(_cost_per_m(ranks, price, pace), 12), -pace, ranks)  # cheapest, then fastest
+
+
 def _search(per_step: list[float], price: list[float], cpus: list[int], max_cores: int,
             max_ranks: int) -> tuple[int, ...]:
-    best: tuple[float, float, tuple[int, ...]] | None = None
-    for ranks in itertools.product(range(1, max_ranks + 1), repeat=len(per_step)):
-        if sum(n * c for n, c in zip(ranks, cpus, strict=True)) > max_cores:
-            continue
-        pace = _pace(ranks, per_step)
-        key = (round(_cost_per_m(ranks, price, pace), 12), -pace, ranks)
-        if best is None or key < best:
-            best = key
-    if best is None:
+    """The rank mix within ``max_cores`` with the lowest cost per step (exhaustive when small)."""
+    def fits(ranks: tuple[int, ...]) -> bool:
+        return sum(n * c for n, c in zip(ranks, cpus, strict=True)) <= max_cores
+
+    start = tuple(1 for _ in per_step)
+    if not fits(start):
         raise SpecError(f"no rank mix fits in {max_cores} cores",
                         hint="raise --max-cores to at least one rank per component")
-    return best[2]
+    if max_ranks ** len(per_step) <= 200_000:
+        mixes = (r for r in itertools.product(range(1, max_ranks + 1), repeat=len(per_step)) if fits(r))
+        return min(mixes, key=lambda r: _key(r, per_step, price))
+    # Large budgets: grow the bottleneck one rank at a time (the linear model's optimum is balance).
+    best, ranks = start, start
+    while True:
+        slowest = min(range(len(ranks)), key=lambda i: ranks[i] / per_step[i] if per_step[i] > 0 else math.inf)
+        grown = tuple(n + (i == slowest) for i, n in enumerate(ranks))
+        if not fits(grown):
+            return best
+        ranks = grown
+        best = min(best, ranks, key=lambda r: _key(r, per_step, price))
 
 
 def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predictor: Predictor | None = None,
