@@ -140,7 +140,7 @@ def apply_cmd(
     if result.reconfigured:
         typer.echo("ran: scontrol reconfigure")
     if result.restart_needed:
-        typer.echo(f"restart slurmctld and every slurmd for: {', '.join(result.restart_needed)}")
+        typer.echo(f"not reconfigured: restart slurmctld and every slurmd for {', '.join(result.restart_needed)}")
     if result.skipped_conf:
         typer.echo(f"not written (pass --write-conf): {', '.join(result.skipped_conf)}")
     if not result.commands and not result.backup and not result.lua_path:

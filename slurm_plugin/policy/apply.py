@@ -3,7 +3,8 @@
 ``plan_live`` reads the live cluster and makes the plan; ``apply_plan`` runs
 exactly the plan's commands (sacctmgr, scontrol update) in order and, only
 when asked (``write_conf``), writes the slurm.conf settings and the
-job_submit.lua next to slurm.conf, then ``scontrol reconfigure``.
+job_submit.lua next to slurm.conf, then ``scontrol reconfigure`` (or, when a
+changed key needs it, names the keys that need slurmctld and slurmd restarted).
 
 slurm.conf is rewritten in place, one ``Key=value`` line per setting (an
 existing line for the key is replaced, others are added in a marked block
@@ -170,7 +171,8 @@ def apply_plan(plan: PolicyPlan, conf: Path | None, run: Runner | None = None, *
     result.conf_path = conf
     result.backup, result.lua_path = write_conf(plan, conf, foreign_conf=foreign_conf)
     result.restart_needed = sorted(k for k in conf_keys if k in RESTART_KEYS)
-    if reconfigure and (result.backup or result.lua_path):
+    # A reconfigure cannot switch these; the admin restarts the daemons instead.
+    if reconfigure and (result.backup or result.lua_path) and not result.restart_needed:
         try:
             run(["scontrol", "reconfigure"])
         except (SlurmError, subprocess.SubprocessError) as exc:
