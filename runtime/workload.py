@@ -22,20 +22,17 @@ Data flow the runtime provides (RL):
 from __future__ import annotations
 
 import importlib
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetrun.dag.errors import RuntimeFailure, SpecError
+from hetrun.dag.validators import WORKLOAD_RE
 
 if TYPE_CHECKING:
     import torch
 
     from .context import RankContext
-
-_WORKLOAD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
-
 
 class Workload:
     """Base class; subclasses override the methods their action types need."""
@@ -112,7 +109,7 @@ class Workload:
 
 
 def check_workload_ref(ref: str, where: str = "workload") -> tuple[str, str]:
-    if not _WORKLOAD_RE.match(ref or ""):
+    if not WORKLOAD_RE.fullmatch(ref or ""):  # the spec's own rule (hetrun.dag.validators)
         raise SpecError(
             f"{ref!r} is not module:Class (dotted Python identifiers only)",
             key_path=where,
