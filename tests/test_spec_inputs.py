@@ -119,3 +119,16 @@ def test_special_and_unreadable_files_get_hetruns_format(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-m", "hetrun.cli", "plan", str(tmp_path / "f" / "job.yaml")],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("hetrun: error: ") and "cannot read" in proc.stderr
+
+
+def test_permission_denied_is_a_spec_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root reads every file here, so the refusal of a non-root user is simulated at os.open.
+    job = _write(tmp_path, MERGE)
+
+    def denied(*_: object, **__: object) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(SpecError, match="cannot read: Permission denied") as info:
+        load_spec(job)
+    assert info.value.file == str(job) and info.value.exit_code == 2
