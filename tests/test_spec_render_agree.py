@@ -123,3 +123,20 @@ def test_signals_match_what_the_runtime_handles() -> None:
     from hetrun.runtime import preempt
 
     assert set(preempt._ALLOWED) == set(v.SIGNALS)
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(("key", "value"), [("signal", "XCPU"), ("signal", "QUIT"), ("signal", "ALRM"),
+                                            ("time", "Unlimited"), ("extra", "['--comment=a&b|(c)!']")])
+def test_sbatch_itself_accepts_what_the_spec_accepts(key: str, value: str, slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """Slurm's own `sbatch --test-only` is the judge of the values that once disagreed."""
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+
+    fields = dict(DEFAULTS, **{key: value}, partition="debug")
+    job = shared_tmp / "job.yaml"
+    job.write_text(BASE.format(**fields))
+    spec = load_spec(job)
+    script = shared_tmp / "hetjob.sbatch"
+    script.write_text(render_sbatch(build_plan(spec), spec, shared_tmp / "run", python="/usr/bin/python3"))
+    verdict = SbatchBackend().test_only(script)
+    assert "to start at" in verdict, verdict
