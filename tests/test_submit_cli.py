@@ -90,3 +90,17 @@ def test_status_shows_other_backends_when_slurm_is_unreachable(tmp_path: Path) -
     assert len(rows) == 2
     assert "ERROR" in next(v for k, v in rows.items() if k.startswith("xsbatch"))
     assert "localhost" in next(v for k, v in rows.items() if k.startswith("xlocal"))
+
+
+def test_bad_workload_args_and_codecs_stop_submit_before_the_queue(shared_tmp: Path) -> None:
+    """Issue 12: `num_envs: "eight"` used to pass `submit --dry-run` and fail on the ranks."""
+    job = shared_tmp / "job.yaml"
+    job.write_text(EXAMPLE.read_text().replace("num_envs: 8", 'num_envs: "eight"'))
+    bad = hetrun("submit", str(job), "--dry-run", "--backend", "local", cwd=shared_tmp)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert f"{job}:" in bad.stderr and "workload_args.num_envs: expected an integer" in bad.stderr
+    bad = hetrun("submit", str(EXAMPLE), "--dry-run", "--backend", "local", "--set", "comms.forward_codec=int9",
+                 cwd=shared_tmp)
+    assert bad.returncode == 2 and "override --set comms.forward_codec=int9" in bad.stderr
+    assert "unknown codec 'int9'" in bad.stderr
+    assert [p.name for p in shared_tmp.iterdir()] == ["job.yaml"]
