@@ -51,6 +51,7 @@ root|root||1|||normal||
 vision|||10|cpu=6,gres/gpu=4,mem=8G||pool_high,pool_normal|pool_normal|root
 vision|alice||1|gres/gpu=2||pool_high,pool_normal|pool_normal|
 """
+# scontrol spells some keys its own way (PriorityWeightFairShare, capital S).
 LIVE_CONFIG = """\
 Configuration data as of 2026-12-01T15:19:22
 AccountingStorageEnforce = associations,limits,qos,safe
@@ -61,7 +62,7 @@ PreemptMode             = REQUEUE
 PreemptType             = preempt/qos
 PriorityType            = priority/multifactor
 PriorityWeightAge       = 100
-PriorityWeightFairshare = 1000
+PriorityWeightFairShare = 1000
 PriorityWeightJobSize   = 0
 PriorityWeightQOS       = 10000
 SLURM_CONF              = /etc/slurm/slurm.conf

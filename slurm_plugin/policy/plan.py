@@ -204,8 +204,10 @@ def conf_value(setting: ConfSetting, live: str | None) -> str:
 
 def _conf_changes(desired: DesiredState, live: LiveState) -> tuple[list[Change], dict[str, str]]:
     changes, values = [], {}
+    # scontrol spells some keys its own way (PriorityWeightFairShare).
+    config = {k.lower(): val for k, val in live.config.items()}
     for s in desired.conf:
-        have = live.config.get(s.key)
+        have = config.get(s.key.lower())
         values[s.key] = conf_value(s, have)
         want_set, have_set = _norm(s.key, s.value), _norm(s.key, have or "")
         ok = want_set <= have_set if s.contains else want_set == have_set
