@@ -251,6 +251,36 @@ WATCHDOG = [
 ]
 
 
+# srun's stderr, line by line, into the attempt's log. On a task's death
+# (--kill-on-bad-exit=1) srun ends the step with SIGTERM, which the survivors
+# take for a preemption: they try to agree on a checkpoint with the dead peer
+# until the runtime's grace deadline (20 s), and srun then waits KillWait. So
+# the first death that is not a checkpointed exit (85, 143: every peer has
+# flushed by then) SIGKILLs the step's tasks at once; the newest complete
+# checkpoint stays the restore point.
+SRUN_READER = [
+    "",
+    "_hetrun_srun_reader() {",
+    "    # $1: the job ids of the het components, comma-separated. Slurm's SIGTERM",
+    "    # (preemption, cancel) reaches every process of the batch step: this one reads on.",
+    "    trap '' TERM INT",
+    "    local line ended=0 steps",
+    "    while IFS= read -r line; do",
+    '        printf \'%s\\n\' "$line" >> "$_hetrun_srun_log"',
+    '        case "$line" in',
+    "            *': Exited with exit code 85'|*': Exited with exit code 143') ended=1 ;;",
+    "            'srun: error: '*': task'*': '*)",
+    '                if [ "$ended" -eq 1 ]; then continue; fi',
+    "                ended=1",
+    '                echo "hetrun: a task died ($line); killing the step\'s other tasks" >&2',
+    "                steps=$(squeue -h -s -j \"$1\" -o %i 2>/dev/null | grep \'[.][0-9][0-9]*$\')",
+    '                if [ -n "$steps" ]; then scancel -s KILL $steps 2>/dev/null; fi ;;',
+    "        esac",
+    "    done",
+    "}",
+]
+
+
 def _het_job_ids(n: int) -> str:
     """The shell words for the job ids of ``n`` het components (squeue -j takes a list)."""
     if n == 1:
@@ -362,15 +392,19 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
         "}",
     ]
-    body += WATCHDOG
+    body += WATCHDOG + SRUN_READER
     body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
     body += [
         "",
         "export HETRUN_SRUN_START=${EPOCHREALTIME:-}",
         "# srun's own messages (which task died, how) for the post-mortem; copied to this log after.",
         '_hetrun_srun_log="$HETRUN_RUN_DIR/logs/srun-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}.err"',
+        '_hetrun_fifo="${TMPDIR:-/tmp}/hetrun-srun-$$.err"',
+        'rm -f "$_hetrun_fifo" && mkfifo "$_hetrun_fifo" || exit 1',
+        f'_hetrun_srun_reader {_het_job_ids(len(comps))} <"$_hetrun_fifo" &',
+        "_hetrun_reader=$!",
         # In the background so the shell can run its traps while srun runs.
-        f'{srun} 2>"$_hetrun_srun_log" &',
+        f'{srun} 2>"$_hetrun_fifo" &',
         "_hetrun_pid=$!",
         f"_hetrun_watchdog {_het_job_ids(len(comps))} &",
         "_hetrun_watch=$!",
@@ -390,6 +424,9 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "fi",
         'kill "$_hetrun_watch" 2>/dev/null',
         'if [ -s "$_hetrun_stuck" ]; then _hetrun_rc=$(cat "$_hetrun_stuck"); fi',
+        "# srun has closed its stderr: the reader has the whole log once it ends.",
+        'wait "$_hetrun_reader" 2>/dev/null',
+        'rm -f "$_hetrun_fifo"',
     ]
     body += _postmortem_lines(opts, hetrun_py)
     return "\n".join(out + body)
