@@ -28,8 +28,8 @@ from hetrun.dag.budgets import AttemptCounts, Budgets, count_attempts, should_re
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
-from hetrun.slurm_plugin.postmortem import parse_mpirun, parse_srun
-from hetrun.slurm_plugin.rundir import events_of, wait_for
+from hetrun.slurm_plugin.postmortem import finish_attempt, parse_mpirun, parse_srun
+from hetrun.slurm_plugin.rundir import append_event, events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
 SRUN_KILLED = """\
@@ -106,6 +106,36 @@ def test_failure_budget_is_separate_and_old_max_restarts_limits_preemptions() ->
     assert counts.unknown == 1 and counts.preemption_like == 3
     ok, why = should_requeue("time_limit", counts, old)
     assert not ok and "preemption.max_restarts (2) reached" in why
+
+
+def _fake_attempt(run_dir: Path, exits: dict[int, int] | None = None) -> None:
+    """plan.json of learner (1 rank) + rollout (2 ranks) and the start (and exit) lines of attempt 0."""
+    run_dir.joinpath("plan.json").write_text(json.dumps({"components": [
+        {"name": "learner", "ntasks": 1, "nodes": 1, "tasks_per_node": 1},
+        {"name": "rollout", "ntasks": 2, "nodes": 2, "tasks_per_node": 1}], "preemption": {}}))
+    where = {0: ("learner", "n1", 0), 1: ("rollout", "n2", 0), 2: ("rollout", "n3", 1)}
+    for rank, (comp, node, comp_rank) in where.items():
+        append_event(run_dir, "start", rank=rank, component=comp, node=node, comp_rank=comp_rank, restart_count=0)
+        if exits and rank in exits:
+            append_event(run_dir, "exit", rank=rank, component=comp, node=node, code=exits[rank], restart_count=0)
+
+
+def test_post_mortem_names_srun_task_as_global_rank_and_writes_one_attempt_end(tmp_path: Path) -> None:
+    _fake_attempt(tmp_path)
+    requeue, end = finish_attempt(tmp_path, restart=0, exit_code=137, launcher="srun", log_text=SRUN_KILLED)
+    assert not requeue and end["outcome"] == "failed" and end["failed_ranks"] == [2]
+    [f] = events_of(tmp_path, ("rank_failure",))
+    assert (f["rank"], f["component"], f["node"], f["signal"], f["detected_by"]) == (2, "rollout", "n3", "SIGKILL", "srun")
+    assert "rank 2 (rollout) on n3 died: signal SIGKILL" in end["reason"]
+    assert len(events_of(tmp_path, ("attempt_end",))) == 1
+
+
+def test_post_mortem_trusts_the_ranks_exit_lines_over_the_launchers_code(tmp_path: Path) -> None:
+    # Every rank checkpointed and exited 85; srun's code says a straggler was ended (143).
+    _fake_attempt(tmp_path, exits={0: 85, 1: 85, 2: 85})
+    requeue, end = finish_attempt(tmp_path, restart=0, exit_code=143, launcher="srun", log_text="", trapped="USR1")
+    assert requeue and end["outcome"] == "time_limit" and end["signal"] == "USR1"
+    assert not events_of(tmp_path, ("rank_failure",))
 
 
 # -- end to end ---------------------------------------------------------------
