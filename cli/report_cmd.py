@@ -77,6 +77,25 @@ def _print_checkpoints(console, rep) -> None:
         console.print(f"note: {note}", markup=False, highlight=False)
 
 
+def _print_resources(console, rep) -> None:
+    """CPU, memory and GPU per component and node, from the runtime's sampler."""
+    from rich.table import Table
+
+    res = rep.resources or {}
+    if res.get("rows"):
+        t = Table(show_edge=False, pad_edge=False, title="resources (sampled)")
+        for col in ("COMPONENT", "NODE", "SAMPLES", "CPU%", "RSS MAX", "GPU%", "GPU MEM MAX", "GPU W"):
+            t.add_column(col)
+        for r in res["rows"]:
+            opt = (lambda v, f: "-" if v is None else f(v))  # noqa: E731
+            t.add_row(r["component"], r["node"], str(r["samples"]), opt(r["cpu_pct"], lambda v: f"{v:.0f}"),
+                      opt(r["rss_max"], _bytes), opt(r["gpu_util"], lambda v: f"{v:.0f}"),
+                      opt(r["gpu_mem_max"], _bytes), opt(r["gpu_power_w"], lambda v: f"{v:.0f}"))
+        console.print(t)
+    if res.get("note"):
+        console.print(f"note: {res['note']}", markup=False, highlight=False)
+
+
 def _print_cost(console, rep) -> None:
     c = rep.cost
     if not c:
@@ -218,6 +237,8 @@ def register(app: typer.Typer) -> None:
             "--timeline/--no-timeline", help="Show the per-rank timeline (one row per rank).")] = True,
         verify: Annotated[bool, typer.Option(
             "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
+        html: Annotated[Optional[Path], typer.Option(
+            "--html", help="Also write one self-contained HTML file (inline SVG plots, no scripts).")] = None,
         schema: Annotated[bool, typer.Option(
             "--schema", help="Print the JSON Schema of --json and exit.")] = False,
         prices: Annotated[Optional[Path], typer.Option(
@@ -240,6 +261,10 @@ def register(app: typer.Typer) -> None:
 
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)
+        if html is not None:
+            from hetrun.cli.report_html import render_html
+
+            html.write_text(render_html(rep))
         if vs is not None:
             _print_vs(rep, build_report(_resolve(vs, runs_dir), verify_checkpoints=verify, prices=table), as_json)
             return
@@ -311,6 +336,7 @@ def register(app: typer.Typer) -> None:
             f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
             f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
         )
+        _print_resources(console, rep)
         _print_cost(console, rep)
         _print_checkpoints(console, rep)
         _print_accounting(console, rep)

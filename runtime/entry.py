@@ -27,6 +27,7 @@ from . import mpi_wait
 from .events import EventLog
 from .plan_view import PlanView, load_plan
 from .resume import restart_count
+from .sampler import start_for
 
 EXIT_OK = 0
 EXIT_REQUEUE = 85
@@ -165,7 +166,9 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
         executor = Executor(plan, world, log, run_dir)
         log.emit("startup", restart_count=restarts, executor_ready=time.time(),
                  cpu_s=round(time.process_time(), 3), **startup_times(world, interp_ready))
+        sampler = start_for(log, world)  # resource samples for `hetrun report`
         code = executor.run()
+        sampler.stop()
     except RankFailed as exc:
         _report_failure(log, exc.action, exc.iteration, exc.cause, world)
         return 1  # unreachable: _report_failure aborts

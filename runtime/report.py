@@ -30,6 +30,7 @@ from .report_cost import DEFAULT_PRICES, run_cost
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_sacct import slurm_accounting
+from .report_samples import SampleStats
 from .report_schema import SCHEMA_ID
 from .report_timeline import Timeline
 
@@ -118,6 +119,8 @@ class RunReport:
     accounting: dict[str, Any] = field(default_factory=dict)
     # report_cost: total, per component, per iteration / million env steps, waste shares
     cost: dict[str, Any] = field(default_factory=dict)
+    # report_samples: CPU/RSS/GPU per component and node from the runtime's sampler
+    resources: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -275,6 +278,7 @@ class _Collector:
         self.tracker = AttemptTracker()
         self.timeline = Timeline()
         self.cursors: dict[int, _Cursor] = {}
+        self.samples_seen = SampleStats()
         self.bad_lines = 0
 
     def feed(self, e: dict[str, Any]) -> None:
@@ -314,6 +318,8 @@ class _Collector:
                 self.warnings.append(msg)
         elif ev == "exit":
             self.exit_codes[int(e.get("code", -1))] += 1
+        elif ev == "sample":
+            self.samples_seen.feed(e)
         if ev in ("checkpoint", "restore", "error"):
             self.timeline.mark(rank, ev, t)
 
@@ -488,7 +494,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
         checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
                                               verify=verify_checkpoints),
-        accounting=acc, cost=cost,
+        accounting=acc, cost=cost, resources=col.samples_seen.to_dict(),
     )
 
 

@@ -1,0 +1,107 @@
+"""``hetrun report RUN --html FILE``: one self-contained HTML file with inline SVG, no scripts.
+
+Sections: summary, per-rank timeline (busy time per action type per slice),
+busy actions over time (all ranks), checkpoint sizes, restarts. Everything
+user-controlled is escaped; the page loads nothing from anywhere.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from hetrun.cli.report_timeline_view import COLOURS
+
+_CSS = {"green": "#2ca02c", "blue": "#1f77b4", "magenta": "#c837ab", "cyan": "#17becf", "yellow": "#d6a700",
+        "white": "#7f7f7f", "bright_blue": "#6baed6"}
+_W, _ROW = 900, 14
+
+
+def _colour(kind: str) -> str:
+    return _CSS.get(COLOURS.get(kind, "white"), "#7f7f7f")
+
+
+def _timeline_svg(tl: dict[str, Any], labels: dict[int, str]) -> str:
+    n, ranks = int(tl.get("buckets") or 0), tl.get("ranks") or {}
+    if not n or not ranks:
+        return "<p>no actions yet</p>"
+    w = _W / n
+    bucket_s = float(tl["bucket_s"])
+    parts = []
+    for y, rank in enumerate(sorted(ranks, key=int)):
+        parts.append(f'<text x="0" y="{y * _ROW + 11}" font-size="11">{escape(labels.get(int(rank), rank))}</text>')
+        for kind, values in ranks[rank]["busy"].items():
+            for i, v in enumerate(values):
+                if v > 0:
+                    h = max(1.0, min(1.0, v / bucket_s) * (_ROW - 2))
+                    parts.append(f'<rect x="{120 + i * w:.2f}" y="{y * _ROW + _ROW - 1 - h:.2f}" width="{w:.2f}" '
+                                 f'height="{h:.2f}" fill="{_colour(kind)}"><title>{escape(kind)}</title></rect>')
+        for t, kind in ranks[rank]["marks"]:
+            x = 120 + min(_W, t / bucket_s * w)
+            parts.append(f'<line x1="{x:.2f}" x2="{x:.2f}" y1="{y * _ROW}" y2="{y * _ROW + _ROW}" stroke="black">'
+                         f'<title>{escape(kind)} at {t:.1f}s</title></line>')
+    height = len(ranks) * _ROW + 16
+    parts.append(f'<text x="120" y="{height - 2}" font-size="10">0 s</text>'
+                 f'<text x="{120 + _W - 40}" y="{height - 2}" font-size="10">{n * bucket_s:.0f} s</text>')
+    legend = " ".join(f'<span style="color:{_colour(k)}">■ {escape(k)}</span>'
+                      for k in sorted({k for r in ranks.values() for k in r["busy"]}))
+    return (f'<p>{legend}; lines: start, checkpoint, restore, error</p>'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W + 130}" height="{height}">{"".join(parts)}</svg>')
+
+
+def _busy_svg(tl: dict[str, Any]) -> str:
+    """Busy ranks over time (sum over ranks of busy seconds per slice / slice length)."""
+    n, ranks = int(tl.get("buckets") or 0), tl.get("ranks") or {}
+    if not n:
+        return ""
+    bucket_s = float(tl["bucket_s"])
+    totals = [sum(sum(v[i] for v in r["busy"].values() if i < len(v)) for r in ranks.values()) / bucket_s
+              for i in range(n)]
+    top = max(max(totals), 1e-9)
+    pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(totals))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="110"><polyline points="{pts}" '
+            f'fill="none" stroke="#1f77b4"/><text x="2" y="10" font-size="10">{top:.1f} busy ranks</text></svg>')
+
+
+def _ckpt_svg(rows: list[dict[str, Any]]) -> str:
+    rows = [r for r in rows if r.get("stored_bytes")]
+    if not rows:
+        return "<p>no checkpoints in the store</p>"
+    top = max(r["state_bytes"] or r["stored_bytes"] for r in rows)
+    bw = min(40.0, _W / len(rows))
+    bars = []
+    for i, r in enumerate(rows):
+        h = 100 * r["stored_bytes"] / top
+        bars.append(f'<rect x="{i * bw:.1f}" y="{110 - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="#2ca02c">'
+                    f'<title>{escape(r["component"])} step {r["step"]}: {r["stored_bytes"]} bytes added</title></rect>')
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="112">{"".join(bars)}</svg>'
+
+
+def _restored(comps: dict[str, Any]) -> str:
+    return ", ".join(f"{c}: {v['state']}" + (f" at step {v['step']}" if v["step"] is not None else "")
+                     for c, v in comps.items())
+
+
+def render_html(rep: Any) -> str:
+    d = rep.to_dict()
+    labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
+    restarts = "".join(
+        f"<tr><td>{r['restart']}</td><td>{escape(r['cause_text'])}</td><td>{r['queue_wait_s']}</td>"
+        f"<td>{escape(_restored(r['components']))}</td><td>{r['work_lost_iterations']}</td></tr>"
+        for r in d["restart_history"])
+    outcome = d["outcome"].get("outcome", "-")
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>hetrun report {escape(rep.name)}</title>
+<style>body{{font-family:sans-serif;margin:1em}} td,th{{padding:2px 8px;text-align:left}}</style></head>
+<body><h1>hetrun report: {escape(rep.name)}</h1>
+<p>job {escape(str(rep.job_id))}, backend {escape(str(rep.backend))}, wall {rep.wall_s:.1f} s,
+{rep.actions} actions, {rep.env_steps} env steps ({rep.steps_per_s:.1f}/s), outcome <b>{escape(outcome)}</b>,
+restarts {d['counts'].get('restarts', 0)}, work lost {escape(str(rep.work_lost))} iteration(s),
+cost {d['cost'].get('total', 0):.4f} {escape(str(d['cost'].get('currency', '')))}</p>
+<h2>Timeline per rank</h2>{_timeline_svg(d["timeline"], labels)}
+<h2>Busy ranks over time</h2>{_busy_svg(d["timeline"])}
+<h2>Checkpoint bytes added</h2>{_ckpt_svg(d["checkpoint_history"]["rows"])}
+<h2>Restarts</h2><table><tr><th>restart</th><th>cause</th><th>queue wait s</th><th>restored</th>
+<th>iterations lost</th></tr>{restarts}</table>
+</body></html>
+"""
