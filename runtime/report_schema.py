@@ -97,6 +97,13 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "type": "object", "required": ["busy", "marks"],
                 "properties": {"busy": {"type": "object", "additionalProperties": {"type": "array", "items": _num}},
                                "marks": {"type": "array", "items": {"type": "array", "prefixItems": [_num, _str]}}}}}}},
+        "resources": {"type": "object", "properties": {
+            "samples": {"type": "integer"}, "note": _opt_str,
+            "rows": {"type": "array", "items": {"type": "object", "required": ["component", "node", "samples"],
+                                                "properties": {"component": _str, "node": _str,
+                                                               "cpu_pct": _opt_num, "rss_max": _opt_num,
+                                                               "gpu_util": _opt_num, "gpu_mem_max": _opt_num,
+                                                               "gpu_power_w": _opt_num}}}}},
         "skipped_lines": {"type": "integer"},
     },
 }
