@@ -6,6 +6,7 @@ Regenerate the golden files after an intended change with
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -168,3 +169,53 @@ def test_unknown_signal_rejected_by_renderer_too() -> None:
     data = json.loads(plan)
     with pytest.raises(SpecError, match=r"preemption\.signal"):
         render_sbatch(data, {"name": "demo", "preemption": {"signal": "KILL"}}, RUN_DIR, python=PYTHON)
+
+
+DYING_SRUN = """#!/bin/bash
+# stand-in srun: one task dies; the step's other tasks run on until something ends the step
+echo "srun: error: n3: task 1: Killed" >&2
+trap 'echo "srun: Job step aborted: Waiting up to 32 seconds for job step to finish." >&2
+      echo "srun: error: n1: task 0: Killed" >&2; exit 137' TERM
+for _ in $(seq 300); do sleep 0.1; done
+exit 0
+"""
+STEP_SQUEUE = """#!/bin/bash
+[ "$1" = "-h" ] && [ "$2" = "-s" ] && printf '4242.0\\n4243.0\\n'
+"""
+STEP_SCANCEL = """#!/bin/bash
+# stand-in scancel: records its words, then ends the stand-in srun (the step's tasks)
+printf '%s\\0' "$@" > "$HETRUN_RUN_DIR/fake-scancel.argv"
+pkill -TERM -P "$PPID" -f fake-dying-srun 2>/dev/null || kill -TERM "$(cat "$HETRUN_RUN_DIR/srun.pid")"
+"""
+
+
+def test_first_task_death_kills_the_step_and_is_logged_for_the_post_mortem(tmp_path: Path) -> None:
+    """The shell plumbing around srun, run by bash with stand-ins for srun/squeue/scancel:
+    srun's stderr reaches logs/srun-<job>-<restart>.err through the reader, the first
+    death SIGKILLs the listed steps, and the post-mortem writes one attempt_end."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun_body = DYING_SRUN.replace("# stand-in srun", 'echo $$ > "$HETRUN_RUN_DIR/srun.pid"\n# stand-in srun')
+    for name, body in (("srun", srun_body), ("squeue", STEP_SQUEUE), ("scancel", STEP_SCANCEL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    spec = _spec()
+    script = render_sbatch(build_plan(spec), spec, run_dir, python=PYTHON)  # type: ignore[arg-type]
+    (run_dir / "hetjob.sbatch").write_text(script)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0",
+           "SLURM_JOB_ID_HET_GROUP_0": "4242", "SLURM_JOB_ID_HET_GROUP_1": "4243", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 137, proc.stderr
+    assert (run_dir / "fake-scancel.argv").read_text().split("\0")[:-1] == ["-s", "KILL", "4242.0", "4243.0"]
+    log = (run_dir / "logs" / "srun-4242-0.err").read_text()
+    assert log.splitlines()[0] == "srun: error: n3: task 1: Killed", log
+    assert "killing the step's other tasks" in proc.stderr
+    lines = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    # No plan.json here: the node and signal are named, the rank cannot be told.
+    assert [(e["ev"], e.get("node"), e.get("signal"), e.get("detected_by")) for e in lines[:1]] == [
+        ("rank_failure", "n3", "SIGKILL", "srun")], lines
+    assert [(e["ev"], e["outcome"], e["requeued"]) for e in lines[1:]] == [("attempt_end", "failed", False)], lines
+    assert not list(tmp_path.glob("hetrun-srun-*")), "the FIFO is left behind"
