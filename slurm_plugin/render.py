@@ -424,8 +424,11 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "fi",
         'kill "$_hetrun_watch" 2>/dev/null',
         'if [ -s "$_hetrun_stuck" ]; then _hetrun_rc=$(cat "$_hetrun_stuck"); fi',
-        "# srun has closed its stderr: the reader has the whole log once it ends.",
-        'wait "$_hetrun_reader" 2>/dev/null',
+        "# srun has closed its stderr: the reader has the whole log once it ends (at most 10 s:",
+        "# a process srun left behind may still hold the FIFO open).",
+        "_hetrun_i=0",
+        'while kill -0 "$_hetrun_reader" 2>/dev/null && [ "$_hetrun_i" -lt 50 ]; do sleep 0.2; _hetrun_i=$((_hetrun_i + 1)); done',
+        'kill -s KILL "$_hetrun_reader" 2>/dev/null',
         'rm -f "$_hetrun_fifo"',
     ]
     body += _postmortem_lines(opts, hetrun_py)
