@@ -44,8 +44,7 @@ def main() -> None:
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
     os.makedirs(args.out, exist_ok=True)
-    state = {"model": model.module, "optim": opt}
-    start = run.restore(state)  # in place; 0 on a first run
+    start = run.restore(state := {"model": model.module, "optim": opt})  # in place; 0 on a first run
     batches = iter(())
     for step in range(start, args.steps):
         epoch, i = divmod(step, len(loader))
@@ -68,6 +67,7 @@ def main() -> None:
             run.save(step, state)  # async, incremental
     if rank == 0:
         torch.save(model.module.state_dict(), os.path.join(args.out, "final.pt"))
+    run.close()  # waits for the last checkpoint (before its process group goes)
     dist.destroy_process_group()
 
 

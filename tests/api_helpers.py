@@ -42,10 +42,11 @@ def command(script: Path, out: Path, steps: int, nproc: int, step_time: float) -
 
 
 def run_once(cmd: list[str], run_dir: Path, *, stop_rank: int | None = None, stop_after: int = 0,
-             sig: int = signal.SIGUSR1, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+             sig: int = signal.SIGUSR1, timeout: float = 300,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``cmd``; when ``stop_rank`` is given, send ``sig`` to that rank's pid
     (from its ``start`` event) once it logged a step >= ``stop_after``."""
-    env = {**os.environ, "HETRUN_RUN_DIR": str(run_dir)}
+    env = {**(env or os.environ), "HETRUN_RUN_DIR": str(run_dir)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     start = len(events(run_dir))
     deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ from hetrun.dag.errors import CheckpointError, RunDirError
 from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api import rundir
 from hetrun.runtime.api.run import StateObjects
+from hetrun.runtime.ckpt import open_store
 
 from tests.api_helpers import (
     EXAMPLE,
@@ -130,6 +131,7 @@ def test_standalone_signal_at_a_random_step_resumes_bit_identical(shared_tmp: Pa
     restore = [e for e in events(run_dir) if e["ev"] == "restore"]
     assert restore[-1]["iteration"] == stopped[-1]["iteration"]
     assert_bit_identical(final_params(shared_tmp / "out"), final_params(shared_tmp / "full"))
+    assert steps in open_store(run_dir / "ckpt" / "train").steps()  # the last save, committed before exit
 
 
 def test_sigterm_exits_143_after_the_agreed_checkpoint(shared_tmp: Path) -> None:

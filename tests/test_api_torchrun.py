@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+from hetrun.runtime.ckpt import open_store
 
 from tests.api_helpers import (
     BASELINE,
@@ -56,3 +57,4 @@ def test_signal_to_one_rank_stops_both_at_one_step_and_resumes_bit_identical(sha
     restores = [e for e in events(run_dir) if e["ev"] == "restore"]
     assert {e["rank"]: e["iteration"] for e in restores} == {0: saved[0], 1: saved[0]}
     assert_bit_identical(final_params(shared_tmp / "out"), final_params(shared_tmp / "full"))
+    assert STEPS in open_store(run_dir / "ckpt" / "train").steps()  # the last save, committed before exit
