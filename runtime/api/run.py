@@ -15,6 +15,7 @@ iteration numbers do.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -113,6 +114,8 @@ class Run:
         self._connected = False
         self._agreement: Any = None
         self._last_log = time.time()
+        self._closed = False
+        atexit.register(self._unclosed)
         preempt.install(self.ctx)  # now: USR1's default action would kill the process
         self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
                          size=rank_env.world_size, comp_rank=rank_env.rank, comp_size=rank_env.world_size,
@@ -240,6 +243,13 @@ class Run:
             self._agreement.close()
             self._agreement = None
         self.events.emit("exit", code=code, reason=preempt.stop_reason(), **fields)
+        self._closed = True
+
+    def _unclosed(self) -> None:
+        # At interpreter exit the writer's threads are already stopped: say so, loudly.
+        if not self._closed:
+            self.events.emit("warning", message="the script ended without run.close(): a checkpoint "
+                             "still being written may be lost; call run.close() before exiting")
 
 
 def _scontrol_requeue(job_id: str) -> bool | str:
