@@ -346,8 +346,9 @@ class Executor:
 
         For each state producer, the consumer ranks of one node form a group;
         the producer's leader sends each new version to the group's first rank
-        only, which publishes it in the group's MPI shared-memory window
-        (runtime/shared_weights.py); the others load from the window. The
+        only, which publishes it in the group's MPI shared-memory windows
+        (runtime/shared_ring.py: one window per version the exact-version
+        rule may still need); the others load from the windows. The
         wire transfer and the receive buffer then exist once per node, not
         once per rank. Every rank computes the same groups (collective-safe).
         """
@@ -383,6 +384,7 @@ class Executor:
                 self._shared_groups[producer_id] = (sub, mine[0], self.in_state[producer_id])
 
     def _open_shared_windows(self) -> None:
+        from .shared_ring import SharedRing
         from .shared_weights import SharedWeights
 
         for producer_id in sorted(self._shared_groups):
@@ -393,20 +395,15 @@ class Executor:
                 while producer_id not in self.states:
                     self._accept(self.mailbox.recv_from(src))
                 template = self.states[producer_id].items[-1][1].tensors
-            shared = SharedWeights.create(sub, template)
+            versions = self.keep_in.get(producer_id, 0) + 1
+            shared = SharedRing([SharedWeights.create(sub, template) for _ in range(versions)])
             if self.world.rank == leader:
-                label, msg = self.states[producer_id].items[-1]
-                shared.publish(msg.tensors, label + 1)
+                for label, msg in self.states[producer_id].items:
+                    shared.publish(msg.tensors, label)
             mpi_wait.meet(sub)
             self.shared[producer_id] = shared
             self.log.emit("shared_weights", producer=producer_id, group_size=sub.Get_size(),
-                          bytes=shared.nbytes, leader=leader)
-            if self.keep_in.get(producer_id, 0) > 1:
-                # One window holds one version: its readers load the newest published one.
-                self.log.emit("warning", message=(
-                    f"shared weights of {producer_id}: consumers load the newest published "
-                    "version, not the exact-version rule; resume of this run is not bit-exact "
-                    "(unset HETRUN_SHARED_WEIGHTS for exact resume)"))
+                          bytes=shared.nbytes, leader=leader, versions=versions)
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
@@ -563,8 +560,7 @@ class Executor:
                 if any(r not in got for r in self.in_data[dep.id]):
                     return False
             elif dep.id in self.shared:
-                need = producer.last_run_at_or_before(src_it)
-                if self.shared[dep.id].version - 1 < need:
+                if self.shared[dep.id].newest() < producer.last_run_at_or_before(src_it):
                     return False
             elif dep.id in self.in_state:
                 history = self.states.get(dep.id)
@@ -577,11 +573,11 @@ class Executor:
         t0 = time.monotonic()
         delay = 0.0002
         # Shared weight windows change without a message to this rank.
-        seen = {k: w.version for k, w in self.shared.items()}
+        seen = {k: w.newest() for k, w in self.shared.items()}
         while True:
             if self._pump() or self._check_stop(it):
                 return
-            if any(w.version != seen[k] for k, w in self.shared.items()):
+            if any(w.newest() != seen[k] for k, w in self.shared.items()):
                 return
             waited = time.monotonic() - t0
             if waited > self.timeout_s:
@@ -602,9 +598,9 @@ class Executor:
         elif msg.kind == "state":
             self.states.setdefault(msg.producer, StateHistory()).add(msg.iteration, msg)
             shared = self.shared.get(msg.producer)
-            if shared is not None and msg.iteration + 1 > shared.version:
+            if shared is not None:
                 # Node leader: one copy for every consumer rank of this node.
-                shared.publish(msg.tensors, msg.iteration + 1)
+                shared.publish(msg.tensors, msg.iteration)
 
     # ---------------------------------------------------------------- stop
     def _pump(self) -> int:
@@ -769,15 +765,19 @@ class Executor:
     def _load_states(self, action: ActionSpec, it: int) -> None:
         """Load the state the exact-version rule names for ``action`` at ``it``."""
         for dep in action.deps:
+            src_it = it - self.lags[(action.id, dep.id)]
             shared = self.shared.get(dep.id)
             if shared is not None:
-                if self.loaded_version is None or shared.version > self.loaded_version:
-                    version, snapshot = shared.read_consistent(self.timeout_s)
-                    self.workload.load_policy(snapshot, version)
-                    self.loaded_version = version
+                label = shared.pick(src_it)
+                if label is None:
+                    label = min(shared.labels())  # restored without history: the oldest, as below
+                if self.loaded_from != (dep.id, label):
+                    self.workload.load_policy(shared.read(label, self.timeout_s), label + 1)
+                    self.loaded_version = label + 1
+                    self.loaded_from = (dep.id, label)
                 continue
             history = self.states.get(dep.id) if dep.id in self.in_state else None
-            picked = pick_for(history, it - self.lags[(action.id, dep.id)]) if history else None
+            picked = pick_for(history, src_it) if history else None
             if picked is None or self.loaded_from == (dep.id, picked[0]):
                 continue
             msg = picked[1]

@@ -106,6 +106,9 @@ class SharedWeights:
         shared = cls(node_comm, win, buf, slots)
         if shared.is_root:
             assert template is not None
+            # Window memory is not zeroed everywhere (COMM_SELF: plain malloc): an odd
+            # garbage sequence number would make every read wait for a writer forever.
+            shared._hdr[:] = 0
             shared._write(template, version=0)
         mpi_wait.meet(node_comm)
         return shared

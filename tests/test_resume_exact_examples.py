@@ -39,7 +39,10 @@ MOE = {"workload": "resume_slow_workloads:SlowMoE",
        "training": {"iterations": 8, "micro_batches": 2, "eval_interval": 4},
        "checkpoint": {"interval": 2, "keep": 10},
        "comms": {"forward_codec": "none", "backward_codec": "none"}}
-CASES = {"ppo": ("ppo_cartpole", PPO, [2, 6]), "moe": ("moe_lm", MOE, [2, 5])}
+CASES = {"ppo": ("ppo_cartpole", PPO, [2, 6]), "moe": ("moe_lm", MOE, [2, 5]),
+         # The rollout ranks of the node read the weights from shared windows
+         # (runtime/shared_ring.py) in the preempted run: the same versions.
+         "ppo-shared-weights": ("ppo_cartpole", PPO, [3, 7])}
 
 
 def make_run(root: Path, name: str, overrides: dict[str, Any], pause: float) -> Path:
@@ -53,12 +56,15 @@ def make_run(root: Path, name: str, overrides: dict[str, Any], pause: float) -> 
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_example_preempted_twice_saves_what_an_uninterrupted_run_saves(tmp_path: Path, case: str) -> None:
+def test_example_preempted_twice_saves_what_an_uninterrupted_run_saves(
+        tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     name, overrides, after = CASES[case]
     fast = make_run(tmp_path / "fast", name, overrides, pause=0.0)
     assert run_to_end(fast, []) == [0], logs_of(fast)
     slow = make_run(tmp_path / "slow", name, overrides, pause=0.05)
     assert run_to_end(slow, []) == [0], logs_of(slow)
+    if case.endswith("shared-weights"):
+        monkeypatch.setenv("HETRUN_SHARED_WEIGHTS", "1")
     preempted = make_run(tmp_path / "preempted", name, overrides, pause=0.25)
     assert run_to_end(preempted, after, timeout=180) == [85, 85, 0], logs_of(preempted)
 
@@ -73,3 +79,5 @@ def test_example_preempted_twice_saves_what_an_uninterrupted_run_saves(tmp_path:
     # Each stop: every rank of every component checkpointed the same iteration.
     stops = {e["iteration"] for e in events(preempted) if e.get("ev") == "checkpoint" and e["reason"] == "preempt"}
     assert len(stops) == 2, stops
+    shared = [e for e in events(preempted) if e.get("ev") == "shared_weights"]
+    assert len(shared) == (6 if case.endswith("shared-weights") else 0), shared
