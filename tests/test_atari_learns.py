@@ -2,7 +2,7 @@
 
 Slow (minutes on 2 shared cores). The example YAML runs through the
 runtime's in-process mode (same workload code and events as under MPI) with
-a bounded budget: 24 iterations of 8 games x 128 agent steps (~98k frames),
+a bounded budget: 32 iterations of 8 games x 128 agent steps (~131k frames),
 a narrow IMPALA encoder (widths 4, 8, 8) on the standard 84x84 x 4 frames,
 and a learning rate, epoch and minibatch count sized for that budget. Frostbite is
 chosen because its reward (jumping down onto ice floes) shows within a few
@@ -26,7 +26,7 @@ from hetrun.runtime.events import read_events
 from hetrun.runtime.inprocess import run_inprocess
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_atari.yaml"
-ITERATIONS = 24
+ITERATIONS = 32
 GAMES = 24
 ARGS = ("{env_id: ALE/Frostbite-v5, num_envs: 8, num_steps: 128, impala_width: 4, hidden: 64, "
         f"learning_rate: 0.001, update_epochs: 2, num_minibatches: 8, eval_episodes: {GAMES}, eval_max_steps: 4000}}")
