@@ -77,9 +77,9 @@ def _print(p: object) -> None:
                       f"{now.utilization:.0%} -> {new.utilization:.0%}")
     console = Console()
     console.print(table)
-    console.print(f"env steps/s: measured {p.measured_steps_per_s:,.0f}; model {p.current_steps_per_s:,.0f} "
+    console.print(f"env steps (or samples)/s: measured {p.measured_steps_per_s:,.0f}; model {p.current_steps_per_s:,.0f} "
                   f"-> {p.proposed_steps_per_s:,.0f} proposed")
-    console.print(f"cost per 1M env steps: {p.current_cost_per_m:.4f} -> {p.proposed_cost_per_m:.4f} "
+    console.print(f"cost per 1M env steps (or samples): {p.current_cost_per_m:.4f} -> {p.proposed_cost_per_m:.4f} "
                   f"{p.currency} ({p.cost_cut:+.1%} cut)")
     for note in p.notes:
         console.print(f"note: {note}")

@@ -183,3 +183,14 @@ def test_large_budgets_are_searched_by_growing_the_bottleneck() -> None:
     assert _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=12, max_ranks=12) == (6, 2, 4)
     with pytest.raises(SpecError, match="no rank mix fits in 2 cores"):
         _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=2, max_ranks=2)
+
+
+def test_overrides_keep_the_jobs_tasks_per_node_where_it_divides_the_ranks() -> None:
+    from hetrun.runtime.demand.sizing import ComponentSize, Proposal
+
+    sizes = [ComponentSize("learner", 4, 1, 0.0, 832, tasks_per_node=2),
+             ComponentSize("rollout", 3, 1, 0.0, 448, tasks_per_node=2)]
+    p = Proposal("run", 1.0, 1.0, sizes, sizes, 1.0, 1.0, 1.0, 1.0, "USD", "ewma")
+    assert p.overrides() == [
+        "components.learner.nodes=2", "components.learner.tasks_per_node=2", "components.learner.mem=832M",
+        "components.rollout.nodes=3", "components.rollout.tasks_per_node=1", "components.rollout.mem=448M"]

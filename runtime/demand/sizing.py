@@ -47,6 +47,7 @@ class ComponentSize:
     gpus_per_rank: float
     mem_mb: int
     busy_s_per_step: float = 0.0  # rank-seconds per env step (predicted)
+    tasks_per_node: int = 1  # the job's own layout, kept where it divides the ranks
     utilization: float = 0.0  # busy share of its ranks' time at the model's pace
 
 
@@ -73,8 +74,9 @@ class Proposal:
         """``--set`` arguments that give a new submit the proposed sizes."""
         out = []
         for c in self.proposed:
-            out += [f"components.{c.name}.nodes={c.ranks}", f"components.{c.name}.tasks_per_node=1",
-                    f"components.{c.name}.mem={c.mem_mb}M"]
+            per_node = c.tasks_per_node if c.ranks % c.tasks_per_node == 0 else 1
+            out += [f"components.{c.name}.nodes={c.ranks // per_node}",
+                    f"components.{c.name}.tasks_per_node={per_node}", f"components.{c.name}.mem={c.mem_mb}M"]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -194,7 +196,8 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
         rank_price, gpus = _rank_price(comp, prices, partition)
         ranks_run = demand.ranks.get(name, int(comp["ntasks"]))  # in-process: one per component
         current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus,
-                                     int(comp["mem_mb"]), work / steps))
+                                     int(comp["mem_mb"]), work / steps,
+                                     tasks_per_node=int(comp.get("tasks_per_node", 1))))
         per_step.append(work / steps)
         price.append(rank_price)
         cpus.append(int(comp["cpus_per_task"]))
@@ -207,7 +210,8 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
         mem = peak_memory_mb(demand, c.name) * (1 + margin)
         mem_mb = max(64, math.ceil(mem / 64) * 64) if mem else c.mem_mb
         proposed.append(ComponentSize(c.name, n, c.cpus_per_task, c.gpus_per_rank, mem_mb, c.busy_s_per_step,
-                                      c.busy_s_per_step * pace_new / n))
+                                      tasks_per_node=c.tasks_per_node,
+                                      utilization=c.busy_s_per_step * pace_new / n))
         c.utilization = c.busy_s_per_step * pace_now / c.ranks
     measured = demand.steps_per_s(skip)
     notes = ["cpus_per_task kept: events do not say how an action scales with threads",
