@@ -2,7 +2,7 @@
 
     flock /var/lock/hetrun-heavy.lock python benchmarks/rank_death_bench.py --kills 20 --old-kills 3
 
-Each trial submits a small PPO job (learner + 2 rollout ranks, a checkpoint
+Each trial submits a small PPO job (examples/ppo_cartpole.yaml: learner + 2 rollout ranks, a checkpoint
 every 2 iterations, far more iterations than it will run), waits for its
 first checkpoint, waits a random 0-1.5 s more, and SIGKILLs one rank
 (alternating rollout rank 2 / learner rank 0). Measured per trial:
@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.rundir import events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec
@@ -49,19 +50,15 @@ exec {srun} "${{@/--kill-on-bad-exit=1/--kill-on-bad-exit=0}}"
 
 
 def _spec(name: str, timeout_s: int) -> Any:
-    return spec_from_dict({
-        "name": name, "workload": "hetrun.examples.ppo:PPOWorkload",
-        "workload_args": {"env_id": "CartPole-v1", "num_envs": 2, "num_steps": 32},
-        "components": {
-            "learner": {"nodes": 1, "tasks_per_node": 1, "mem": "1G",
-                        "actions": ["forward", "backward", "sync", "optimize", "checkpoint"]},
-            "rollout": {"nodes": 2, "tasks_per_node": 1, "mem": "700M", "actions": ["rollout"]},
-        },
-        "training": {"kind": "rl", "iterations": 100000, "micro_batches": 1, "seed": 0},
-        "checkpoint": {"interval": 2, "keep": 2},
-        "slurm": {"partition": "debug", "time": "00:10:00"},
-        "env": {"OMP_NUM_THREADS": "1", "HETRUN_COLLECTIVE_TIMEOUT": str(timeout_s)},
-    })
+    """examples/ppo_cartpole.yaml, small and endless: a checkpoint every 2 iterations."""
+    data = yaml.safe_load((ROOT / "examples" / "ppo_cartpole.yaml").read_text())
+    data.update(name=name, checkpoint={"interval": 2, "keep": 2})
+    data["workload_args"].update(num_envs=2, num_steps=32)
+    data["training"].update(iterations=100000, micro_batches=1)
+    data["components"]["learner"]["actions"].remove("eval")
+    data["slurm"]["time"] = "00:10:00"
+    data["env"]["HETRUN_COLLECTIVE_TIMEOUT"] = str(timeout_s)
+    return spec_from_dict(data)
 
 
 def _running(job: str) -> bool:
