@@ -4,8 +4,10 @@
   ``save_checkpoint(checkpoint, path)`` goes into a content-addressed,
   incremental store (``<dir of path>/hetrun-store``; unchanged chunks are
   not rewritten, the write runs in the background, nothing is pickled), and
-  ``path`` itself becomes a small JSON pointer to the stored step (written
-  after the snapshot is taken, atomically). ``load_checkpoint(path)`` follows
+  ``path`` itself becomes a small JSON pointer to the stored step, written
+  atomically once that step is committed (so Lightning never finds a pointer
+  to a checkpoint that is not complete; an ``hpc_ckpt_<n>.ckpt`` save, after
+  which Lightning's SLURM handler requeues at once, waits for it). ``load_checkpoint(path)`` follows
   the pointer and verifies what it reads. The python/numpy/torch RNG states
   travel with the checkpoint (``rng=True``) and are restored on load.
 - ``HetrunRequeue(run)``: a callback that logs every training batch
@@ -40,6 +42,7 @@ from pytorch_lightning.callbacks import Callback
 
 POINTER_FORMAT = "hetrun-lightning-pointer/1"
 STORE_DIR = "hetrun-store"
+_HPC_NAME = re.compile(r"hpc_ckpt_(\d+)\.ckpt")
 RNG_KEY = "hetrun_rng"
 
 
@@ -49,6 +52,7 @@ class HetrunCheckpointIO(CheckpointIO):
         self.rng = rng
         self._writers: dict[Path, Any] = {}
         self._last_seq: dict[Path, int] = {}
+        self._pending: list[tuple[Path, Path, dict[str, Any]]] = []  # saved, pointer not yet written
 
     def _writer(self, store_dir: Path) -> Any:
         from hetrun.runtime.ckpt import tiers_for
@@ -73,10 +77,32 @@ class HetrunCheckpointIO(CheckpointIO):
         seq = self._last_seq[store_dir] = self._last_seq[store_dir] + 1
         tree = {**checkpoint, RNG_KEY: capture_rng()} if self.rng else checkpoint
         writer.save(seq, tree, {"lightning_path": path.name, "global_step": checkpoint.get("global_step")})
-        pointer = {"format": POINTER_FORMAT, "store": STORE_DIR, "step": seq,
-                   "global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, [json.dumps(pointer).encode()], durable=True)
+        self._pending.append((path, store_dir, {
+            "format": POINTER_FORMAT, "store": STORE_DIR, "step": seq,
+            "global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch")}))
+        if _HPC_NAME.fullmatch(path.name):
+            # Lightning's SLURM handler requeues right after this returns: the
+            # pointer it resumes from must name a committed checkpoint.
+            self.wait()
+        else:
+            self._publish()
+
+    def _publish(self) -> list[str]:
+        """Write the pointers of committed saves (a pointer never names a step
+        that is not in the store); returns the errors of failed ones."""
+        errors, still = [], []
+        for path, store_dir, pointer in self._pending:
+            done = {r.step: r for r in self._writers[store_dir].results}
+            res = done.get(pointer["step"])
+            if res is None:
+                still.append((path, store_dir, pointer))
+            elif res.ok:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, [json.dumps(pointer).encode()], durable=True)
+            else:
+                errors.append(f"{path.name}: {res.error}")
+        self._pending = still
+        return errors
 
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: Any = None) -> dict[str, Any]:
         from hetrun.runtime.ckpt import open_store
@@ -97,15 +123,19 @@ class HetrunCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         # The pointer goes; the store's retention (keep) and gc reclaim the chunks.
+        self._pending = [p for p in self._pending if p[0] != Path(path)]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
     def wait(self) -> None:
-        """Block until every checkpoint in flight is committed; raise if one failed."""
-        for store_dir, writer in self._writers.items():
-            res = writer.wait()
-            if res is not None and not res.ok:
-                raise CheckpointError(f"checkpoint into {store_dir} failed: {res.error}")
+        """Block until every checkpoint in flight is committed and its pointer
+        written; raise if one failed."""
+        for writer in self._writers.values():
+            writer.wait()
+        errors = self._publish()
+        if errors:
+            raise CheckpointError("checkpoint not written: " + "; ".join(errors),
+                                  hint="the previous checkpoints are intact; see the error for the cause")
 
     def teardown(self) -> None:
         self.wait()
@@ -147,7 +177,7 @@ def _to_device(tree: Any, device: Any) -> Any:
 def hpc_resume_path(root: str | os.PathLike[str]) -> str | None:
     """The newest ``hpc_ckpt_<n>.ckpt`` under ``root`` (Lightning's naming), or None."""
     versions = [int(m.group(1)) for p in Path(root).glob("hpc_ckpt_*.ckpt")
-                if (m := re.fullmatch(r"hpc_ckpt_(\d+)\.ckpt", p.name))]
+                if (m := _HPC_NAME.fullmatch(p.name))]
     return str(Path(root) / f"hpc_ckpt_{max(versions)}.ckpt") if versions else None
 
 
