@@ -95,7 +95,9 @@ def test_tiers_and_hetrun_classes_map_onto_the_tier_qos(script: Path, asked: str
 
 
 def test_a_job_over_its_accounts_quota_is_refused_naming_the_quota(script: Path) -> None:
-    rc, _, _, msg = submit(script, account="vision", min_nodes=2, tres_per_node="gres:gpu:a100:3")
+    # slurmctld 22.05 shows the request both as tres_per_node and as the older gres field.
+    rc, _, _, msg = submit(script, account="vision", min_nodes=2, tres_per_node="gres:gpu:a100:3",
+                           gres="gres:gpu:a100:3")
     assert rc == -1
     assert "gres/gpu=6" in msg and "account vision's quota is GrpTRES gres/gpu=4" in msg
     rc, _, _, msg = submit(script, num_tasks=8, cpus_per_task=1)  # default account vision

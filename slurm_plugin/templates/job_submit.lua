@@ -59,7 +59,10 @@ local function job_tres(job_desc)
    parse_gres(job_desc.tres_per_node, nodes, tres)
    parse_gres(job_desc.tres_per_job, 1, tres)
    parse_gres(job_desc.tres_per_task, tasks, tres)
-   parse_gres(job_desc.gres, nodes, tres)
+   -- Slurm 22.05 also shows tres_per_node as the older `gres` field: one of them.
+   if job_desc.tres_per_node == nil or job_desc.tres_per_node == "" then
+      parse_gres(job_desc.gres, nodes, tres)
+   end
    return tres
 end
 
