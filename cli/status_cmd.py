@@ -42,6 +42,11 @@ def register(app: typer.Typer) -> None:
         runs_dir: RunsDirOpt = None,
         last: Annotated[int, typer.Option(
             "--last", "-n", help="Without RUN arguments: show only the newest N runs (0 = all).")] = 20,
+        watch: Annotated[bool, typer.Option(
+            "--watch", "-w", help="Live view (progress, rate, ETA, last checkpoint, restarts, metrics) "
+                                  "until the runs end or Ctrl-C; plain lines when not a terminal.")] = False,
+        interval: Annotated[float, typer.Option(
+            "--interval", min=0.2, help="Seconds between refreshes of --watch.")] = 2.0,
     ) -> None:
         """Show the state of each het component of your runs."""
         from hetrun.slurm_plugin.backends import get_backend, resolve_name
@@ -54,24 +59,38 @@ def register(app: typer.Typer) -> None:
         if not chosen:
             typer.echo(f"no runs under {root}")
             return
-        by_backend: dict[str, list] = {}
-        for run in chosen:
-            by_backend.setdefault(resolve_name(run.backend), []).append(run)
-        from hetrun.dag.errors import HetrunError
-        from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+        failures: list = []
 
-        results = {}
-        failure: HetrunError | None = None
-        for name, group in by_backend.items():
-            try:
-                results.update(get_backend(name).status(group))
-            except HetrunError as exc:
-                # One unreachable backend must not hide the runs of the others.
-                failure = exc
-                reason = str(exc).splitlines()[0][:80]
-                for run in group:
-                    results[run.run_dir] = RunStatus(
-                        run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
+        def query(runs: list) -> dict:
+            """One status call per backend for all its runs (one squeue for every Slurm run)."""
+            from hetrun.dag.errors import HetrunError
+            from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+
+            by_backend: dict[str, list] = {}
+            for run in runs:
+                by_backend.setdefault(resolve_name(run.backend), []).append(run)
+            results = {}
+            for name, group in by_backend.items():
+                try:
+                    results.update(get_backend(name).status(group))
+                except HetrunError as exc:
+                    # One unreachable backend must not hide the runs of the others.
+                    failures.append(exc)
+                    reason = str(exc).splitlines()[0][:80]
+                    for run in group:
+                        results[run.run_dir] = RunStatus(
+                            run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
+            return results
+
+        if watch:
+            import sys
+
+            from hetrun.cli.status_watch import watch as live_watch
+
+            live_watch(chosen, query, interval, sys.stdout.isatty(), typer.echo)
+            return
+        results = query(chosen)
+        failure = failures[-1] if failures else None
 
         from rich.console import Console
         from rich.table import Table

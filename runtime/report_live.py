@@ -1,0 +1,117 @@
+"""What ``hetrun status --watch`` shows of a run, read incrementally from events.jsonl.
+
+Each refresh reads only the bytes appended since the last one (complete
+lines; a line being written waits for the next refresh), so watching a long
+run costs what it writes, not its length. Restart counts use the same
+function as ``hetrun report`` (report_attempts.count_attempts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .events import EVENTS_FILE
+from .report_attempts import AttemptCounts, count_attempts
+from .report_reader import event_time, parse_line
+
+
+@dataclass
+class LiveRun:
+    run_dir: Path
+    total_iterations: int | None = None
+    offset: int = 0
+    iteration: int | None = None  # newest iteration with a finished action
+    first_action: float | None = None
+    last_action: float | None = None
+    iterations_seen: set[int] = field(default_factory=set)
+    env_steps: int = 0
+    samples: int = 0
+    last_checkpoint: dict[str, Any] | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    restart_counts: set[int] = field(default_factory=set)
+    ends: dict[int, dict[str, Any]] = field(default_factory=dict)
+    outcome: str | None = None
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str]) -> LiveRun:
+        run = cls(Path(run_dir))
+        try:
+            plan = json.loads((run.run_dir / "plan.json").read_text())
+            run.total_iterations = int((plan.get("training") or {}).get("iterations") or 0) or None
+        except (OSError, ValueError, TypeError):
+            pass
+        return run
+
+    def poll(self) -> bool:
+        """Read what was appended; True when something new arrived."""
+        try:
+            with (self.run_dir / EVENTS_FILE).open("rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return False
+        end = data.rfind(b"\n")
+        if end < 0:
+            return False
+        self.offset += end + 1
+        for raw in data[: end + 1].splitlines():
+            try:
+                e = parse_line(raw)
+            except ValueError:
+                continue
+            if isinstance(e, dict):
+                self._feed(e)
+        return True
+
+    def _feed(self, e: dict[str, Any]) -> None:
+        ev = e.get("ev")
+        rc = e.get("restart_count")
+        if isinstance(rc, int) and not isinstance(rc, bool):
+            self.restart_counts.add(rc)
+        if ev == "action" and "part_of" not in e:
+            end = event_time(e)
+            it = e.get("iteration")
+            if isinstance(it, int):
+                self.iterations_seen.add(it)
+                self.iteration = it if self.iteration is None else max(self.iteration, it)
+            if end is not None:
+                self.first_action = end if self.first_action is None else min(self.first_action, end)
+                self.last_action = end if self.last_action is None else max(self.last_action, end)
+            if e.get("type") == "rollout":
+                self.env_steps += int(e.get("steps") or 0)
+            self.samples += int(e.get("samples") or 0)
+            if isinstance(e.get("metrics"), dict) and e["metrics"]:
+                self.metrics = {"type": e.get("type"), "iteration": it, **e["metrics"]}
+        elif ev == "checkpoint":
+            self.last_checkpoint = e
+        elif ev == "attempt_end" and isinstance(rc, int):
+            self.ends[rc] = e
+            self.outcome = str(e.get("outcome"))
+
+    def counts(self) -> AttemptCounts:
+        return count_attempts(self.restart_counts, self.ends)
+
+    def progress(self, now: float | None = None) -> dict[str, Any]:
+        """iteration, total, fraction, rates, ETA, last checkpoint's age, restarts, metrics."""
+        now = time.time() if now is None else now
+        done = len(self.iterations_seen)
+        span = (self.last_action - self.first_action) if self.first_action is not None \
+            and self.last_action is not None else 0.0
+        it_rate = (done - 1) / span if span > 0 and done > 1 else None
+        left = (self.total_iterations - done) if self.total_iterations else None
+        ck = self.last_checkpoint
+        info = (ck or {}).get("info") if isinstance((ck or {}).get("info"), dict) else {}
+        return {
+            "iterations_done": done, "total": self.total_iterations,
+            "fraction": done / self.total_iterations if self.total_iterations else None,
+            "iterations_per_s": it_rate, "steps_per_s": self.env_steps / span if span > 0 else None,
+            "eta_s": left / it_rate if it_rate and left is not None and left > 0 else None,
+            "checkpoint_step": (info or {}).get("step", (ck or {}).get("iteration")) if ck else None,
+            "checkpoint_age_s": now - (event_time(ck) or now) if ck else None,
+            "restarts": self.counts().restarts, "metrics": self.metrics, "outcome": self.outcome,
+        }
