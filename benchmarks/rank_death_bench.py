@@ -14,7 +14,8 @@ first checkpoint, waits a random 0-1.5 s more, and SIGKILLs one rank
 
 "new" is hetrun as rendered (``srun --kill-on-bad-exit=1`` + post-mortem).
 "old" is the behaviour before it: an ``srun`` wrapper put first on PATH turns
-``--kill-on-bad-exit=1`` back into ``=0``, so survivors wait in a collective
+``--kill-on-bad-exit=1`` back into ``=0`` and keeps srun's messages from the
+script's reader, so survivors wait in a collective
 until HETRUN_COLLECTIVE_TIMEOUT; that timeout is shortened to
 ``--old-timeout`` seconds (default 30, the real default is 120) to keep the
 run short, and the result reads as "timeout + what remains".
@@ -44,8 +45,9 @@ from hetrun.slurm_plugin.submit import submit_spec
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rank_death.json"
 OLD_SRUN = """#!/bin/bash
-# Benchmark stand-in: srun as hetrun rendered it before (a dead task does not end the step).
-exec {srun} "${{@/--kill-on-bad-exit=1/--kill-on-bad-exit=0}}"
+# Benchmark stand-in: srun as hetrun rendered it before (a dead task does not end the step),
+# its messages kept from the batch script's reader (which would SIGKILL the step).
+exec {srun} "${{@/--kill-on-bad-exit=1/--kill-on-bad-exit=0}}" 2>>"$HETRUN_RUN_DIR/logs/old-srun.err"
 """
 
 

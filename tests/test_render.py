@@ -180,7 +180,7 @@ for _ in $(seq 300); do sleep 0.1; done
 exit 0
 """
 STEP_SQUEUE = """#!/bin/bash
-[ "$1" = "-h" ] && [ "$2" = "-s" ] && printf '4242.0\\n4243.0\\n'
+[ "$1" = "-h" ] && [ "$2" = "-s" ] && printf "$FAKE_STEPS"
 """
 STEP_SCANCEL = """#!/bin/bash
 # stand-in scancel: records its words, then ends the stand-in srun (the step's tasks)
@@ -189,7 +189,8 @@ pkill -TERM -P "$PPID" -f fake-dying-srun 2>/dev/null || kill -TERM "$(cat "$HET
 """
 
 
-def test_first_task_death_kills_the_step_and_is_logged_for_the_post_mortem(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listed", ["4242.0\\n4243.0\\n", "4243.0\\n", ""], ids=["both", "one", "none"])
+def test_first_task_death_kills_the_step_and_is_logged_for_the_post_mortem(tmp_path: Path, listed: str) -> None:
     """The shell plumbing around srun, run by bash with stand-ins for srun/squeue/scancel:
     srun's stderr reaches logs/srun-<job>-<restart>.err through the reader, the first
     death SIGKILLs the listed steps, and the post-mortem writes one attempt_end."""
@@ -205,14 +206,17 @@ def test_first_task_death_kills_the_step_and_is_logged_for_the_post_mortem(tmp_p
     script = render_sbatch(build_plan(spec), spec, run_dir, python=PYTHON)  # type: ignore[arg-type]
     (run_dir / "hetjob.sbatch").write_text(script)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0",
-           "SLURM_JOB_ID_HET_GROUP_0": "4242", "SLURM_JOB_ID_HET_GROUP_1": "4243", "TMPDIR": str(tmp_path)}
+           "SLURM_JOB_ID_HET_GROUP_0": "4242", "SLURM_JOB_ID_HET_GROUP_1": "4243", "TMPDIR": str(tmp_path),
+           "FAKE_STEPS": listed}
     proc = subprocess.run(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 137, proc.stderr
-    assert (run_dir / "fake-scancel.argv").read_text().split("\0")[:-1] == ["-s", "KILL", "4242.0", "4243.0"]
+    # The steps squeue lists, else step 0 of each component (one srun per attempt).
+    words = (run_dir / "fake-scancel.argv").read_text().split("\0")[:-1]
+    assert words[:2] == ["-s", "KILL"] and sorted(words[2:]) == ["4242.0", "4243.0"], words
     log = (run_dir / "logs" / "srun-4242-0.err").read_text()
     assert log.splitlines()[0] == "srun: error: n3: task 1: Killed", log
-    assert "killing the step's other tasks" in proc.stderr
+    assert "SIGKILL to the step's other tasks" in proc.stderr
     lines = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     # No plan.json here: the node and signal are named, the rank cannot be told.
     assert [(e["ev"], e.get("node"), e.get("signal"), e.get("detected_by")) for e in lines[:1]] == [
