@@ -167,7 +167,12 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=4)
     p.add_argument("--dir", default=None, help="scratch directory (default: a fresh one under /var/tmp)")
     args = p.parse_args()
-    work = Path(args.dir or tempfile.mkdtemp(prefix="api_bench-", dir="/var/tmp"))
+    if args.dir:
+        work = Path(args.dir)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:  # every rank must find the same directory
+        work = Path("/var/tmp") / f"api_bench-{os.environ['TORCHELASTIC_RUN_ID']}"
+    else:
+        work = Path(tempfile.mkdtemp(prefix="api_bench-", dir="/var/tmp"))
     if args.mode == "steps":
         res = bench_steps(args.steps, work)
     else:
