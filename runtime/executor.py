@@ -395,7 +395,9 @@ class Executor:
                 while producer_id not in self.states:
                     self._accept(self.mailbox.recv_from(src))
                 template = self.states[producer_id].items[-1][1].tensors
-            versions = self.keep_in.get(producer_id, 0) + 1
+            # The stop agreement keeps every rank within D iterations of the producer:
+            # a reader needs a label >= m - D - L when label m is published.
+            versions = self.keep_in.get(producer_id, 0) + agreement_window(self.plan) + 1
             shared = SharedRing([SharedWeights.create(sub, template) for _ in range(versions)])
             if self.world.rank == leader:
                 for label, msg in self.states[producer_id].items:

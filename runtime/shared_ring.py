@@ -5,14 +5,14 @@ producer's states from MPI shared memory (runtime/shared_weights.py) instead
 of each receiving them. One window holds one version, but consumers at
 different iterations need different versions (runtime/state_history.py): a
 consumer of lag L at iteration i needs the state labelled
-``last_run_at_or_before(i - L)``. So a producer gets K = L + 1 windows; the
-state labelled m lives in window ``(m + 1) % K`` (window version m + 1).
+``last_run_at_or_before(i - L)``. So a producer gets K = L + D + 1 windows
+(D: the stop agreement's window); the state labelled m lives in window
+``(m + 1) % K`` (window version m + 1).
 
-Why K = L + 1 is enough: the producer sends m only after it consumed data of
-iteration m from every feeding rank, so every reader is at iteration >= m + 1
-then and needs a label >= m + 1 - L; the label m overwrites, m - K = m - L - 1,
-is older. A reader that finds its label overwritten anyway raises instead of
-loading another version.
+Why that is enough: the producer sends m while running iteration m, which it
+may start only once every rank started m - D; a reader there needs a label
+>= m - D - L, and the label m overwrites, m - K, is older. A reader that
+finds its label overwritten anyway raises instead of loading another version.
 """
 
 from __future__ import annotations
