@@ -1,0 +1,115 @@
+"""A second, throw-away Slurm cluster next to the shared test cluster, for tests that
+must change slurm.conf (PreemptType=preempt/qos, JobSubmitPlugins=lua, priority
+weights), which the shared cluster must never get.
+
+It reuses hetrun's own rendering and daemon starters with another directory,
+another ClusterName (``hrtest2``) and other ports (slurmctld 16817, slurmd
+18001+), and shares munge and the slurmdbd of the shared cluster (one slurmdbd
+serves several clusters). Nothing of the shared cluster is touched: its
+slurm.conf, /etc/slurm link, daemons and ports stay as they are. ``stop()``
+stops the daemons it started and removes the cluster and its hrtest objects
+from slurmdbd.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from hetrun.slurm_plugin.cluster_conf import (
+    FIRST_SLURMD_PORT,
+    SLURMCTLD_PORT,
+    ClusterConfig,
+    render_slurm_conf,
+)
+from hetrun.slurm_plugin.cluster_daemons import (
+    daemon_env,
+    start_slurmctld,
+    start_slurmd,
+    stop_slurm_daemon,
+)
+from hetrun.slurm_plugin.cluster_setup import write_configs
+
+NAME = "hrtest2"
+DIRECTORY = Path("/var/lib/hetrun-hrtest2")
+CTLD_PORT = 16817
+FIRST_NODE_PORT = 18001
+
+
+class SecondCluster:
+    def __init__(self, nodes: int = 2) -> None:
+        self.cfg = ClusterConfig(nodes=nodes, cpus=2, gpus=2, mem_mb=1000, directory=DIRECTORY,
+                                 slurm_etc=DIRECTORY / "etc-not-linked")
+
+    @property
+    def env(self) -> dict[str, str]:
+        return daemon_env(self.cfg)
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), env=self.env, capture_output=True, text=True, check=check,
+                              timeout=60, stdin=subprocess.DEVNULL)
+
+    def render_conf(self) -> str:
+        n = self.cfg.nodes
+        text = render_slurm_conf(self.cfg)
+        text = text.replace("ClusterName=hetrun", f"ClusterName={NAME}")
+        text = text.replace(f"SlurmctldPort={SLURMCTLD_PORT}", f"SlurmctldPort={CTLD_PORT}")
+        old_ports = f"Port=[{FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + n - 1}]"
+        assert old_ports in text, "the rendered slurm.conf changed shape; update tests/second_cluster.py"
+        return text.replace(old_ports, f"Port=[{FIRST_NODE_PORT}-{FIRST_NODE_PORT + n - 1}]")
+
+    def start(self) -> None:
+        self.stop()
+        write_configs(self.cfg)  # dirs, gres.conf, mpi.conf, task prolog; slurm.conf replaced below
+        self.cfg.slurm_conf.write_text(self.render_conf())
+        clusters = self.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster").stdout.split()
+        if NAME not in clusters:
+            self.run("sacctmgr", "-i", "add", "cluster", NAME)
+        self.start_daemons()
+
+    def start_daemons(self) -> None:
+        start_slurmctld(self.cfg)
+        for node in self.cfg.node_names:
+            start_slurmd(self.cfg, node)
+        self.wait_idle()
+
+    def restart(self) -> None:
+        """What a change of PreemptType / PriorityType needs: every daemon restarted."""
+        self.stop_daemons()
+        self.start_daemons()
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        states = ""
+        while time.monotonic() < deadline:
+            states = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout
+            lines = [ln.split() for ln in states.splitlines() if ln.strip()]
+            bad = [n for n, s in lines if s.rstrip("*").startswith(("down", "drain", "inval"))]
+            if bad:
+                self.run("scontrol", "update", f"nodename={','.join(bad)}", "state=resume", check=False)
+            if len({n for n, s in lines if s.rstrip("*") in ("idle", "mixed", "allocated")}) == self.cfg.nodes:
+                return
+            time.sleep(1)
+        raise AssertionError(f"second cluster nodes not idle after {timeout} s: {states}")
+
+    def stop_daemons(self) -> None:
+        for node in self.cfg.node_names:
+            stop_slurm_daemon(self.cfg, f"slurmd-{node}")
+        stop_slurm_daemon(self.cfg, "slurmctld")
+
+    def stop(self) -> None:
+        if (self.cfg.directory / "run").exists():
+            self.run("scancel", "--full", "-u", "root", check=False)
+            self.stop_daemons()
+        self.run("sacctmgr", "-i", "delete", "cluster", NAME, check=False)
+        shutil.rmtree(self.cfg.directory, ignore_errors=True)
+        # QOS are global in slurmdbd; sacctmgr refuses to delete one while an
+        # association still names it, so only now that the cluster is gone.
+        names = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name"], capture_output=True,
+                               text=True, check=False, timeout=60).stdout.split()
+        ours = [q for q in names if q.startswith(f"{NAME}_")]
+        if ours:
+            subprocess.run(["sacctmgr", "-i", "delete", "qos", ",".join(ours)], capture_output=True,
+                           check=False, timeout=60)
