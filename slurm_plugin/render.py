@@ -312,7 +312,8 @@ def _postmortem_lines(opts: SlurmOptions, hetrun_python: str) -> list[str]:
         f'if [ -z "$_hetrun_next" ] && [ "$_hetrun_rc" -eq {REQUEUE_EXIT_CODE} ]; then _hetrun_next=requeue; fi',
         "# After SIGTERM (preemption) Slurm requeues the job itself.",
         'if [ "$_hetrun_next" = requeue ] && [ "$_hetrun_sig" != TERM ]; then',
-        '    echo "hetrun: requeueing job $SLURM_JOB_ID (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )))" >&2',
+        '    echo "hetrun: requeueing job $SLURM_JOB_ID (restart $(( ${SLURM_RESTART_COUNT:-0} + 1 ))'
+        + ("" if b.max_preemptions is None else f" of {b.max_preemptions}") + ')" >&2',
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
         '    echo "hetrun: scontrol requeue $SLURM_JOB_ID failed" >&2',
         "fi",
