@@ -42,7 +42,10 @@ TERM_EXIT_CODE = 128 + signal.SIGTERM
 _SIGNAL_BY_TEXT = {signal.strsignal(s): s.name for s in signal.Signals if signal.strsignal(s)}
 _SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+): (?P<what>.+?)\s*$")
 # Lines after which srun reports the peers it ended itself, not deaths.
-_SRUN_ABORTING = ("_step_signal: Terminating", "CANCELLED AT", "Job step aborted")
+# The batch script's srun reader writes KILL_MARK into the log right before it
+# SIGKILLs the step on the first death: the deaths after it are its own doing.
+KILL_MARK = "hetrun: first task death seen, SIGKILL to the other tasks of the step"
+_SRUN_ABORTING = ("_step_signal: Terminating", "CANCELLED AT", "Job step aborted", KILL_MARK)
 _MPIRUN_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) "
                             r"exited on signal (?P<sig>\d+)")
 _MPIRUN_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(?P<rank>\d+)\]\s*Exit code:\s*(?P<code>\d+)")

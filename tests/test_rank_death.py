@@ -1,7 +1,6 @@
 """A dead rank is named and ends the job at once; a failure is requeued only on request.
 
-The launchers' reports parsed here are what srun (Slurm 22.05, het step,
-``--kill-on-bad-exit=1``) and Open MPI 4.1's mpirun printed on this machine.
+The launchers' reports parsed here are what srun (Slurm 22.05, het step) and Open MPI 4.1's mpirun printed on this machine.
 The end-to-end tests kill -9 a real rank of a real PPO run (local backend and
 the local Slurm cluster) at a random moment after its first checkpoint, and
 make a rank exit during start-up, before MPI_Init. Each job sets
@@ -28,7 +27,7 @@ from hetrun.dag.budgets import AttemptCounts, Budgets, count_attempts, should_re
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
-from hetrun.slurm_plugin.postmortem import finish_attempt, parse_mpirun, parse_srun
+from hetrun.slurm_plugin.postmortem import KILL_MARK, finish_attempt, parse_mpirun, parse_srun
 from hetrun.slurm_plugin.rundir import append_event, events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
@@ -70,6 +69,13 @@ def test_srun_report_names_the_first_task_not_the_ones_srun_ended() -> None:
     assert (d.node, d.task, d.signal, d.exit_code) == ("n3", 1, None, 3)
     assert [d.task for d in parse_srun("srun: error: n2: tasks 0-2,5: Segmentation fault\n")] == [0, 1, 2, 5]
     assert parse_srun("srun: error: n2: task 0: Segmentation fault\n")[0].signal == "SIGSEGV"
+
+
+def test_srun_report_stops_at_the_readers_kill_mark() -> None:
+    """The peers the batch script's reader SIGKILLed after the first death are not deaths to name."""
+    log = ("srun: error: n3: task 1: Killed\n" + KILL_MARK + "\n"
+           "srun: error: n1: task 0: Killed\nsrun: error: n2: task 0: Killed\n")
+    assert [(d.node, d.task) for d in parse_srun(log)] == [("n3", 1)]
 
 
 def test_mpirun_report_names_rank_signal_and_exit_code() -> None:

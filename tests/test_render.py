@@ -119,7 +119,8 @@ def test_srun_runs_the_runtime_on_every_het_group_and_requeues_on_85() -> None:
     assert "trap '_hetrun_forward TERM' TERM" in script
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
     # A dead rank ends the step; the post-mortem gets the budgets (old max_restarts = max_preemptions).
-    assert "--kill-on-bad-exit=1" in srun
+    # srun's own kill-on-bad-exit would SIGTERM the survivors (a preemption to them); the reader SIGKILLs.
+    assert "--kill-on-bad-exit=0" in srun
     assert "--max-preemptions 2 --max-failures 0 --preemption-key max_restarts" in script
 
 
