@@ -57,7 +57,7 @@ class TorchCollective:
 
 
 class TorchMaxReduce:
-    """``post(level)`` starts an async MAX all-reduce of one int on a gloo group."""
+    """``post(level, stride)`` starts an async MAX all-reduce of two ints on a gloo group."""
 
     def __init__(self, group: Any) -> None:
         import torch
@@ -66,8 +66,8 @@ class TorchMaxReduce:
         self._torch, self._dist, self.group = torch, dist, group
         self._max = dist.ReduceOp.MAX
 
-    def post(self, level: int) -> Any:
-        buf = self._torch.tensor([level], dtype=self._torch.int32)
+    def post(self, level: int, stride: int) -> Any:
+        buf = self._torch.tensor([level, stride], dtype=self._torch.int32)
         work = self._dist.all_reduce(buf, op=self._max, group=self.group, async_op=True)
         return _TorchPending(work, buf)
 
@@ -84,8 +84,8 @@ class _TorchPending:
     def wait(self) -> None:
         self.work.wait()
 
-    def value(self) -> int:
-        return int(self.buf[0])
+    def value(self) -> tuple[int, int]:
+        return int(self.buf[0]), int(self.buf[1])
 
 
 class MPIMaxReduce:
@@ -97,10 +97,10 @@ class MPIMaxReduce:
         self.comm = comm.Dup()
         self._max = MPI.MAX
 
-    def post(self, level: int) -> Any:
+    def post(self, level: int, stride: int) -> Any:
         import numpy as np
 
-        send, recv = np.array([level], dtype=np.int32), np.zeros(1, dtype=np.int32)
+        send, recv = np.array([level, stride], dtype=np.int32), np.zeros(2, dtype=np.int32)
         return _MPIPending(self.comm.Iallreduce(send, recv, op=self._max), send, recv)
 
 
@@ -118,5 +118,5 @@ class _MPIPending:
 
         mpi_wait.wait_politely(self.req)
 
-    def value(self) -> int:
-        return int(self.recv[0])
+    def value(self) -> tuple[int, int]:
+        return int(self.recv[0]), int(self.recv[1])

@@ -3,18 +3,20 @@
 ``should_stop(step)`` is called by every rank after each step. It puts this
 rank's local stop level (``hetrun.runtime.preempt.stop_level``: 0 go on,
 1 requeue after the warning signal or a near time limit, 2 SIGTERM) into a
-non-blocking one-int MAX all-reduce and returns the answer of the
-all-reduce posted ``window`` steps earlier, which had a whole step of
-compute to complete in the background. If agreement j (posted after step
-j - 1) says stop, every rank stops after step j + window - 1: nobody can
-get past it without having seen agreement j, and every rank runs every
-step below it. The same reasoning as the executor's
+non-blocking MAX all-reduce (level, stride) posted every ``stride`` steps
+(``StepAgreement``: 1 for steps of 2 ms or more, more for shorter steps, so
+the round trip never makes a step wait) and needs the answer of the
+agreement posted ``window`` agreements earlier before it posts the next.
+If agreement m says stop, every rank stops after the step before the one
+agreement m + window precedes: nobody can get past it without having seen
+agreement m, and every rank runs every step below it. The same reasoning as the executor's
 ``hetrun.runtime.executor.StopAgreement``, over a transport that may be
 torch.distributed (a torchrun script without MPI) or MPI.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -38,33 +40,82 @@ class SoloAgreement:
 
 
 class StepAgreement:
+    """The agreement, posted every ``stride`` steps rather than after every step.
+
+    A script's step can be shorter than one all-reduce round trip (~0.1 ms
+    over gloo on 2 CPU ranks): posting after every step would then make every
+    step wait. Agreement n is posted before step ``q[n]``; ``q[n+1] = q[n] +
+    s[n]``, where ``s[n]`` is 1 for the first ``window`` agreements and after
+    that the MAX over ranks of the stride each rank asked for in agreement
+    n - window (enough steps to span ``TARGET_S`` at its own step time). So
+    every rank computes the same posting steps, and before posting n it must
+    hold agreement n - window: if agreement m says stop, every rank stops
+    after step q[m + window] - 1 — nobody can pass it without agreement m, and
+    every rank runs every step below it. For steps of TARGET_S or more the
+    stride stays 1 (the per-step agreement of the executor's StopAgreement).
+    """
+
+    TARGET_S = 0.002  # one agreement per ~2 ms of steps: its cost vanishes per step
+    MAX_STRIDE = 256  # bounds how many steps a stop may take to be agreed
+
     def __init__(self, transport: Any, window: int, start: int) -> None:
         self.transport = transport
         self.window = max(1, int(window))
-        self.pending: deque[tuple[int, Any]] = deque()
-        self.completed_through = start  # agreements are numbered by the step they precede
+        # q[n], the step agreement n precedes (posted after step q[n] - 1; the
+        # first after step ``start``), kept for the agreements still in play.
+        self.posts: dict[int, int] = {0: start + 1}
+        self.next = 0  # the next agreement to post
+        self.pending: deque[tuple[int, Any]] = deque()  # (n, request) in posting order
+        self.results: dict[int, tuple[int, int]] = {}
+        self.completed = -1  # newest agreement whose result is in
         self.stop_after: int | None = None
         self.level = 0
+        self._last_t: float | None = None
+        self._step_s = self.TARGET_S  # this rank's step time (EWMA)
 
-    def _take(self, step: int, pending: Any) -> None:
-        self.completed_through = step
-        value = pending.value()
-        if value and self.stop_after is None:
-            self.stop_after = step + self.window - 1
-            self.level = value
+    def _take(self, n: int, pending: Any) -> None:
+        level, stride = pending.value()
+        self.completed = n
+        self.results[n] = (level, stride)
+        if level and self.stop_after is None:
+            self.level = level
+            self.stop_after = self._post_step(n + self.window) - 1
+
+    def _post_step(self, n: int) -> int:
+        """q[n]; needs the results up to n - 1 - window (every caller has them)."""
+        m = max(self.posts)
+        while m < n:  # q[m + 1] = q[m] + s[m]
+            stride = 1 if m < self.window else max(1, min(self.MAX_STRIDE, self.results.pop(m - self.window)[1]))
+            self.posts[m + 1] = self.posts[m] + stride
+            self.posts.pop(m - 2 * self.window - 2, None)  # no caller looks that far back
+            m += 1
+        return self.posts[n]
+
+    def _wanted_stride(self) -> int:
+        return max(1, min(self.MAX_STRIDE, int(self.TARGET_S / max(self._step_s, 1e-7)) + 1))
 
     def check(self, step: int, level: int) -> bool:
         """After ``step``: True when every rank agreed to stop after this step."""
-        while self.pending and self.pending[0][1].done():
-            self._take(*self.pending.popleft())
-        # Before running step+1 the agreement posted window steps earlier must be in.
-        while self.completed_through < step + 1 - self.window:
-            first, pending = self.pending.popleft()
+        now = time.perf_counter()
+        if self._last_t is not None:
+            self._step_s += 0.1 * ((now - self._last_t) - self._step_s)
+        self._last_t = now
+        if self.stop_after is not None and step >= self.stop_after:
+            return True
+        n = self.next
+        if step + 1 < self.posts[n]:
+            return False  # not a posting step: no collective work at all
+        # Before posting n (and running step q[n]) agreement n - window must be in.
+        while self.pending and (self.pending[0][0] <= n - self.window or self.pending[0][1].done()):
+            first, pending = self.pending[0]
             pending.wait()
+            self.pending.popleft()
             self._take(first, pending)
         if self.stop_after is not None and step >= self.stop_after:
             return True
-        self.pending.append((step + 1, self.transport.post(level)))
+        self.pending.append((n, self.transport.post(level, self._wanted_stride())))
+        self.next = n + 1
+        self._post_step(n + 1)
         return False
 
     def close(self) -> None:
