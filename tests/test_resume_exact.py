@@ -30,6 +30,8 @@ import pytest
 import torch
 from hetrun.runtime.ckpt import open_store
 
+from tests.resume_compare import flat
+
 HERE = Path(__file__).parent
 ITERATIONS = 24
 INTERVAL = 4
@@ -151,20 +153,6 @@ def final_state(run_dir: Path, rank: int, last: int = ITERATIONS) -> Any:
     store = open_store(run_dir / "ckpt" / "learner")
     assert last in store.steps(), store.steps()
     return store.load_rank(last, rank)[0]
-
-
-def flat(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(flat(v, f"{prefix}/{k}"))
-        return out
-    if isinstance(obj, (list, tuple)):
-        out = {}
-        for i, v in enumerate(obj):
-            out.update(flat(v, f"{prefix}/{i}"))
-        return out
-    return {prefix: obj}
 
 
 def assert_bit_identical(straight: Path, preempted: Path, ranks: int, last: int) -> None:
