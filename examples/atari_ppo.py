@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
 from .atari_ppo_args import AtariPPOWorkloadArgs
-from .ppo import PPOWorkload
+from .ppo import PPOWorkload, env_major
 
 # ---------------------------------------------------------------- configuration
 
@@ -243,9 +243,6 @@ class AtariPPOWorkload(PPOWorkload):
         returns, lengths = vec.pop_finished()
         self.env_steps += n * t_len
         self.recent_returns.extend(returns)
-
-        def env_major(x: Tensor) -> Tensor:
-            return x.transpose(0, 1).contiguous()
 
         return {
             "obs": env_major(obs),

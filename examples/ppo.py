@@ -62,6 +62,11 @@ def _mlp(n_in: int, hidden: int, n_out: int, out_gain: float, gen: torch.Generat
 # ---------------------------------------------------------------- the workload
 
 
+
+def env_major(x: Tensor) -> Tensor:
+    """[steps, envs, ...] -> [envs, steps, ...]: a batch is cut by environment."""
+    return x.transpose(0, 1).contiguous()
+
 class PPOWorkload(Workload):
     """One instance per rank: ``PPOWorkload(ctx, **workload_args)``."""
 
@@ -160,9 +165,6 @@ class PPOWorkload(Workload):
         self._obs = next_obs
         self.env_steps += n * t_len
         self.recent_returns.extend(finished_returns)
-
-        def env_major(x: Tensor) -> Tensor:
-            return x.transpose(0, 1).contiguous()
 
         return {
             "obs": env_major(obs),
