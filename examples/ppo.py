@@ -62,7 +62,6 @@ def _mlp(n_in: int, hidden: int, n_out: int, out_gain: float, gen: torch.Generat
 # ---------------------------------------------------------------- the workload
 
 
-
 def env_major(x: Tensor) -> Tensor:
     """[steps, envs, ...] -> [envs, steps, ...]: a batch is cut by environment."""
     return x.transpose(0, 1).contiguous()
