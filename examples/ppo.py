@@ -66,6 +66,7 @@ def env_major(x: Tensor) -> Tensor:
     """[steps, envs, ...] -> [envs, steps, ...]: a batch is cut by environment."""
     return x.transpose(0, 1).contiguous()
 
+
 class PPOWorkload(Workload):
     """One instance per rank: ``PPOWorkload(ctx, **workload_args)``."""
 
