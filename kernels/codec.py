@@ -17,7 +17,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
-from hetrun.dag.errors import HetrunError
+
+from hetrun.errors import HetrunError
 
 __all__ = [
     "Codec",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hetrun.dag.errors import SpecError, closest
+from hetrun.errors import SpecError, closest
 
 from .codec import DEFAULT_BLOCK, Codec, NoneCodec
 from .codecs import (

@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from hetrun.dag.errors import HetrunError
+
+from hetrun.errors import HetrunError
 
 __all__ = ["CpuPaths", "FusedLayerNormLinear", "cpu_paths", "ln_linear_gelu", "ln_linear_gelu_reference"]
 

@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from hetrun.dag.errors import HetrunError
 from hetrun.kernels.native_build import NativeLibrary
+
+from hetrun.errors import HetrunError
 
 __all__ = ["gelu_backward_bias", "gelu_forward", "lib"]
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from hetrun.dag.errors import HetrunError
+
+from hetrun.errors import HetrunError
 
 __all__ = [
     "Dispatch",

@@ -50,7 +50,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from hetrun.dag.errors import HetrunError
+
+from hetrun.errors import HetrunError
 
 try:  # Triton is an optional GPU dependency
     import triton

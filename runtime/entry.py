@@ -21,7 +21,7 @@ import time
 import traceback
 from pathlib import Path
 
-from hetrun.dag.errors import HetrunError, RunDirError
+from hetrun.errors import HetrunError, RunDirError
 
 from . import mpi_wait
 from .events import EventLog

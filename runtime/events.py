@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError
+from hetrun.errors import RunDirError
 
 EVENTS_FILE = "events.jsonl"
 

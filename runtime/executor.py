@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import HetrunError, RuntimeFailure
+from hetrun.errors import HetrunError, RuntimeFailure
 
 from . import mpi_wait
 from .context import RankContext

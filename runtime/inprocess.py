@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import HetrunError, RuntimeFailure
+from hetrun.errors import HetrunError, RuntimeFailure
 
 from .context import RankContext
 from .events import EventLog

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError
+from hetrun.errors import RunDirError
 
 PLAN_FILE = "plan.json"
 

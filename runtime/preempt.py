@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 
 EXIT_REQUEUE = 85
 EXIT_TERMINATED = 128 + signal.SIGTERM

@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError
+from hetrun.errors import RunDirError
 
 from .events import EVENTS_FILE
 from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost

@@ -67,10 +67,26 @@ def total_work_lost(history: list[dict[str, Any]]) -> int | None:
 def status_summary(run_dir: str | os.PathLike[str]) -> tuple[AttemptCounts, int | None]:
     """Counts and work lost for ``hetrun status``: the report's functions over the few lines
     they need (no action line is parsed, so it stays fast on a long run)."""
+    counts, lost, _ = status_details(run_dir)
+    return counts, lost
+
+
+def status_details(run_dir: str | os.PathLike[str]) -> tuple[AttemptCounts, int | None, Failure | None]:
+    """:func:`status_summary` plus why the newest attempt failed (None unless it failed)."""
     tracker = AttemptTracker()
     for e in EventStream(run_dir, kinds=COUNT_KINDS):
         tracker.feed(e)
-    return tracker.counts(), total_work_lost(tracker.history())
+    return tracker.counts(), total_work_lost(tracker.history()), tracker.last_failure()
+
+
+@dataclass
+class Failure:
+    """Why an attempt failed, for one line of ``hetrun status`` / ``submit --wait``:
+    the failing rank's component (None when no line names one) and the text (the
+    post-mortem's reason: rank, node, signal or exit code, and the rank's own error line)."""
+
+    component: str | None
+    text: str
 
 
 @dataclass
@@ -170,6 +186,19 @@ class AttemptTracker:
         """One row per restart (attempt 1, 2, ...): cause, queue wait, what was restored, work lost."""
         return [restart_row(self.attempts.get(k - 1), a)
                 for k, a in sorted(self.attempts.items()) if k > 0]
+
+    def last_failure(self) -> Failure | None:
+        """Why the newest attempt failed, or None if it did not (or has not ended)."""
+        if not self.attempts:
+            return None
+        last = self.attempts[max(self.attempts)]
+        if last.end is not None and last.end.get("outcome") != "failed":
+            return None
+        comps = [str(f["component"]) for f in last.failures if f.get("component")]
+        if last.end is not None and last.end.get("reason"):
+            return Failure(comps[0] if comps else None, str(last.end["reason"]))
+        lines = failure_lines(last)
+        return Failure(comps[0] if comps else None, "; ".join(lines)) if lines else None
 
     def outcome(self) -> dict[str, Any]:
         """How the newest attempt ended; older attempts' failures belong to the history."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import HetrunError
+from hetrun.errors import HetrunError
 
 
 def store_root(run_dir: Path, plan: dict[str, Any]) -> Path:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import SpecError, closest
+from hetrun.errors import SpecError, closest
 
 DEFAULT_PRICES: dict[str, Any] = {"currency": "USD", "node_hour": 0.0, "core_hour": 0.05, "gpu_hour": 2.50,
                                   "partitions": {}}

@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import CheckpointError, RuntimeFailure
 from hetrun.runtime import attempts, mpi_wait, preempt
+
+from hetrun.errors import CheckpointError, RuntimeFailure
 
 LOCAL_ENV = "HETRUN_CKPT_LOCAL"
 

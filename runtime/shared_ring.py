@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 
 
 class SharedRing:

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import RuntimeFailure
 from hetrun.runtime import mpi_wait
+
+from hetrun.errors import RuntimeFailure
 
 _HEADER = 64  # bytes: [seq int64, version int64, ...], keeps tensors 64-byte aligned
 _ALIGN = 64

@@ -26,8 +26,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hetrun.dag.errors import RuntimeFailure, SpecError
 from hetrun.dag.validators import WORKLOAD_RE
+
+from hetrun.errors import RuntimeFailure, SpecError
 
 if TYPE_CHECKING:
     import torch

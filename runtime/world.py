@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 
 from . import mpi_wait
 from .plan_view import ComponentSpec, PlanView

@@ -24,7 +24,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 
 
 @dataclass(frozen=True)

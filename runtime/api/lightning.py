@@ -35,10 +35,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt.objects import atomic_write
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from pytorch_lightning.callbacks import Callback
+
+from hetrun.errors import CheckpointError
 
 POINTER_FORMAT = "hetrun-lightning-pointer/1"
 STORE_DIR = "hetrun-store"

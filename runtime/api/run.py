@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from hetrun.dag.errors import CheckpointError, RuntimeFailure
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api.stop import SoloAgreement, StepAgreement
 from hetrun.runtime.events import EventLog
+
+from hetrun.errors import CheckpointError, RuntimeFailure
 
 DEFAULT_WINDOW = 2
 CKPT_EVERY_ENV = "HETRUN_CKPT_EVERY"

@@ -14,8 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from hetrun.dag.errors import RunDirError
 from hetrun.runtime.api.env import RankEnv
+
+from hetrun.errors import RunDirError
 
 RUN_DIR_ENV = "HETRUN_RUN_DIR"
 RUNS_DIR_ENV = "HETRUN_RUNS_DIR"

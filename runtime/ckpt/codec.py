@@ -51,9 +51,10 @@ from typing import Any
 
 import numpy as np
 import zstandard
-from hetrun.dag.errors import CheckpointError
 from hetrun.kernels import byteplanes
 from hetrun.runtime.ckpt import zstd_direct
+
+from hetrun.errors import CheckpointError
 
 # Byte planes have few long matches; zstd's time goes into match search. A
 # shallow search with long minimum matches leaves mostly Huffman-coded

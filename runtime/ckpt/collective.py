@@ -42,7 +42,7 @@ class MPICollective:
         from mpi4py import MPI
 
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-            from hetrun.dag.errors import CheckpointError
+            from hetrun.errors import CheckpointError
 
             raise CheckpointError(
                 "asynchronous checkpoints need MPI_THREAD_MULTIPLE, the MPI library provides less",

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt.store import CheckpointStore
+
+from hetrun.errors import CheckpointError
 
 FORMATS = ("torch", "dcp")
 

@@ -41,7 +41,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hetrun.dag.errors import CheckpointError
+
+from hetrun.errors import CheckpointError
 
 ENCODINGS = ("exact", "lossy-4bit")
 TAG_KEY = "__hetrun_lossy__"

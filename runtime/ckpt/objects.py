@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 
 MAGIC = b"HRCKOBJ1"
 FORMAT = "hetrun-ckpt/1"

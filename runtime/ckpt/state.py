@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import CheckpointError
+
+from hetrun.errors import CheckpointError
 
 _TORCH_DTYPES = {
     str(dt).removeprefix("torch."): dt

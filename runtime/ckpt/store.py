@@ -26,10 +26,11 @@ import blake3
 import numpy as np
 import xxhash
 import zstandard
-from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt import codec, objects, state, zstd_direct
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
 from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
+
+from hetrun.errors import CheckpointError
 
 _MAX_CHAIN = 64
 # Objects are mapped, not read: saves a copy of every raw plane (see Tier.map_object).

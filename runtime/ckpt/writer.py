@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import CheckpointError
 from hetrun.runtime.ckpt import codec, state
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective, node_leaders
 from hetrun.runtime.ckpt.objects import FORMAT, Staged, Tier, atomic_write
@@ -48,6 +47,8 @@ from hetrun.runtime.ckpt.store import (
     object_name,
     retain,
 )
+
+from hetrun.errors import CheckpointError
 
 _ALIGN = 64
 _libc = ctypes.CDLL(None)

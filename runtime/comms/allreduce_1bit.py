@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import RuntimeFailure
 from hetrun.kernels.codec import ErrorFeedbackState
 from hetrun.kernels.codec_registry import get_codec
 from hetrun.runtime import mpi_wait
+
+from hetrun.errors import RuntimeFailure
 
 __all__ = ["OneBitAllReduce"]
 

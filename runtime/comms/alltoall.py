@@ -27,8 +27,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from hetrun.dag.errors import HetrunError, RuntimeFailure
 from hetrun.runtime import mpi_wait
+
+from hetrun.errors import HetrunError, RuntimeFailure
 
 __all__ = [
     "AllToAllComm",

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hetrun.dag.errors import HetrunError
 from hetrun.kernels.codec import Codec
 from hetrun.kernels.codec_registry import get_codec
+
+from hetrun.errors import HetrunError
 
 from .compressed import PairPolicy, exchange_for
 

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from hetrun.dag.errors import HetrunError, RuntimeFailure
 from hetrun.kernels.codec import DEFAULT_BLOCK, Codec, ErrorFeedbackState
 from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
+
+from hetrun.errors import HetrunError, RuntimeFailure
 
 __all__ = [
     "CODEC_DEFAULTS",

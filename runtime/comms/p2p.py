@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import RuntimeFailure
+
+from hetrun.errors import RuntimeFailure
 
 TAG = 4242  # one tag: the header routes the message; MPI keeps per-source FIFO order
 

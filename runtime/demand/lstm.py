@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hetrun.dag.errors import SpecError
 from torch import nn
+
+from hetrun.errors import SpecError
 
 from .predictors import EWMA, Chooser
 from .series import METRICS, DemandSeries

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 
 from .predictors import EWMA, Predictor
 from .series import RunDemand, read_demand
