@@ -360,6 +360,25 @@ class PPOWorkload(Workload):
 
     # ------------------------------------------------------------ checkpoint state
 
+    # How a checkpoint restores into a different number of ranks (hetrun.runtime.resize).
+    resize_per_env_keys = ("rollout.obs", "rollout.ep_return", "rollout.ep_len", "rollout.envs")
+    resize_rank_stream_keys = ("rng.rank",)
+
+    def envs_per_rank(self) -> int:
+        return self.cfg.num_envs
+
+    def fresh_env_state(self, seeds: list[int]) -> dict[str, Any]:
+        """The per-environment state of fresh environments, one reset with each seed."""
+        obs, envs = [], []
+        for s in seeds:
+            vec, first = make_vector_env(self.cfg.env_id, 1, s % (2**31 - 1))
+            obs.append(torch.as_tensor(first, dtype=torch.float32))
+            envs += capture_env_state(vec, self.cfg.env_id)
+            vec.close()
+        n = len(seeds)
+        return {"rollout.obs": torch.cat(obs), "rollout.ep_return": torch.zeros(n, dtype=torch.float64),
+                "rollout.ep_len": torch.zeros(n, dtype=torch.int64), "rollout.envs": envs}
+
     @property
     def optimizer(self) -> torch.optim.Adam:
         # Lazy: building a torch optimizer imports torch._dynamo (~1.5 s of CPU per

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime import attempts, mpi_wait, preempt
+from hetrun.runtime import attempts, mpi_wait, preempt, resize
 
 from hetrun.errors import CheckpointError, RuntimeFailure
 
@@ -242,6 +242,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
         candidates = steps if candidates is None else candidates & steps
     lost_before = _last_iteration_done(ctx)
     skipped: list[tuple[int, str]] = []
+    resized = None
     chosen = None
     live: dict[str, Any] | None = None  # the workload's state, taken once: restore decodes into it
     for step in sorted(candidates or (), reverse=True):
@@ -251,7 +252,10 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
                 # Straight into the workload's own tensors where they fit: no
                 # fresh 1x-state allocation and no copy in load_state_dict.
                 live = live if live is not None else {"workload": workload.state_dict()}
-                value, _meta, _tier = slot.store.load_rank(step, slot.coll.rank, into=live)
+                # Its own shard; a resized component's ranks follow runtime/resize.py's rule.
+                value, resized = resize.load_for_rank(
+                    slot.store, step, slot.coll.rank, slot.coll.size, workload=workload,
+                    seed=int(getattr(ctx, "seed", 0)), restart_count=restarts, into=live)
             except CheckpointError as exc:
                 if need:
                     problem = f"rank {ctx.rank} ({ctx.component}): {exc}"
@@ -304,6 +308,7 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
              # cores, it tells waiting (a core given away) from working.
              cpu_s=round(time.process_time(), 3),
              skipped=[{"step": s, "why": w} for s, w in skipped],
+             **({"resize": resized.to_json()} if resized is not None else {}),
              work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
     log.close()
     slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
