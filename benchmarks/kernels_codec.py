@@ -30,8 +30,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from hetrun.kernels import codec_native, codec_reference
-    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.kernels.codecs import native as codec_native
+    from hetrun.kernels.codecs import reference as codec_reference
+    from hetrun.kernels.codecs.registry import get_codec
     from hetrun.runtime.comms.bandwidth import CodecSpeed, break_even_bandwidth
 
     n = (args.mb << 20) // 4

@@ -38,7 +38,7 @@ MEM_RE = re.compile(r"^([0-9]{1,12})([KMGTkmgt]?)[Bb]?$")
 # Signals the runtime installs a handler for (runtime/preempt.py) and sbatch's
 # --signal takes by name.
 SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "XCPU")
-# The codec names of comms: (kernels/codec_registry.py implements exactly these;
+# The codec names of comms: (kernels/codecs/registry.py implements exactly these;
 # tests/test_validators.py keeps the two equal). Kept here so `hetrun plan`
 # checks them without importing torch.
 CODEC_NAMES = ("none", "onebit", "onebit_ef", "onebit_stochastic", "int8", "int4", "fp8")

@@ -1,10 +1,10 @@
 """hetrun.kernels: codecs, fused ops and MoE routing (depends on torch and numpy only).
 
-- ``codec`` / ``codecs`` / ``codec_registry``: the ``Codec`` interface, the
-  1-bit (plain, error feedback, stochastic), int8 and fp8 codecs, ``get_codec``.
-- ``codec_reference`` (PyTorch), ``codec_native`` (single-pass C, built at
-  first use), ``codec_cpu`` (dispatch + cache-blocked numpy fallback),
-  ``triton_codecs`` (GPU): the same wire format three ways.
+- ``codecs``: the compression codecs of ``comms:`` in one package: the
+  ``Codec`` interface (``codecs.base``), the 1-bit, int8, int4 and fp8 codecs
+  (``codecs.lossy``), ``codecs.registry.get_codec``, and their PyTorch
+  reference, C, numpy and Triton paths (``codecs.reference``, ``.native``,
+  ``.cpu``, ``.triton_gpu``).
 - ``fused_ln_linear``: LayerNorm + Linear (+ GELU) with a hand-written backward;
   ``fused_native`` is its single-pass C GELU forward / backward+bias-sum
   (built at first use like the codec library).

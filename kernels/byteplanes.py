@@ -6,7 +6,7 @@ as a strided copy, ~0.5 GB/s here even when blocked for the cache; the AVX2
 kernel does the transpose, the optional one-bit rotation and the delta
 against a base chunk in one pass at memory speed. Built at first use with
 ``cc -O3 -march=native`` into ``$HETRUN_KERNEL_CACHE`` (default
-``~/.cache/hetrun``), keyed by source and CPU like ``codec_native``. No
+``~/.cache/hetrun``), keyed by source and CPU like ``codecs.native``. No
 compiler, or ``HETRUN_NATIVE_CODECS=0``: the numpy path.
 
 Transform ``rot``: each 2/4/8-byte little-endian word rotated left by one bit

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 from hetrun.dag.errors import SpecError
-from hetrun.kernels import codec_cpu, codec_native, codec_reference
-from hetrun.kernels.codec import CodecError
-from hetrun.kernels.codec_registry import codec_names, get_codec
+from hetrun.kernels.codecs import cpu as codec_cpu
+from hetrun.kernels.codecs import native as codec_native
+from hetrun.kernels.codecs import reference as codec_reference
+from hetrun.kernels.codecs.base import CodecError
+from hetrun.kernels.codecs.registry import codec_names, get_codec
 
 
 @pytest.fixture(params=["native", "numpy"], autouse=True)
@@ -260,7 +262,7 @@ def test_stochastic_matches_reference_bit_for_bit(n: int, block: int) -> None:
     x = _x(n, seed=5)
     codec = get_codec("onebit_stochastic", block_size=block, seed=3)
     first, second = codec.encode(x).payload, codec.encode(x).payload
-    from hetrun.kernels.codecs import stochastic_keys
+    from hetrun.kernels.codecs.lossy import stochastic_keys
 
     assert torch.equal(first, codec_reference.onebit_stochastic_encode(x, block, *stochastic_keys(3, 0)))
     assert torch.equal(second, codec_reference.onebit_stochastic_encode(x, block, *stochastic_keys(3, 1)))

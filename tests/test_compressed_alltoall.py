@@ -42,7 +42,7 @@ def _chunk(src: int, dst: int, size: int, case: int, call: int = 0):
 
 def _codec_for(name: str, direction: str = "forward"):
     """The codec an exchange in ``direction`` uses: the direction's default block and scales."""
-    from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
+    from hetrun.kernels.codecs.registry import SCALED_CODECS, get_codec
     from hetrun.runtime.comms.compressed import _block_size, _scale_dtype
 
     opts = {"scale_dtype": _scale_dtype(None, direction)} if name in SCALED_CODECS else {}
@@ -52,7 +52,7 @@ def _codec_for(name: str, direction: str = "forward"):
 def _expected(codec, chunk, piecewise: bool, state=None):
     """What the receiver must decode: the chunk encoded (per piece over MPI) and decoded."""
     import torch
-    from hetrun.kernels.codec import ErrorFeedbackState
+    from hetrun.kernels.codecs.base import ErrorFeedbackState
     from hetrun.runtime.comms.compressed import _pieces
 
     flat = chunk.reshape(-1)
@@ -69,7 +69,7 @@ def _expected(codec, chunk, piecewise: bool, state=None):
 
 def _body(backend: str, out_dir: str) -> None:
     import torch
-    from hetrun.kernels.codec import ErrorFeedbackState
+    from hetrun.kernels.codecs.base import ErrorFeedbackState
     from hetrun.runtime.comms.alltoall import all_to_all
     from hetrun.runtime.comms.compressed import (
         PairPolicy,
@@ -208,7 +208,7 @@ def test_scale_knob_and_default_volume(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-direction scale format, and the defaults' MoE-step volume: >= 85% below fp32
     (scales counted), for the row widths of the MoE LM and the netemu benchmark."""
     from hetrun.dag.errors import HetrunError
-    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.kernels.codecs.registry import get_codec
     from hetrun.runtime.comms.compressed import (
         DIRECTION_DEFAULTS,
         CompressedExchange,

@@ -76,7 +76,7 @@ def _body(out_dir: str) -> None:
 def _whole_exchange_checks(comm, rank: int, size: int) -> None:
     """The whole-exchange veto: real timings, then forced outcomes through a fake timer."""
     import hetrun.runtime.comms.bandwidth as bwmod
-    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.kernels.codecs.registry import get_codec
     from hetrun.runtime.comms.compressed import exchange_for
     from mpi4py import MPI
 

@@ -263,7 +263,8 @@ def test_loading_the_c_kernels_keeps_subnormals() -> None:  # every native libra
 
     code = (
         "import numpy as np, torch\n"
-        "from hetrun.kernels import fused_native, codec_native, byteplanes\n"
+        "from hetrun.kernels import fused_native, byteplanes\n"
+        "from hetrun.kernels.codecs import native as codec_native\n"
         "assert fused_native.lib() is not None\n"
         "codec_native.lib(); byteplanes.native()  # every C library hetrun builds\n"
         "tiny = np.float32(1e-40)\n"

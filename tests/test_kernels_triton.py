@@ -13,8 +13,8 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from hetrun.kernels import codec_reference as ref
-from hetrun.kernels import triton_codecs as tc
+from hetrun.kernels.codecs import reference as ref
+from hetrun.kernels.codecs import triton_gpu as tc
 
 pytestmark = pytest.mark.skipif(
     not tc.available(), reason="triton not installed (pip install triton) or nothing to run it on"
@@ -111,7 +111,7 @@ def test_supports_only_power_of_two_blocks() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
 def test_codecs_use_triton_on_gpu() -> None:
-    from hetrun.kernels.codec_registry import get_codec
+    from hetrun.kernels.codecs.registry import get_codec
 
     for name in ("onebit", "onebit_ef", "int8"):
         codec = get_codec(name)

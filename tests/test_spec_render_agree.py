@@ -114,7 +114,7 @@ def test_random_strings_never_pass_the_spec_and_fail_the_renderer(key: str, raw:
 
 
 def test_codec_names_match_the_registry() -> None:
-    from hetrun.kernels.codec_registry import codec_names
+    from hetrun.kernels.codecs.registry import codec_names
 
     assert set(codec_names()) == set(v.CODEC_NAMES)
 

@@ -7,8 +7,8 @@ Payload layout of the blockwise codecs: ``[fp32 scale per block][packed
 values]`` (scales first, so they stay 4-byte aligned).
 
 Three paths compute the same payload: a plain PyTorch reference
-(``kernels.codec_reference``), a cache-blocked numpy path for CPU tensors, and
-a Triton kernel for CUDA tensors (``kernels.triton_codecs``).
+(``codecs.reference``), a cache-blocked numpy path for CPU tensors, and
+a Triton kernel for CUDA tensors (``codecs.triton_gpu``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CPU codecs: the single-pass C kernels when built, else cache-blocked numpy.
 
-``codec_native`` (C, one pass per block) serves every codec here when a C
+``native`` (C, one pass per block) serves every codec here when a C
 compiler is present; the numpy versions below serve them where there is none
 (``HETRUN_NATIVE_CODECS=0``), and write the same bytes.
 
@@ -9,7 +9,7 @@ than the arithmetic, and naive torch versions run at 0.05-0.25x memcpy. Each
 function walks its input in pieces of ``CHUNK`` elements (a few hundred KB,
 so every temporary stays in L2), writes straight into the caller's payload or
 output, and reuses per-thread scratch buffers. Results equal
-``codec_reference`` bit for bit except 1-bit scales, whose block sums may
+``reference`` bit for bit except 1-bit scales, whose block sums may
 round differently (summation order).
 
 Decoding a sign code uses the float layout: ``-s`` and ``s`` differ only in
@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from . import codec_native
+from . import native
 
 INT8_MAX = np.float32(127.0)
 
@@ -125,11 +125,11 @@ def onebit_encode(
     and signs drawn, from the counter-based generator keyed by ``keys``, so the
     decoded value is unbiased. ``bf16``: scales travel as bf16 (not with ``keys``).
     """
-    if codec_native.lib() is not None:
+    if native.lib() is not None:
         if keys is None:
-            codec_native.onebit_encode(x, out, block, residual, bf16)
+            native.onebit_encode(x, out, block, residual, bf16)
         else:
-            codec_native.onebit_stochastic_encode(x, out, block, keys)
+            native.onebit_stochastic_encode(x, out, block, keys)
         return
     n = x.size
     scales, bits = wire_split(out, n, block, bf16)
@@ -166,7 +166,7 @@ def onebit_encode(
             np.signbit(xc, out=neg)
         else:
             np.maximum.reduce(absx.reshape(nbc, block), axis=1, out=sc)
-            # negative iff x < M * (1 - u24 * 2^-23), u24 as codec_reference.stochastic_uniform24
+            # negative iff x < M * (1 - u24 * 2^-23), u24 as reference.stochastic_uniform24
             u = s.f32a[:mp]
             u[:] = _uniform24(start, mp, keys)
             np.multiply(u, np.float32(-(2.0**-23)), out=u)
@@ -192,7 +192,7 @@ def _lowbias32(x: np.ndarray) -> np.ndarray:
 
 
 def _uniform24(start: int, m: int, keys: tuple[int, int]) -> np.ndarray:
-    """u24 of elements ``start .. start + m`` (codec_reference.stochastic_uniform24)."""
+    """u24 of elements ``start .. start + m`` (reference.stochastic_uniform24)."""
     k0, k1 = np.uint32(keys[0]), np.uint32(keys[1])
     if (start >> 32) == ((start + m) >> 32):  # one high word for the whole piece
         lo = np.arange(start & 0xFFFFFFFF, (start & 0xFFFFFFFF) + m, dtype=np.uint64).astype(np.uint32)
@@ -224,8 +224,8 @@ def _decode_piece(
 
 
 def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
-    if codec_native.lib() is not None:
-        codec_native.onebit_decode(payload, out, block, bf16)
+    if native.lib() is not None:
+        native.onebit_decode(payload, out, block, bf16)
         return
     n = out.size
     scales, bits = wire_split(payload, n, block, bf16)
@@ -251,8 +251,8 @@ def onebit_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool =
 
 
 def int8_encode(x: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
-    if codec_native.lib() is not None:
-        codec_native.int8_encode(x, out, block, bf16)
+    if native.lib() is not None:
+        native.int8_encode(x, out, block, bf16)
         return
     n = x.size
     scales, body = wire_split(out, n, block, bf16)
@@ -292,8 +292,8 @@ def int8_encode(x: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) 
 
 
 def int8_decode(payload: np.ndarray, out: np.ndarray, block: int, bf16: bool = False) -> None:
-    if codec_native.lib() is not None:
-        codec_native.int8_decode(payload, out, block, bf16)
+    if native.lib() is not None:
+        native.int8_decode(payload, out, block, bf16)
         return
     n = out.size
     scales, body = wire_split(payload, n, block, bf16)

@@ -1,9 +1,9 @@
 """The lossy codecs: 1-bit (plain, error feedback, stochastic), int8 and fp8 blockwise.
 
 Each dispatches on where the tensor lives: CPU float32 goes through the
-cache-blocked numpy path (``codec_cpu``), CUDA tensors through the Triton
-kernels (``triton_codecs``) when Triton is installed, anything else through
-the PyTorch reference (``codec_reference``). All paths write the same payload.
+cache-blocked numpy path (``cpu``), CUDA tensors through the Triton
+kernels (``triton_gpu``) when Triton is installed, anything else through
+the PyTorch reference (``reference``). All paths write the same payload.
 """
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import codec_cpu, codec_native, codec_reference
-from .codec import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
+from . import cpu, native, reference
+from .base import DEFAULT_BLOCK, Codec, CodecError, ErrorFeedbackState
 
 __all__ = ["Fp8Codec", "Int4Codec", "Int8Codec", "OneBitCodec", "OneBitEFCodec", "OneBitStochasticCodec"]
 
 
 def _triton(block: int):
     """The Triton kernels for CUDA tensors, when installed and the block size suits them."""
-    from . import triton_codecs
+    from . import triton_gpu
 
-    if triton_codecs.available() and triton_codecs.supports(block):
-        return triton_codecs
+    if triton_gpu.available() and triton_gpu.supports(block):
+        return triton_gpu
     return None
 
 
@@ -91,11 +91,11 @@ class _BlockKernelCodec(Codec):
             return
         enc = f"{self.kernel}_encode"
         if x.device.type == "cpu":
-            getattr(codec_cpu, enc)(_as_f32_numpy(x), out.numpy(), self.block_size, bf16=self.bf16)
+            getattr(cpu, enc)(_as_f32_numpy(x), out.numpy(), self.block_size, bf16=self.bf16)
         elif (tr := _triton(self.block_size)) is not None:
             getattr(tr, enc)(x.reshape(-1), out, self.block_size, bf16=self.bf16)
         else:
-            out.copy_(getattr(codec_reference, enc)(x, self.block_size, bf16=self.bf16))
+            out.copy_(getattr(reference, enc)(x, self.block_size, bf16=self.bf16))
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         if out.numel() == 0:
@@ -103,11 +103,11 @@ class _BlockKernelCodec(Codec):
         dec = f"{self.kernel}_decode"
         b, bf16 = self.block_size, self.bf16
         if out.device.type == "cpu":
-            _decode_cpu(out, lambda o: getattr(codec_cpu, dec)(payload.numpy(), o, b, bf16=bf16))
+            _decode_cpu(out, lambda o: getattr(cpu, dec)(payload.numpy(), o, b, bf16=bf16))
         elif (tr := _triton(self.block_size)) is not None:
             getattr(tr, dec)(payload, out, b, bf16=bf16)
         else:
-            out.reshape(-1).copy_(getattr(codec_reference, dec)(payload, out.numel(), b, bf16=bf16))
+            out.reshape(-1).copy_(getattr(reference, dec)(payload, out.numel(), b, bf16=bf16))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(block_size={self.block_size}, scale_dtype={self.scale_dtype!r})"
@@ -148,13 +148,13 @@ class OneBitEFCodec(OneBitCodec):
         state.steps += 1
         b, bf16 = self.block_size, self.bf16
         if x.device.type == "cpu":
-            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), b, residual=residual.numpy(), bf16=bf16)
+            cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), b, residual=residual.numpy(), bf16=bf16)
         elif (tr := _triton(self.block_size)) is not None:
             tr.onebit_encode(x.reshape(-1), out, b, residual=residual, bf16=bf16)
         else:
             c = x.reshape(-1).float() + residual
-            out.copy_(codec_reference.onebit_encode(c, b, bf16=bf16))
-            residual.copy_(c - codec_reference.onebit_decode(out, c.numel(), b, bf16=bf16))
+            out.copy_(reference.onebit_encode(c, b, bf16=bf16))
+            residual.copy_(c - reference.onebit_decode(out, c.numel(), b, bf16=bf16))
 
 
 _M64 = (1 << 64) - 1
@@ -174,7 +174,7 @@ class OneBitStochasticCodec(OneBitCodec):
     """``onebit_stochastic``: unbiased 1-bit; scale = block absmax, sign drawn so E[decode] = x.
 
     The draws come from a counter-based generator keyed by ``(seed, call
-    number)`` (:func:`stochastic_keys`, ``codec_reference.stochastic_uniform24``):
+    number)`` (:func:`stochastic_keys`, ``reference.stochastic_uniform24``):
     every path (C, numpy, torch on any device) writes the same payload for the
     same seed and call sequence.
     """
@@ -195,9 +195,9 @@ class OneBitStochasticCodec(OneBitCodec):
         keys = stochastic_keys(self.seed, self.calls)
         self.calls += 1
         if x.device.type == "cpu":
-            codec_cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, keys=keys)
+            cpu.onebit_encode(_as_f32_numpy(x), out.numpy(), self.block_size, keys=keys)
             return
-        out.copy_(codec_reference.onebit_stochastic_encode(x, self.block_size, *keys))
+        out.copy_(reference.onebit_stochastic_encode(x, self.block_size, *keys))
 
 
 class Int8Codec(_BlockKernelCodec):
@@ -231,19 +231,19 @@ class Int4Codec(_BlockKernelCodec):
         _check(self, x, out)
         if x.numel() == 0:
             return
-        if x.device.type == "cpu" and codec_native.lib() is not None:
-            codec_native.int4_encode(_as_f32_numpy(x), out.numpy(), self.block_size, self.bf16)
+        if x.device.type == "cpu" and native.lib() is not None:
+            native.int4_encode(_as_f32_numpy(x), out.numpy(), self.block_size, self.bf16)
             return
-        out.copy_(codec_reference.int4_encode(x, self.block_size, bf16=self.bf16))
+        out.copy_(reference.int4_encode(x, self.block_size, bf16=self.bf16))
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor) -> None:
         if out.numel() == 0:
             return
         b, bf16 = self.block_size, self.bf16
-        if out.device.type == "cpu" and codec_native.lib() is not None:
-            _decode_cpu(out, lambda o: codec_native.int4_decode(payload.numpy(), o, b, bf16))
+        if out.device.type == "cpu" and native.lib() is not None:
+            _decode_cpu(out, lambda o: native.int4_decode(payload.numpy(), o, b, bf16))
             return
-        out.reshape(-1).copy_(codec_reference.int4_decode(payload, out.numel(), b, bf16=bf16))
+        out.reshape(-1).copy_(reference.int4_decode(payload, out.numel(), b, bf16=bf16))
 
 
 class Fp8Codec(Codec):
@@ -280,13 +280,13 @@ class Fp8Codec(Codec):
         n = x.numel()
         if n == 0:
             return
-        if x.device.type == "cpu" and codec_native.lib() is not None:
-            codec_native.fp8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
+        if x.device.type == "cpu" and native.lib() is not None:
+            native.fp8_encode(_as_f32_numpy(x), out.numpy(), self.block_size)
             return
         nb = self.num_blocks(n)
         flat = x.reshape(-1)
         for start, end in self._pieces(n):
-            enc = codec_reference.fp8_encode(flat[start:end], self.block_size)
+            enc = reference.fp8_encode(flat[start:end], self.block_size)
             b0, nbc = start // self.block_size, -(-(end - start) // self.block_size)
             out[4 * b0 : 4 * (b0 + nbc)] = enc[: 4 * nbc]
             out[4 * nb + start : 4 * nb + end] = enc[4 * nbc :]
@@ -295,12 +295,12 @@ class Fp8Codec(Codec):
         n = out.numel()
         if n == 0:
             return
-        if out.device.type == "cpu" and codec_native.lib() is not None:
-            _decode_cpu(out, lambda o: codec_native.fp8_decode(payload.numpy(), o, self.block_size))
+        if out.device.type == "cpu" and native.lib() is not None:
+            _decode_cpu(out, lambda o: native.fp8_decode(payload.numpy(), o, self.block_size))
             return
         nb = self.num_blocks(n)
         flat = out.reshape(-1)
         for start, end in self._pieces(n):
             b0, nbc = start // self.block_size, -(-(end - start) // self.block_size)
             piece = torch.cat([payload[4 * b0 : 4 * (b0 + nbc)], payload[4 * nb + start : 4 * nb + end]])
-            flat[start:end] = codec_reference.fp8_decode(piece, end - start, self.block_size)
+            flat[start:end] = reference.fp8_decode(piece, end - start, self.block_size)

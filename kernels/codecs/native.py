@@ -31,7 +31,7 @@ __all__ = [
     "onebit_stochastic_encode",
 ]
 
-_SRC = Path(__file__).with_name("csrc") / "codec_simd.c"
+_SRC = Path(__file__).parents[1] / "csrc" / "codec_simd.c"  # kernels/csrc, shared by every C kernel
 
 
 def _declare(dll: ctypes.CDLL) -> None:

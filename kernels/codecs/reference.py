@@ -1,7 +1,7 @@
 """Plain PyTorch reference implementations of the codecs' wire formats.
 
 Written for clarity, not speed: whole-tensor ops, full-size temporaries. The
-fast CPU path (``codec_cpu``) and the Triton kernels (``triton_codecs``) are
+fast CPU path (``cpu``) and the Triton kernels (``triton_gpu``) are
 tested against these. They also serve CUDA tensors when Triton is missing.
 
 Formats (``n`` elements, block size ``B``, ``nb = ceil(n / B)`` blocks):

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from hetrun.errors import SpecError, closest
 
-from .codec import DEFAULT_BLOCK, Codec, NoneCodec
-from .codecs import (
+from .base import DEFAULT_BLOCK, Codec, NoneCodec
+from .lossy import (
     Fp8Codec,
     Int4Codec,
     Int8Codec,

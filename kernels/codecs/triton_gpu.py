@@ -3,7 +3,7 @@
 Each program loads one block once, reduces it to its scale, quantises and
 packs it and (error feedback) writes the new residual, so a GPU encode reads
 the input once and writes only the payload. The wire format is
-``codec_reference``'s. Tested on CPU with ``TRITON_INTERPRET=1`` against the
+``reference``'s. Tested on CPU with ``TRITON_INTERPRET=1`` against the
 reference, on a GPU when one is present.
 
 Triton is optional (``pip install triton``): :func:`available` says whether

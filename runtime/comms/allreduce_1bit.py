@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.kernels.codec import ErrorFeedbackState
-from hetrun.kernels.codec_registry import get_codec
+from hetrun.kernels.codecs.base import ErrorFeedbackState
+from hetrun.kernels.codecs.registry import get_codec
 from hetrun.runtime import mpi_wait
 
 from hetrun.errors import RuntimeFailure

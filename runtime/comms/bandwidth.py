@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from hetrun.kernels.codec import Codec
-from hetrun.kernels.codec_registry import get_codec
+from hetrun.kernels.codecs.base import Codec
+from hetrun.kernels.codecs.registry import get_codec
 
 from hetrun.errors import HetrunError
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from hetrun.kernels.codec import DEFAULT_BLOCK, Codec, ErrorFeedbackState
-from hetrun.kernels.codec_registry import SCALED_CODECS, get_codec
+from hetrun.kernels.codecs.base import DEFAULT_BLOCK, Codec, ErrorFeedbackState
+from hetrun.kernels.codecs.registry import SCALED_CODECS, get_codec
 
 from hetrun.errors import HetrunError, RuntimeFailure
 
