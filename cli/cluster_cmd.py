@@ -7,6 +7,7 @@ must live outside /tmp.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -26,6 +27,10 @@ def up_cmd(
     gpus: Annotated[Optional[int], typer.Option(help="Emulated GPUs per node (default: as last time, else 2).")] = None,
     mem_mb: Annotated[Optional[int], typer.Option("--mem-mb", help="Memory per node in MB (default: as last time, else 4000).")] = None,
     no_install: Annotated[bool, typer.Option("--no-install", help="Do not apt-get install missing packages.")] = False,
+    policy: Annotated[Optional[Path], typer.Option(
+        help="Pool policy YAML to run with (see docs/POLICY.md): its slurm.conf settings and job_submit.lua "
+             "are written in, then its QOS/accounts applied. Kept for later `up`s.")] = None,
+    no_policy: Annotated[bool, typer.Option("--no-policy", help="Drop the policy a previous `up --policy` set.")] = False,
 ) -> None:
     """Start (or repair) the cluster; idempotent and quick when it is already up."""
     import dataclasses
@@ -34,8 +39,17 @@ def up_cmd(
     from hetrun.slurm_plugin import cluster
 
     saved = cluster.load_config()
-    wanted = {k: v for k, v in {"nodes": nodes, "cpus": cpus, "gpus": gpus, "mem_mb": mem_mb}.items()
-              if v is not None}
+    wanted: dict[str, object] = {
+        k: v for k, v in {"nodes": nodes, "cpus": cpus, "gpus": gpus, "mem_mb": mem_mb}.items() if v is not None}
+    if policy is not None and no_policy:
+        raise typer.BadParameter("give --policy FILE or --no-policy, not both")
+    if policy is not None:
+        from hetrun.slurm_plugin.policy.model import load_policy
+
+        load_policy(policy)  # file:line:col errors before any daemon is touched
+        wanted["policy"] = str(policy.resolve())
+    elif no_policy:
+        wanted["policy"] = None
     cfg = dataclasses.replace(saved, **wanted)
     t0 = time.monotonic()
     st = cluster.up(cfg, install=not no_install)
@@ -43,6 +57,7 @@ def up_cmd(
         f"cluster {cluster.CLUSTER_NAME} up in {time.monotonic() - t0:.1f} s: "
         f"{cfg.nodes} nodes x {cfg.cpus} CPUs, {cfg.gpus} GPUs, {cfg.mem_mb} MB; "
         f"partitions debug (default), high (preempts)"
+        + (f"; policy {cfg.policy}" if cfg.policy else "")
     )
     _print_status(st)
 

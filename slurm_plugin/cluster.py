@@ -71,6 +71,7 @@ __all__ = [
     "ClusterStatus",
     "DaemonStatus",
     "NodeStatus",
+    "apply_policy_objects",
     "down",
     "ensure_packages",
     "link_slurm_conf",
@@ -249,7 +250,30 @@ def up(cfg: ClusterConfig | None = None, *, install: bool = True) -> ClusterStat
         for node in cfg.node_names:
             start_slurmd(cfg, node)
         _wait_nodes_usable(cfg)
+        if cfg.policy is not None:
+            apply_policy_objects(cfg)
     return status(cfg)
+
+
+def apply_policy_objects(cfg: ClusterConfig) -> list[tuple[str, ...]]:
+    """The sacctmgr half of ``cfg.policy`` (QOS, accounts, associations) on the
+    running cluster; its slurm.conf half and job_submit.lua were rendered in by
+    ``write_configs``. Idempotent: returns the commands it ran (none the second time)."""
+    from hetrun.slurm_plugin.policy.apply import apply_plan, plan_live, slurm_runner
+    from hetrun.slurm_plugin.policy.model import load_policy
+
+    assert cfg.policy is not None
+    run = slurm_runner(daemon_env(cfg))
+    plan, conf = plan_live(load_policy(cfg.policy), run)
+    result = apply_plan(plan, conf, run, write_conf_file=False, reconfigure=False)
+    if result.skipped_conf:
+        # The rendered slurm.conf should already hold every setting: a key the
+        # running slurmctld shows otherwise is a rendering bug, not something to hide.
+        raise SlurmError(
+            f"local cluster: slurmctld does not show the policy's settings {', '.join(result.skipped_conf)} "
+            f"from {cfg.slurm_conf}",
+            hint=f"compare `hetrun policy plan {cfg.policy}` with {cfg.slurm_conf}")
+    return result.commands
 
 
 def status(cfg: ClusterConfig | None = None) -> ClusterStatus:

@@ -53,8 +53,15 @@ class ClusterConfig:
     # Where client commands (sbatch, squeue...) look for slurm.conf; we link ours there.
     slurm_etc: Path = field(default=Path("/etc/slurm"))
     hostname: str = field(default_factory=lambda: socket.gethostname().split(".")[0])
+    # Absolute path of the policy YAML the cluster runs (`hetrun cluster up --policy`):
+    # its slurm.conf settings and job_submit.lua are rendered in, so a later `up`
+    # keeps them instead of dropping what `policy apply` wrote.
+    policy: str | None = None
 
     def __post_init__(self) -> None:
+        if self.policy is not None and not Path(self.policy).is_absolute():
+            raise SlurmError(f"cluster config: policy={self.policy!r} is not an absolute path",
+                             hint="pass the policy file's absolute path")
         for key, value, low, high in (
             ("nodes", self.nodes, 1, 64),
             ("cpus", self.cpus, 1, 256),

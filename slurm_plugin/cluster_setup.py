@@ -128,6 +128,18 @@ def db_password(cfg: ClusterConfig) -> str:
     return password
 
 
+def slurm_conf_with_policy(cfg: ClusterConfig) -> tuple[str, str | None]:
+    """slurm.conf for ``cfg`` and, when its policy needs one, the job_submit.lua next to it."""
+    text = render_slurm_conf(cfg)
+    if cfg.policy is None:
+        return text, None
+    # Imported here: a cluster without a policy never loads the policy model.
+    from hetrun.slurm_plugin.policy.apply import conf_with_policy
+    from hetrun.slurm_plugin.policy.model import load_policy
+
+    return conf_with_policy(text, load_policy(cfg.policy), where=f"{cfg.policy} on {cfg.slurm_conf}")
+
+
 def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
     """Write every config file; returns which ones changed (by short name)."""
     d = cfg.directory
@@ -135,8 +147,11 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
         (d / sub).mkdir(parents=True, exist_ok=True)
     for gpu in fake_gpu_files(cfg):
         gpu.touch(exist_ok=True)
+    conf, lua = slurm_conf_with_policy(cfg)
+    if lua is not None:
+        write_if_changed(cfg.etc / "job_submit.lua", lua)  # slurmctld reloads a changed script by itself
     changed = {
-        "slurm.conf": write_if_changed(cfg.etc / "slurm.conf", render_slurm_conf(cfg)),
+        "slurm.conf": write_if_changed(cfg.etc / "slurm.conf", conf),
         "gres.conf": write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg)),
         "mpi.conf": write_if_changed(cfg.etc / "mpi.conf", render_mpi_conf()),
         # slurmdbd refuses a config readable by others (it holds the DB password).

@@ -18,11 +18,11 @@ import subprocess
 import time
 from pathlib import Path
 
+from hetrun.slurm_plugin.cluster import apply_policy_objects
 from hetrun.slurm_plugin.cluster_conf import (
     FIRST_SLURMD_PORT,
     SLURMCTLD_PORT,
     ClusterConfig,
-    render_slurm_conf,
 )
 from hetrun.slurm_plugin.cluster_daemons import (
     daemon_env,
@@ -30,7 +30,7 @@ from hetrun.slurm_plugin.cluster_daemons import (
     start_slurmd,
     stop_slurm_daemon,
 )
-from hetrun.slurm_plugin.cluster_setup import write_configs
+from hetrun.slurm_plugin.cluster_setup import slurm_conf_with_policy, write_configs
 
 NAME = "hrtest2"
 DIRECTORY = Path("/var/lib/hetrun-hrtest2")
@@ -39,9 +39,14 @@ FIRST_NODE_PORT = 18001
 
 
 class SecondCluster:
-    def __init__(self, nodes: int = 2) -> None:
+    """``policy``: a policy YAML the cluster starts with, as `hetrun cluster up --policy`
+    does it (settings and job_submit.lua rendered in, then QOS/accounts applied)."""
+
+    def __init__(self, nodes: int = 2, policy: Path | None = None) -> None:
         self.cfg = ClusterConfig(nodes=nodes, cpus=2, gpus=2, mem_mb=1000, directory=DIRECTORY,
-                                 slurm_etc=DIRECTORY / "etc-not-linked")
+                                 slurm_etc=DIRECTORY / "etc-not-linked",
+                                 policy=str(policy.resolve()) if policy else None)
+        self.policy_commands: list[tuple[str, ...]] = []  # what apply_policy_objects ran at start
 
     @property
     def env(self) -> dict[str, str]:
@@ -53,7 +58,7 @@ class SecondCluster:
 
     def render_conf(self) -> str:
         n = self.cfg.nodes
-        text = render_slurm_conf(self.cfg)
+        text, _ = slurm_conf_with_policy(self.cfg)  # write_configs wrote the lua
         text = text.replace("ClusterName=hetrun", f"ClusterName={NAME}")
         text = text.replace(f"SlurmctldPort={SLURMCTLD_PORT}", f"SlurmctldPort={CTLD_PORT}")
         old_ports = f"Port=[{FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + n - 1}]"
@@ -68,6 +73,8 @@ class SecondCluster:
         if NAME not in clusters:
             self.run("sacctmgr", "-i", "add", "cluster", NAME)
         self.start_daemons()
+        if self.cfg.policy:
+            self.policy_commands = apply_policy_objects(self.cfg)
 
     def start_daemons(self) -> None:
         start_slurmctld(self.cfg)

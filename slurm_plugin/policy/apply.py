@@ -29,7 +29,7 @@ from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.policy.desired import desired_state
 from hetrun.slurm_plugin.policy.lua import render_job_submit_lua
 from hetrun.slurm_plugin.policy.model import PolicySpec
-from hetrun.slurm_plugin.policy.plan import PolicyPlan, make_plan
+from hetrun.slurm_plugin.policy.plan import PolicyPlan, conf_value, make_plan
 from hetrun.slurm_plugin.policy.state import Runner, read_live
 
 HETRUN_CONF_HEADER = "# Written by `hetrun cluster up`"
@@ -110,6 +110,32 @@ def rewrite_conf(text: str, values: dict[str, str], partitions: dict[str, dict[s
             at = lines.index(BLOCK_START) + 1
         lines[at:at] = block + [f"{k}={val}" for k, val in todo.items()]
     return "\n".join(lines) + "\n"
+
+
+def conf_with_policy(text: str, policy: PolicySpec, where: str = "slurm.conf") -> tuple[str, str | None]:
+    """A slurm.conf (``hetrun cluster up``'s rendering) with the policy's settings
+    already in it, and the job_submit.lua to write next to it (None when the
+    policy needs none). Off-line: what ``apply --write-conf`` would write, so a
+    cluster can start with its policy instead of being restarted into it."""
+    have: dict[str, str] = {}
+    partitions = set()
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or line.lstrip().startswith("#"):
+            continue
+        if key.strip() == "PartitionName":
+            partitions.add(value.split()[0])
+        have[key.strip().lower()] = value.strip()
+    desired = desired_state(policy)
+    missing = sorted(set(desired.partitions) - partitions)
+    if missing:
+        raise PolicyApplyError(
+            f"{where}: the policy's time_slicing.partition {', '.join(map(repr, missing))} is not a "
+            f"partition of this cluster (partitions: {', '.join(sorted(partitions)) or 'none'})",
+            hint="name one of those partitions in time_slicing.partition")
+    values = {s.key: conf_value(s, have.get(s.key.lower())) for s in desired.conf}
+    lua = render_job_submit_lua(policy) if "JobSubmitPlugins" in values else None
+    return rewrite_conf(text, values, desired.partitions), lua
 
 
 def _write_atomic(path: Path, text: str) -> None:
