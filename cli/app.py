@@ -38,6 +38,7 @@ _COMMAND_MODULES = (
     "cluster_cmd",
     "ckpt_cmd",
     "tune_cmd",
+    "resume_cmd",
     "pool_cmd",
     "policy_cmd",
 )

@@ -25,6 +25,7 @@ from hetrun.dag.errors import SpecError
 
 from . import quoting
 from .postmortem import KILL_MARK
+from .rundir import restart_base
 
 REQUEUE_EXIT_CODE = 85
 
@@ -392,6 +393,10 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "export SLURM_PMIX_FENCE=ring",
     ]
     body += [f"export {k}={q(v)}" for k, v in env]
+    base = restart_base(plan_d)
+    if base:
+        body += ["# hetrun resume: this job continues the run, whose attempts count on from its old jobs'.",
+                 f"export SLURM_RESTART_COUNT=$(( ${{SLURM_RESTART_COUNT:-0}} + {base} ))"]
     body += [
         "",
         "_hetrun_pid=''",

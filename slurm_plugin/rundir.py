@@ -31,6 +31,15 @@ SCRIPT = "hetjob.sbatch"
 LOGS = "logs"
 RUNS_ENV = "HETRUN_RUNS"
 EVENTS = "events.jsonl"
+# `hetrun resume` sets it in the job's env: the restart count of the new job's first
+# attempt, so a resumed run's attempts count on from the old job's (docs/CONTRACTS.md).
+RESTART_BASE_ENV = "HETRUN_RESTART_BASE"
+
+
+def restart_base(plan: Mapping[str, Any]) -> int:
+    """The first attempt's restart count of a job (0 unless ``hetrun resume`` submitted it)."""
+    value = str((plan.get("env") or {}).get(RESTART_BASE_ENV, "0"))
+    return int(value) if value.isdigit() else 0
 
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from hetrun.dag.errors import RunDirError, SlurmError
 
 from ..postmortem import finish_attempt
-from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, utc_now_iso, write_atomic
+from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, restart_base, utc_now_iso, write_atomic
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 
 STATE_FILE = "local.json"
@@ -239,9 +239,9 @@ class _Supervisor:
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, self._on_signal)
-        restarts = 0
+        restarts = restart_base(_plan_components(self.run_dir)[1])  # `hetrun resume` counts on
         self._write(state="RUNNING", supervisor_pid=os.getpid(), started_at=utc_now_iso(),
-                    restarts=0, exit_code=None, ended_at=None)
+                    restarts=restarts, exit_code=None, ended_at=None)
         while True:
             if self.cancelled:  # cancelled between attempts, or before the first started
                 self._write(state="CANCELLED", ended_at=utc_now_iso())

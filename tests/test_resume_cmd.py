@@ -1,0 +1,192 @@
+"""`hetrun resume RUN` / `hetrun resubmit RUN --resize`, on the local backend.
+
+Fast checks build a run directory by hand (nothing runs); the mpi/slow ones run
+the CartPole PPO example for real (Open MPI ranks, real gymnasium): a cancelled
+run resumed ends with the same checkpoint as an uninterrupted one; resized to
+3 and to 1 rollout ranks it finishes, and two resizes from the same checkpoint
+end identically.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hetrun.slurm_plugin.rundir import RunInfo, append_event, events_of, find_run, write_run
+
+from tests.resume_compare import assert_same_checkpoints, example_spec
+
+ITERATIONS = 12
+SMALL_PPO = {"training": {"iterations": ITERATIONS, "pipeline_window": 1},
+             "workload_args": {"num_envs": 4, "num_steps": 32, "update_epochs": 1, "num_minibatches": 2,
+                               "eval_episodes": 1},
+             "checkpoint": {"interval": 2, "keep": 20}}
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def job_file(tmp: Path, **extra: Any) -> Path:
+    spec = example_spec("ppo_cartpole", **SMALL_PPO, **extra)
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def hand_made_run(tmp: Path) -> Path:
+    """A run directory as submit writes it, for a run that ran one attempt and was cancelled."""
+    from hetrun.dag.plan import build_plan
+    from hetrun.dag.spec import load_spec
+    from hetrun.slurm_plugin.render import render_sbatch
+
+    spec = load_spec(job_file(tmp))
+    run_dir = tmp / "runs" / "ppo-cartpole-20260101-000000-abcd"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "job.yaml").write_text(spec.to_yaml())
+    plan = json.loads(build_plan(spec).to_json())
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    (run_dir / "hetjob.sbatch").write_text(render_sbatch(plan, spec, run_dir))
+    (run_dir / "local.json").write_text(json.dumps({"state": "CANCELLED"}))
+    write_run(RunInfo(name="ppo-cartpole", run_dir=str(run_dir), backend="local", job_id="local-1",
+                      components=["learner", "rollout"]))
+    append_event(run_dir, "start", rank=0, restart_count=0)
+    append_event(run_dir, "attempt_end", restart_count=0, outcome="cancelled")
+    return run_dir
+
+
+def test_dry_run_counts_attempts_on_and_changes_nothing(tmp_path: Path) -> None:
+    run_dir = hand_made_run(tmp_path)
+    before = (run_dir / "job.yaml").read_text()
+    res = cli("resume", str(run_dir), "--dry-run", "--set", "training.iterations=20", "-t", "00:10:00")
+    assert res.returncode == 0, res.stderr
+    assert "export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))" in res.stdout
+    assert "export HETRUN_RESTART_BASE=1" in res.stdout and "--time=00:10:00" in res.stdout
+    assert "as attempt 1" in res.stderr and "nothing was changed" in res.stderr
+    assert (run_dir / "job.yaml").read_text() == before
+
+
+def test_resize_dry_run_names_the_new_sizes(tmp_path: Path) -> None:
+    run_dir = hand_made_run(tmp_path)
+    res = cli("resubmit", str(run_dir), "--resize", "rollout=3", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "rollout: 2 -> 3 ranks" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["resume", "--set", "workload_args.num_envs=8"], "cannot change workload_args"),
+    (["resume", "--set", "training.seed=9"], "cannot change training.seed"),
+    (["resume", "--set", "components.rollout.nodes=3"], "use `hetrun resubmit RUN --resize"),
+    (["resubmit", "--resize", "actor=2"], "does not have"),
+    (["resubmit", "--resize", "rollout"], "is not COMPONENT=RANKS"),
+])
+def test_overrides_the_checkpoint_cannot_survive_are_refused(tmp_path: Path, args: list[str], message: str) -> None:
+    run_dir = hand_made_run(tmp_path)
+    res = cli(args[0], str(run_dir), *args[1:])
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_a_run_without_attempt_end_gets_one_from_the_backend_state(tmp_path: Path) -> None:
+    from hetrun.slurm_plugin import resume_run
+
+    run_dir = hand_made_run(tmp_path)
+    append_event(run_dir, "start", rank=0, restart_count=1)  # attempt 1 died without its post-mortem
+    info = find_run(str(run_dir), tmp_path / "runs")
+    rec = resume_run._close_open_attempt(info, resume_run.last_restart(run_dir))
+    assert rec is not None and rec["restart_count"] == 1 and rec["outcome"] == "cancelled"
+    assert resume_run._close_open_attempt(info, 1) is None  # never twice
+    assert resume_run.prepare(info).restart == 2
+
+
+# ---------------------------------------------------------------- real runs (Open MPI, local backend)
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+
+
+def submit(job: Path, runs: Path, *extra: str) -> Path:
+    res = cli("submit", str(job), "--backend", "local", "--runs-dir", str(runs), *extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return Path(res.stdout.split("run directory:")[1].strip())
+
+
+def store_steps(run_dir: Path, component: str) -> list[int]:
+    from hetrun.runtime.ckpt import open_store
+
+    path = run_dir / "ckpt" / component
+    return open_store(path).steps() if path.is_dir() else []
+
+
+def wait_ended(run_dir: Path, timeout: float = 300) -> str:
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        state = json.loads((run_dir / "local.json").read_text()).get("state") \
+            if (run_dir / "local.json").exists() else None
+        if state in ("COMPLETED", "FAILED", "CANCELLED"):
+            return str(state)
+        time.sleep(0.5)
+    raise AssertionError(f"{run_dir} did not end in {timeout}s")
+
+
+def cancelled_run(tmp: Path) -> Path:
+    """A PPO run cancelled once the first checkpoint every component holds is written."""
+    run_dir = submit(job_file(tmp), tmp / "runs")
+    t_end = time.time() + 300
+    while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
+        state = json.loads((run_dir / "local.json").read_text()).get("state") \
+            if (run_dir / "local.json").exists() else None
+        assert time.time() < t_end and state in ("RUNNING", "REQUEUED", None), \
+            (run_dir / "logs" / "local-supervisor.out").read_text()[-3000:]
+        time.sleep(0.2)
+    res = cli("cancel", str(run_dir))
+    assert res.returncode == 0, res.stderr
+    assert wait_ended(run_dir) == "CANCELLED"
+    return run_dir
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpirun
+def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+    whole = submit(job_file(tmp_path / "a"), tmp_path / "a" / "runs", "--wait")
+    run_dir = cancelled_run(tmp_path / "b")
+    res = cli("resume", str(run_dir), "--wait")
+    assert res.returncode == 0, res.stdout + res.stderr + (run_dir / "logs" / "local-supervisor.out").read_text()
+    assert "as attempt 1" in res.stdout
+    ends = events_of(run_dir, ("attempt_end",))
+    assert [(e["restart_count"], e["outcome"]) for e in ends] == [(0, "cancelled"), (1, "done")]
+    restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
+    assert len(restores) == 3 and all(e["restored_state"] and e["work_lost"] is not None for e in restores)
+    assert_same_checkpoints(whole, run_dir, {"learner": 1, "rollout": 2}, ITERATIONS)
+    from hetrun.runtime.report_attempts import status_summary
+
+    counts, lost = status_summary(run_dir)
+    assert counts.restarts == 1 and lost is not None
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_mpirun
+def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path) -> None:
+    run_dir = cancelled_run(tmp_path)
+    copies = {}
+    for name in ("grow-a", "grow-b", "shrink"):
+        copies[name] = tmp_path / name / "runs" / run_dir.name
+        shutil.copytree(run_dir, copies[name])
+    for name, ranks in (("grow-a", 3), ("grow-b", 3), ("shrink", 1)):
+        res = cli("resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--wait")
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"rollout: 2 -> {ranks} ranks" in res.stdout
+        restores = [e for e in events_of(copies[name], ("restore",)) if e.get("restart_count") == 1]
+        assert len(restores) == 1 + ranks and all(e["restored_state"] for e in restores)
+        assert {e["resize"]["ranks"] for e in restores if e["component"] == "rollout"} == {ranks}
+    assert_same_checkpoints(copies["grow-a"], copies["grow-b"], {"learner": 1, "rollout": 3}, ITERATIONS)
+
