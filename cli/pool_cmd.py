@@ -71,14 +71,14 @@ def _render(snap: Any) -> Any:
 def _print_fit(job: Path, snap: Any) -> None:
     """Each component's candidates against the pool, best first, with why the others lost."""
     from hetrun.dag.spec import load_spec
-    from hetrun.slurm_plugin.placement import Need, score
+    from hetrun.slurm_plugin.placement import Need, score, slurm_test_only, with_start_estimates
 
     spec = load_spec(job)
     for name, comp in spec.components.items():
         need = Need(comp.nodes, comp.tasks_per_node * comp.cpus_per_task, comp.gpus_per_node, comp.mem_mb)
         typer.echo(f"component {name}: {need.nodes} node(s) x {need.cpus_per_node} CPUs, "
                    f"{need.gpus_per_node} GPUs, {need.mem_mb_per_node} MB")
-        cands = score(need, snap)
+        cands = with_start_estimates(need, score(need, snap), slurm_test_only())
         if not cands:
             typer.echo("  no partition / GPU type of this pool can ever hold it")
         for i, c in enumerate(cands):

@@ -12,20 +12,32 @@ and the reasons behind it, so ``plan --explain`` can show why one lost:
   queue pressure (jobs already pending on the partition), minus nodes with a
   failure history among those it would use, minus CPU-only work on GPU nodes.
 
-Pure arithmetic on ``PoolSnapshot``; no Slurm call (Slurm's own start-time
-estimate, ``sbatch --test-only``, is the next step and not done here).
+``score`` is pure arithmetic on ``PoolSnapshot``; ``with_start_estimates``
+then asks Slurm itself (``sbatch --test-only``, one call per candidate) when
+each candidate would start, and lowers a candidate's score by the minutes it
+would wait: the one expected to start (and so finish) first wins.
 """
 
 from __future__ import annotations
 
+import re
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from hetrun.dag.errors import SlurmError
+from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.pool import NodeFree, PoolSnapshot
 
 FITS_NOW_BONUS = 100.0
 PENDING_PENALTY = 5.0  # per pending job on the partition
 TROUBLE_PENALTY = 20.0  # per troubled node the component would land on
 GPU_WASTE_PENALTY = 10.0  # CPU-only work on GPU nodes keeps GPUs from GPU work
+WAIT_PENALTY_PER_MIN = 2.0  # per minute Slurm expects the candidate to wait
+WAIT_PENALTY_MAX = 200.0  # a start Slurm cannot place at all loses to any that starts
+# sbatch --test-only (stderr): "sbatch: Job 12 to start at 2026-12-01T18:50:40 using 2 processors on nodes n1 in partition debug"
+_TEST_ONLY = re.compile(r"to start at (\S+) using \d+ processors on nodes (\S+) in partition (\S+)")
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,7 @@ class Candidate:
     fits_now: bool
     nodes: list[str] = field(default_factory=list)  # the nodes it would use now
     reasons: list[str] = field(default_factory=list)
+    start_in_s: float | None = None  # Slurm's own estimate (sbatch --test-only), when asked
 
 
 def _fits_now(n: NodeFree, need: Need) -> bool:
@@ -104,3 +117,50 @@ def score(need: Need, snap: PoolSnapshot) -> list[Candidate]:
             reasons.append(f"{bad} of its nodes have a failure history")
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons))
     return sorted(out, key=lambda c: (-c.score, c.partition, c.gres))
+
+
+def test_only_argv(need: Need, cand: Candidate) -> list[str]:
+    """The ``sbatch --test-only`` words for ``need`` placed on ``cand`` (nothing is submitted)."""
+    argv = ["sbatch", "--test-only", f"--partition={cand.partition}", f"--nodes={need.nodes}",
+            "--ntasks-per-node=1", f"--cpus-per-task={need.cpus_per_node}"]
+    if need.gpus_per_node:
+        argv.append(f"--gres={cand.gres}:{need.gpus_per_node}")  # gpu:a100:2 or gpu:2
+    if need.mem_mb_per_node:
+        argv.append(f"--mem={need.mem_mb_per_node}M")
+    return [*argv, "--wrap", "true"]
+
+
+def parse_test_only(stderr: str, now: float) -> float | None:
+    """Seconds from ``now`` until the start ``sbatch --test-only`` printed; None when it printed none."""
+    m = _TEST_ONLY.search(stderr)
+    if not m:
+        return None
+    start = datetime.fromisoformat(m.group(1)).timestamp()  # local time, as Slurm prints it
+    return max(0.0, start - now)
+
+
+def with_start_estimates(need: Need, cands: Sequence[Candidate],
+                         test_only: Callable[[list[str]], str], now: float | None = None) -> list[Candidate]:
+    """``cands`` re-scored with Slurm's start-time estimate; ``test_only(argv)`` runs
+    sbatch and returns its stderr (a refusal's message too). Best first again."""
+    now = time.time() if now is None else now
+    for c in cands:
+        text = test_only(test_only_argv(need, c))
+        c.start_in_s = parse_test_only(text, now)
+        if c.start_in_s is None:
+            c.score = round(c.score - WAIT_PENALTY_MAX, 2)
+            c.reasons.append("Slurm gives no start time: " + (text.strip().splitlines() or ["(no output)"])[-1])
+            continue
+        c.score = round(c.score - min(WAIT_PENALTY_MAX, WAIT_PENALTY_PER_MIN * c.start_in_s / 60), 2)
+        c.reasons.append(f"Slurm expects a start in {c.start_in_s:.0f} s")
+    return sorted(cands, key=lambda c: (-c.score, c.partition, c.gres))
+
+
+def slurm_test_only(env: dict[str, str] | None = None) -> Callable[[list[str]], str]:
+    """A ``test_only`` for ``with_start_estimates`` that runs the real sbatch."""
+    def run(argv: list[str]) -> str:
+        try:
+            return run_slurm(argv, env=env).stderr
+        except SlurmError as exc:  # e.g. "Requested node configuration is not available"
+            return str(exc)
+    return run

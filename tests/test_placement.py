@@ -7,6 +7,7 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 from hetrun.slurm_plugin import placement, pool
 
 DATA = Path(__file__).parent / "data" / "pool"
@@ -76,3 +77,53 @@ def test_need_from_a_plan_component() -> None:
     comp = {"name": "learner", "nodes": 2, "tasks_per_node": 2, "cpus_per_task": 3, "gpus_per_node": 1,
             "mem_mb": 2048}
     assert placement.Need.from_component(comp) == placement.Need(2, 6, 1, 2048)
+
+
+# sbatch --test-only's own lines, as Slurm 22.05 prints them on stderr.
+def _recorded_sbatch(starts: dict[str, str]):  # type: ignore[no-untyped-def]
+    """Stands in for sbatch --test-only: the start line Slurm printed for each partition."""
+    seen: list[list[str]] = []
+
+    def run(argv: list[str]) -> str:
+        seen.append(argv)
+        part = next(a.split("=", 1)[1] for a in argv if a.startswith("--partition="))
+        if part not in starts:
+            return "sbatch: error: Requested node configuration is not available"
+        return f"sbatch: Job 41 to start at {starts[part]} using 1 processors on nodes n3 in partition {part}"
+    run.seen = seen  # type: ignore[attr-defined]
+    return run
+
+
+def test_slurms_start_estimate_reorders_the_candidates() -> None:
+    from datetime import datetime
+
+    now = datetime.fromisoformat("2026-12-01T18:00:00").timestamp()
+    cands = placement.score(LEARNER, snapshot(TYPES, busy=set()))
+    assert {c.partition for c in cands} == {"debug", "high"}
+    # Slurm says high starts now and debug in 30 minutes (e.g. a reservation the pool cannot see).
+    fake = _recorded_sbatch({"high": "2026-12-01T18:00:00", "debug": "2026-12-01T18:30:00"})
+    out = placement.with_start_estimates(LEARNER, cands, fake, now=now)
+    assert out[0].partition == "high" and out[0].start_in_s == 0
+    debug = next(c for c in out if c.partition == "debug")
+    assert debug.start_in_s == 1800 and "Slurm expects a start in 1800 s" in debug.reasons
+    assert len(fake.seen) == len(cands)  # one sbatch --test-only per candidate
+    assert all(("--gres=gpu:a100:2" in a or "--gres=gpu:v100:2" in a) and "--test-only" in a and "--nodes=1" in a
+               for a in fake.seen), fake.seen
+    refused = placement.with_start_estimates(LEARNER, placement.score(LEARNER, snapshot(TYPES, busy=set())),
+                                             _recorded_sbatch({"high": "2026-12-01T18:00:00"}), now=now)
+    assert all(c.partition == "high" for c in refused[:2])
+    assert any("not available" in r for c in refused if c.partition == "debug" for r in c.reasons)
+
+
+@pytest.mark.slurm
+def test_start_estimate_from_the_real_sbatch(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    snap = pool.collect(hours=1)
+    need = placement.Need(1, 1, 0, 100)
+    cands = placement.with_start_estimates(need, placement.score(need, snap), placement.slurm_test_only())
+    assert cands and all(c.start_in_s is not None for c in cands), [c.reasons for c in cands]
+    # No node has 64 CPUs: Slurm refuses, and the candidate says why.
+    big = placement.Need(1, 64, 0)
+    row = cands[0]
+    [out] = placement.with_start_estimates(big, [placement.Candidate(row.partition, row.gres, 0.0, False)],
+                                           placement.slurm_test_only())
+    assert out.start_in_s is None and out.score == -placement.WAIT_PENALTY_MAX, out.reasons
