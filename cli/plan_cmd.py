@@ -9,6 +9,7 @@ Thin: the planning is in ``hetrun.dag``; node capacities come from
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -83,19 +84,25 @@ def _print_plan(console: Console, build: PlanBuild, spec: JobSpec, cap_source: s
 
     plan = build.plan
     t = plan.training
-    console.print(f"[bold]{plan.name}[/bold]  workload {plan.workload}  "
-                  f"({t.kind}, {t.iterations} iterations, {t.micro_batches} micro-batches, "
-                  f"pipeline window {t.pipeline_window}, {t.mode})")
+    if t is None:
+        console.print(f"[bold]{plan.name}[/bold]  command components only (no workload, no action DAG)")
+    else:
+        console.print(f"[bold]{plan.name}[/bold]  workload {plan.workload}  "
+                      f"({t.kind}, {t.iterations} iterations, {t.micro_batches} micro-batches, "
+                      f"pipeline window {t.pipeline_window}, {t.mode})")
     console.print(f"resources checked against {cap_source}")
 
     comps = Table(title="het components (one hetjob group each)", title_justify="left")
-    for col in ("group", "component", "nodes", "tasks/node", "ntasks", "cpus/task", "gpus/node", "mem/node", "action types"):
-        comps.add_column(col, justify="right" if col not in ("component", "action types") else "left",
+    for col in ("group", "component", "nodes", "tasks/node", "ntasks", "cpus/task", "gpus/node", "mem/node", "runs"):
+        comps.add_column(col, justify="right" if col not in ("component", "runs") else "left",
                          overflow="fold")
     for c in plan.components:
+        runs = f"command: {shlex.join(c.command)}" if c.command is not None else ", ".join(c.actions)
         comps.add_row(str(c.index), c.name, str(c.nodes), str(c.tasks_per_node), str(c.ntasks),
-                      str(c.cpus_per_task), str(c.gpus_per_node), f"{c.mem_mb} MB", ", ".join(c.actions))
+                      str(c.cpus_per_task), str(c.gpus_per_node), f"{c.mem_mb} MB", runs)
     console.print(comps)
+    if t is None:
+        return
 
     acts = Table(title="action DAG per iteration, in scheduling order (dep@-k = of iteration i-k)",
                  title_justify="left")
@@ -209,11 +216,12 @@ def register(app: typer.Typer) -> None:
         # Piped output gets a wide fixed width so ids and deps are not cut to fit 80 columns.
         console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
         _print_plan(console, build, spec, cap_source)
-        _print_scale(console, build)
-        if explain:
-            _print_explain(console, build)
-        if unroll_n:
-            _print_unroll(console, build, unroll_n)
+        if build.plan.training is not None:  # a job of command components has no action DAG to show
+            _print_scale(console, build)
+            if explain:
+                _print_explain(console, build)
+            if unroll_n:
+                _print_unroll(console, build, unroll_n)
         script, note = _render_script(build, spec, runs_dir)
         console.print(f"[bold]sbatch script[/bold] ({note})")
         console.file.flush()

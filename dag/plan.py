@@ -41,7 +41,7 @@ from hetrun.dag.spec import (
     TrainingSpec,
 )
 from hetrun.dag.spec_errors import locate_graph_error
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 PLAN_VERSION = 1
 
@@ -98,6 +98,16 @@ class ComponentPlan(BaseModel):
     gpus_per_node: int
     mem_mb: int
     actions: list[str]
+    command: list[str] | None = Field(
+        default=None, description="argv every rank runs (a command component; no actions)")
+
+    @model_serializer(mode="wrap")
+    def _without_null_command(self, handler: Any) -> dict[str, Any]:
+        # An action component's entry reads as before: "command" only where there is one.
+        data = handler(self)
+        if data.get("command") is None:
+            data.pop("command", None)
+        return data
 
 
 class MemoryPlan(BaseModel):
@@ -117,9 +127,9 @@ class Plan(BaseModel):
     model_config = _PLAN_CONFIG
     version: int = PLAN_VERSION
     name: str
-    workload: str
+    workload: str | None = None  # None: every component runs a command
     workload_args: dict[str, Any] = Field(default_factory=dict)
-    training: TrainingSpec
+    training: TrainingSpec | None = None
     components: list[ComponentPlan]
     actions: list[PlanAction]
     order: list[str]
@@ -238,7 +248,7 @@ def _components(spec: JobSpec, graph: ActionGraph) -> list[ComponentPlan]:
         out.append(ComponentPlan(
             name=name, index=index, nodes=comp.nodes, tasks_per_node=comp.tasks_per_node,
             ntasks=comp.ntasks, cpus_per_task=comp.cpus_per_task, gpus_per_node=comp.gpus_per_node,
-            mem_mb=comp.mem_mb, actions=listed,
+            mem_mb=comp.mem_mb, actions=listed, command=comp.command,
         ))
     return out
 
@@ -270,6 +280,15 @@ def _build(
         w = weights
     else:
         w = Weights(*weights)
+    if spec.training is None:
+        # Command components only: no action loop to expand; the plan carries their argv.
+        empty = ActionGraph()
+        if capacities is not None:
+            check_fits_nodes(empty, spec, capacities)
+        plan = Plan(name=spec.name, components=_components(spec, empty), actions=[], order=[],
+                    checkpoint=spec.checkpoint, preemption=spec.preemption, env=spec.env, comms=spec.comms,
+                    slurm=spec.slurm, schedule=spec.schedule)
+        return PlanBuild(plan, empty, empty)
     template = expand(spec)
     # Resource checks on the coarse template, so errors name action types the user wrote.
     # Without cluster capacities the spec is its own capacity: every action must fit a

@@ -47,6 +47,10 @@ MemSize = Annotated[str, WithJsonSchema({
     "description": "Slurm memory size: number with K/M/G/T suffix (default M)"})]
 SlurmTime = Annotated[str, WithJsonSchema({
     "anyOf": [{"type": "string"}, {"type": "integer", "minimum": 1}], "description": v.TIME_FORMATS_HELP})]
+Command = Annotated[list[str], WithJsonSchema({
+    "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string"}, "minItems": 1}],
+    "description": "the program each rank runs: an argv list, or a string split as a shell would "
+                   "(no variables, globs or pipes)"})]
 
 _MODEL_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=False, validate_default=True)
 
@@ -56,7 +60,8 @@ class _Section(BaseModel):
 
 
 class ComponentSpec(_Section):
-    """One het component: identical nodes running the listed action types."""
+    """One het component: identical nodes running the listed action types, or the
+    user's own program (``command:``) with torchrun's variables per rank."""
 
     nodes: int = Field(1, ge=1, le=100_000, description="nodes of this component")
     tasks_per_node: int = Field(1, ge=1, le=1024, description="MPI ranks per node")
@@ -64,7 +69,10 @@ class ComponentSpec(_Section):
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node (gres gpu:N)")
     mem: MemSize = Field("1G", description="memory per node, Slurm size with K/M/G/T suffix")
     gpu_mem: MemSize | None = Field(None, description="memory of one GPU, for the planner's memory check")
-    actions: list[ActionType] = Field(min_length=1, description="action types this component runs")
+    actions: list[ActionType] = Field(default_factory=list,
+                                      description="action types this component runs (not with command)")
+    command: Command | None = Field(None, description="the user's program every rank of this component "
+                                                      "runs instead of actions (torchrun variables per rank)")
 
     @field_validator("mem", mode="before")
     @classmethod
@@ -75,6 +83,11 @@ class ComponentSpec(_Section):
     @classmethod
     def _gpu_mem(cls, value: Any) -> str | None:
         return None if value is None else v.check_mem(value)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, value: Any) -> list[str] | None:
+        return None if value is None else v.check_command(value)
 
     @field_validator("actions")
     @classmethod
@@ -87,6 +100,10 @@ class ComponentSpec(_Section):
     @property
     def mem_mb(self) -> int:
         return v.mem_to_mb(self.mem)
+
+    @property
+    def is_command(self) -> bool:
+        return self.command is not None
 
     @property
     def ntasks(self) -> int:
@@ -263,11 +280,12 @@ class JobSpec(_Section):
     """A whole training job, as written in the job YAML."""
 
     name: str = Field(description=f"job name: {v.JOB_NAME_HELP}")
-    workload: str = Field(description="module.path:Class implementing the workload")
+    workload: str | None = Field(None, description="module.path:Class implementing the workload "
+                                                   "(needed when a component runs actions)")
     workload_args: dict[str, Any] = Field(default_factory=dict, description="JSON values passed to the workload")
     components: dict[str, ComponentSpec] = Field(min_length=1, max_length=32,
                                                   description="het components, in het group order")
-    training: TrainingSpec
+    training: TrainingSpec | None = Field(None, description="the action loop (needed when a component runs actions)")
     actions: dict[ActionType, ActionOverride] = Field(default_factory=dict)
     slurm: SlurmSpec = Field(default_factory=lambda: SlurmSpec.model_validate({}))
     checkpoint: CheckpointSpec = Field(default_factory=lambda: CheckpointSpec.model_validate({}))
@@ -283,8 +301,8 @@ class JobSpec(_Section):
 
     @field_validator("workload")
     @classmethod
-    def _workload(cls, value: str) -> str:
-        return v.check_workload_ref(value)
+    def _workload(cls, value: str | None) -> str | None:
+        return None if value is None else v.check_workload_ref(value)
 
     @field_validator("workload_args")
     @classmethod
@@ -316,6 +334,7 @@ class JobSpec(_Section):
             if not v.COMPONENT_NAME_RE.fullmatch(cname):
                 raise SpecIssue(f"component name {cname!r} is invalid; expected [a-z][a-z0-9_]{{0,31}}",
                                 path=("components", cname), hint="use lower-case letters, digits and _")
+        self._check_component_kinds()
         owner: dict[str, str] = {}
         for cname, comp in self.components.items():
             for act in comp.actions:
@@ -327,6 +346,13 @@ class JobSpec(_Section):
             if comp.mem_mb < comp.tasks_per_node:
                 raise SpecIssue(f"mem {comp.mem} is less than 1M per task for {comp.tasks_per_node} tasks",
                                 path=("components", cname, "mem"))
+        limit = self.slurm.time_seconds
+        if limit is not None and self.preemption.grace_seconds >= limit:
+            raise SpecIssue(f"grace_seconds {self.preemption.grace_seconds} is not shorter than the time limit "
+                            f"{self.slurm.time} ({limit} s)", path=("preemption", "grace_seconds"),
+                            hint="lower grace_seconds or raise slurm.time")
+        if self.training is None:  # command components only: no action loop to check
+            return self
         kind = self.training.kind
         missing = [a for a in REQUIRED_ACTIONS[kind] if a not in owner]
         if missing:
@@ -337,12 +363,35 @@ class JobSpec(_Section):
             raise SpecIssue("rollout actions need training.kind: rl",
                             path=("components", owner["rollout"], "actions"),
                             hint="remove rollout, or set training.kind: rl")
-        limit = self.slurm.time_seconds
-        if limit is not None and self.preemption.grace_seconds >= limit:
-            raise SpecIssue(f"grace_seconds {self.preemption.grace_seconds} is not shorter than the time limit "
-                            f"{self.slurm.time} ({limit} s)", path=("preemption", "grace_seconds"),
-                            hint="lower grace_seconds or raise slurm.time")
         return self
+
+    def _check_component_kinds(self) -> None:
+        """Each component runs actions or a command; workload + training exactly when actions run."""
+        for cname, comp in self.components.items():
+            if comp.is_command and comp.actions:
+                raise SpecIssue(f"component {cname!r} gives both command and actions",
+                                path=("components", cname, "actions"),
+                                hint="a component runs either hetrun's actions or your own command: remove one")
+            if not comp.is_command and not comp.actions:
+                raise SpecIssue(f"component {cname!r} has neither actions nor command",
+                                path=("components", cname),
+                                hint="add actions: [forward, ...] or command: [python3, train.py]")
+        has_actions = any(not c.is_command for c in self.components.values())
+        for key in ("workload", "training"):
+            given = getattr(self, key) is not None
+            if has_actions and not given:
+                raise SpecIssue(f"missing required key {key!r} (components run actions)", path=(key,),
+                                hint=f"add {key}: (see docs/CONTRACTS.md), or give every component a command:")
+            if not has_actions and given:
+                raise SpecIssue(f"{key} is set but every component runs a command (no actions use it)",
+                                path=(key,), hint=f"remove {key}:")
+        if not has_actions and self.workload_args:
+            raise SpecIssue("workload_args is set but every component runs a command (no workload reads it)",
+                            path=("workload_args",), hint="pass arguments in the command instead")
+
+    @property
+    def command_components(self) -> list[str]:
+        return [name for name, comp in self.components.items() if comp.is_command]
 
     # -- helpers the planner and the CLI use -------------------------------------------------
 
@@ -351,11 +400,22 @@ class JobSpec(_Section):
         for cname, comp in self.components.items():
             if action_type in comp.actions:
                 return cname
+        if action_type == "optimize":
+            raise ValueError("no component runs optimize (a job of command components has no action types)")
         return self.component_of("optimize")
 
     def to_yaml(self) -> str:
         """The resolved spec (defaults filled, overrides applied) as YAML; loads back equal."""
         data = json.loads(self.model_dump_json())
+        # Keys of the other kind of job stay out, so an action job's job.yaml reads as before.
+        for key in ("workload", "training"):
+            if data[key] is None:
+                del data[key]
+        for comp in data["components"].values():
+            if comp["command"] is None:
+                del comp["command"]
+            elif not comp["actions"]:
+                del comp["actions"]
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
 
 
@@ -400,7 +460,7 @@ def load_spec(path: str | Path, overrides: Overrides | None = None, *,
         override_paths = apply_overrides(data, overrides)
     spec = validate_spec_data(data, doc, override_paths)
     attach_source(spec, doc, override_paths)  # later graph errors point at the YAML too
-    if check_args:
+    if check_args and spec.workload is not None:
         from hetrun.dag.workload_args import check_workload_args
 
         check_workload_args(spec.workload, spec.workload_args, doc, override_paths,

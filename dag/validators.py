@@ -193,6 +193,47 @@ def check_plain_string(value: str, what: str, max_len: int = 4096) -> str:
     return value
 
 
+MAX_COMMAND_WORDS = 4096
+
+
+def check_command(value: Any) -> list[str]:
+    """A command component's argv: a list of strings, or one string split as a POSIX shell would
+    (``shlex``: quotes group words, no variables, globs or pipes: nothing is run by a shell).
+
+    Every word is shell-quoted when rendered; control characters (tabs and line
+    breaks included) are refused because they would reach logs and terminals.
+    """
+    import shlex
+
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value, comments=False, posix=True)
+        except ValueError as exc:  # unbalanced quotes, a trailing backslash
+            raise ValueError(f"command {value[:80]!r} cannot be split into words: {exc}") from None
+    elif isinstance(value, list):
+        words = value
+    else:
+        raise ValueError(f"expected the command as a list of strings or one string, "
+                         f"got {type(value).__name__} {value!r}")
+    if not words:
+        raise ValueError("the command is empty; give the program and its arguments, e.g. [python3, train.py]")
+    if len(words) > MAX_COMMAND_WORDS:
+        raise ValueError(f"the command has {len(words)} words; at most {MAX_COMMAND_WORDS}")
+    for i, word in enumerate(words):
+        if not isinstance(word, str):
+            raise ValueError(f"command word {i} is {type(word).__name__} {word!r}; every word must be a "
+                             "string (quote numbers in YAML)")
+        bad = next((c for c in word if ord(c) < 0x20 or ord(c) == 0x7F), None)
+        if bad is not None:
+            raise ValueError(f"command word {i} {word[:60]!r} contains the control character {bad!r}; "
+                             "tabs, line breaks, NUL, ESC and other control characters are not allowed")
+        if len(word) > 4096:
+            raise ValueError(f"command word {i} is longer than 4096 characters")
+    if not words[0]:
+        raise ValueError("the command's program (word 0) is empty")
+    return list(words)
+
+
 def check_json_value(value: Any, path: str = "", depth: int = 0) -> None:
     """workload_args must survive a JSON round trip unchanged (plan.json carries them)."""
     if depth > 32:

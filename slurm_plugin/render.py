@@ -63,6 +63,19 @@ class ComponentLines:
     cpus_per_task: int
     gpus_per_node: int
     mem_mb: int
+    command: tuple[str, ...] | None = None  # a command component's argv (None: it runs actions)
+
+
+def _command(value: Any, key_path: str) -> tuple[str, ...] | None:
+    """The argv of a command component, re-checked as the last gate before the script."""
+    if value is None:
+        return None
+    from hetrun.dag.validators import check_command
+
+    try:
+        return tuple(check_command(value))
+    except ValueError as exc:
+        raise SpecError(str(exc), key_path=key_path, value=value) from None
 
 
 def _positive_int(value: Any, key_path: str, *, minimum: int = 1) -> int:
@@ -88,6 +101,7 @@ def _components(plan: Mapping[str, Any]) -> list[ComponentLines]:
                 cpus_per_task=_positive_int(c.get("cpus_per_task", 1), f"{kp}.cpus_per_task"),
                 gpus_per_node=_positive_int(c.get("gpus_per_node", 0), f"{kp}.gpus_per_node", minimum=0),
                 mem_mb=_positive_int(c.get("mem_mb", 0), f"{kp}.mem_mb", minimum=0),
+                command=_command(c.get("command"), f"{kp}.command"),
             )
         )
     return out
@@ -180,7 +194,8 @@ def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[s
     return [f"#SBATCH {line}" for line in lines]
 
 
-def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[str]:
+def srun_command(components: Sequence[str], run_dir: Path, python: str,
+                 groups: Sequence[int] | None = None) -> list[str]:
     """The srun words that start the runtime on every rank of every component.
 
     One heterogeneous step (``srun A : B``, one part per het group) gives one
@@ -191,6 +206,7 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
     """
     logs = quoting.sbatch_path(run_dir / "logs", "log directory")
     runtime = [python, "-m", "hetrun.runtime", str(run_dir)]
+    groups = list(range(len(components))) if groups is None else list(groups)
     # A rank that dies (or exits non-zero, before MPI_Init included) must end
     # the step at once: its peers would otherwise wait in a collective until
     # HETRUN_COLLECTIVE_TIMEOUT. srun's own --kill-on-bad-exit=1 does end it,
@@ -198,13 +214,65 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str) -> list[
     # then waits KillWait): ~20 s measured. The batch script's srun reader
     # (SRUN_READER) SIGKILLs the step on the first death instead: 0.2-0.4 s.
     words = ["srun", "--mpi=pmix", "--kill-on-bad-exit=0"]
-    if len(components) == 1:
+    if len(components) == 1 and groups == [0]:
         return [*words, f"--output={logs}/{components[0]}-%j-%t.out", *runtime]
-    for i, name in enumerate(components):
+    for i, (group, name) in enumerate(zip(groups, components, strict=True)):
         if i:
             words.append(":")
-        words += [f"--het-group={i}", f"--output={logs}/{name}-%j-%t.out", *runtime]
+        words += [f"--het-group={group}", f"--output={logs}/{name}-%j-%t.out", *runtime]
     return words
+
+
+def command_srun(comp: ComponentLines, group: int, het_size: int, run_dir: Path, python: str) -> list[str]:
+    """The srun words of a command component: its own step (its own rank space, no MPI),
+    each rank through ``hetrun.runtime.command_rank``, which sets torchrun's variables
+    and runs the user's argv (every word shell-quoted by the caller)."""
+    assert comp.command is not None
+    logs = quoting.sbatch_path(run_dir / "logs", "log directory")
+    words = ["srun", "--mpi=none", "--kill-on-bad-exit=0"]
+    if het_size > 1:
+        words.append(f"--het-group={group}")
+    return [*words, f"--output={logs}/{comp.name}-%j-%t.out",
+            python, "-m", "hetrun.runtime.command_rank", str(run_dir), comp.name, "--", *comp.command]
+
+
+def launch_steps(comps: Sequence[ComponentLines], run_dir: Path, python: str) -> list[list[str]]:
+    """One srun per job step: the action components together (one MPI world), then
+    each command component alone (its own torchrun-style world)."""
+    actions = [(i, c.name) for i, c in enumerate(comps) if c.command is None]
+    steps = []
+    if actions:
+        steps.append(srun_command([n for _, n in actions], run_dir, python, [i for i, _ in actions]))
+    steps += [command_srun(c, i, len(comps), run_dir, python) for i, c in enumerate(comps) if c.command is not None]
+    return steps
+
+
+def _launch_lines(steps: Sequence[list[str]], traps: Sequence[str]) -> list[str]:
+    """Start the job's steps in the background, stderr to the reader's FIFO; ``$_hetrun_pid``
+    is what the batch shell forwards signals to and waits for."""
+    if len(steps) == 1:
+        return [f'{quoting.sh_join(steps[0])} 2>"$_hetrun_fifo" &', "_hetrun_pid=$!"]
+    lines = [
+        "_hetrun_steps() {",
+        "    # Several steps (command components run alone): forward the signals to each srun;",
+        "    # the highest exit code wins, as srun's own over its tasks.",
+        "    local pids=() rc=0 one p",
+        *[f"    trap 'kill -s {s} \"${{pids[@]}}\" 2>/dev/null' {s}" for s in traps],
+    ]
+    for step in steps:
+        lines += [f"    {quoting.sh_join(step)} &", "    pids+=($!)"]
+    lines += [
+        '    for p in "${pids[@]}"; do',
+        '        while :; do wait "$p"; one=$?',
+        '            if [ "$one" -gt 128 ] && kill -0 "$p" 2>/dev/null; then continue; fi; break; done',
+        '        if [ "$one" -gt "$rc" ]; then rc=$one; fi',
+        "    done",
+        '    return "$rc"',
+        "}",
+        '_hetrun_steps 2>"$_hetrun_fifo" &',
+        "_hetrun_pid=$!",
+    ]
+    return lines
 
 
 # Slurm 22.05 srun can outlive its het step: every task has ended and the step
@@ -341,7 +409,6 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     plan_d = _as_plan_dict(plan)
     if not run_dir.is_absolute():
         raise ValueError(f"run_dir must be absolute, got {run_dir}")
-    rd = quoting.sbatch_path(run_dir, "run directory")
     name = quoting.job_name(_field(spec, "name") or plan_d.get("name"), "name")
     comps = _components(plan_d)
     opts = slurm_options(spec, plan_d)
@@ -350,7 +417,17 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     hetrun_py = hetrun_python or sys.executable
     if not py or not hetrun_py:
         raise ValueError("no Python interpreter path (sys.executable is empty)")
+    sig = opts.signal
+    traps = [sig] if sig == "TERM" else [sig, "TERM"]
+    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, restart_base(plan_d))
+    lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
+    lines += _postmortem_lines(opts, hetrun_py)
+    return "\n".join(lines)
 
+
+def _header(name: str, comps: Sequence[ComponentLines], opts: SlurmOptions, run_dir: Path) -> list[str]:
+    """The #SBATCH lines: job-wide options, then one block per het component."""
+    rd = quoting.sbatch_path(run_dir, "run directory")
     out: list[str] = [
         "#!/bin/bash",
         f"# hetrun: job {name!s}, {len(comps)} het component(s): "
@@ -370,11 +447,12 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
             out.append("#SBATCH hetjob")
         out.append(f"# component {i}: {comp.name}")
         out += _component_block(comp, name, opts)
+    return out
 
+
+def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], base: int) -> list[str]:
+    """The bash prologue: the run's environment, signal forwarding, the watchdog and the srun reader."""
     q = quoting.sh
-    srun = quoting.sh_join(srun_command([c.name for c in comps], run_dir, py))
-    sig = opts.signal
-    traps = [sig] if sig == "TERM" else [sig, "TERM"]
     body = [
         "",
         "# Everything below is bash; every user value is shell-quoted.",
@@ -393,7 +471,6 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         "export SLURM_PMIX_FENCE=ring",
     ]
     body += [f"export {k}={q(v)}" for k, v in env]
-    base = restart_base(plan_d)
     if base:
         body += ["# hetrun resume: this job continues the run, whose attempts count on from its old jobs'.",
                  f"export SLURM_RESTART_COUNT=$(( ${{SLURM_RESTART_COUNT:-0}} + {base} ))"]
@@ -410,19 +487,24 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     ]
     body += WATCHDOG + SRUN_READER
     body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
-    body += [
+    return body
+
+
+def _run_steps(steps: Sequence[list[str]], traps: Sequence[str], n_comps: int) -> list[str]:
+    """Start the steps with the reader and the watchdog, wait for them through trapped signals."""
+    jobs = _het_job_ids(n_comps)
+    return [
         "",
         "export HETRUN_SRUN_START=${EPOCHREALTIME:-}",
         "# srun's own messages (which task died, how) for the post-mortem; copied to this log after.",
         '_hetrun_srun_log="$HETRUN_RUN_DIR/logs/srun-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}.err"',
         '_hetrun_fifo="${TMPDIR:-/tmp}/hetrun-srun-$$.err"',
         'rm -f "$_hetrun_fifo" && mkfifo "$_hetrun_fifo" || exit 1',
-        f'_hetrun_srun_reader {_het_job_ids(len(comps))} <"$_hetrun_fifo" &',
+        f'_hetrun_srun_reader {jobs} <"$_hetrun_fifo" &',
         "_hetrun_reader=$!",
         # In the background so the shell can run its traps while srun runs.
-        f'{srun} 2>"$_hetrun_fifo" &',
-        "_hetrun_pid=$!",
-        f"_hetrun_watchdog {_het_job_ids(len(comps))} &",
+        *_launch_lines(steps, traps),
+        f"_hetrun_watchdog {jobs} &",
         "_hetrun_watch=$!",
         "_hetrun_rc=0",
         "while :; do",
@@ -447,5 +529,3 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
         'kill -s KILL "$_hetrun_reader" 2>/dev/null',
         'rm -f "$_hetrun_fifo"',
     ]
-    body += _postmortem_lines(opts, hetrun_py)
-    return "\n".join(out + body)

@@ -9,13 +9,14 @@ dry run writes nothing at all: it returns the script and the command that
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import HetrunError, RunDirError
+from hetrun.dag.errors import HetrunError, RunDirError, SpecError
+
+from hetrun.backoff import Backoff, poll_until
 
 from . import quoting
 from .backends import get_backend, resolve_name
@@ -80,7 +81,7 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
     directory = spec.checkpoint.directory
     if directory and Path(directory).is_absolute():
         problems.append(("checkpoint.directory", Path(directory), "point checkpoint.directory at a shared file system"))
-    if job_dir is not None and _workload_in_job_dir(spec.workload, Path(job_dir)):
+    if job_dir is not None and spec.workload is not None and _workload_in_job_dir(spec.workload, Path(job_dir)):
         problems.append((f"the workload module of {spec.workload} (next to the job YAML)", Path(job_dir),
                          "move the job YAML and its workload module to a shared directory"))
     for what, path, fix in problems:
@@ -88,6 +89,17 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
         if root is not None:
             raise RunDirError(f"{what} is {path}, under {root}, which is private to each Slurm node: "
                               "the job's ranks would not find it", hint=fix + " (or use --backend local)")
+
+
+def check_not_mixed(spec: Any) -> None:
+    """Command components next to action components are planned and rendered, not yet run:
+    the action runtime's MPI world would still count the command ranks (runtime/world.py)."""
+    commands = list(spec.command_components)
+    if commands and len(commands) < len(spec.components):
+        raise SpecError(f"components {', '.join(commands)} run a command and the others run actions: "
+                        "hetrun cannot run such a mixed job yet", key_path=f"components.{commands[0]}.command",
+                        hint="submit the command components and the action components as two jobs, "
+                             "or turn every component into a command")
 
 
 def resolve_job_dir(job_dir: str | Path) -> str:
@@ -126,6 +138,7 @@ def submit_spec(
     ``job_dir`` (the directory of the job YAML) goes into plan.json as ``job_dir``:
     every rank, on any node, imports workload modules kept next to the YAML from it.
     """
+    check_not_mixed(spec)
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
     plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
     if job_dir is not None:
@@ -209,17 +222,18 @@ def wait_for_end(
     on_change: Callable[[RunStatus], None] | None = None,
 ) -> RunStatus:
     """Poll until every component has ended; ``on_change`` sees each new state."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    last: tuple[str, ...] = ()
-    while True:
+    seen: list[RunStatus] = []
+
+    def ended() -> RunStatus | None:
         status = backend.status([run])[run.run_dir]
-        now = tuple(c.state for c in status.components)
-        if now != last and on_change is not None:
+        states = [c.state for c in status.components]
+        if on_change is not None and (not seen or states != [c.state for c in seen[-1].components]):
             on_change(status)
-        last = now
-        if is_finished(status):
-            return status
-        if deadline is not None and time.monotonic() > deadline:
-            raise HetrunError(f"run {Path(run.run_dir).name} still {status.state} after {timeout_s:g}s",
-                              hint="it keeps running; follow it with `hetrun status`")
-        time.sleep(poll_s)
+        seen[:] = [status]
+        return status if is_finished(status) else None
+
+    final = poll_until(ended, Backoff(first=poll_s, most=poll_s, factor=1), timeout=timeout_s)
+    if final is None:
+        raise HetrunError(f"run {Path(run.run_dir).name} still {seen[-1].state} after {timeout_s:g}s",
+                          hint="it keeps running; follow it with `hetrun status`")
+    return final

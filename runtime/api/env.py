@@ -147,3 +147,16 @@ def export_torchrun_env(env: RankEnv) -> dict[str, str]:
     added = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(added)
     return added
+
+
+def component_name(default: str = "train") -> str:
+    """The component this rank belongs to: ``HETRUN_COMPONENT`` (set on every rank of a
+    hetrun command component), else ``default``."""
+    return os.environ.get("HETRUN_COMPONENT") or default
+
+
+def event_rank(env: RankEnv) -> int:
+    """The rank events carry: in a hetrun command component ``HETRUN_GLOBAL_RANK`` (the
+    rank over all components, what the post-mortem and reports key on), else ``env.rank``."""
+    raw = os.environ.get("HETRUN_GLOBAL_RANK", "")
+    return int(raw) if raw.isdigit() else env.rank

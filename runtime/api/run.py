@@ -110,7 +110,7 @@ class Run:
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.ctx = ApiContext(rank_env.rank, rank_env.world_size, component, run_dir, node,
                               comp_rank=rank_env.rank, comp_size=rank_env.world_size)
-        self.events = EventLog(run_dir, rank=rank_env.rank, component=component, node=node)
+        self.events = EventLog(run_dir, rank=envmod.event_rank(rank_env), component=component, node=node)
         self.start_step = 0
         self._connected = False
         self._agreement: Any = None
@@ -266,7 +266,7 @@ def _scontrol_requeue(job_id: str) -> bool | str:
 
 
 def attach(run_dir: str | os.PathLike[str] | None = None, *, name: str | None = None,
-           component: str = "train", checkpoint_every: int | None = None,
+           component: str | None = None, checkpoint_every: int | None = None,
            window: int = DEFAULT_WINDOW) -> Run:
     """The run this process belongs to (see ``hetrun.attach``)."""
     from hetrun.runtime.api import rundir
@@ -280,4 +280,4 @@ def attach(run_dir: str | os.PathLike[str] | None = None, *, name: str | None = 
             raise RuntimeFailure(f"${CKPT_EVERY_ENV}={raw!r} is not a number of steps",
                                  hint="e.g. HETRUN_CKPT_EVERY=100, or attach(checkpoint_every=100)")
         checkpoint_every = int(raw)
-    return Run(rank_env, path, component, int(checkpoint_every), window)
+    return Run(rank_env, path, component or envmod.component_name(), int(checkpoint_every), window)

@@ -86,10 +86,31 @@ def _log_wrapper(python: str, run_dir: Path, component: str, rank_var: str) -> l
     return ["sh", "-c", script, python, str(run_dir), component]
 
 
-def plan_components(plan: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """(component name, number of ranks) in het-group order, from a plan.json dict."""
+def plan_components(plan: Mapping[str, Any], *, commands: bool = False) -> list[tuple[str, int]]:
+    """(component name, number of ranks) in het-group order, from a plan.json dict:
+    the components that run actions, or (``commands``) those that run a command."""
     return [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
-            for c in plan["components"]]
+            for c in plan["components"] if (c.get("command") is not None) == commands]
+
+
+# Values travel as positional parameters, never pasted into the shell text.
+_COMMAND_WRAPPER = ('py="$0"; rd="$1"; c="$2"; shift 2; exec "$py" -m hetrun.runtime.command_rank "$rd" "$c" -- "$@" '
+                    f'>>"$rd/{LOGS}/$c-local-${{HETRUN_COMMAND_RANK:-0}}.out" 2>&1')
+
+
+def command_processes(run_dir: Path, plan: Mapping[str, Any], python: str | None = None
+                      ) -> list[tuple[list[str], dict[str, str]]]:
+    """(argv, extra environment) of every rank of every command component: plain processes on
+    this host, each through ``hetrun.runtime.command_rank`` (torchrun's variables, the user's argv)."""
+    python = python or sys.executable
+    out = []
+    for c in plan["components"]:
+        if c.get("command") is None:
+            continue
+        ntasks = int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"]))
+        argv = ["sh", "-c", _COMMAND_WRAPPER, python, str(run_dir), str(c["name"]), *map(str, c["command"])]
+        out += [(argv, {"HETRUN_COMMAND_RANK": str(r)}) for r in range(ntasks)]
+    return out
 
 
 def launch_commands(run_dir: Path, comps: Sequence[tuple[str, int]], python: str | None = None,
@@ -190,15 +211,18 @@ class _Supervisor:
     def _start(self, restarts: int) -> str:
         comps, plan = _plan_components(self.run_dir)
         # HETRUN_LOCAL_PYTHON: the interpreter for the ranks, when it is not the supervisor's.
-        launcher, cmds = launch_commands(self.run_dir, comps, os.environ.get("HETRUN_LOCAL_PYTHON"))
+        python = os.environ.get("HETRUN_LOCAL_PYTHON")
         env = _job_env(plan, self.run_dir, restarts)
+        launcher, runs = "processes", []  # type: tuple[str, list[tuple[list[str], dict[str, str]]]]
+        if comps:
+            launcher, cmds = launch_commands(self.run_dir, comps, python)
+            runs = [(argv, {"HETRUN_COMPONENT": comps[0][0]} if launcher == "processes" else {}) for argv in cmds]
+        runs += command_processes(self.run_dir, plan, python)
         self.children = []
-        if launcher == "processes":
-            env["HETRUN_COMPONENT"] = comps[0][0]
         with self._launcher_log(restarts).open("wb") as err:
-            for argv in cmds:
+            for argv, extra in runs:
                 # Own process group: signals reach mpirun and every rank it started.
-                self.children.append(subprocess.Popen(argv, env=env, cwd=self.run_dir, stderr=err,
+                self.children.append(subprocess.Popen(argv, env={**env, **extra}, cwd=self.run_dir, stderr=err,
                                                       stdin=subprocess.DEVNULL, start_new_session=True))
         return launcher
 
@@ -274,7 +298,10 @@ class LocalBackend(Backend):
         return [self.python, "-m", "hetrun.slurm_plugin.backends.local", str(run.path)]
 
     def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
-        launcher, cmds = launch_commands(run.path, plan_components(plan), self.python)
+        comps = plan_components(plan)
+        launcher, cmds = launch_commands(run.path, comps, self.python) if comps else ("processes", [])
+        cmds += [[*(f"{k}={v}" for k, v in extra.items()), *argv]
+                 for argv, extra in command_processes(run.path, plan, self.python)]
         notes = [f"launcher: {launcher}; hetjob.sbatch is written for the record only"]
         return DryRun(self.name, self._supervisor_argv(run), script,
                       notes + ["the supervisor runs: " + shlex.join(c) for c in cmds])

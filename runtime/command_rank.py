@@ -1,0 +1,238 @@
+"""One rank of a command component: torchrun's variables, then the user's program.
+
+    python -m hetrun.runtime.command_rank RUN_DIR COMPONENT -- ARGV...
+
+The sbatch script runs this under one ``srun --het-group=N`` step per command
+component (the local backend: one process per rank). It sets, scoped to the
+component, what torchrun would: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` (the component's first
+node), ``MASTER_PORT`` (``command_port``: one per job and component), plus
+``HETRUN_RUN_DIR``, ``HETRUN_COMPONENT``, ``HETRUN_COMPONENT_INDEX``,
+``HETRUN_GLOBAL_RANK`` (the rank in hetrun's numbering over all components,
+what events and the post-mortem use) and ``HETRUN_COMPONENT_<NAME>_ADDR`` for
+every component. hetrun starts no process group here: an unchanged
+``init_process_group()`` makes its own.
+
+The program runs as a child rather than by exec, so that this rank's end is
+recorded whatever the program does: a ``start`` line when it starts, an
+``exit`` line with its code, and a ``rank_failure`` line naming component,
+rank, node and reason when it fails on its own (not found, non-zero exit,
+killed by a signal hetrun did not forward). The preemption warning (USR1/USR2)
+is forwarded to the program, which stops through the run API; a program that
+does not use the API ignores it (the disposition is set to ignore, so the
+warning does not kill it) and runs until Slurm's hard stop.
+
+Imports nothing heavy: it is on every rank's start-up path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 20000. Components
+# of one job never share a port (at most 32 components); jobs whose ids differ
+# by less than 625 never do either. The run API's own choice for a plain srun
+# step (runtime/api/env.py) is only used where no port is set.
+COMMAND_PORT_BASE = 20000
+COMMAND_PORT_SPAN = 20000
+NOT_FOUND_EXIT = 127
+_FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def command_port(job_id: str | None, index: int) -> int:
+    """The component's MASTER_PORT; 29500 (torchrun's default) + index outside Slurm."""
+    digits = int(re.sub(r"\D", "", job_id or "") or 0)
+    if not digits:
+        return 29500 + index
+    return COMMAND_PORT_BASE + (digits * 32 + index) % COMMAND_PORT_SPAN
+
+
+def _first_host(nodelist: str) -> str | None:
+    m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist.strip())
+    return None if m is None else m.group(1) + (m.group(2) or "")
+
+
+def _address(host: str | None, environ: Mapping[str, str]) -> str:
+    """``host`` when it resolves; else the launch node's address (emulated nodes
+    have no DNS entry and all live on the launching host)."""
+    if host:
+        try:
+            socket.getaddrinfo(host, None)
+            return host
+        except OSError:
+            pass
+    return environ.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+
+
+def _tasks_on_node(spec: str, node: int) -> int | None:
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            return None
+        count, repeat = int(m.group(1)), int(m.group(2) or 1)
+        if node < repeat:
+            return count
+        node -= repeat
+    return None
+
+
+def _rank_in_component(environ: Mapping[str, str], ntasks: int) -> tuple[int, int, int, int, int]:
+    """(rank, world, local rank, local world, node rank) within the component."""
+    if environ.get("SLURM_STEP_ID") is not None and environ.get("SLURM_PROCID", "").isdigit():
+        node = int(environ.get("SLURM_NODEID", "0"))
+        local_world = _tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), node) or 1
+        world = int(environ.get("SLURM_STEP_NUM_TASKS") or ntasks)
+        return (int(environ["SLURM_PROCID"]), world, int(environ.get("SLURM_LOCALID", "0")),
+                local_world, node)
+    # The local backend: every rank on this one host.
+    rank = int(environ.get("HETRUN_COMMAND_RANK", "0"))
+    return rank, ntasks, rank, ntasks, 0
+
+
+def component_env(environ: Mapping[str, str], plan: Mapping[str, Any], component: str,
+                  run_dir: Path) -> dict[str, str]:
+    """The variables a rank of ``component`` gets (pure: tested without Slurm)."""
+    comps = list(plan["components"])
+    names = [str(c["name"]) for c in comps]
+    if component not in names:
+        raise ValueError(f"no component {component!r} in the plan (components: {', '.join(names)})")
+    index = names.index(component)
+    sizes = [int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])) for c in comps]
+    rank, world, local, local_world, node = _rank_in_component(environ, sizes[index])
+    job = environ.get("HETRUN_JOB_ID") or environ.get("SLURM_JOB_ID")
+    own_nodes = environ.get("SLURM_STEP_NODELIST") or environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{index}", "")
+    out = {
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(node),
+        "MASTER_ADDR": environ.get("HETRUN_MASTER_ADDR") or _address(_first_host(own_nodes), environ),
+        "MASTER_PORT": str(command_port(job, index)),
+        "HETRUN_RUN_DIR": str(run_dir), "HETRUN_COMPONENT": component,
+        "HETRUN_COMPONENT_INDEX": str(index), "HETRUN_GLOBAL_RANK": str(sum(sizes[:index]) + rank),
+    }
+    for i, name in enumerate(names):
+        nodes = own_nodes if i == index else environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{i}", "")
+        out[f"HETRUN_COMPONENT_{name.upper()}_ADDR"] = _address(_first_host(nodes), environ)
+    return out
+
+
+def _restart_count(environ: Mapping[str, str]) -> int:
+    for key in ("SLURM_RESTART_COUNT", "HETRUN_RESTART_COUNT"):
+        if environ.get(key, "").isdigit():
+            return int(environ[key])
+    return 0
+
+
+def _last_line() -> str:
+    """The last line this rank's log holds (stdout/stderr of the program), when it is a file."""
+    try:
+        path = os.readlink("/proc/self/fd/2")
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip()[:300] if lines else ""
+
+
+class _Events:
+    """Appends this rank's lines to events.jsonl (one O_APPEND write per line)."""
+
+    def __init__(self, run_dir: Path, base: dict[str, Any]) -> None:
+        self.path, self.base = run_dir / "events.jsonl", base
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        data = json.dumps({"ev": ev, **self.base, **fields, "time": time.time()}, separators=(",", ":"))
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (data + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: _Events) -> int:
+    forwarded: list[str] = []
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: Any) -> None:
+        forwarded.append(signal.Signals(signum).name.removeprefix("SIG"))
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in _FORWARDED:
+        signal.signal(sig, forward)
+    # The child starts with the warnings ignored: a program without the run API
+    # must not die of USR1; the API installs its own handler over this.
+    child = subprocess.Popen(list(argv), env=env, cwd=cwd, preexec_fn=_ignore_warnings)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - PEP 475 retries wait() itself
+            continue
+    rc = code if code >= 0 else 128 - code
+    stopped = bool(forwarded) or code in (0, 85, 143)
+    events.emit("exit", code=rc, command=True, signals=forwarded)
+    if not stopped:
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        events.emit("rank_failure", signal=signal.Signals(-code).name if code < 0 else None,
+                    exit_code=None if code < 0 else code, message=f"{os.path.basename(argv[0])} {how}",
+                    last_line=_last_line(), detected_by="runtime", command=True)
+    return rc
+
+
+def _which(word: str, path: str | None, cwd: str) -> str | None:
+    """``word`` as the program: a path (with a '/') relative to ``cwd``, else a name on PATH."""
+    if "/" in word:
+        full = os.path.join(cwd, word)
+        return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
+    return shutil.which(word, path=path)
+
+
+def _ignore_warnings() -> None:
+    for sig in _WARNINGS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def main(args: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if args is None else args)
+    if len(args) < 4 or args[2] != "--":
+        sys.stderr.write("usage: python -m hetrun.runtime.command_rank RUN_DIR COMPONENT -- ARGV...\n")
+        return 2
+    run_dir, component, argv = Path(args[0]), args[1], args[3:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    env = dict(os.environ)
+    env.update(component_env(os.environ, plan, component, run_dir))
+    node = os.environ.get("SLURMD_NODENAME") or os.environ.get("HETRUN_NODE") or socket.gethostname()
+    restart = _restart_count(os.environ)
+    events = _Events(run_dir, {"rank": int(env["HETRUN_GLOBAL_RANK"]), "component": component, "node": node,
+                               "restart_count": restart})
+    events.emit("start", comp_rank=int(env["RANK"]), comp_size=int(env["WORLD_SIZE"]), pid=os.getpid(),
+                command=True, job_id=env.get("SLURM_JOB_ID"))
+    # The program runs where the job YAML is (script mode: where `hetrun submit` ran), as sbatch
+    # runs a script in the submit directory: relative paths in the command mean what they did there.
+    cwd = str(plan.get("job_dir") or run_dir)
+    program = _which(argv[0], env.get("PATH"), cwd)
+    if program is None:
+        why = f"command not found on {node}: {argv[0]!r}"
+        sys.stderr.write(f"hetrun: {why} (component {component}, rank {env['RANK']})\n")
+        events.emit("exit", code=NOT_FOUND_EXIT, command=True)
+        events.emit("rank_failure", signal=None, exit_code=NOT_FOUND_EXIT, message=why, last_line="",
+                    detected_by="runtime", command=True)
+        return NOT_FOUND_EXIT
+    return _run([program, *argv[1:]], env, cwd, events)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
