@@ -338,6 +338,10 @@ def register(app: typer.Typer) -> None:
         )
         _print_resources(console, rep)
         _print_cost(console, rep)
+        from hetrun.runtime.report_demand import demand_lines
+
+        for line in demand_lines(rep.demand):
+            console.print(line, markup=False, highlight=False)
         _print_checkpoints(console, rep)
         _print_accounting(console, rep)
         _print_restarts(console, rep)

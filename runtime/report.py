@@ -27,6 +27,7 @@ from .events import EVENTS_FILE
 from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
 from .report_ckpt import checkpoint_history
 from .report_cost import DEFAULT_PRICES, run_cost
+from .report_demand import demand_section
 from .report_intervals import IntervalSet
 from .report_reader import EventStream, event_time
 from .report_sacct import slurm_accounting
@@ -121,6 +122,8 @@ class RunReport:
     cost: dict[str, Any] = field(default_factory=dict)
     # report_samples: CPU/RSS/GPU per component and node from the runtime's sampler
     resources: dict[str, Any] = field(default_factory=dict)
+    # report_demand: tune's predictor, per component/action type/metric, against what was measured
+    demand: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -494,7 +497,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
         checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
                                               verify=verify_checkpoints),
-        accounting=acc, cost=cost, resources=col.samples_seen.to_dict(),
+        accounting=acc, cost=cost, resources=col.samples_seen.to_dict(), demand=demand_section(run_dir),
     )
 
 

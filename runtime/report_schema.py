@@ -105,5 +105,16 @@ REPORT_SCHEMA: dict[str, Any] = {
                                                                "gpu_util": _opt_num, "gpu_mem_max": _opt_num,
                                                                "gpu_power_w": _opt_num}}}}},
         "skipped_lines": {"type": "integer"},
+        # runtime/report_demand.py: predicted against measured demand per window
+        "demand": {"type": "object", "required": ["predictor", "window", "rows", "note"], "properties": {
+            "predictor": _str, "window": {"type": "integer", "minimum": 1}, "note": _opt_str,
+            "rows": {"type": "array", "items": {
+                "type": "object", "required": ["component", "action_type", "metric", "windows", "mae", "relative"],
+                "properties": {"component": _str, "action_type": _str, "metric": _str, "unit": _str,
+                               "mae": _opt_num, "relative": _opt_num,
+                               "windows": {"type": "array", "items": {
+                                   "type": "object", "required": ["first", "last", "predicted", "actual", "error"],
+                                   "properties": {"first": {"type": "integer"}, "last": {"type": "integer"},
+                                                  "predicted": _num, "actual": _num, "error": _num}}}}}}}},
     },
 }
