@@ -7,11 +7,14 @@ level) or one node per dispatch *per rank* (what really runs on a 4096-GPU
 job). Cross-iteration deps (``lag``) become real edges inside the window;
 deps that point before the window are taken as done.
 
+Lags are the ones the runtime enforces (``dag.routing.enforced_lag``: the
+pipeline window caps a tolerance window, the coarse mode is lag 1).
+
 Rank mapping of an edge: on the same component rank r waits for rank r (a
 collective's cross-rank wait happens inside the collective); across
 components consumer rank d waits for the producer ranks p with p % C == d
-(or for p = d % P when producers are fewer), the runtime's own routing, so
-edges stay O(max(P, C)), not O(P*C).
+(or for p = d % P when producers are fewer), the runtime's own routing
+(``dag.routing.feeding_ranks``), so edges stay O(max(P, C)), not O(P*C).
 
 Representation: nodes come in *blocks* (one template action of one iteration,
 one node per rank, contiguous ids) and edges are stored per block pair with
@@ -28,24 +31,15 @@ from dataclasses import dataclass, field
 
 from hetrun.dag.errors import GraphError
 from hetrun.dag.plan import Plan
+from hetrun.dag.routing import enforced_lag, fed_ranks
 
 _IDENTITY = 0  # rank r -> rank r (same width)
 _SPREAD = 1  # block mapping between components of different sizes
 
 
 def _consumer_lists(producers: int, consumers: int) -> list[list[int]]:
-    """For each producer rank, the consumer ranks it feeds.
-
-    The runtime's rule (``feeding_ranks`` in runtime/executor.py): consumer d takes
-    the producers p with p % consumers == d; when producers are fewer, consumer d
-    takes producer d % producers.
-    """
-    if producers >= consumers:
-        return [[p % consumers] for p in range(producers)]
-    out: list[list[int]] = [[] for _ in range(producers)]
-    for d in range(consumers):
-        out[d % producers].append(d)
-    return out
+    """For each producer rank, the consumer ranks it feeds (the runtime's routing)."""
+    return [fed_ranks(producers, consumers, p) for p in range(producers)]
 
 
 @dataclass
@@ -108,7 +102,11 @@ def unroll(plan: Plan, iterations: int, *, per_rank: bool = False, start: int = 
     index = {a.id: i for i, a in enumerate(actions)}
     sizes = {c.name: (c.ntasks if per_rank else 1) for c in plan.components}
     width = [sizes[a.component] for a in actions]
-    dep_lists = [[(index[d.id], d.lag) for d in a.deps] for a in actions]
+    training = plan.training  # None for a job of command components only (no actions)
+    mode, window = (training.mode, training.pipeline_window) if training else ("pipelined", 0)
+    dep_lists = [[(index[d.id], enforced_lag(d.lag, actions[index[d.id]].component == a.component,
+                                             mode, window))
+                  for d in a.deps] for a in actions]
     every = [a.every for a in actions]
 
     block_tpl: list[int] = []

@@ -47,17 +47,27 @@ ranks stop before the same iteration and checkpoint the same one.
 from __future__ import annotations
 
 import os
-import resource
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hetrun.dag.routing import enforced_lag, fed_ranks, feeding_ranks
 
 from hetrun.errors import HetrunError, RuntimeFailure
 
 from . import mpi_wait
 from .context import RankContext
+from .dispatch import (
+    IterState,
+    checkpoint_boundary,
+    micro_batches_of,
+    peak_memory_bytes,
+    run_dispatch,
+    sends_state_across,
+    sub_actions,
+)
 from .events import EventLog
 from .hooks import Hooks, load_hooks
 from .plan_view import ActionSpec, Dep, PlanView
@@ -77,31 +87,11 @@ class RankFailed(Exception):
         self.cause = cause
 
 
-def peak_memory_bytes() -> int:
-    """Peak resident memory of this process (Linux ru_maxrss is in KiB); GPU peak if used."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    try:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            peak = max(peak, int(torch.cuda.max_memory_allocated()))
-    except Exception:  # pragma: no cover - no CUDA here
-        pass
-    return int(peak)
-
-
 def effective_lag(plan: PlanView, consumer: ActionSpec, dep: Dep, producer: ActionSpec) -> int:
-    """The lag the executor enforces for ``dep`` of ``consumer``.
-
-    The planner encodes a tolerance window w as lag 1 + w on the weight dep.
-    Across components the runtime caps it by the pipeline window, and the
-    coarse mode (or pipeline_window 0) is the synchronous loop: lag 1.
-    """
-    if dep.lag <= 0 or producer.component == consumer.component:
-        return dep.lag
-    if plan.mode == "coarse" or plan.pipeline_window <= 0:
-        return 1
-    return min(dep.lag, 1 + plan.pipeline_window)
+    """The lag the executor enforces for ``dep`` of ``consumer`` (the rule is the
+    planner's: ``hetrun.dag.routing.enforced_lag``)."""
+    return enforced_lag(dep.lag, producer.component == consumer.component, plan.mode,
+                        plan.pipeline_window)
 
 
 def agreement_window(plan: PlanView) -> int:
@@ -184,39 +174,6 @@ class StopAgreement:
         self.comm.Free()
 
 
-def checkpoint_boundary(plan: PlanView, boundary: int) -> bool:
-    """True when a ``checkpoint`` action (alone or fused) runs at ``boundary - 1``."""
-    return boundary > 0 and any(
-        kind == "checkpoint" and a.runs_at(boundary - 1)
-        for a in plan.actions for _, kind, _ in sub_actions(plan, a))
-
-
-def sub_actions(plan: PlanView, action: ActionSpec) -> list[tuple[str, str, int | None]]:
-    """(id, type, micro) of what one dispatch runs: the action itself or its fused parts."""
-    if not action.fused:
-        return [(action.id, action.type, action.micro)]
-    known = {a.id: a for a in plan.actions}
-    parts = []
-    for fid in action.fused:
-        if fid in known:
-            parts.append((fid, known[fid].type, known[fid].micro))
-            continue
-        head, _, tail = fid.partition(".")
-        micro = int(tail[1:]) if tail.startswith("m") and tail[1:].isdigit() else None
-        parts.append((fid, head, micro))
-    return parts
-
-
-def feeding_ranks(n_src: int, n_dst: int, dst_index: int) -> list[int]:
-    """Which producer ranks (indices in their component) feed consumer rank ``dst_index``."""
-    mine = [j for j in range(n_src) if j % n_dst == dst_index]
-    return mine or [dst_index % n_src]
-
-
-def fed_ranks(n_src: int, n_dst: int, src_index: int) -> list[int]:
-    return [d for d in range(n_dst) if src_index in feeding_ranks(n_src, n_dst, d)]
-
-
 @dataclass
 class _Sync:
     gs: Any  # grad_sync.BucketedGradSync
@@ -225,12 +182,6 @@ class _Sync:
     action: ActionSpec
     iteration: int
     sub_id: str
-
-
-@dataclass
-class _IterState:
-    losses: dict[int, Any] = field(default_factory=dict)
-    batch: Any = None
 
 
 class Executor:
@@ -285,14 +236,12 @@ class Executor:
         self._told_hooks = False
         self.agreement: StopAgreement | None = None
         self.workload: Any = None
-        self._samples = 0  # supervised samples read by this dispatch (next_batch)
-        micros = {m for a in self.actions for _, kind, m in sub_actions(plan, a) if kind == "forward"}
-        self.num_micro = max(len(micros), 1)
+        self.saves_checkpoints = self.hooks.save_checkpoint is not None
+        self.num_micro = micro_batches_of(plan, self.me)
         self.overlap: Any = None  # grad sync armed for the last backward of this iteration
         self.grad_sync_id = next(
             (a.id for a in self.actions for _, kind, _ in sub_actions(plan, a)
-             if kind == "sync" and not any(self.by_id[c].component != self.me
-                                          for c in self._consumers_of(a.id))), None)
+             if kind == "sync" and not sends_state_across(plan, a)), None)
 
     # ----------------------------------------------------------------- routes
     def _init_routes(self) -> None:
@@ -524,7 +473,7 @@ class Executor:
     def _run_iteration(self, it: int) -> None:
         pending = list(self.actions)
         done: set[str] = set()
-        state = _IterState()
+        state = IterState()
         while pending:
             ready = [a for a in pending if self._ready(a, it, done)]
             if not ready:
@@ -665,104 +614,58 @@ class Executor:
             delay = min(delay * 2, 0.002)
 
     # --------------------------------------------------------------- actions
-    def _run_action(self, action: ActionSpec, it: int, state: _IterState) -> None:
+    def _run_action(self, action: ActionSpec, it: int, state: IterState) -> None:
         self._complete_syncs_for(action)
         self._load_states(action, it)
-        t0 = time.time()
-        extra: dict[str, Any] = {}
-        nbytes = 0
-        self._samples = 0
         try:
-            for sub_id, sub_type, micro in sub_actions(self.plan, action):
-                nbytes += self._dispatch(action, sub_id, sub_type, micro, it, state, extra)
-            nbytes += self._send_outputs(action, it, extra, state)
+            run_dispatch(self, action, it, state)
         except RankFailed:
             raise
         except Exception as exc:
             raise RankFailed(action.id, it, exc) from exc
-        t1 = time.time()
-        if self._samples:
-            extra["samples"] = self._samples
-        if action.id in self.syncs and not action.fused:
-            return  # a plain sync's event is written when the reduction completes
-        self.log.emit(
-            "action", type=action.type, id=action.id, iteration=it, start=t0, end=t1,
-            bytes=nbytes, peak_mem=peak_memory_bytes(),
-            **({"fused": list(action.fused)} if action.fused else {}), **extra,
-        )
 
-    def _dispatch(self, action: ActionSpec, sub_id: str, kind: str, micro: int | None, it: int,
-                  state: _IterState, extra: dict[str, Any]) -> int:
-        wl = self.workload
-        m = 0 if micro is None else micro
-        if kind == "rollout":
-            version = self.loaded_version if self.loaded_version is not None else self.version
-            state.batch = wl.rollout(version)
-            extra["policy_version"] = version
-            extra["steps"] = int(wl.batch_steps(state.batch))
-            return 0
-        if kind == "forward":
-            batch = self._batch_for(action, it, m, state)
-            state.losses[m] = wl.forward(batch, m, self.num_micro)
-            return 0
-        if kind == "backward":
-            loss = state.losses.pop(m, None)
-            if loss is None:
-                raise RuntimeFailure(
-                    f"{sub_id} of iteration {it} has no loss: forward.m{m} did not run before it",
-                    hint="the plan must make backward.mK depend on forward.mK")
-            self._arm_overlap(m)
-            try:
-                wl.backward(loss)
-            finally:
-                if self.overlap is not None:
-                    self.overlap.disarm()
-            return 0
-        if kind == "sync":
-            if any(self.by_id[c].component != self.me for c in self._consumers_of(action.id)):
-                return 0  # weight sync: the state is sent by _send_outputs
-            return self._launch_grad_sync(action, sub_id, it)
-        if kind == "optimize":
-            self._finish_syncs()
-            metrics = wl.optimize() or {}
-            self.version += 1
-            extra["metrics"] = dict(metrics)
-            extra["policy_version"] = self.version
-            return 0
-        if kind == "eval":
-            extra["metrics"] = dict(wl.evaluate() or {})
-            return 0
-        if kind == "checkpoint":
-            if self.hooks.save_checkpoint is None:
-                extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
-                return 0
-            # The save itself happens at the boundary, on every component (_save_boundary).
-            extra["boundary"] = it + 1
-            return 0
-        raise RuntimeFailure(
-            f"action {sub_id!r} has type {kind!r}, which this runtime does not execute",
-            hint="types: rollout, forward, backward, sync, optimize, eval, checkpoint")
+    # ------------------------------------------- the dispatch's ActionPort
+    def rollout_version(self) -> int:
+        return self.loaded_version if self.loaded_version is not None else self.version
 
-    def _consumers_of(self, action_id: str) -> list[str]:
-        return [a.id for a in self.plan.actions if any(d.id == action_id for d in a.deps)]
-
-    def _batch_for(self, action: ActionSpec, it: int, micro: int, state: _IterState) -> Any:
+    def incoming_batch(self, action: ActionSpec, it: int) -> Any:
+        """The batches the feeding rollout ranks sent for ``action``, merged; None: none."""
         data_deps = [d for d in action.deps if d.id in self.in_data]
         if not data_deps:
-            # Rollout on the same component (one-component RL), else supervised.
-            if state.batch is not None:
-                return state.batch
-            batch = self.workload.next_batch(it, micro)
-            self._samples += int(self.workload.batch_steps(batch))
-            return batch
-        if state.batch is None:
-            batches: list[Any] = []
-            for dep in data_deps:
-                src_it = it - self.lags[(action.id, dep.id)]
-                got = self.data.get((dep.id, src_it), {})
-                batches.extend(got[r].tensors for r in self.in_data[dep.id])
-            state.batch = self.workload.merge_batches(batches)
-        return state.batch
+            return None
+        batches: list[Any] = []
+        for dep in data_deps:
+            got = self.data.get((dep.id, it - self.lags[(action.id, dep.id)]), {})
+            batches.extend(got[r].tensors for r in self.in_data[dep.id])
+        return self.workload.merge_batches(batches)
+
+    def backward(self, micro: int, loss: Any) -> None:
+        self._arm_overlap(micro)
+        try:
+            self.workload.backward(loss)
+        finally:
+            if self.overlap is not None:
+                self.overlap.disarm()
+
+    def grad_sync(self, action: ActionSpec, sub_id: str, it: int) -> int:
+        return self._launch_grad_sync(action, sub_id, it)
+
+    def before_optimize(self) -> None:
+        self._finish_syncs()
+
+    def optimized(self) -> int:
+        self.version += 1
+        return self.version
+
+    def record_metrics(self, it: int, sub_id: str, metrics: dict[str, Any]) -> None:
+        pass  # the action event carries them
+
+    def event_deferred(self, action: ActionSpec) -> bool:
+        # A plain sync's event is written when the reduction completes.
+        return action.id in self.syncs and not action.fused
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.log.emit(kind, **fields)
 
     def _load_states(self, action: ActionSpec, it: int) -> None:
         """Load the state the exact-version rule names for ``action`` at ``it``."""
@@ -788,8 +691,8 @@ class Executor:
             self.loaded_version = version
             self.loaded_from = (dep.id, picked[0])
 
-    def _send_outputs(self, action: ActionSpec, it: int, extra: dict[str, Any],
-                      state: _IterState) -> int:
+    def send_outputs(self, action: ActionSpec, it: int, extra: dict[str, Any],
+                     state: IterState) -> int:
         from .comms.p2p import pack
 
         nbytes = 0
@@ -868,7 +771,7 @@ class Executor:
 
     # ----------------------------------------------------------- checkpoints
     def _checkpoint(self, resume_at: int, reason: str, quiet: bool = False) -> None:
-        assert self.hooks.save_checkpoint is not None
+        assert self.saves_checkpoints
         self._prune_histories(resume_at)  # the same content whichever path saves at resume_at
         t0 = time.time()
         info = self.hooks.save_checkpoint(self.ctx, self.workload, resume_at,

@@ -28,10 +28,17 @@ from typing import Any
 from hetrun.errors import HetrunError, RuntimeFailure
 
 from .context import RankContext
+from .dispatch import (
+    IterState,
+    checkpoint_boundary,
+    micro_batches_of,
+    run_dispatch,
+    sends_state_across,
+)
 from .events import EventLog
-from .executor import checkpoint_boundary, effective_lag, peak_memory_bytes, sub_actions
+from .executor import effective_lag
 from .hooks import Hooks, load_hooks
-from .plan_view import PlanView, load_plan, plan_from_dict
+from .plan_view import ActionSpec, PlanView, load_plan, plan_from_dict
 from .state_history import StateHistory, pick_for
 from .workload import load_workload_class
 
@@ -112,9 +119,7 @@ class _InProcess:
                 if producer.component != a.component and producer.type != "rollout":
                     lag = effective_lag(plan, a, d, producer)
                     self.keep[d.id] = max(lag, self.keep.get(d.id, 0))
-        self.loaded: dict[str, int] = {}
-        self.loaded_from: dict[str, tuple[str, int]] = {}
-        self.version: dict[str, int] = dict.fromkeys(names, 0)
+        self.ports = {name: _ComponentPort(self, name) for name in names}
         self.data: dict[tuple[str, int], dict[str, Any]] = {}
 
     def run(self, iterations: int) -> InProcessResult:
@@ -135,13 +140,14 @@ class _InProcess:
         for name, ctx in self.ctxs.items():
             if name in used:
                 self.workloads[name] = cls(ctx, **self.plan.workload_args)
+                self.ports[name].workload = self.workloads[name]
         start = 0
         for name, wl in self.workloads.items():
             s = self.hooks.restore(self.ctxs[name], wl)
             if s:
                 # The restore event itself is written by the hook (resume.py), with
                 # restart count and work lost; writing one here would count it twice.
-                self.version[name] = s
+                self.ports[name].version = s
             start = max(start, s)
         self._initial_states(start)
         result = InProcessResult(exit_code=0, workloads=self.workloads)
@@ -153,7 +159,7 @@ class _InProcess:
             self._prune(it)
             if it > start and checkpoint_boundary(self.plan, it):
                 self._save_all(it)
-            state: dict[str, Any] = {"losses": {}, "batch": {}}
+            state: dict[str, IterState] = {}  # per component
             for action in order:
                 if not action.runs_at(it):
                     continue
@@ -231,80 +237,96 @@ class _InProcess:
         self.logs[comp].emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
                              end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
 
-    def _run_action(self, action: Any, it: int, state: dict[str, Any],
+    def _run_action(self, action: ActionSpec, it: int, state: dict[str, IterState],
                     result: InProcessResult) -> None:
-        comp = action.component
-        wl = self.workloads[comp]
-        # The weights the exact-version rule names, from the components this action depends on.
+        port = self.ports[action.component]
+        port.result = result
+        port.load_states(action, it)
+        run_dispatch(port, action, it, state.setdefault(action.component, IterState()))
+
+
+class _ComponentPort:
+    """The dispatch's ``ActionPort`` for one component (its one rank) of an in-process run."""
+
+    def __init__(self, run: _InProcess, comp: str) -> None:
+        self.run = run
+        self.comp = comp
+        self.plan = run.plan
+        self.workload: Any = None  # set once the workloads exist
+        self.num_micro = micro_batches_of(run.plan, comp)
+        self.saves_checkpoints = run.hooks.save_checkpoint is not None
+        self.loaded: int | None = None  # policy version of the weights loaded from a producer
+        self.loaded_from: tuple[str, int] | None = None  # (producer, label) of those weights
+        self.version = 0  # optimize steps taken
+        self.result: InProcessResult | None = None
+
+    def load_states(self, action: ActionSpec, it: int) -> None:
+        """The weights the exact-version rule names, from the components ``action`` depends on."""
+        run = self.run
         for dep in action.deps:
-            history = self.states.get(dep.id)
-            if history is None or self.by_id[dep.id].component == comp:
+            history = run.states.get(dep.id)
+            if history is None or run.by_id[dep.id].component == self.comp:
                 continue
-            picked = pick_for(history, it - effective_lag(self.plan, action, dep, self.by_id[dep.id]))
-            if picked is not None and self.loaded_from.get(comp) != (dep.id, picked[0]):
-                wl.load_policy(picked[1], picked[0] + 1)
-                self.loaded[comp] = picked[0] + 1
-                self.loaded_from[comp] = (dep.id, picked[0])
-        t0 = time.time()
-        extra: dict[str, Any] = {}
+            picked = pick_for(history, it - effective_lag(run.plan, action, dep, run.by_id[dep.id]))
+            if picked is not None and self.loaded_from != (dep.id, picked[0]):
+                self.workload.load_policy(picked[1], picked[0] + 1)
+                self.loaded = picked[0] + 1
+                self.loaded_from = (dep.id, picked[0])
+
+    def rollout_version(self) -> int:
+        return self.loaded if self.loaded is not None else self.version
+
+    def incoming_batch(self, action: ActionSpec, it: int) -> Any:
+        run = self.run
+        batches = [run.data[(d.id, it - effective_lag(run.plan, action, d, run.by_id[d.id]))]
+                   for d in action.deps
+                   if run.by_id[d.id].type == "rollout" and run.by_id[d.id].component != self.comp]
+        if not batches:
+            return None
+        # One rank per component: a single producer's batch is used as it is.
+        return batches[0] if len(batches) == 1 else self.workload.merge_batches(batches)
+
+    def backward(self, micro: int, loss: Any) -> None:
+        self.workload.backward(loss)
+
+    def grad_sync(self, action: ActionSpec, sub_id: str, it: int) -> int:
+        return 0  # a gradient all-reduce over one rank moves nothing
+
+    def before_optimize(self) -> None:
+        pass
+
+    def optimized(self) -> int:
+        self.version += 1
+        return self.version
+
+    def record_metrics(self, it: int, sub_id: str, metrics: dict[str, Any]) -> None:
+        assert self.result is not None
+        self.result.metrics.append({"iteration": it, "action": sub_id, **metrics})
+
+    def send_outputs(self, action: ActionSpec, it: int, extra: dict[str, Any],
+                     state: IterState) -> int:
+        """Keep a rollout's batch and a weight producer's state for their consumers."""
         nbytes = 0
-        num_micro = max(1, len({m for a in self.plan.actions_of(comp)
-                                for _, k, m in sub_actions(self.plan, a) if k == "forward"}))
-        for sub_id, kind, micro in sub_actions(self.plan, action):
-            m = 0 if micro is None else micro
-            if kind == "rollout":
-                version = self.loaded.get(comp, self.version[comp])
-                batch = wl.rollout(version)
-                self.data[(action.id, it)] = batch
-                state["batch"][comp] = batch
-                extra["policy_version"] = version
-                extra["steps"] = int(wl.batch_steps(batch))
-                result.env_steps += extra["steps"]
-                nbytes += sum(t.numel() * t.element_size() for t in batch.values())
-            elif kind == "forward":
-                batch = state["batch"].get(comp)
-                if batch is None:
-                    srcs = [d for d in action.deps if self.by_id[d.id].type == "rollout"]
-                    if srcs:
-                        batch = self.data[(srcs[0].id, it - srcs[0].lag)]
-                    else:
-                        batch = wl.next_batch(it, m)
-                        extra["samples"] = extra.get("samples", 0) + int(wl.batch_steps(batch))
-                    if srcs:
-                        state["batch"][comp] = batch
-                state["losses"][(comp, m)] = wl.forward(batch, m, num_micro)
-            elif kind == "backward":
-                wl.backward(state["losses"].pop((comp, m)))
-            elif kind == "sync":
-                consumers = [a for a in self.plan.actions
-                             if any(d.id == action.id for d in a.deps) and a.component != comp]
-                if consumers:
-                    tensors = {k: v.detach().clone() for k, v in wl.policy_state().items()}
-                    self.states.setdefault(action.id, StateHistory()).add(it, tensors)
-                    nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
-                # a gradient sync over one rank moves nothing
-            elif kind == "optimize":
-                metrics = dict(wl.optimize() or {})
-                self.version[comp] += 1
-                extra["metrics"] = metrics
-                extra["policy_version"] = self.version[comp]
-                result.metrics.append({"iteration": it, "action": sub_id, **metrics})
-            elif kind == "eval":
-                metrics = dict(wl.evaluate() or {})
-                extra["metrics"] = metrics
-                result.metrics.append({"iteration": it, "action": sub_id, **metrics})
-            elif kind == "checkpoint":
-                if self.hooks.save_checkpoint is None:
-                    extra["skipped"] = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
-                else:
-                    extra["boundary"] = it + 1  # every component saves at the boundary (_save_all)
-            else:
-                raise RuntimeFailure(f"action {sub_id!r} has type {kind!r}, which this runtime "
-                                     "does not execute")
-        self.logs[comp].emit(
-            "action", type=action.type, id=action.id, iteration=it, start=t0, end=time.time(),
-            bytes=nbytes, peak_mem=peak_memory_bytes(),
-            **({"fused": list(action.fused)} if action.fused else {}), **extra)
+        if "steps" in extra:  # a rollout ran in this dispatch
+            self.run.data[(action.id, it)] = state.batch
+            assert self.result is not None
+            self.result.env_steps += extra["steps"]
+            nbytes += _nbytes(state.batch)
+        if sends_state_across(self.plan, action):
+            tensors = {k: v.detach().clone() for k, v in self.workload.policy_state().items()}
+            self.run.states.setdefault(action.id, StateHistory()).add(it, tensors)
+            nbytes += _nbytes(tensors)
+        return nbytes
+
+    def event_deferred(self, action: ActionSpec) -> bool:
+        return False
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.run.logs[self.comp].emit(kind, **fields)
+
+
+def _nbytes(tensors: dict[str, Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def _tb(exc: BaseException) -> str:
