@@ -31,8 +31,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Propose ranks and memory per component from the run's measured demand, with the expected effect.
 
-        Resubmitting with the proposal resumes nothing yet: `hetrun resubmit --resize`
-        (restoring into a different number of ranks) is not implemented.
+        `hetrun resubmit RUN --resize auto` resumes the same run with these sizes.
         """
         import json
 
@@ -83,4 +82,5 @@ def _print(p: object) -> None:
                   f"{p.currency} ({p.cost_cut:+.1%} cut)")
     for note in p.notes:
         console.print(f"note: {note}")
-    console.print("resubmit with: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))
+    console.print(f"resume this run with these sizes: hetrun resubmit {p.run_dir} --resize auto")
+    console.print("or a new run: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))
