@@ -1,0 +1,55 @@
+"""`hetrun resume RUN` on the real local Slurm cluster: the CartPole PPO example is
+scancel'ed (`hetrun cancel`) after its first checkpoint, resumed as a new Slurm job
+in the same run directory, and ends with the checkpoint an uninterrupted Slurm run
+of the same spec writes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from hetrun.slurm_plugin.rundir import events_of, find_run
+from hetrun.slurm_plugin.submit import backend_for, is_finished
+
+from tests.resume_compare import assert_same_checkpoints
+from tests.test_resume_cmd import ITERATIONS, cli, job_file, store_steps
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def submit(job: Path, runs: Path, *extra: str) -> Path:
+    res = cli("submit", str(job), "--backend", "sbatch", "--runs-dir", str(runs), *extra)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return Path(res.stdout.split("run directory:")[1].strip())
+
+
+def wait_ended(run_dir: Path, timeout: float = 400) -> list[str]:
+    run = find_run(str(run_dir), run_dir.parent)
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        status = backend_for(run).status([run])[run.run_dir]
+        if is_finished(status):
+            return [c.state for c in status.components]
+        time.sleep(1)
+    raise AssertionError(f"{run_dir} did not end in {timeout}s")
+
+
+def test_cancelled_slurm_run_resumed_ends_as_an_uninterrupted_one(slurm_cluster: object, shared_tmp: Path) -> None:
+    whole = submit(job_file(shared_tmp), shared_tmp / "a", "--wait")
+    run_dir = submit(job_file(shared_tmp), shared_tmp / "b")
+    t_end = time.time() + 400
+    while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
+        assert time.time() < t_end, "no checkpoint in time"
+        time.sleep(0.3)
+    assert cli("cancel", str(run_dir)).returncode == 0
+    wait_ended(run_dir)
+    res = cli("resume", str(run_dir), "--wait", timeout=900)
+    assert res.returncode == 0, res.stdout + res.stderr
+    ends = events_of(run_dir, ("attempt_end",))
+    assert [e["restart_count"] for e in ends] == [0, 1] and ends[-1]["outcome"] == "done", ends
+    starts = {e.get("restart_count") for e in events_of(run_dir, ("start",))}
+    assert starts == {0, 1}  # SLURM_RESTART_COUNT + HETRUN_RESTART_BASE reached the ranks
+    restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
+    assert len(restores) == 3 and all(e["restored_state"] for e in restores)
+    assert_same_checkpoints(whole, run_dir, {"learner": 1, "rollout": 2}, ITERATIONS)
