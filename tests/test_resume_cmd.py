@@ -190,3 +190,21 @@ def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path) 
         assert {e["resize"]["ranks"] for e in restores if e["component"] == "rollout"} == {ranks}
     assert_same_checkpoints(copies["grow-a"], copies["grow-b"], {"learner": 1, "rollout": 3}, ITERATIONS)
 
+
+
+def test_a_run_still_running_is_refused(tmp_path: Path) -> None:
+    import os
+
+    from hetrun.dag.errors import RunDirError
+    from hetrun.slurm_plugin import resume_run
+    from hetrun.slurm_plugin.backends.local import proc_start_ticks
+    from hetrun.slurm_plugin.rundir import read_run
+
+    run_dir = hand_made_run(tmp_path)
+    (run_dir / "local.json").write_text(json.dumps({"state": "RUNNING"}))
+    info = read_run(run_dir)
+    info.pids = {"supervisor": os.getpid(), "start_ticks": proc_start_ticks(os.getpid())}  # this test: alive
+    write_run(info)
+    with pytest.raises(RunDirError, match="still RUNNING"):
+        resume_run.submit(resume_run.prepare(read_run(run_dir)))
+    assert not events_of(run_dir, ("resume",))
