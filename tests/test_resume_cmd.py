@@ -37,6 +37,7 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 def job_file(tmp: Path, **extra: Any) -> Path:
     spec = example_spec("ppo_cartpole", **SMALL_PPO, **extra)
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
