@@ -33,6 +33,19 @@ def _restarts_text(from_events: int, from_scheduler: int) -> str:
     return str(from_events)
 
 
+def _reason(comp, failure, first: bool, names: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """On an ended component, why the newest attempt failed (the failing rank and its own
+    error line, from the post-mortem; the scheduler's NonZeroExitCode says less), never a
+    bare FAILED: on the failing component's row, or on the first row when no component is
+    named. Otherwise the scheduler's reason."""
+    from hetrun.slurm_plugin.backends.base import ACTIVE_STATES
+
+    if failure is None or comp.state in ACTIVE_STATES:
+        return comp.reason or ""
+    mine = failure.component == comp.name or (first and failure.component not in names)
+    return failure.text if mine else comp.reason or ""
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
@@ -96,7 +109,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         table = Table(show_edge=False, pad_edge=False)
-        from hetrun.runtime.report_attempts import status_summary
+        from hetrun.runtime.report_attempts import status_details
 
         for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
                     "PREEMPT", "FAILED", "WORK LOST", "REASON"):
@@ -105,7 +118,7 @@ def register(app: typer.Typer) -> None:
             st = results[run.run_dir]
             # Whole-run figures on the run's first line, from the same functions as
             # `hetrun report` (report_attempts), so the two commands agree.
-            counts, lost = status_summary(run.run_dir)
+            counts, lost, failed = status_details(run.run_dir)
             for i, comp in enumerate(st.components):
                 first = i == 0
                 table.add_row(
@@ -116,7 +129,8 @@ def register(app: typer.Typer) -> None:
                     _restarts_text(counts.restarts, comp.restarts) if first else "",
                     str(counts.preemptions) if first else "",
                     str(counts.failures) if first else "",
-                    ("-" if lost is None else str(lost)) if first else "", comp.reason or "",
+                    ("-" if lost is None else str(lost)) if first else "",
+                    _reason(comp, failed, first, [c.name for c in st.components]),
                 )
         Console(width=200 if not Console().is_terminal else None).print(table)
         if failure is not None:

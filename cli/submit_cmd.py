@@ -1,5 +1,8 @@
 """`hetrun submit`: job YAML -> plan -> run directory -> one Slurm het job (or local run).
 
+Script mode: ``hetrun submit train.py -N 2 --ntasks-per-node 2 -- --lr 3e-4`` makes a
+one-component command job of the program (``hetrun.dag.script_job``), no YAML needed.
+
 Thin: the work is in ``hetrun.slurm_plugin.submit``. Heavy imports happen
 inside the command.
 """
@@ -28,6 +31,11 @@ from hetrun.cli.spec_options import (
 BackendOpt = Annotated[str, typer.Option(
     "--backend", "-b",
     help="auto (sbatch when a Slurm controller answers within 2 s, else local), sbatch, local or pyslurm.")]
+ScriptArgs = Annotated[Optional[list[str]], typer.Argument(
+    help="Script mode: arguments for the program, after --.", show_default=False, metavar="[-- ARGS...]")]
+TasksPerNodeOpt = Annotated[Optional[int], typer.Option(
+    "--ntasks-per-node", min=1, max=1024, metavar="N",
+    help="Script mode: ranks per node of the program (a YAML job: --set components.C.tasks_per_node=N).")]
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
     help="Where run directories are created (default ./runs).")]
@@ -37,6 +45,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def submit(
         job: JobArg,
+        script_args: ScriptArgs = None,
         partition: PartitionOpt = None,
         time: TimeOpt = None,
         account: AccountOpt = None,
@@ -53,19 +62,37 @@ def register(app: typer.Typer) -> None:
             "--wait", help="Wait until every component has ended; exit non-zero unless all COMPLETED.")] = False,
         wait_timeout: Annotated[Optional[float], typer.Option(
             "--wait-timeout", help="With --wait: give up waiting after this many seconds.")] = None,
+        tasks_per_node: TasksPerNodeOpt = None,
     ) -> None:
-        """Submit a job: one Slurm heterogeneous job with a component per resource group."""
+        """Submit a job: one Slurm heterogeneous job with a component per resource group.
+
+        JOB may also be a program (a .py file or an executable): it becomes a one-component
+        command job with torchrun's variables on every rank (script mode).
+        """
+        from hetrun.dag.script_job import is_script, script_spec
         from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
-        spec = load_job(job, overrides_from(partition, time, account, qos, nodes, gres, constraint, sets))
+        overrides = overrides_from(partition, time, account, qos, nodes, gres, constraint, sets)
+        job_dir = Path(job).parent
+        if is_script(job):
+            spec = script_spec(job, script_args or [], python=sys.executable, tasks_per_node=tasks_per_node,
+                               overrides=overrides)
+            job_dir = Path.cwd()  # the program runs where you submitted it, as sbatch does
+        else:
+            from hetrun.dag.errors import SpecError
+
+            if script_args or tasks_per_node is not None:
+                what = "--ntasks-per-node" if tasks_per_node is not None else f"arguments {script_args}"
+                raise SpecError(f"{what} apply to script mode (a .py or executable job file), not to {job}",
+                                hint="for a job YAML use --set components.<name>.tasks_per_node=N")
+            spec = load_job(job, overrides)
         if backend == "auto":
             from hetrun.slurm_plugin.backends import choose_auto
 
             choice = choose_auto()
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
-        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run,
-                             job_dir=Path(job).parent)
+        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir)
         if result.dry_run is not None:
             dr = result.dry_run
             typer.echo(result.script, nl=False)
@@ -90,4 +117,10 @@ def register(app: typer.Typer) -> None:
 
         final = wait_for_end(run, backend_for(run), timeout_s=wait_timeout, on_change=show)
         if any(c.state != "COMPLETED" for c in final.components):
+            from hetrun.runtime.report_attempts import status_details
+
+            # Never a bare FAILED: the failing rank and its own error line (the post-mortem's).
+            failure = status_details(run.run_dir)[2]
+            why = failure.text if failure else f"no rank failure recorded; see `hetrun report {run.run_dir}`"
+            typer.echo(f"hetrun: {run.name} ended {final.state}: {why}", err=True)
             raise typer.Exit(1)

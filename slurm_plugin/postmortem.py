@@ -29,12 +29,13 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
 from hetrun.dag.budgets import Budgets, count_attempts, should_requeue
 
-from .rundir import PLAN_JSON, append_event, events_of
+from .rundir import LOGS, PLAN_JSON, append_event, events_of
 
 REQUEUE_EXIT_CODE = 85
 TERM_EXIT_CODE = 128 + signal.SIGTERM
@@ -62,6 +63,7 @@ class Death:
     exit_code: int | None = None
     message: str = ""
     task: int | None = None
+    last_line: str = ""  # the last line the rank wrote to its log (stderr and stdout)
 
 
 def _task_numbers(text: str) -> list[int]:
@@ -113,7 +115,7 @@ class Attempt:
     preemption: dict[str, Any]
     starts: dict[int, dict[str, Any]]
     exits: dict[int, int]
-    runtime_failures: int
+    runtime_failures: list[dict[str, Any]]  # the runtime's own rank_failure lines (an exception)
 
     @classmethod
     def read(cls, run_dir: Path, restart: int) -> Attempt:
@@ -125,7 +127,7 @@ class Attempt:
                  for c in plan["components"]]
         starts: dict[int, dict[str, Any]] = {}
         exits: dict[int, int] = {}
-        failures = 0
+        failures: list[dict[str, Any]] = []
         for rec in events_of(run_dir, ("start", "exit", "rank_failure")):
             if rec["ev"] == "start" and rec.get("restart_count", 0) == restart:
                 starts[int(rec["rank"])] = rec
@@ -133,7 +135,7 @@ class Attempt:
                 exits[int(rec["rank"])] = rec["code"]
             elif rec["ev"] == "rank_failure" and rec.get("restart_count") == restart \
                     and rec.get("detected_by") == "runtime":
-                failures += 1
+                failures.append(rec)
         return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures)
 
     @property
@@ -219,6 +221,8 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     if result == "failed":
         parsed = parse_srun(log_text) if launcher == "srun" else parse_mpirun(log_text)
         deaths = name_deaths(parsed, attempt, env or {})
+        for d in deaths:
+            d.last_line = last_log_line(run_dir, d.component, d.rank)
         if not attempt.runtime_failures:  # else the runtime named the rank that raised
             for d in deaths:
                 fields = {k: v for k, v in asdict(d).items() if k != "task"}
@@ -228,7 +232,10 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     counts = count_attempts([*previous, this], restart_count=restart)
     requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
     reason = forced_reason or why
-    if deaths:
+    if attempt.runtime_failures and result == "failed":
+        # The rank that raised said why in its own line: that beats the launcher's exit code.
+        reason = "; ".join(_describe_raised(f) for f in attempt.runtime_failures) + f" ({why})"
+    elif deaths:
         reason = "; ".join(_describe(d) for d in deaths) + f" ({why})"
     record = append_event(run_dir, "attempt_end", restart_count=restart, outcome=result, requeued=requeue,
                           exit_code=exit_code, reason=reason, launcher=launcher, signal=trapped,
@@ -239,7 +246,45 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
 def _describe(d: Death) -> str:
     how = f"signal {d.signal}" if d.signal else f"exit code {d.exit_code}"
     who = f"rank {d.rank}" if d.rank is not None else "a rank"
-    return f"{who} ({d.component or '?'}) on {d.node or '?'} died: {how}"
+    said = f"; its last line: {d.last_line}" if d.last_line else ""
+    return f"{who} ({d.component or '?'}) on {d.node or '?'} died: {how}{said}"
+
+
+def _describe_raised(f: Mapping[str, Any]) -> str:
+    where = f" in action {f['action']} (iteration {f.get('iteration')})" if f.get("action") else ""
+    return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'} raised{where}: "
+            f"{f.get('message') or 'an exception'}")
+
+
+LAST_LINE_MAX = 300  # characters of a rank's last line carried in events and status
+
+
+def last_log_line(run_dir: Path, component: str | None, rank: int | None) -> str:
+    """The last non-empty line of a rank's log (stdout and stderr together), or "".
+
+    The launchers name the files: srun ``logs/<component>-<jobid>-<rank>.out``
+    (``%t`` is the global rank of the het step), the local backend
+    ``logs/<component>-local-<rank>.out``. A Python script that dies of an
+    exception ends its stderr with the exception's line, which is what a user
+    needs to see in place of a bare FAILED. Reads only the file's tail.
+    """
+    if component is None or rank is None:
+        return ""
+    logs = run_dir / LOGS
+    try:
+        # "<component>-(jobid|local)-<rank>.out" exactly: a component "a-1" must not match "a".
+        mine = re.compile(rf"{re.escape(component)}-(?:\d+|local)-{rank}\.out")
+        found = [p for p in logs.glob(f"{glob_escape(component)}-*-{rank}.out") if mine.fullmatch(p.name)]
+        newest = max(found, key=lambda p: p.stat().st_mtime, default=None)
+        if newest is None:
+            return ""
+        with newest.open("rb") as fh:
+            fh.seek(max(0, newest.stat().st_size - 8192))
+            tail = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:LAST_LINE_MAX] if lines else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,185 @@
+"""`submit --wait` and `hetrun status` name the failing rank and show its own error line,
+never a bare FAILED (issue 11, "around the run").
+
+The post-mortem (hetrun.slurm_plugin.postmortem) reads the last line of the dead rank's
+log into its ``rank_failure`` line (``last_line``) and the ``attempt_end`` reason; a rank
+that raised is described by the runtime's own message. The end-to-end tests run a real
+job whose rank prints an error and exits 3 (as a script would), on the local backend and
+on the local Slurm cluster, and one whose rank raises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hetrun.runtime.report_attempts import status_details
+from hetrun.slurm_plugin.postmortem import finish_attempt, last_log_line
+from hetrun.slurm_plugin.rundir import append_event, events_of
+
+HERE = Path(__file__).parent
+MPIRUN_EXITED = """\
+  Process name: [[23712,1],2]
+  Exit code:    3
+"""
+ERROR_LINE = "RuntimeError: loss is NaN at iteration 2 (injected by the test)"
+EXITING_WORKLOAD = f'''\
+import os
+import sys
+
+from runtime_toy import ToyRegression
+
+
+class ExitsNonZero(ToyRegression):
+    """Prints an error on stderr and exits 3 at iteration 2, as a failing script would."""
+
+    def forward(self, batch, micro, num_micro):
+        if self.ctx.iteration == 2:
+            print("iteration 2 starting", flush=True)
+            sys.stderr.write({ERROR_LINE!r} + "\\n")
+            sys.stderr.flush()
+            os._exit(3)
+        return super().forward(batch, micro, num_micro)
+'''
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "logs").mkdir()
+    plan = {"components": [{"name": "learner", "ntasks": 1}, {"name": "rollout", "ntasks": 2}]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    return tmp_path
+
+
+def test_post_mortem_carries_the_dead_ranks_last_line(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    (run_dir / "logs" / "rollout-local-2.out").write_text(f"step 1\n{ERROR_LINE}\n\n")
+    (run_dir / "logs" / "rollout-local-1.out").write_text("a healthy peer\n")
+    requeue, end = finish_attempt(run_dir, restart=0, exit_code=3, launcher="mpirun", log_text=MPIRUN_EXITED)
+    assert not requeue and end["outcome"] == "failed" and end["failed_ranks"] == [2]
+    [f] = events_of(run_dir, ("rank_failure",))
+    assert (f["rank"], f["component"], f["exit_code"], f["last_line"]) == (2, "rollout", 3, ERROR_LINE), f
+    assert ERROR_LINE in end["reason"] and "rank 2 (rollout)" in end["reason"], end
+    counts, _lost, failure = status_details(run_dir)
+    assert counts.failures == 1 and failure is not None
+    assert failure.component == "rollout" and ERROR_LINE in failure.text
+
+
+def test_a_rank_that_raised_is_described_by_its_exception(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    append_event(run_dir, "rank_failure", rank=0, component="learner", node="n1", signal=None, exit_code=6,
+                 detected_by="runtime", restart_count=0, action="forward", iteration=3,
+                 message="ValueError: bad shape")
+    text = "  Process name: [[1,1],0]\n  Exit code:    6\n"
+    _, end = finish_attempt(run_dir, restart=0, exit_code=6, launcher="mpirun", log_text=text)
+    assert end["reason"].startswith("rank 0 (learner) on n1 raised in action forward (iteration 3): "
+                                    "ValueError: bad shape"), end
+    assert len(events_of(run_dir, ("rank_failure",))) == 1  # the runtime's line only
+
+
+def test_log_of_another_component_with_a_longer_name_is_not_read(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    (run_dir / "logs" / "a-1-17-0.out").write_text("not mine\n")
+    assert last_log_line(run_dir, "a", 0) == ""
+    (run_dir / "logs" / "a-17-0.out").write_text("mine\n")
+    assert last_log_line(run_dir, "a", 0) == "mine"
+    assert last_log_line(run_dir, "a", 1) == "" and last_log_line(run_dir, None, 0) == ""
+
+
+def test_status_shows_no_failure_for_a_run_that_did_not_fail(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    append_event(run_dir, "attempt_end", restart_count=0, outcome="done", requeued=False, reason="all ranks exited 0")
+    assert status_details(run_dir)[2] is None
+
+
+# -- real jobs -------------------------------------------------------------------------
+
+def _job(job_dir: Path, name: str, workload: str, args: dict[str, Any], slurm: dict[str, Any] | None) -> Path:
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "runtime_toy.py").write_text((HERE / "runtime_toy.py").read_text())
+    (job_dir / "exiting_toy.py").write_text(EXITING_WORKLOAD)
+    doc = {
+        "name": name, "workload": workload, "workload_args": args,
+        "components": {"learner": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "1G",
+                                   "actions": ["forward", "backward", "sync", "optimize"]}},
+        "training": {"kind": "supervised", "iterations": 6, "micro_batches": 1, "pipeline_window": 1, "seed": 0},
+        "checkpoint": {"interval": 0},
+        "env": {"OMP_NUM_THREADS": "1", "HETRUN_COLLECTIVE_TIMEOUT": "900"},
+        **({"slurm": slurm} if slurm else {}),
+    }
+    path = job_dir / "job.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+def _hetrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"}, check=False)
+
+
+def _submit_wait(job: Path, backend: str, runs: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    proc = _hetrun("submit", str(job), "--backend", backend, "--runs-dir", str(runs), "--wait",
+                   "--wait-timeout", "240")
+    run_dir = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("run directory: "))
+    return proc, Path(run_dir)
+
+
+def _assert_error_line_shown(proc: subprocess.CompletedProcess[str], run_dir: Path, runs: Path) -> None:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    final = [line for line in proc.stderr.splitlines() if " ended FAILED: " in line]
+    assert final and "rank 0 (learner)" in final[-1] and "exit code 3" in final[-1] \
+        and ERROR_LINE in final[-1], proc.stderr
+    status = _hetrun("status", str(run_dir), "--runs-dir", str(runs), timeout=60)
+    assert status.returncode == 0, status.stderr
+    # The REASON column may wrap: each word of the error line is there.
+    for word in ("FAILED", "rank", "(learner)", "NaN", "injected"):
+        assert word in status.stdout, status.stdout
+
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+
+
+@needs_mpirun
+@pytest.mark.mpi
+def test_local_submit_wait_and_status_show_the_failing_ranks_line(tmp_path: Path) -> None:
+    job = _job(tmp_path / "job", "exits-local", "exiting_toy:ExitsNonZero", {}, None)
+    proc, run_dir = _submit_wait(job, "local", tmp_path / "runs")
+    _assert_error_line_shown(proc, run_dir, tmp_path / "runs")
+    [f] = events_of(run_dir, ("rank_failure",))
+    assert (f["detected_by"], f["last_line"]) == ("mpirun", ERROR_LINE), f
+
+
+@needs_mpirun
+@pytest.mark.mpi
+def test_local_rank_that_raises_shows_its_exception(tmp_path: Path) -> None:
+    job = _job(tmp_path / "job", "raises-local", "runtime_toy:ToyRegression",
+               {"fail_at": 2, "fail_component": "learner"}, None)
+    proc, run_dir = _submit_wait(job, "local", tmp_path / "runs")
+    assert proc.returncode == 1
+    # The action may be a fused one (forward.m0+backward.m0+...): its name starts with forward.
+    assert "rank 0 (learner)" in proc.stderr and "raised in action forward" in proc.stderr \
+        and "(iteration 2): ValueError: toy failure injected at iteration 2" in proc.stderr, proc.stderr
+    status = _hetrun("status", str(run_dir), "--runs-dir", str(tmp_path / "runs"), timeout=60)
+    assert "ValueError:" in status.stdout and "injected" in status.stdout, status.stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_submit_wait_and_status_show_the_failing_ranks_line(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    job = _job(shared_tmp / "job", "exits-slurm", "exiting_toy:ExitsNonZero", {},
+               {"partition": "debug", "time": "00:05:00"})
+    runs = shared_tmp / "runs"
+    proc, run_dir = _submit_wait(job, "sbatch", runs)
+    try:
+        _assert_error_line_shown(proc, run_dir, runs)
+        [f] = events_of(run_dir, ("rank_failure",))
+        assert (f["detected_by"], f["last_line"]) == ("srun", ERROR_LINE), f
+    finally:
+        job_id = json.loads((run_dir / "run.json").read_text()).get("job_id") if (run_dir / "run.json").is_file() else None
+        if job_id:
+            subprocess.run(["scancel", str(job_id).split(";")[0]], capture_output=True, check=False)
