@@ -22,7 +22,6 @@ from hetrun.errors import RuntimeFailure
 from .plan_view import ActionSpec, PlanView
 
 ACTION_TYPES = "rollout, forward, backward, sync, optimize, eval, checkpoint"
-NO_STORE = "no checkpoint store (hetrun.runtime.resume.save_checkpoint)"
 
 
 def peak_memory_bytes() -> int:
@@ -104,7 +103,6 @@ class ActionPort(Protocol):
     plan: PlanView
     workload: Any
     num_micro: int
-    saves_checkpoints: bool
 
     def rollout_version(self) -> int:
         """The policy version the rank's loaded weights are (what a rollout reports)."""
@@ -190,11 +188,8 @@ def _eval(port: ActionPort, sub: Sub, state: IterState, extra: dict[str, Any]) -
 
 
 def _checkpoint(port: ActionPort, sub: Sub, state: IterState, extra: dict[str, Any]) -> int:
-    if not port.saves_checkpoints:
-        extra["skipped"] = NO_STORE
-    else:
-        # Every component saves at the boundary, whichever carries the action.
-        extra["boundary"] = sub.iteration + 1
+    # The save itself: every component at the boundary, whichever carries the action.
+    extra["boundary"] = sub.iteration + 1
     return 0
 
 

@@ -38,17 +38,18 @@ waits: the reduction overlaps the backward and whatever runs in between.
 ``HETRUN_SYNC_OVERLAP=0`` turns the hooks off; ``HETRUN_BUCKET_MB`` sizes
 buckets (default 1).
 
-Stop agreement (preemption, see ``StopAgreement``): every rank puts its local
-stop flag into a tiny non-blocking all-reduce when it starts an iteration, and
-starts iteration k only once the agreement of iteration k-D is known, so all
-ranks stop before the same iteration and checkpoint the same one.
+Stop agreement (preemption): the run API's (``hetrun.runtime.api.stop.
+IterationAgreement``, what ``run.should_stop`` uses with stride 1): every rank
+puts its local stop flag into a tiny non-blocking all-reduce when it starts an
+iteration, and starts iteration k only once the agreement of iteration k-D is
+known, so all ranks stop before the same iteration and checkpoint the same one.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ from hetrun.dag.routing import enforced_lag, fed_ranks, feeding_ranks
 from hetrun.errors import HetrunError, RuntimeFailure
 
 from . import mpi_wait
+from .api.collectives import MPIMaxReduce
+from .api.run import save_state
+from .api.stop import IterationAgreement
 from .context import RankContext
 from .dispatch import (
     IterState,
@@ -108,70 +112,6 @@ def agreement_window(plan: PlanView) -> int:
     lags = [effective_lag(plan, a, d, by_id[d.id]) for a in plan.actions for d in a.deps
             if d.id in by_id and by_id[d.id].component != a.component]
     return max([1, *lags])
-
-
-class StopAgreement:
-    """All ranks agree on the iteration nobody starts, without ever blocking.
-
-    ``contribute(k, flag)`` at the start of iteration k posts a one-int
-    ``Iallreduce(MAX)`` on a private duplicate of the world communicator
-    (training messages never match it). Requests complete in order; ``poll``
-    tests the oldest. If agreement j says "stop", every rank stops before
-    j + D: nobody can have started j + D (starting it needs agreement j), and
-    every iteration below it can finish, because every rank runs it. So all
-    ranks checkpoint the same iteration, whether the signal reached every
-    rank (Slurm) or only one (``kill -USR1`` on one pid).
-    """
-
-    def __init__(self, comm: Any, window: int, start: int) -> None:
-        from mpi4py import MPI
-
-        self._max = MPI.MAX
-        self.comm = comm.Dup()
-        self.window = max(1, int(window))
-        self.pending: deque[tuple[int, Any, Any, Any]] = deque()
-        self.completed_through = start - 1  # newest iteration whose agreement is known
-        self.stop_at: int | None = None
-        self.stopped_by: int | None = None  # the agreement that said stop
-        self.level = 0  # its MAX: 1 requeue, 2 SIGTERM (hetrun.runtime.preempt levels)
-
-    def contribute(self, iteration: int, level: int) -> None:
-        import numpy as np
-
-        send = np.array([level], dtype=np.int32)
-        recv = np.zeros(1, dtype=np.int32)
-        req = self.comm.Iallreduce(send, recv, op=self._max)
-        self.pending.append((iteration, req, send, recv))  # buffers live until complete
-
-    def poll(self) -> bool:
-        """Take in every completed agreement; True when one completed."""
-        progressed = False
-        while self.pending and self.pending[0][1].Test():
-            self._take(self.pending.popleft())
-            progressed = True
-        return progressed
-
-    def _take(self, item: tuple[int, Any, Any, Any]) -> None:
-        iteration, _, _, recv = item
-        self.completed_through = iteration
-        if recv[0] and self.stop_at is None:
-            self.stop_at = iteration + self.window
-            self.stopped_by = iteration
-            self.level = int(recv[0])
-
-    def may_start(self, iteration: int) -> bool:
-        return iteration - self.window <= self.completed_through
-
-    def should_stop_before(self, iteration: int) -> bool:
-        return self.stop_at is not None and iteration >= self.stop_at
-
-    def close(self) -> None:
-        """Collective: every rank posted the same agreements; complete and free them."""
-        while self.pending:
-            item = self.pending.popleft()
-            mpi_wait.wait_politely(item[1])
-            self._take(item)
-        self.comm.Free()
 
 
 @dataclass
@@ -234,9 +174,8 @@ class Executor:
         self.syncs: dict[str, _Sync] = {}
         self.stop_level = 0  # this rank's local preemption request (0 none, 1 requeue, 2 TERM)
         self._told_hooks = False
-        self.agreement: StopAgreement | None = None
+        self.agreement: IterationAgreement | None = None
         self.workload: Any = None
-        self.saves_checkpoints = self.hooks.save_checkpoint is not None
         self.num_micro = micro_batches_of(plan, self.me)
         self.overlap: Any = None  # grad sync armed for the last backward of this iteration
         self.grad_sync_id = next(
@@ -358,8 +297,26 @@ class Executor:
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
-        for line in self.hooks.missing:
-            self.log.emit("warning", message=f"no {line}")
+        start = self._start()
+        assert self.agreement is not None
+        last_done = start - 1
+        for it in range(start, self.plan.iterations):
+            self._await_agreement(it)
+            if self.agreement.should_stop_before(it):
+                break
+            self.ctx.iteration = it
+            self._check_stop(it)
+            self.agreement.contribute(it, self.stop_level)
+            self._prune_histories(it)
+            if it > start and checkpoint_boundary(self.plan, it):
+                self._save_boundary(it)
+            self._run_iteration(it)
+            last_done = it
+        self._wind_down()
+        return self._end(last_done)
+
+    def _start(self) -> int:
+        """The workload, restored, and the pipeline primed; the iteration to start at."""
         from .ckpt.state import seed_global_rngs
 
         wl_cls = load_workload_class(self.plan.workload, self._search_dirs())
@@ -375,22 +332,15 @@ class Executor:
         if start:
             self.version = start
         self._restore_pipeline(self.hooks.restored_pipeline(self.ctx))
-        self.agreement = StopAgreement(self.world.comm, agreement_window(self.plan), start)
+        self.agreement = IterationAgreement(MPIMaxReduce(self.world.comm), agreement_window(self.plan),
+                                            start)
         self._send_initial_states(start)
         self._open_shared_windows()
-        last_done = start - 1
-        for it in range(start, self.plan.iterations):
-            self._await_agreement(it)
-            if self.agreement.should_stop_before(it):
-                break
-            self.ctx.iteration = it
-            self._check_stop(it)
-            self.agreement.contribute(it, self.stop_level)
-            self._prune_histories(it)
-            if it > start and checkpoint_boundary(self.plan, it):
-                self._save_boundary(it)
-            self._run_iteration(it)
-            last_done = it
+        return start
+
+    def _wind_down(self) -> None:
+        """After the last iteration this rank starts: complete what is in flight."""
+        assert self.agreement is not None
         self._finish_syncs()
         # Every rank posted the same agreements (all of them started exactly
         # the iterations below the stop): completing them is collective-safe.
@@ -401,6 +351,10 @@ class Executor:
         for shared in self.shared.values():
             shared.free()  # collective over the node group; every member is here
         self.shared.clear()
+
+    def _end(self, last_done: int) -> int:
+        """The agreed stop's checkpoint, or the final one; the exit code."""
+        assert self.agreement is not None
         code = EXIT_OK
         stop_at = self.agreement.stop_at
         if stop_at is not None and stop_at < self.plan.iterations:
@@ -408,10 +362,9 @@ class Executor:
             if not self._told_hooks:
                 self._told_hooks = True
                 self.hooks.agreed_stop(self.agreement.level)
-            self.log.emit("preempt", iteration=resume_at, agreed_at=self.agreement.stopped_by,
+            self.log.emit("preempt", iteration=resume_at, agreed_at=self.agreement.stopped_at_iteration,
                           window=self.agreement.window, signalled=bool(self.stop_level))
-            if self.hooks.save_checkpoint is not None:
-                self._checkpoint(resume_at, reason="preempt")
+            self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
         elif last_done + 1 == self.plan.iterations and checkpoint_boundary(self.plan, last_done + 1):
             self._save_boundary(last_done + 1)
@@ -467,8 +420,7 @@ class Executor:
 
     def _save_boundary(self, boundary: int) -> None:
         """Every component's state at a checkpoint boundary, whichever carries the action."""
-        if self.hooks.save_checkpoint is not None:
-            self._checkpoint(boundary, reason="interval", quiet=True)
+        self._checkpoint(boundary, reason="interval")
 
     def _run_iteration(self, it: int) -> None:
         pending = list(self.actions)
@@ -770,12 +722,8 @@ class Executor:
         )
 
     # ----------------------------------------------------------- checkpoints
-    def _checkpoint(self, resume_at: int, reason: str, quiet: bool = False) -> None:
-        assert self.saves_checkpoints
+    def _checkpoint(self, resume_at: int, reason: str) -> None:
         self._prune_histories(resume_at)  # the same content whichever path saves at resume_at
-        t0 = time.time()
-        info = self.hooks.save_checkpoint(self.ctx, self.workload, resume_at,
-                                          pipeline=self._pipeline_state())
-        self.log.emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
-                      end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
+        save_state(self.ctx, self.log, self.workload, resume_at, reason=reason,
+                   pipeline=self._pipeline_state())
 

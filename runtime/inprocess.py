@@ -27,6 +27,7 @@ from typing import Any
 
 from hetrun.errors import HetrunError, RuntimeFailure
 
+from .api.run import save_state
 from .context import RankContext
 from .dispatch import (
     IterState,
@@ -124,14 +125,49 @@ class _InProcess:
 
     def run(self, iterations: int) -> InProcessResult:
         t_start = time.time()
+        self._start_events()
+        start = self._make_workloads()
+        self._initial_states(start)
+        result = InProcessResult(exit_code=0, workloads=self.workloads)
+        order = [self.by_id[i] for i in self.plan.order if i in self.by_id]
+        order += [a for a in self.plan.actions if a.id not in self.plan.order]
+        it = start
+        stop = False
+        for it in range(start, iterations):
+            self._prune(it)
+            if it > start and checkpoint_boundary(self.plan, it):
+                self._save_all(it)
+            stop = self._run_iteration(order, it, result)
+            result.iterations_done = it + 1 - start
+            for key in [k for k in self.data if k[1] < it - 8]:
+                del self.data[key]
+            if stop:
+                break
+        if stop and it + 1 < iterations:
+            for name, wl in self.workloads.items():
+                self.logs[name].emit("preempt", iteration=it + 1)
+                self._checkpoint(name, wl, it + 1, "preempt")
+            result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
+        elif not stop and iterations == self.plan.iterations and checkpoint_boundary(self.plan, iterations):
+            self._save_all(iterations)
+        for ctx in self.ctxs.values():
+            self.hooks.flush_checkpoints(ctx)
+        result.wall_s = time.time() - t_start
+        for name in self.ctxs:
+            self.logs[name].emit("exit", code=result.exit_code, elapsed=result.wall_s)
+            self.logs[name].close()
+        return result
+
+    def _start_events(self) -> None:
         for c in self.plan.components:
-            log = self.logs[c.name]
-            log.emit("start", size=len(self.plan.components), comp_rank=0, comp_size=1,
-                     node_rank=c.index, node_size=len(self.plan.components), pid=os.getpid(),
-                     host=self.node, mode="inprocess", cpus=c.cpus_per_task,
-                     gpus=c.gpus_per_node, job_id=None, restart_count=0)
-            for line in self.hooks.missing:
-                log.emit("warning", message=f"no {line}")
+            self.logs[c.name].emit(
+                "start", size=len(self.plan.components), comp_rank=0, comp_size=1,
+                node_rank=c.index, node_size=len(self.plan.components), pid=os.getpid(),
+                host=self.node, mode="inprocess", cpus=c.cpus_per_task,
+                gpus=c.gpus_per_node, job_id=None, restart_count=0)
+
+    def _make_workloads(self) -> int:
+        """One workload per component that runs actions, restored; the iteration to start at."""
         from .ckpt.state import seed_global_rngs
 
         cls = load_workload_class(self.plan.workload, self.search)
@@ -149,55 +185,30 @@ class _InProcess:
                 # restart count and work lost; writing one here would count it twice.
                 self.ports[name].version = s
             start = max(start, s)
-        self._initial_states(start)
-        result = InProcessResult(exit_code=0, workloads=self.workloads)
-        order = [self.by_id[i] for i in self.plan.order if i in self.by_id]
-        order += [a for a in self.plan.actions if a.id not in self.plan.order]
-        it = start
+        return start
+
+    def _run_iteration(self, order: list[ActionSpec], it: int, result: InProcessResult) -> bool:
+        """Every component's actions of iteration ``it``; True when a stop was asked for."""
         stop = False
-        for it in range(start, iterations):
-            self._prune(it)
-            if it > start and checkpoint_boundary(self.plan, it):
-                self._save_all(it)
-            state: dict[str, IterState] = {}  # per component
-            for action in order:
-                if not action.runs_at(it):
-                    continue
-                ctx = self.ctxs[action.component]
-                ctx.iteration = it
-                try:
-                    self._run_action(action, it, state, result)
-                except HetrunError:
-                    raise
-                except Exception as exc:
-                    self.logs[action.component].emit(
-                        "error", action=action.id, iteration=it,
-                        error=f"{type(exc).__name__}: {exc}", traceback=_tb(exc), code=6)
-                    raise RuntimeFailure(
-                        f"in-process run: component {action.component!r} failed in action "
-                        f"{action.id} (iteration {it}): {type(exc).__name__}: {exc}") from exc
-                if any(self.hooks.stop_requested(c) for c in self.ctxs.values()):
-                    stop = True
-            result.iterations_done = it + 1 - start
-            for key in [k for k in self.data if k[1] < it - 8]:
-                del self.data[key]
-            if stop:
-                break
-        if stop and it + 1 < iterations:
-            for name, wl in self.workloads.items():
-                self.logs[name].emit("preempt", iteration=it + 1)
-                if self.hooks.save_checkpoint is not None:
-                    self._checkpoint(name, wl, it + 1, "preempt")
-            result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
-        elif not stop and iterations == self.plan.iterations and checkpoint_boundary(self.plan, iterations):
-            self._save_all(iterations)
-        for ctx in self.ctxs.values():
-            self.hooks.flush_checkpoints(ctx)
-        result.wall_s = time.time() - t_start
-        for name in self.ctxs:
-            self.logs[name].emit("exit", code=result.exit_code, elapsed=result.wall_s)
-            self.logs[name].close()
-        return result
+        state: dict[str, IterState] = {}  # per component
+        for action in order:
+            if not action.runs_at(it):
+                continue
+            self.ctxs[action.component].iteration = it
+            try:
+                self._run_action(action, it, state, result)
+            except HetrunError:
+                raise
+            except Exception as exc:
+                self.logs[action.component].emit(
+                    "error", action=action.id, iteration=it,
+                    error=f"{type(exc).__name__}: {exc}", traceback=_tb(exc), code=6)
+                raise RuntimeFailure(
+                    f"in-process run: component {action.component!r} failed in action "
+                    f"{action.id} (iteration {it}): {type(exc).__name__}: {exc}") from exc
+            if any(self.hooks.stop_requested(c) for c in self.ctxs.values()):
+                stop = True
+        return stop
 
     def _initial_states(self, start: int) -> None:
         """The states consumers load first: a restored producer's saved ones, else its
@@ -218,8 +229,6 @@ class _InProcess:
             history.prune(it - self.keep[pid])
 
     def _save_all(self, boundary: int) -> None:
-        if self.hooks.save_checkpoint is None:
-            return
         for name, wl in self.workloads.items():
             self._checkpoint(name, wl, boundary, "interval")
             self.hooks.flush_checkpoints(self.ctxs[name])
@@ -230,12 +239,9 @@ class _InProcess:
         return {"sent": sent} if sent else None
 
     def _checkpoint(self, comp: str, wl: Any, resume_at: int, reason: str) -> None:
-        assert self.hooks.save_checkpoint is not None
         self._prune(resume_at)  # the same content whichever path saves at resume_at
-        t0 = time.time()
-        info = self.hooks.save_checkpoint(self.ctxs[comp], wl, resume_at, pipeline=self._pipeline_of(comp))
-        self.logs[comp].emit("checkpoint", iteration=resume_at, reason=reason, start=t0,
-                             end=time.time(), **({"info": info} if isinstance(info, dict) else {}))
+        save_state(self.ctxs[comp], self.logs[comp], wl, resume_at, reason=reason,
+                   pipeline=self._pipeline_of(comp))
 
     def _run_action(self, action: ActionSpec, it: int, state: dict[str, IterState],
                     result: InProcessResult) -> None:
@@ -254,7 +260,6 @@ class _ComponentPort:
         self.plan = run.plan
         self.workload: Any = None  # set once the workloads exist
         self.num_micro = micro_batches_of(run.plan, comp)
-        self.saves_checkpoints = run.hooks.save_checkpoint is not None
         self.loaded: int | None = None  # policy version of the weights loaded from a producer
         self.loaded_from: tuple[str, int] | None = None  # (producer, label) of those weights
         self.version = 0  # optimize steps taken

@@ -4,7 +4,7 @@ action boundary, checkpoint, exit".
 The executor asks ``stop_level(ctx)`` (a local check: 0 go on, 1 requeue,
 2 SIGTERM) at every action boundary and puts it into its per-iteration stop
 agreement (a non-blocking MAX all-reduce over every rank, see
-``hetrun.runtime.executor.StopAgreement``); once the agreement says stop,
+``hetrun.runtime.api.stop.IterationAgreement``, the run API's); once it says stop,
 ``agree(level)`` tells this module what all ranks agreed on, every rank stops
 before the same iteration, all checkpoint together
 (``resume.save_checkpoint``) and exit with the same ``exit_code(ctx)``:

@@ -41,11 +41,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.runtime import attempts, mpi_wait, preempt, resize
 
 from hetrun.errors import CheckpointError, RuntimeFailure
+
+if TYPE_CHECKING:
+    from hetrun.runtime.api.run import ApiContext
+    from hetrun.runtime.context import RankContext
+
+    # An executor's rank or a script's (the public run API): the same calls serve both.
+    Ctx = RankContext | ApiContext
 
 LOCAL_ENV = "HETRUN_CKPT_LOCAL"
 
@@ -75,7 +82,7 @@ def restart_count() -> int:
     return 0
 
 
-def max_restarts(ctx: Any) -> int | None:
+def max_restarts(ctx: Ctx) -> int | None:
     """The preemption budget (``preemption.max_preemptions``, or its old name
     ``max_restarts``; None = unlimited), reported in ``restore`` events."""
     from hetrun.dag.budgets import Budgets
@@ -84,7 +91,7 @@ def max_restarts(ctx: Any) -> int | None:
     return None if plan is None else Budgets.from_preemption(plan.preemption).max_preemptions
 
 
-def checkpoint_dir(ctx: Any) -> Path:
+def checkpoint_dir(ctx: Ctx) -> Path:
     plan = getattr(ctx, "plan", None)
     directory = ((plan.checkpoint if plan is not None else {}) or {}).get("directory")
     root = Path(directory) if directory else Path(ctx.run_dir) / "ckpt"
@@ -93,7 +100,7 @@ def checkpoint_dir(ctx: Any) -> Path:
     return root / ctx.component
 
 
-def _local_dir(ctx: Any) -> Path | None:
+def _local_dir(ctx: Ctx) -> Path | None:
     base = os.environ.get(LOCAL_ENV)
     if not base:
         return None
@@ -108,7 +115,7 @@ def _collective(comm: Any) -> Any:
     return MPICollective(comm)
 
 
-def _slot(ctx: Any) -> _Slot:
+def _slot(ctx: Ctx) -> _Slot:
     key = (ctx.component, ctx.comp_rank)
     slot = _SLOTS.get(key)
     if slot is None:
@@ -144,13 +151,13 @@ def _close_all() -> None:
     _SLOTS.clear()
 
 
-def _events(ctx: Any) -> Any:
+def _events(ctx: Ctx) -> Any:
     from hetrun.runtime.events import EventLog
 
     return EventLog(ctx.run_dir, rank=ctx.rank, component=ctx.component, node=getattr(ctx, "node", None))
 
 
-def _has_checkpoint_action(ctx: Any, component: str) -> bool:
+def _has_checkpoint_action(ctx: Ctx, component: str) -> bool:
     plan = getattr(ctx, "plan", None)
     if plan is None:
         return True
@@ -175,13 +182,13 @@ def _required(everyone: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in with_steps if e["required"]] or with_steps
 
 
-def restored_pipeline(ctx: Any) -> Any:
+def restored_pipeline(ctx: Ctx) -> Any:
     """The executor's pipeline state of the checkpoint this rank restored (None: none)."""
     slot = _SLOTS.get((ctx.component, ctx.comp_rank))
     return slot.pipeline if slot is not None else None
 
 
-def _world_allgather(ctx: Any, value: Any) -> list[Any]:
+def _world_allgather(ctx: Ctx, value: Any) -> list[Any]:
     coll = getattr(ctx, "world_collective", None)  # the public run API's (torch or MPI)
     if coll is not None:
         return list(coll.allgather(value))
@@ -191,7 +198,7 @@ def _world_allgather(ctx: Any, value: Any) -> list[Any]:
     return mpi_wait.allgather(comm, value)
 
 
-def _last_iteration_done(ctx: Any) -> int | None:
+def _last_iteration_done(ctx: Ctx) -> int | None:
     """The newest iteration this rank started before the restart (events.jsonl)."""
     path = Path(ctx.run_dir) / "events.jsonl"
     best = None
@@ -209,43 +216,86 @@ def _last_iteration_done(ctx: Any) -> int | None:
     return best
 
 
-def restore_if_any(ctx: Any, workload: Any) -> int:
-    from hetrun.runtime.ckpt.state import restore_rng
-
+def restore_if_any(ctx: Ctx, workload: Any) -> int:
+    """Restore the newest checkpoint every component can load into ``workload``;
+    returns the iteration to start from (0: none). Collective over the world."""
     preempt.install(ctx)
     t0 = time.perf_counter()
     entered = time.time()
     restarts = restart_count()
-    limit = max_restarts(ctx)
     slot = _slot(ctx)
+    _arm_deadline_event(ctx)
+    _check_preemption_budget(ctx, restarts)
+    steps = slot.store.steps()
+    mine = {"component": ctx.component, "required": _has_checkpoint_action(ctx, ctx.component),
+            "steps": steps, "every": bool(steps) and _saves_every_component(slot.store)}
+    everyone = _world_allgather(ctx, mine)
+    lost_before = _last_iteration_done(ctx)
+    chosen, skipped = _agree_on_step(ctx, slot, workload, mine, everyone, restarts)
     log = _events(ctx)
+    iteration = 0
+    if chosen is None:
+        _no_step(log, restarts, max_restarts(ctx), everyone, skipped, lost_before)
+    else:
+        step, value, agreed, resized = chosen
+        iteration, loaded = _load_chosen(ctx, slot, workload, step, value)
+        fresh = None if value is not None else (
+            "component had no checkpoints (old run directory)" if not mine["steps"]
+            else f"component had no checkpoint at step {step} (old run directory)")
+        log.emit("restore", step=step, iteration=iteration, restart_count=restarts,
+                 max_restarts=max_restarts(ctx), restored_state=value is not None,
+                 **({"fresh_reason": fresh} if fresh else {}),
+                 seconds=round(time.perf_counter() - t0, 4), entered=entered,
+                 agreed=agreed, loaded=loaded,  # wall clock: the step agreed; the workload took its state
+                 # CPU seconds this rank used since it started: with ranks sharing
+                 # cores, it tells waiting (a core given away) from working.
+                 cpu_s=round(time.process_time(), 3),
+                 skipped=[{"step": s, "why": w} for s, w in skipped],
+                 **({"resize": resized.to_json()} if resized is not None else {}),
+                 work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
+    log.close()
+    slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
+    return iteration
+
+
+def _arm_deadline_event(ctx: Ctx) -> None:
     preempt.set_hard_deadline_callback(
         lambda code, budget: _events(ctx).emit(
             "preempt", deadline=True, code=code, budget_s=budget,
             message="grace time over before the agreement/checkpoint finished; "
                     "the newest complete checkpoint stays the restore point"))
-    over = attempts.preemption_budget_error(ctx.run_dir, restarts, getattr(ctx.plan, "preemption", None)) \
-        if limit is not None else None
+
+
+def _check_preemption_budget(ctx: Ctx, restarts: int) -> None:
+    if max_restarts(ctx) is None:
+        return
+    over = attempts.preemption_budget_error(ctx.run_dir, restarts, getattr(ctx.plan, "preemption", None))
     if over:
         raise RuntimeFailure(f"component {ctx.component}: {over}",
                              hint="the checkpoints are kept; raise preemption.max_preemptions (null = unlimited) "
                                   "or resubmit to continue")
-    steps = slot.store.steps()
-    mine = {"component": ctx.component, "required": _has_checkpoint_action(ctx, ctx.component),
-            "steps": steps, "every": bool(steps) and _saves_every_component(slot.store)}
-    everyone = _world_allgather(ctx, mine)
-    required = _required(everyone)
-    need = any(e["component"] == ctx.component for e in required)
+
+
+def _candidate_steps(required: list[dict[str, Any]]) -> set[int]:
+    """The steps every required component holds (on every one of its ranks)."""
     candidates: set[int] | None = None
     for comp in {e["component"] for e in required}:
         steps = set.intersection(*(set(e["steps"]) for e in required if e["component"] == comp))
         candidates = steps if candidates is None else candidates & steps
-    lost_before = _last_iteration_done(ctx)
+    return candidates or set()
+
+
+def _agree_on_step(ctx: Ctx, slot: _Slot, workload: Any, mine: dict[str, Any],
+                   everyone: list[dict[str, Any]], restarts: int) -> tuple[Any, list[tuple[int, str]]]:
+    """Newest candidate step first: every rank loads (or skips) it and all agree it
+    verified. Returns ((step, loaded value or None, when agreed, the resize outcome)
+    or None, skipped)."""
+    required = _required(everyone)
+    need = any(e["component"] == ctx.component for e in required)
     skipped: list[tuple[int, str]] = []
     resized = None
-    chosen = None
     live: dict[str, Any] | None = None  # the workload's state, taken once: restore decodes into it
-    for step in sorted(candidates or (), reverse=True):
+    for step in sorted(_candidate_steps(required), reverse=True):
         value, problem = None, None
         if step in mine["steps"] or need:
             try:
@@ -261,61 +311,51 @@ def restore_if_any(ctx: Any, workload: Any) -> int:
                     problem = f"rank {ctx.rank} ({ctx.component}): {exc}"
         problems = [p for p in _world_allgather(ctx, problem) if p]
         if not problems:
-            chosen = (step, value)
-            agreed = time.time()  # every rank loaded (or skipped) and agreed on this step
-            break
+            return (step, value, time.time(), resized), skipped
         skipped.append((step, "; ".join(problems)))
-    if chosen is None:
-        if skipped:
-            raise CheckpointError(
-                "no checkpoint could be restored: " + " | ".join(f"step {s}: {w}" for s, w in skipped),
-                hint="inspect with `hetrun ckpt verify RUN`")
-        if restarts:
-            anyone = any(e["steps"] for e in everyone)
-            log.emit("restore", step=None, iteration=0, restart_count=restarts, max_restarts=limit,
-                     restored_state=False,
-                     fresh_reason=("no step that every component saved" if anyone else "no checkpoint yet"),
-                     message="restarted, but no checkpoint yet: starting from the beginning",
-                     work_lost=(lost_before + 1) if lost_before is not None else None)
-        log.close()
-        slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
-        return 0
-    step, value = chosen
-    iteration = step
-    restored_state = False
-    loaded = None
-    if value is not None:
-        try:
-            from hetrun.runtime.ckpt.lossy import decode_state
+    if skipped:
+        raise CheckpointError(
+            "no checkpoint could be restored: " + " | ".join(f"step {s}: {w}" for s, w in skipped),
+            hint="inspect with `hetrun ckpt verify RUN`")
+    return None, skipped
 
-            workload.load_state_dict(decode_state(value["workload"]))
-            loaded = time.time()
-            restore_rng(value["rng"])
-            iteration = int(value["iteration"])
-        except (KeyError, TypeError) as exc:
-            raise CheckpointError(f"checkpoint step {step} of {ctx.component} lacks workload/rng state ({exc})") from exc
-        restored_state = True
-        slot.pipeline = value.get("pipeline")
-    fresh = None if restored_state else (
-        "component had no checkpoints (old run directory)" if not mine["steps"]
-        else f"component had no checkpoint at step {step} (old run directory)")
+
+def _no_step(log: Any, restarts: int, limit: int | None, everyone: list[dict[str, Any]],
+             skipped: list[tuple[int, str]], lost_before: int | None) -> None:
+    """No checkpoint to restore: a restarted run says so and what it loses."""
+    if not restarts:
+        return
+    anyone = any(e["steps"] for e in everyone)
+    log.emit("restore", step=None, iteration=0, restart_count=restarts, max_restarts=limit,
+             restored_state=False,
+             fresh_reason=("no step that every component saved" if anyone else "no checkpoint yet"),
+             message="restarted, but no checkpoint yet: starting from the beginning",
+             work_lost=(lost_before + 1) if lost_before is not None else None)
+
+
+def _load_chosen(ctx: Ctx, slot: _Slot, workload: Any, step: int,
+                 value: Any) -> tuple[int, float | None]:
+    """Put the agreed step's value into the workload and the RNGs; (iteration, when loaded).
+    ``value`` None: this rank's component has no state at that step (old run directory)."""
+    from hetrun.runtime.ckpt.lossy import decode_state
+    from hetrun.runtime.ckpt.state import restore_rng
+
+    if value is None:
+        slot.last_step = step
+        return step, None
+    try:
+        workload.load_state_dict(decode_state(value["workload"]))
+        loaded = time.time()
+        restore_rng(value["rng"])
+        iteration = int(value["iteration"])
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint step {step} of {ctx.component} lacks workload/rng state ({exc})") from exc
+    slot.pipeline = value.get("pipeline")
     slot.last_step = step
-    log.emit("restore", step=step, iteration=iteration, restart_count=restarts, max_restarts=limit,
-             restored_state=restored_state, **({"fresh_reason": fresh} if fresh else {}),
-             seconds=round(time.perf_counter() - t0, 4), entered=entered,
-             agreed=agreed, loaded=loaded,  # wall clock: the step agreed; the workload took its state
-             # CPU seconds this rank used since it started: with ranks sharing
-             # cores, it tells waiting (a core given away) from working.
-             cpu_s=round(time.process_time(), 3),
-             skipped=[{"step": s, "why": w} for s, w in skipped],
-             **({"resize": resized.to_json()} if resized is not None else {}),
-             work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
-    log.close()
-    slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
-    return iteration
+    return iteration, loaded
 
 
-def save_checkpoint(ctx: Any, workload: Any, iteration: int, pipeline: Any = None) -> dict[str, Any]:
+def save_checkpoint(ctx: Ctx, workload: Any, iteration: int, pipeline: Any = None) -> dict[str, Any]:
     """Snapshot now, write in the background; returns what the event should say.
 
     ``pipeline``: the executor's in-flight state (stored as ``pipeline``).
@@ -397,14 +437,14 @@ def _encode_and_save(slot: _Slot, iteration: int, snapshot: Any, rng: Any,
         slot.encode_error = f"lossy checkpoint encoding failed at iteration {iteration}: {exc!r}"
 
 
-def optimizer_encoding(ctx: Any) -> str:
+def optimizer_encoding(ctx: Ctx) -> str:
     """``checkpoint.optimizer_encoding`` of the plan ("exact" without a plan)."""
     plan = getattr(ctx, "plan", None)
     cfg = (plan.checkpoint if plan is not None else {}) or {}
     return str(cfg.get("optimizer_encoding") or "exact")
 
 
-def flush(ctx: Any) -> dict[str, Any] | None:
+def flush(ctx: Ctx) -> dict[str, Any] | None:
     """Wait for this rank's checkpoint in flight; returns its outcome."""
     slot = _SLOTS.get((ctx.component, ctx.comp_rank))
     if slot is None:

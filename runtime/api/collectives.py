@@ -103,6 +103,10 @@ class MPIMaxReduce:
         send, recv = np.array([level, stride], dtype=np.int32), np.zeros(2, dtype=np.int32)
         return _MPIPending(self.comm.Iallreduce(send, recv, op=self._max), send, recv)
 
+    def free(self) -> None:
+        """Collective: release the duplicate once every request on it completed."""
+        self.comm.Free()
+
 
 class _MPIPending:
     __slots__ = ("recv", "req", "send")

@@ -1,9 +1,11 @@
 """``Run``: checkpoints, exact resume, the agreed stop and events for any script.
 
-One implementation: ``restore``/``save``/``flush`` are
-``hetrun.runtime.resume``'s (the executor's hooks: same store, writer,
-restore selection, RNG capture, restore/work-lost events); the stop signal
-handling is ``hetrun.runtime.preempt``'s. This module only adapts a user's
+One implementation, and the action executor is a client of it
+(runtime/hooks.py): ``restore``/``flush`` are ``hetrun.runtime.resume``'s
+(same store, writer, restore selection, RNG capture, restore/work-lost
+events), ``save`` is ``save_state`` below for both, the stop signal handling
+is ``hetrun.runtime.preempt``'s and the agreement ``hetrun.runtime.api.stop``'s.
+This module only adapts a user's
 dict of objects to the workload protocol resume.py expects and connects the
 ranks through whatever the script has (``hetrun.runtime.api.collectives``).
 
@@ -24,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.api import env as envmod
@@ -32,6 +34,9 @@ from hetrun.runtime.api.stop import SoloAgreement, StepAgreement
 from hetrun.runtime.events import EventLog
 
 from hetrun.errors import CheckpointError, RuntimeFailure
+
+if TYPE_CHECKING:
+    from hetrun.runtime.context import RankContext
 
 DEFAULT_WINDOW = 2
 CKPT_EVERY_ENV = "HETRUN_CKPT_EVERY"
@@ -184,14 +189,7 @@ class Run:
         """Checkpoint the state after ``step`` (collective: every rank, same step).
         Training waits only for a copy unless ``wait``; returns the outcome."""
         self._connect()
-        t0 = time.time()
-        info = resume.save_checkpoint(self.ctx, StateObjects(objs), step + 1)
-        if wait:
-            done = resume.flush(self.ctx) or {}
-            info.update({k: done[k] for k in ("ok", "error", "write_s") if k in done})
-        self.events.emit("checkpoint", iteration=step + 1, reason=preempt.stop_reason() or "interval",
-                         start=t0, end=time.time(), **info)
-        return info
+        return save_state(self.ctx, self.events, StateObjects(objs), step + 1, wait=wait)
 
     def checkpoint_due(self, step: int) -> bool:
         return self.checkpoint_every > 0 and (step + 1) % self.checkpoint_every == 0
@@ -251,6 +249,26 @@ class Run:
         if not self._closed:
             self.events.emit("warning", message="the script ended without run.close(): a checkpoint "
                              "still being written may be lost; call run.close() before exiting")
+
+
+def save_state(ctx: ApiContext | RankContext, events: EventLog, state: Any, resume_at: int, *, wait: bool = False,
+               reason: str | None = None, pipeline: Any = None) -> dict[str, Any]:
+    """Checkpoint ``state`` (an object with ``state_dict()``) as the point a resumed
+    run starts from (``resume_at``) and write the ``checkpoint`` event.
+
+    The one save path of ``Run.save`` and of both executors (``pipeline``: the
+    executor's in-flight state messages). Training waits only for a copy
+    unless ``wait``. The event carries the outcome both flat and as ``info``
+    (what the reports read).
+    """
+    t0 = time.time()
+    info = resume.save_checkpoint(ctx, state, resume_at, pipeline=pipeline)
+    if wait:
+        done = resume.flush(ctx) or {}
+        info.update({k: done[k] for k in ("ok", "error", "write_s") if k in done})
+    events.emit("checkpoint", iteration=resume_at, reason=reason or preempt.stop_reason() or "interval",
+                start=t0, end=time.time(), info=dict(info), **info)
+    return info
 
 
 def _scontrol_requeue(job_id: str) -> bool | str:

@@ -9,9 +9,12 @@ the round trip never makes a step wait) and needs the answer of the
 agreement posted ``window`` agreements earlier before it posts the next.
 If agreement m says stop, every rank stops after the step before the one
 agreement m + window precedes: nobody can get past it without having seen
-agreement m, and every rank runs every step below it. The same reasoning as the executor's
-``hetrun.runtime.executor.StopAgreement``, over a transport that may be
+agreement m, and every rank runs every step below it. The transport may be
 torch.distributed (a torchrun script without MPI) or MPI.
+
+The action executor uses the same agreement (``IterationAgreement``: one
+agreement per iteration, posted when the iteration starts, waited on without
+blocking so a rank keeps accepting messages meanwhile).
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ class StepAgreement:
     TARGET_S = 0.002  # one agreement per ~2 ms of steps: its cost vanishes per step
     MAX_STRIDE = 256  # bounds how many steps a stop may take to be agreed
 
-    def __init__(self, transport: Any, window: int, start: int) -> None:
+    def __init__(self, transport: Any, window: int, start: int, *, max_stride: int = MAX_STRIDE) -> None:
         self.transport = transport
         self.window = max(1, int(window))
+        self.max_stride = max(1, int(max_stride))
         # q[n], the step agreement n precedes (posted after step q[n] - 1; the
         # first after step ``start``), kept for the agreements still in play.
         self.posts: dict[int, int] = {0: start + 1}
@@ -69,6 +73,7 @@ class StepAgreement:
         self.results: dict[int, tuple[int, int]] = {}
         self.completed = -1  # newest agreement whose result is in
         self.stop_after: int | None = None
+        self.stopped_by: int | None = None  # the agreement that said stop
         self.level = 0
         self._last_t: float | None = None
         self._step_s = self.TARGET_S  # this rank's step time (EWMA)
@@ -79,20 +84,21 @@ class StepAgreement:
         self.results[n] = (level, stride)
         if level and self.stop_after is None:
             self.level = level
+            self.stopped_by = n
             self.stop_after = self._post_step(n + self.window) - 1
 
     def _post_step(self, n: int) -> int:
         """q[n]; needs the results up to n - 1 - window (every caller has them)."""
         m = max(self.posts)
         while m < n:  # q[m + 1] = q[m] + s[m]
-            stride = 1 if m < self.window else max(1, min(self.MAX_STRIDE, self.results.pop(m - self.window)[1]))
+            stride = 1 if m < self.window else max(1, min(self.max_stride, self.results.pop(m - self.window)[1]))
             self.posts[m + 1] = self.posts[m] + stride
             self.posts.pop(m - 2 * self.window - 2, None)  # no caller looks that far back
             m += 1
         return self.posts[n]
 
     def _wanted_stride(self) -> int:
-        return max(1, min(self.MAX_STRIDE, int(self.TARGET_S / max(self._step_s, 1e-7)) + 1))
+        return max(1, min(self.max_stride, int(self.TARGET_S / max(self._step_s, 1e-7)) + 1))
 
     def check(self, step: int, level: int) -> bool:
         """After ``step``: True when every rank agreed to stop after this step."""
@@ -113,10 +119,14 @@ class StepAgreement:
             self._take(first, pending)
         if self.stop_after is not None and step >= self.stop_after:
             return True
-        self.pending.append((n, self.transport.post(level, self._wanted_stride())))
+        self._post(level, self._wanted_stride())
+        return False
+
+    def _post(self, level: int, stride: int) -> None:
+        n = self.next
+        self.pending.append((n, self.transport.post(level, stride)))
         self.next = n + 1
         self._post_step(n + 1)
-        return False
 
     def close(self) -> None:
         """Collective: every rank posted the same agreements; complete them."""
@@ -124,3 +134,54 @@ class StepAgreement:
             first, pending = self.pending.popleft()
             pending.wait()
             self._take(first, pending)
+
+
+class IterationAgreement(StepAgreement):
+    """The action executor's stop agreement: ``StepAgreement`` with stride 1,
+    agreement n posted when iteration ``start + n`` starts.
+
+    A rank starts iteration k only once the agreement of k - window is in
+    (``may_start``), polling instead of waiting, so it keeps accepting the
+    messages its peers need to get there. If the agreement of iteration j
+    says stop, every rank stops before iteration j + window (``stop_at``).
+    """
+
+    def __init__(self, transport: Any, window: int, start: int) -> None:
+        super().__init__(transport, window, start - 1, max_stride=1)
+        self.first = start
+
+    def contribute(self, iteration: int, level: int) -> None:
+        """At the start of ``iteration`` (after ``may_start``): post its agreement."""
+        self._post(level, 1)
+
+    def poll(self) -> bool:
+        """Take in every completed agreement, without blocking; True when one completed."""
+        progressed = False
+        while self.pending and self.pending[0][1].done():
+            n, pending = self.pending.popleft()
+            self._take(n, pending)
+            progressed = True
+        return progressed
+
+    def may_start(self, iteration: int) -> bool:
+        return iteration - self.first - self.window <= self.completed
+
+    @property
+    def stop_at(self) -> int | None:
+        """The first iteration no rank starts (None: no stop agreed)."""
+        return None if self.stop_after is None else self.stop_after + 1
+
+    @property
+    def stopped_at_iteration(self) -> int | None:
+        """The iteration whose agreement said stop."""
+        return None if self.stopped_by is None else self.first + self.stopped_by
+
+    def should_stop_before(self, iteration: int) -> bool:
+        return self.stop_at is not None and iteration >= self.stop_at
+
+    def close(self) -> None:
+        """Collective: complete every agreement posted, free the transport."""
+        super().close()
+        free = getattr(self.transport, "free", None)
+        if free is not None:
+            free()
