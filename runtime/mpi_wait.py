@@ -16,8 +16,9 @@ collective costs well under a millisecond; start-up has a handful of them.
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+from hetrun.backoff import Backoff, poll_until
 
 # Tests before the first sleep: a peer that is already there answers within them.
 SPIN_TESTS = 200
@@ -30,10 +31,7 @@ def wait_politely(request: Any, *, max_sleep: float = 0.001, spin_tests: int = S
     for _ in range(spin_tests):
         if request.Test():
             return
-    delay = 10e-6
-    while not request.Test():
-        time.sleep(delay)
-        delay = min(delay * 2, max_sleep)
+    poll_until(request.Test, Backoff(first=min(10e-6, max_sleep), most=max_sleep))
 
 
 def meet(comm: Any) -> None:

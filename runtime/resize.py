@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from hetrun.dag.errors import CheckpointError
+
+from hetrun.errors import CheckpointError
 
 # Tags that keep the seed families apart (an env seed never equals a stream seed).
 _ENV_TAG, _STREAM_TAG, _GLOBAL_TAG = 0, 1, 2

@@ -21,7 +21,6 @@ weights in host shared memory and let each rank copy to its device.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +28,10 @@ import numpy as np
 import torch
 from hetrun.runtime import mpi_wait
 
+from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import RuntimeFailure
 
+_RETRY = Backoff(first=0.0005, most=0.0005, factor=1)  # a writer holds the seqlock for one copy
 _HEADER = 64  # bytes: [seq int64, version int64, ...], keeps tensors 64-byte aligned
 _ALIGN = 64
 
@@ -141,17 +142,19 @@ class SharedWeights:
 
     def read_consistent(self, timeout_s: float = 10.0) -> tuple[int, dict[str, torch.Tensor]]:
         """A private copy of a stable snapshot (retries while the root writes)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            seq = int(self._hdr[0])
-            if seq % 2 == 0:
-                version = int(self._hdr[1])
-                copy = {k: v.clone() for k, v in self.tensors.items()}
-                if int(self._hdr[0]) == seq:
-                    return version, copy
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"shared weights: no stable snapshot within {timeout_s}s")
-            time.sleep(0.0005)
+        got = poll_until(self._try_snapshot, _RETRY, timeout=timeout_s)
+        if got is None:
+            raise RuntimeFailure(f"shared weights: no stable snapshot within {timeout_s}s")
+        return got
+
+    def _try_snapshot(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """A copy taken while no write was under way (seqlock: even and unchanged), else None."""
+        seq = int(self._hdr[0])
+        if seq % 2:
+            return None
+        version = int(self._hdr[1])
+        copy = {k: v.clone() for k, v in self.tensors.items()}
+        return (version, copy) if int(self._hdr[0]) == seq else None
 
     def free(self) -> None:
         self.tensors.clear()

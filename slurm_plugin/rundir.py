@@ -22,6 +22,8 @@ from typing import Any
 
 from hetrun.dag.errors import RunDirError
 
+from hetrun.backoff import Backoff, poll_until
+
 from . import quoting
 
 RUN_JSON = "run.json"
@@ -231,14 +233,8 @@ def utc_now_iso() -> str:
 
 
 def wait_for(predicate: Any, timeout: float, interval: float = 0.5) -> bool:
-    """Poll ``predicate()`` until true or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
+    """Poll ``predicate()`` every ``interval`` seconds until true (True) or ``timeout`` passes (False)."""
+    return bool(poll_until(predicate, Backoff(first=interval, most=interval, factor=1), timeout=timeout))
 
 
 def append_event(run_dir: Path, ev: str, **fields: Any) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import struct
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import RuntimeFailure
 
 TAG = 4242  # one tag: the header routes the message; MPI keeps per-source FIFO order
@@ -153,11 +153,9 @@ class Mailbox:
 
     def recv_from(self, source: int) -> Message:
         status = self._mpi.Status()
-        delay = 10e-6
         # Not MPI_Probe: a blocking probe busy-polls a core the sender may need.
-        while not self.comm.Iprobe(source=source, tag=TAG, status=status):
-            time.sleep(delay)
-            delay = min(delay * 2, 1e-3)
+        poll_until(lambda: self.comm.Iprobe(source=source, tag=TAG, status=status),
+                   Backoff(first=10e-6, most=1e-3))
         return self._recv(source, status.Get_count(self._mpi.BYTE))
 
     def drain(self, on_message: Callable[[Message], None] | None = None) -> int:

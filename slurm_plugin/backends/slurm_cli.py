@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from hetrun.dag.errors import SlurmError
 
+from hetrun.backoff import Backoff
+
 # Substrings of Slurm client errors that mean the controller was not reachable.
 _TRANSIENT = (
     "unable to contact slurm controller",
@@ -82,7 +84,8 @@ def run_slurm(
     """Run one Slurm command; return it on exit 0, else raise SlurmError naming it."""
     policy = policy or RetryPolicy.from_env()
     shown = shlex.join(cmd)
-    delay = policy.first_delay_s
+    delays = Backoff(first=policy.first_delay_s, most=max(policy.max_delay_s, policy.first_delay_s),
+                     factor=policy.factor).delays()
     started = time.monotonic()
     last = ""
     for attempt in range(1, policy.attempts + 1):
@@ -105,8 +108,7 @@ def run_slurm(
                 )
             last = _first_lines(proc.stderr or proc.stdout)
         if attempt < policy.attempts:
-            sleep(delay)
-            delay = min(delay * policy.factor, policy.max_delay_s)
+            sleep(next(delays))
     waited = time.monotonic() - started
     raise SlurmError(
         f"`{shown}` failed: slurmctld unreachable after {policy.attempts} attempts "
