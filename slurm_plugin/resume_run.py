@@ -27,10 +27,11 @@ from hetrun.dag.errors import RunDirError, SpecError
 
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES
-from .backends.local import plan_components
+from .backends.local import STATE_FILE, plan_components
 from .render import render_sbatch
 from .rundir import (
     JOB_YAML,
+    LOGS,
     PLAN_JSON,
     RESTART_BASE_ENV,
     SCRIPT,
@@ -204,6 +205,9 @@ def submit(rp: ResumePlan) -> RunInfo:
     run.backend = rp.backend
     run.components = [c for c, _ in plan_components(rp.plan)]
     run.pids = {}
+    stale = run.path / STATE_FILE  # the old local supervisor's record: its final state is not the new job's
+    if stale.exists():
+        stale.replace(run.path / LOGS / f"local-before-attempt-{rp.restart}.json")
     backend_obj = get_backend(rp.backend)
     run.job_id = backend_obj.submit(run)
     run.submitted_at = utc_now_iso()

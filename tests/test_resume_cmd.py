@@ -23,11 +23,11 @@ from hetrun.slurm_plugin.rundir import RunInfo, append_event, events_of, find_ru
 
 from tests.resume_compare import assert_same_checkpoints, example_spec
 
-ITERATIONS = 12
+ITERATIONS = 120  # some seconds of PPO: the cancel lands mid-run
 SMALL_PPO = {"training": {"iterations": ITERATIONS, "pipeline_window": 1},
              "workload_args": {"num_envs": 4, "num_steps": 32, "update_epochs": 1, "num_minibatches": 2,
                                "eval_episodes": 1},
-             "checkpoint": {"interval": 2, "keep": 20}}
+             "checkpoint": {"interval": 8, "keep": 20}}
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -150,6 +150,7 @@ def cancelled_run(tmp: Path) -> Path:
     res = cli("cancel", str(run_dir))
     assert res.returncode == 0, res.stderr
     assert wait_ended(run_dir) == "CANCELLED"
+    assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
     return run_dir
 
 
