@@ -19,6 +19,7 @@ from hetrun.dag.errors import SpecError
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
 from hetrun.dag.spec_errors import SpecIssue, attach_source, translate_validation_error
+from hetrun.dag.yaml_source import _EXP_FLOAT_RE as EXP_FLOAT_RE
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
 from pydantic import (
     BaseModel,
@@ -411,12 +412,27 @@ class JobSpec(_Section):
         for key in ("workload", "training"):
             if data[key] is None:
                 del data[key]
+        if "workload" not in data and not data["workload_args"]:
+            del data["workload_args"]
         for comp in data["components"].values():
             if comp["command"] is None:
                 del comp["command"]
             elif not comp["actions"]:
                 del comp["actions"]
-        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+        return yaml.dump(data, Dumper=_QuotingDumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+class _QuotingDumper(yaml.SafeDumper):
+    """Quotes the strings hetrun's loader would read back as floats (``"3e-4"``: YAML 1.2
+    reads a plain 3e-4 as a number, PyYAML's dumper writes it plain)."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = '"' if EXP_FLOAT_RE.fullmatch(value) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_QuotingDumper.add_representer(str, _represent_str)
 
 
 def job_json_schema() -> dict[str, Any]:
