@@ -58,8 +58,8 @@ HYPER: dict[str, Any] = {  # shared by (a), (b) and (c)
 # ------------------------------------------------------------------ hetrun (a) and (b)
 
 
-def job_yaml(mode: str, seed: int, iterations: int, eval_interval: int, window: int) -> str:
-    job = {
+def job_dict(mode: str, seed: int, iterations: int, eval_interval: int, window: int) -> dict[str, Any]:
+    return {
         "name": f"ppo-bench-{mode}-s{seed}",
         "workload": "hetrun.examples.ppo:PPOWorkload",
         "workload_args": {"env_id": ENV_ID, **HYPER},
@@ -76,22 +76,28 @@ def job_yaml(mode: str, seed: int, iterations: int, eval_interval: int, window: 
         "checkpoint": {"interval": 0},
         "env": {"OMP_NUM_THREADS": "1"},
     }
-    return yaml.safe_dump(job, sort_keys=False)
 
 
-def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
-               args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+def job_yaml(mode: str, seed: int, iterations: int, eval_interval: int, window: int) -> str:
+    return yaml.safe_dump(job_dict(mode, seed, iterations, eval_interval, window), sort_keys=False)
+
+
+def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, workdir: Path) -> dict[str, Any]:
+    """Submit ``job`` (a job YAML as a dict) to the local backend, wait, summarise its events.
+
+    ``cores``: cores per component (ranks x cpus_per_task), for the busy fractions.
+    """
     from hetrun.dag.errors import HetrunError
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
 
-    job = workdir / f"{mode}-s{seed}-e{eval_interval}.yaml"
-    job.write_text(job_yaml(mode, seed, iterations, eval_interval, args.window))
+    path = workdir / f"{job['name']}-e{job['training']['eval_interval']}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
     launched = time.time()
-    res = submit_file(job, None, backend="local", runs_dir=workdir / "runs")
+    res = submit_file(path, None, backend="local", runs_dir=workdir / "runs")
     backend = backend_for(res.run)
     try:
-        status = wait_for_end(res.run, backend, timeout_s=args.run_timeout, poll_s=0.2)
+        status = wait_for_end(res.run, backend, timeout_s=run_timeout, poll_s=0.2)
     except HetrunError:
         backend.cancel(res.run)  # never leave a benchmark job running
         raise
@@ -100,12 +106,20 @@ def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
     events = list(read_events(run_dir))
     errors = [e for e in events if e.get("ev") == "error"]
     if errors or any(c.state != "COMPLETED" for c in status.components):
-        raise SystemExit(f"hetrun {mode} run failed ({run_dir}): "
+        raise SystemExit(f"hetrun {job['name']} run failed ({run_dir}): "
                          f"{errors[0]['error'] if errors else status.components}")
-    out = summarize_events(events, cores={"learner": 1, "rollout": 1})
-    out.update(mode=mode, seed=seed, run_dir=str(run_dir), launch_to_exit_s=finished - launched)
+    out = summarize_events(events, cores=cores)
+    out.update(run_dir=str(run_dir), launch_to_exit_s=finished - launched)
     if out["solved_at_s"] is not None:
         out["solved_from_launch_s"] = out["solved_wall"] - launched
+    return out
+
+
+def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
+               args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    job = job_dict(mode, seed, iterations, eval_interval, args.window)
+    out = run_job(job, {"learner": 1, "rollout": 1}, args.run_timeout, workdir)
+    out.update(mode=mode, seed=seed)
     return out
 
 
