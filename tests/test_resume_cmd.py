@@ -116,7 +116,7 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs 
 def submit(job: Path, runs: Path, *extra: str) -> Path:
     res = cli("submit", str(job), "--backend", "local", "--runs-dir", str(runs), *extra)
     assert res.returncode == 0, res.stdout + res.stderr
-    return Path(res.stdout.split("run directory:")[1].strip())
+    return Path(res.stdout.split("run directory:")[1].splitlines()[0].strip())
 
 
 def store_steps(run_dir: Path, component: str) -> list[int]:

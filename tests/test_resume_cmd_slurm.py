@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def submit(job: Path, runs: Path, *extra: str) -> Path:
     res = cli("submit", str(job), "--backend", "sbatch", "--runs-dir", str(runs), *extra)
     assert res.returncode == 0, res.stdout + res.stderr
-    return Path(res.stdout.split("run directory:")[1].strip())
+    return Path(res.stdout.split("run directory:")[1].splitlines()[0].strip())
 
 
 def wait_ended(run_dir: Path, timeout: float = 400) -> list[str]:
