@@ -44,6 +44,7 @@ def test_cancelled_slurm_run_resumed_ends_as_an_uninterrupted_one(slurm_cluster:
         time.sleep(0.3)
     assert cli("cancel", str(run_dir)).returncode == 0
     wait_ended(run_dir)
+    assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
     res = cli("resume", str(run_dir), "--wait", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     ends = events_of(run_dir, ("attempt_end",))
