@@ -34,6 +34,7 @@ _COMMAND_MODULES = (
     "submit_cmd",
     "status_cmd",
     "cancel_cmd",
+    "preempt_cmd",
     "report_cmd",
     "cluster_cmd",
     "ckpt_cmd",

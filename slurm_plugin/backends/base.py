@@ -92,6 +92,15 @@ class Backend(ABC):
     def requeue(self, run: RunInfo) -> None:
         """Put the run back into the queue; it resumes from its newest checkpoint."""
 
+    def preempt(self, run: RunInfo, signal_name: str) -> str:
+        """Send the run's stop signal (plan.json ``preemption.signal``) the way the scheduler's
+        warning would reach it; return where it went. The runtime agrees a stop step,
+        checkpoints and exits 85, and the run is requeued (``hetrun preempt``)."""
+        from hetrun.dag.errors import SlurmError
+
+        raise SlurmError(f"the {self.name} backend cannot preempt {run.run_dir}",
+                         hint="use the sbatch or local backend, or `hetrun cancel`")
+
     @abstractmethod
     def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
         """Per-component records once the run is over (state, elapsed, exit code...)."""

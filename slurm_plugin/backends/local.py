@@ -367,6 +367,11 @@ class LocalBackend(Backend):
     def requeue(self, run: RunInfo) -> None:
         self._signal(run, signal.SIGHUP, "requeue")
 
+    def preempt(self, run: RunInfo, signal_name: str) -> str:
+        # The supervisor forwards it to every rank, as the batch shell forwards Slurm's warning.
+        self._signal(run, getattr(signal, f"SIG{signal_name}"), "preempt")
+        return f"the local supervisor (pid {run.pids['supervisor']})"
+
     def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
         st = self._state(run)
         return [{"component": c, "state": st.get("state"), "exit_code": st.get("exit_code"),

@@ -214,6 +214,15 @@ class SbatchBackend(Backend):
             raise SlurmError(f"run {run.run_dir} has no Slurm job id (never submitted?)")
         self._run(["scontrol", "requeue", leader])
 
+    def preempt(self, run: RunInfo, signal_name: str) -> str:
+        leader = _leader(run.job_id)
+        if not leader:
+            raise SlurmError(f"run {run.run_dir} has no Slurm job id (never submitted?)")
+        # What --signal=B:USR1@N does before the time limit: the signal to the batch shell
+        # alone, whose trap forwards it to srun and so to every rank of every component.
+        self._run(["scancel", "--batch", f"--signal={signal_name}", leader])
+        return f"the batch shell of Slurm job {leader}"
+
 
 def _exit_code(value: Any) -> int | None:
     """An exit code; squeue reports a raw wait status (code << 8 | signal)."""
