@@ -48,11 +48,13 @@ from hetrun.runtime import attempts, mpi_wait, preempt, resize
 from hetrun.errors import CheckpointError, RuntimeFailure
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from hetrun.runtime.api.run import ApiContext
     from hetrun.runtime.context import RankContext
 
     # An executor's rank or a script's (the public run API): the same calls serve both.
-    Ctx = RankContext | ApiContext
+    Ctx: TypeAlias = RankContext | ApiContext
 
 LOCAL_ENV = "HETRUN_CKPT_LOCAL"
 
