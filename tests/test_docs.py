@@ -29,3 +29,19 @@ def test_architecture_names_only_what_exists() -> None:
     gone = sorted(m for m in modules if importlib.util.find_spec("hetrun." + m.rsplit(".", 1)[0]) is None)
     assert not gone, gone
     assert paths and modules
+
+
+def test_readme_diff_of_the_ddp_example_is_exact() -> None:
+    """README's "Bring your own script" shows `diff -u` of examples/ddp_train.py ->
+    ddp_train_hetrun.py; it must stay what diff prints for the files as they are."""
+    import subprocess
+
+    a, b = "examples/ddp_train.py", "examples/ddp_train_hetrun.py"
+    # GNU diff (diffutils is Essential on Debian); difflib places hunks differently.
+    want = subprocess.run(["diff", "-u", "--label", a, "--label", b, a, b], cwd=REPO,
+                          capture_output=True, text=True, check=False).stdout
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"```diff\n--- {a}\n") + len("```diff\n")
+    shown = readme[start:readme.index("```\n", start)]
+    assert shown == want, "README's diff is stale: regenerate it with " \
+        f"diff -u --label {a} --label {b} {a} {b}"
