@@ -1,7 +1,8 @@
 """``hetrun report RUN --html FILE``: one self-contained HTML file with inline SVG, no scripts.
 
 Sections: summary, per-rank timeline (busy time per action type per slice),
-busy actions over time (all ranks), checkpoint sizes, restarts. Everything
+busy actions over time (all ranks), throughput over time, utilization per
+component and node (resource samples), checkpoint sizes, restarts. Everything
 user-controlled is escaped; the page loads nothing from anywhere.
 """
 
@@ -46,7 +47,8 @@ def _timeline_svg(tl: dict[str, Any], labels: dict[int, str]) -> str:
     legend = " ".join(f'<span style="color:{_colour(k)}">■ {escape(k)}</span>'
                       for k in sorted({k for r in ranks.values() for k in r["busy"]}))
     return (f'<p>{legend}; lines: start, checkpoint, restore, error</p>'
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W + 130}" height="{height}">{"".join(parts)}</svg>')
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" width="{_W + 130}" height="{height}">'
+            f'{"".join(parts)}</svg>')
 
 
 def _busy_svg(tl: dict[str, Any]) -> str:
@@ -59,8 +61,44 @@ def _busy_svg(tl: dict[str, Any]) -> str:
               for i in range(n)]
     top = max(max(totals), 1e-9)
     pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(totals))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="110"><polyline points="{pts}" '
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="busy" width="{_W}" height="110">'
+            f'<polyline points="{pts}" '
             f'fill="none" stroke="#1f77b4"/><text x="2" y="10" font-size="10">{top:.1f} busy ranks</text></svg>')
+
+
+def _throughput_svg(tl: dict[str, Any]) -> str:
+    """Env steps per second over time (samples per second when the run has no rollouts)."""
+    n, work = int(tl.get("buckets") or 0), tl.get("work") or {}
+    unit = next((k for k in ("env_steps", "samples") if any(work.get(k) or [])), None)
+    if not n or unit is None:
+        return "<p>no env steps or samples recorded</p>"
+    bucket_s = float(tl["bucket_s"])
+    rates = [v / bucket_s for v in work[unit][:n]]
+    top = max(max(rates), 1e-9)
+    pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(rates))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="throughput" width="{_W}" height="110">'
+            f'<polyline points="{pts}" fill="none" stroke="#2ca02c"/>'
+            f'<text x="2" y="10" font-size="10">{top:.1f} {unit.replace("_", " ")}/s</text></svg>')
+
+
+def _util_svg(res: dict[str, Any]) -> str:
+    """Mean CPU % (and GPU utilization when NVML saw a GPU) per component and node, from the samples."""
+    rows = [r for r in res.get("rows") or [] if r.get("cpu_pct") is not None or r.get("gpu_util") is not None]
+    if not rows:
+        return f"<p>{escape(str(res.get('note') or 'no resource samples'))}</p>"
+    bars, top = [], max(100.0, *(max(r.get("cpu_pct") or 0, r.get("gpu_util") or 0) for r in rows))
+    for y, r in enumerate(rows):
+        label = f'{r["component"]} @ {r["node"]}'
+        bars.append(f'<text x="0" y="{y * 30 + 12}" font-size="11">{escape(label)}</text>')
+        for j, (key, colour) in enumerate((("cpu_pct", "#1f77b4"), ("gpu_util", "#d6a700"))):
+            if r.get(key) is not None:
+                w = (_W - 200) * float(r[key]) / top
+                bars.append(f'<rect x="200" y="{y * 30 + j * 12 + 2:.1f}" width="{w:.1f}" height="10" '
+                            f'fill="{colour}"><title>{key} {float(r[key]):.1f}%</title></rect>')
+    note = f"<p>{escape(res['note'])}</p>" if res.get("note") else ""
+    return (f'<p><span style="color:#1f77b4">■ CPU %</span> <span style="color:#d6a700">■ GPU util %</span>'
+            f' (means over the run; full width = {top:.0f}%)</p>{note}<svg xmlns="http://www.w3.org/2000/svg" '
+            f'class="utilization" width="{_W}" height="{len(rows) * 30}">{"".join(bars)}</svg>')
 
 
 def _ckpt_svg(rows: list[dict[str, Any]]) -> str:
@@ -74,7 +112,8 @@ def _ckpt_svg(rows: list[dict[str, Any]]) -> str:
         h = 100 * r["stored_bytes"] / top
         bars.append(f'<rect x="{i * bw:.1f}" y="{110 - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="#2ca02c">'
                     f'<title>{escape(r["component"])} step {r["step"]}: {r["stored_bytes"]} bytes added</title></rect>')
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="112">{"".join(bars)}</svg>'
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="checkpoints" width="{_W}" height="112">'
+            f'{"".join(bars)}</svg>')
 
 
 def _restored(comps: dict[str, Any]) -> str:
@@ -100,6 +139,8 @@ restarts {d['counts'].get('restarts', 0)}, work lost {escape(str(rep.work_lost))
 cost {d['cost'].get('total', 0):.4f} {escape(str(d['cost'].get('currency', '')))}</p>
 <h2>Timeline per rank</h2>{_timeline_svg(d["timeline"], labels)}
 <h2>Busy ranks over time</h2>{_busy_svg(d["timeline"])}
+<h2>Throughput over time</h2>{_throughput_svg(d["timeline"])}
+<h2>Utilization (resource samples)</h2>{_util_svg(d.get("resources") or {})}
 <h2>Checkpoint bytes added</h2>{_ckpt_svg(d["checkpoint_history"]["rows"])}
 <h2>Restarts</h2><table><tr><th>restart</th><th>cause</th><th>queue wait s</th><th>restored</th>
 <th>iterations lost</th></tr>{restarts}</table>

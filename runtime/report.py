@@ -388,9 +388,14 @@ class _Collector:
             row.peak_mem = peak
         if type(it) is int:
             cur.iters.add(it)
-        if kind == "rollout":
-            self.env_steps += e.get("steps") or 0
-        self.samples += e.get("samples") or 0
+        steps = (e.get("steps") or 0) if kind == "rollout" else 0
+        if steps:
+            self.env_steps += steps
+            self.timeline.count("env_steps", end, steps)
+        done = e.get("samples") or 0
+        if done:
+            self.samples += done
+            self.timeline.count("samples", end, done)
         metrics = e.get("metrics")
         if metrics and isinstance(metrics, dict):
             self.metrics[kind] = {"iteration": it, **metrics}

@@ -96,7 +96,8 @@ REPORT_SCHEMA: dict[str, Any] = {
             "ranks": {"type": "object", "additionalProperties": {
                 "type": "object", "required": ["busy", "marks"],
                 "properties": {"busy": {"type": "object", "additionalProperties": {"type": "array", "items": _num}},
-                               "marks": {"type": "array", "items": {"type": "array", "prefixItems": [_num, _str]}}}}}}},
+                               "marks": {"type": "array", "items": {"type": "array", "prefixItems": [_num, _str]}}}}},
+            "work": {"type": "object", "additionalProperties": {"type": "array", "items": _num}}}},
         "resources": {"type": "object", "properties": {
             "samples": {"type": "integer"}, "note": _opt_str,
             "rows": {"type": "array", "items": {"type": "object", "required": ["component", "node", "samples"],

@@ -21,6 +21,8 @@ class Timeline:
         self.width = first_width_s
         self.busy: dict[int, dict[str, array]] = {}
         self.marks: dict[int, list[tuple[float, str]]] = {}
+        # Work finished per bucket (all ranks): env steps of rollouts, samples of any action.
+        self.work: dict[str, array] = {"env_steps": array("d", [0.0] * BUCKETS), "samples": array("d", [0.0] * BUCKETS)}
         self._limit = float("-inf")  # origin + width * BUCKETS: past it the width doubles
 
     def _fit(self, t: float) -> None:
@@ -28,10 +30,9 @@ class Timeline:
             self.origin = t
         while t - self.origin >= self.width * BUCKETS:
             self.width *= 2
-            for kinds in self.busy.values():
-                for arr in kinds.values():
-                    merged = [arr[2 * i] + arr[2 * i + 1] for i in range(BUCKETS // 2)]
-                    arr[:] = array("d", merged + [0.0] * (BUCKETS // 2))
+            for arr in [a for kinds in self.busy.values() for a in kinds.values()] + list(self.work.values()):
+                merged = [arr[2 * i] + arr[2 * i + 1] for i in range(BUCKETS // 2)]
+                arr[:] = array("d", merged + [0.0] * (BUCKETS // 2))
         self._limit = self.origin + self.width * BUCKETS
 
     def add(self, rank: int, kind: str, start: float, end: float) -> None:
@@ -62,6 +63,12 @@ class Timeline:
             a = edge
             i += 1
 
+    def count(self, what: str, t: float, n: float) -> None:
+        """``n`` units of work (``env_steps`` or ``samples``) finished at ``t``."""
+        if self.origin is None or t >= self._limit:
+            self._fit(t)
+        self.work[what][min(BUCKETS - 1, max(0, int((t - self.origin) // self.width)))] += n  # type: ignore[operator]
+
     def mark(self, rank: int, kind: str, t: float | None) -> None:
         if t is None:
             return
@@ -71,8 +78,9 @@ class Timeline:
             marks.append((t, kind))
 
     def to_dict(self) -> dict[str, Any]:
-        """{"origin", "bucket_s", "buckets", "ranks": {rank: {"busy": {type: [s...]}, "marks": [[s, kind]]}}};
-        bucket values are busy seconds; mark times are seconds after ``origin``."""
+        """{"origin", "bucket_s", "buckets", "ranks": {rank: {"busy": {type: [s...]}, "marks": [[s, kind]]}},
+        "work": {"env_steps": [...], "samples": [...]}}; bucket values are busy seconds (work: units finished
+        in the bucket, all ranks); mark times are seconds after ``origin``."""
         used = 0
         for kinds in self.busy.values():
             for arr in kinds.values():
@@ -88,4 +96,5 @@ class Timeline:
                 "busy": {k: [round(v, 6) for v in arr[:used]] for k, arr in sorted(self.busy.get(rank, {}).items())},
                 "marks": [[round(t - (self.origin or 0.0), 3), k] for t, k in self.marks.get(rank, [])],
             }
-        return {"origin": self.origin, "bucket_s": self.width, "buckets": used, "ranks": ranks}
+        work = {k: [round(v, 3) for v in arr[:used]] for k, arr in self.work.items()}
+        return {"origin": self.origin, "bucket_s": self.width, "buckets": used, "ranks": ranks, "work": work}

@@ -29,7 +29,7 @@ pip_install() {
 }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server lua5.1)
+APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server lua5.1 chromium)
 
 missing_apt() {
     local pkg

@@ -1,5 +1,5 @@
 """`hetrun report --html FILE`: one self-contained file, well-formed inline SVG, nothing executable.
-(Not opened in a browser here: Debian's chromium is not installed on this machine.)"""
+(Opened in a real headless browser by tests/test_report_browser.py.)"""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def test_html_report_is_self_contained_svg_and_escapes_names(tmp_path: Path) -> 
     assert "<script" not in html and "&lt;script&gt;" in html
     assert not re.search(r"(src|href)=", html)  # loads nothing from anywhere
     svgs = re.findall(r"<svg.*?</svg>", html, re.S)
-    assert len(svgs) == 2 and "no checkpoints in the store" in html  # timeline, busy ranks
+    assert len(svgs) == 3 and "no checkpoints in the store" in html  # timeline, busy ranks, throughput
+    assert "no resource samples" in html  # the utilization section says why it is empty
     for svg in svgs:
         xml.dom.minidom.parseString(svg)  # well-formed
     timeline = svgs[0]

@@ -20,7 +20,7 @@ from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 HERE = Path(__file__).parent
 
 
-def _probe_run(tmp_path: Path, iterations: int, sleep: float) -> object:
+def _probe_run(tmp_path: Path, iterations: int, sleep: float, env: dict[str, str] | None = None) -> object:
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     (job_dir / "resume_workload.py").write_text((HERE / "test_resume_workload.py").read_text())
@@ -31,7 +31,7 @@ def _probe_run(tmp_path: Path, iterations: int, sleep: float) -> object:
         "training": {"kind": "supervised", "iterations": iterations, "micro_batches": 1, "pipeline_window": 1,
                      "seed": 1},
         "checkpoint": {"interval": 4, "keep": 2},
-        "env": {"OMP_NUM_THREADS": "1", "HETRUN_JOB_DIR": str(job_dir)},
+        "env": {"OMP_NUM_THREADS": "1", "HETRUN_JOB_DIR": str(job_dir), **(env or {})},
     })
     return submit_spec(spec, backend="local", runs_dir=tmp_path / "runs")
 

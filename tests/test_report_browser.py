@@ -1,0 +1,88 @@
+"""`hetrun report --html` of a real local run opened in a real headless browser (Debian's chromium):
+the page renders (a screenshot that is not one colour), the DOM chromium built holds the four plots
+(timeline, throughput, utilization, checkpoint sizes) and the console shows no script errors."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from conftest import in_ci
+from hetrun.slurm_plugin.backends.local import LocalBackend
+from hetrun.slurm_plugin.submit import wait_for_end
+from test_status_watch import _probe_run
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _need_chromium() -> None:
+    if CHROMIUM is None:
+        if in_ci():
+            pytest.fail("chromium is missing (scripts/setup.sh installs it); not skipping in CI", pytrace=False)
+        pytest.skip("needs Debian's chromium (apt-get install chromium; scripts/setup.sh installs it)")
+
+
+def _png_colours(path: Path) -> set[bytes]:
+    """The distinct pixels of an 8-bit RGB/RGBA PNG (chromium's screenshots), decoded with zlib alone."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height, bpp = 8, b"", 0, 0, 0
+    while pos < len(data):
+        size, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + size]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and colour in (2, 6), (depth, colour)
+            bpp = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + size
+    raw, stride, prev, colours = zlib.decompress(idat), width * bpp, bytearray(width * bpp), set()
+    for y in range(height):
+        filt, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):  # undo the PNG row filter
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            p = a + b - c
+            pred = (0, a, b, (a + b) // 2,
+                    a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c) else (b if abs(p - b) <= abs(p - c)
+                                                                                      else c))[filt]
+            line[i] = (line[i] + pred) & 0xFF
+        colours.update(bytes(line[i:i + 3]) for i in range(0, stride, bpp))
+        prev = line
+    return colours
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", *args], capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
+
+
+@pytest.mark.slow
+def test_html_report_of_a_real_run_renders_in_chromium(tmp_path: Path) -> None:
+    _need_chromium()
+    res = _probe_run(tmp_path, iterations=12, sleep=0.1, env={"HETRUN_SAMPLE_S": "0.2"})
+    run_dir = res.run.run_dir  # type: ignore[attr-defined]
+    wait_for_end(res.run, LocalBackend(), timeout_s=180, poll_s=0.5)  # type: ignore[attr-defined]
+    page = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--html", str(page)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+    shot = tmp_path / "report.png"
+    snap = _chromium(f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri())
+    assert shot.exists(), snap.stderr
+    assert len(_png_colours(shot)) > 5, "the screenshot is blank"
+    dom = _chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    for plot in ("timeline", "throughput", "utilization", "checkpoints"):
+        assert f'<svg xmlns="http://www.w3.org/2000/svg" class="{plot}"' in dom.stdout, (plot, dom.stdout[:3000])
+    assert dom.stdout.count("<rect") > 10  # the timeline's and checkpoints' bars are in the rendered DOM
+    for log in (snap.stderr, dom.stderr):
+        bad = [ln for ln in log.splitlines() if "Uncaught" in ln or "ERROR:CONSOLE" in ln]
+        assert not bad, bad
