@@ -219,5 +219,49 @@ def export_cmd(run: RunArg,
     typer.echo(f"exported step {step} ({fmt}) to {path}")
 
 
+def _import_target(ref: str, runs_dir: str | None) -> Path:
+    """A run directory: an existing directory or a path given as such (the API's
+    HETRUN_RUN_DIR, created if missing), else a run name or Slurm job id."""
+    path = Path(ref).expanduser()
+    if path.is_dir() or "/" in ref:
+        return path.absolute()
+    from hetrun.slurm_plugin.rundir import find_run, runs_root
+
+    return Path(find_run(ref, runs_root(runs_dir)).run_dir)
+
+
+@ckpt_app.command("import")
+def import_cmd(
+    source: Annotated[Path, typer.Argument(metavar="FILE", help="A torch.save file, or a DCP checkpoint directory.")],
+    into: Annotated[str, typer.Option("--into", help="Run directory (created if missing: HETRUN_RUN_DIR of a "
+                                                     "script using the run API), run name or Slurm job id.")],
+    component: Annotated[str, typer.Option("--component", "-c", help="The component whose store to seed "
+                                           "(a script's HETRUN_COMPONENT; the run API's default is train).")] = "train",
+    ranks: Annotated[int, typer.Option("--ranks", help="Ranks of the run that will restore it: each gets the "
+                                                       "same state (replicated, as DDP).")] = 1,
+    step: Annotated[Optional[int], typer.Option("--step", help="The last step done (default: the file's "
+                                                               "'step' entry); restore returns STEP + 1.")] = None,
+    trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="Allow reading a DCP directory, whose "
+                                               ".metadata is a pickle that can run code. Only for trusted files.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the RNG states stored with it "
+                                                     "(a torch.save file holds none).")] = 0,
+    runs_dir: RunsDir = None,
+) -> None:
+    """Seed a run's checkpoints from a torch.save file or a DCP directory.
+
+    The file is read with torch.load(weights_only=True) only, never a full unpickle:
+    tensors, containers and plain values. Each top-level key becomes a name that
+    run.restore({...}) loads (e.g. {"model": ..., "optim": ...}). A DCP directory
+    needs --trust-pickle (its metadata is a pickle).
+    """
+    from hetrun.runtime.api.importer import import_into
+
+    run_dir = _import_target(into, runs_dir)
+    start = import_into(source, run_dir, component=component, ranks=ranks, step=step,
+                        trust_pickle=trust_pickle, seed=seed)
+    typer.echo(f"imported {source} into {run_dir / 'ckpt' / component} for {ranks} rank(s): "
+               f"run.restore() starts at step {start}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(ckpt_app, name="ckpt")
