@@ -6,6 +6,8 @@ the QOS/accounts applied) runs in tests/test_policy_preempt_live.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,13 @@ def test_a_missing_time_slicing_partition_is_a_clear_error(tmp_path: Path) -> No
 def test_a_relative_policy_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SlurmError, match="not an absolute path"):
         ClusterConfig(directory=tmp_path, policy="policy.yaml")
+
+
+def test_cluster_up_checks_the_policy_before_touching_any_daemon(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("resources:\n  gpu:\n    count: x\n")
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "cluster", "up", "--no-install", "--policy", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out
+    assert f"{bad}:3:12: resources.gpu.count: expected an integer" in out.stderr
+    assert "Traceback" not in out.stderr
