@@ -6,9 +6,8 @@ then real slurmctld decides:
 - a job over its account's quota is refused at submission with the policy's message;
 - a second apply, slurm.conf included, changes nothing.
 
-Not here yet: a critical job preempting a normal one through preempt/qos (a first
-attempt saw the normal job CANCELLED with reason JobHeldUser before the critical
-job was submitted; not understood in time, so no test claims it).
+A critical job preempting a normal hetrun job through preempt/qos, and time
+slicing, are in tests/test_policy_preempt_live.py (a cluster started with the policy).
 """
 
 from __future__ import annotations
