@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrun.cli.report_cmd import _bytes
 from hetrun.runtime.report_live import LiveRun
 
 
@@ -36,13 +37,18 @@ def _metrics(m: dict[str, Any]) -> str:
                     if k not in ("type", "iteration"))[:60]
 
 
+def _ckpt(p: dict[str, Any]) -> str:
+    """``STEP (AGE ago, SIZE)``: the last checkpoint; its size once the store lists it."""
+    size = f", {_bytes(p['checkpoint_bytes'])}" if p.get("checkpoint_bytes") is not None else ""
+    return f"{p['checkpoint_step']} ({_dur(p['checkpoint_age_s'])} ago{size})"
+
+
 def run_line(name: str, state: str, comps: str, p: dict[str, Any]) -> str:
     """One plain line per run (also the non-TTY output)."""
     total = p["total"] or "?"
     rate = f"{p['steps_per_s']:.1f} steps/s" if p["steps_per_s"] else (
         f"{p['iterations_per_s']:.2f} it/s" if p["iterations_per_s"] else "- it/s")
-    ck = f"ckpt {p['checkpoint_step']} ({_dur(p['checkpoint_age_s'])} ago)" if p["checkpoint_step"] is not None \
-        else "no ckpt"
+    ck = f"ckpt {_ckpt(p)}" if p["checkpoint_step"] is not None else "no ckpt"
     return (f"{name} {state} [{comps}] it {p['iterations_done']}/{total} {rate} ETA {_dur(p['eta_s'])} "
             f"{ck} restarts {p['restarts']} {_metrics(p['metrics'])}").rstrip()
 
@@ -58,8 +64,7 @@ def _table(rows: list[tuple[str, str, str, dict[str, Any]]]) -> Any:
     for name, state, comps, p in rows:
         rate = f"{p['steps_per_s']:.1f} st/s" if p["steps_per_s"] else (
             f"{p['iterations_per_s']:.2f} it/s" if p["iterations_per_s"] else "-")
-        ck = f"{p['checkpoint_step']} ({_dur(p['checkpoint_age_s'])} ago)" if p["checkpoint_step"] is not None \
-            else "-"
+        ck = _ckpt(p) if p["checkpoint_step"] is not None else "-"
         cells = (name, state, comps, _bar(p["fraction"]), f"{p['iterations_done']}/{p['total'] or '?'}", rate,
                  _dur(p["eta_s"]), ck, str(p["restarts"]), _metrics(p["metrics"]))
         t.add_row(*(Text(c) for c in cells))  # plain text: no markup or :emoji: codes in names/states
@@ -71,7 +76,7 @@ def watch(chosen: list[Any], query: Any, interval: float, is_tty: bool, echo: An
     from hetrun.slurm_plugin.backends.base import ACTIVE_STATES
 
     live = {r.run_dir: LiveRun.open(r.run_dir) for r in chosen}
-    last: dict[str, str] = {}
+    last: dict[str, tuple[Any, ...]] = {}
 
     def snapshot() -> tuple[list[tuple[str, str, str, dict[str, Any]]], bool]:
         results = query(chosen)
@@ -100,7 +105,8 @@ def watch(chosen: list[Any], query: Any, interval: float, is_tty: bool, echo: An
             rows, active = snapshot()
             for row in rows:
                 line = run_line(*row)
-                key = line.split(" ETA ")[0]  # print when progress or state changed, not every tick
+                # print when progress, state or the last checkpoint changed, not every tick
+                key = (line.split(" ETA ")[0], row[3]["checkpoint_step"], row[3]["checkpoint_bytes"])
                 if last.get(row[0]) != key:
                     last[row[0]] = key
                     echo(line)

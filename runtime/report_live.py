@@ -15,8 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetrun.errors import HetrunError
+
 from .events import EVENTS_FILE
 from .report_attempts import AttemptCounts, count_attempts
+from .report_ckpt import store_root
 from .report_reader import event_time, parse_line
 
 
@@ -36,12 +39,15 @@ class LiveRun:
     restart_counts: set[int] = field(default_factory=set)
     ends: dict[int, dict[str, Any]] = field(default_factory=dict)
     outcome: str | None = None
+    plan: dict[str, Any] = field(default_factory=dict)
+    checkpoint_bytes: dict[tuple[str, int], int] = field(default_factory=dict)  # found in the store
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str]) -> LiveRun:
         run = cls(Path(run_dir))
         try:
             plan = json.loads((run.run_dir / "plan.json").read_text())
+            run.plan = plan if isinstance(plan, dict) else {}
             run.total_iterations = int((plan.get("training") or {}).get("iterations") or 0) or None
         except (OSError, ValueError, TypeError):
             pass
@@ -96,8 +102,32 @@ class LiveRun:
     def counts(self) -> AttemptCounts:
         return count_attempts(self.restart_counts, self.ends)
 
+    def last_checkpoint_bytes(self) -> int | None:
+        """Bytes the last checkpoint added to its component's store; None until the store lists it
+        (the write finishes after the event). Asks the store (as the report does) once per new step."""
+        ck = self.last_checkpoint or {}
+        info = ck.get("info") if isinstance(ck.get("info"), dict) else {}
+        key = (str(ck.get("component", "?")), info.get("step", ck.get("iteration")))
+        if not isinstance(key[1], int):
+            return None
+        if key not in self.checkpoint_bytes:
+            path = store_root(self.run_dir, self.plan) / key[0]
+            if not (path / "manifests").is_dir():
+                return None
+            # imports torch: only once a checkpoint exists
+            from hetrun.runtime.ckpt import open_store
+
+            try:
+                sizes = {i.step: i.stored_bytes for i in open_store(path).info()}
+            except (HetrunError, OSError, ValueError):
+                return None
+            if key[1] not in sizes:
+                return None
+            self.checkpoint_bytes[key] = sizes[key[1]]
+        return self.checkpoint_bytes[key]
+
     def progress(self, now: float | None = None) -> dict[str, Any]:
-        """iteration, total, fraction, rates, ETA, last checkpoint's age, restarts, metrics."""
+        """iteration, total, fraction, rates, ETA, last checkpoint's age and size, restarts, metrics."""
         now = time.time() if now is None else now
         done = len(self.iterations_seen)
         span = (self.last_action - self.first_action) if self.first_action is not None \
@@ -113,5 +143,6 @@ class LiveRun:
             "eta_s": left / it_rate if it_rate and left is not None and left > 0 else None,
             "checkpoint_step": (info or {}).get("step", (ck or {}).get("iteration")) if ck else None,
             "checkpoint_age_s": now - (event_time(ck) or now) if ck else None,
+            "checkpoint_bytes": self.last_checkpoint_bytes() if ck else None,
             "restarts": self.counts().restarts, "metrics": self.metrics, "outcome": self.outcome,
         }

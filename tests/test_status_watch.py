@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_watch_prints_plain_lines_until_the_run_ends(tmp_path: Path) -> None:
     done = [int(ln.split(" it ")[1].split("/")[0]) for ln in lines]
     assert len(set(done)) >= 3 and done == sorted(done), out.stdout  # progress advanced, line by line
     assert "it 16/16" in lines[-1] and "COMPLETED" in lines[-1], out.stdout
+    # the last checkpoint with its age and the bytes it added to the store
+    assert re.search(r"ckpt 16 \(\d+:\d\d:\d\d ago, [\d.]+ (B|KiB|MiB)\)", lines[-1]), lines[-1]
     assert "\x1b[" not in out.stdout  # no terminal control codes when piped
 
 
