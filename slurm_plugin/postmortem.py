@@ -233,8 +233,8 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
     reason = forced_reason or why
     if attempt.runtime_failures and result == "failed":
-        # The rank that raised said why in its own line: that beats the launcher's exit code.
-        reason = "; ".join(_describe_raised(f) for f in attempt.runtime_failures) + f" ({why})"
+        # The failing rank said why in its own line: that beats the launcher's exit code.
+        reason = "; ".join(_describe_reported(f) for f in attempt.runtime_failures) + f" ({why})"
     elif deaths:
         reason = "; ".join(_describe(d) for d in deaths) + f" ({why})"
     record = append_event(run_dir, "attempt_end", restart_count=restart, outcome=result, requeued=requeue,
@@ -250,10 +250,13 @@ def _describe(d: Death) -> str:
     return f"{who} ({d.component or '?'}) on {d.node or '?'} died: {how}{said}"
 
 
-def _describe_raised(f: Mapping[str, Any]) -> str:
+def _describe_reported(f: Mapping[str, Any]) -> str:
+    """A rank_failure the rank wrote itself: the runtime's exception, or a command
+    component's wrapper (runtime/command_rank.py: exit code and the program's last line)."""
     where = f" in action {f['action']} (iteration {f.get('iteration')})" if f.get("action") else ""
-    return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'} raised{where}: "
-            f"{f.get('message') or 'an exception'}")
+    said = f"; its last line: {f['last_line']}" if f.get("last_line") else ""
+    return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'} failed{where}: "
+            f"{f.get('message') or 'an exception'}{said}")
 
 
 LAST_LINE_MAX = 300  # characters of a rank's last line carried in events and status

@@ -77,9 +77,20 @@ def test_a_rank_that_raised_is_described_by_its_exception(tmp_path: Path) -> Non
                  message="ValueError: bad shape")
     text = "  Process name: [[1,1],0]\n  Exit code:    6\n"
     _, end = finish_attempt(run_dir, restart=0, exit_code=6, launcher="mpirun", log_text=text)
-    assert end["reason"].startswith("rank 0 (learner) on n1 raised in action forward (iteration 3): "
+    assert end["reason"].startswith("rank 0 (learner) on n1 failed in action forward (iteration 3): "
                                     "ValueError: bad shape"), end
     assert len(events_of(run_dir, ("rank_failure",))) == 1  # the runtime's line only
+
+
+def test_a_command_components_own_failure_line_carries_its_last_line(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)  # runtime/command_rank.py writes this for a program that exits 3
+    append_event(run_dir, "rank_failure", rank=1, component="rollout", node="n2", signal=None, exit_code=3,
+                 message="train.py exited with code 3", last_line="bad batch: giving up",
+                 detected_by="runtime", command=True, restart_count=0)
+    text = "  Process name: [[1,1],1]\n  Exit code:    3\n"
+    _, end = finish_attempt(run_dir, restart=0, exit_code=3, launcher="mpirun", log_text=text)
+    assert end["reason"].startswith("rank 1 (rollout) on n2 failed: train.py exited with code 3; "
+                                    "its last line: bad batch: giving up"), end
 
 
 def test_log_of_another_component_with_a_longer_name_is_not_read(tmp_path: Path) -> None:
@@ -162,7 +173,7 @@ def test_local_rank_that_raises_shows_its_exception(tmp_path: Path) -> None:
     proc, run_dir = _submit_wait(job, "local", tmp_path / "runs")
     assert proc.returncode == 1
     # The action may be a fused one (forward.m0+backward.m0+...): its name starts with forward.
-    assert "rank 0 (learner)" in proc.stderr and "raised in action forward" in proc.stderr \
+    assert "rank 0 (learner)" in proc.stderr and "failed in action forward" in proc.stderr \
         and "(iteration 2): ValueError: toy failure injected at iteration 2" in proc.stderr, proc.stderr
     status = _hetrun("status", str(run_dir), "--runs-dir", str(tmp_path / "runs"), timeout=60)
     assert "ValueError:" in status.stdout and "injected" in status.stdout, status.stdout
