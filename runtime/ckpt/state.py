@@ -18,20 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from hetrun.runtime.tensor_dtypes import TORCH_DTYPES as _TORCH_DTYPES
 
 from hetrun.errors import CheckpointError
-
-_TORCH_DTYPES = {
-    str(dt).removeprefix("torch."): dt
-    for dt in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16,
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-        torch.complex64, torch.complex128,
-    )
-}
-for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
-    if hasattr(torch, _name):
-        _TORCH_DTYPES[_name] = getattr(torch, _name)
 
 
 @dataclass

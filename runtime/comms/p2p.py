@@ -17,19 +17,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from hetrun.runtime.tensor_dtypes import TORCH_DTYPES
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import RuntimeFailure
 
 TAG = 4242  # one tag: the header routes the message; MPI keeps per-source FIFO order
 
-_DTYPES: dict[str, torch.dtype] = {
-    str(dt).removeprefix("torch."): dt
-    for dt in (
-        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
-        torch.int16, torch.int32, torch.int64, torch.bool,
-    )
-}
+# Shared with the checkpoint state (runtime/tensor_dtypes.py). The framing stays hand-made:
+# safetensors' save/load through its library was 1.4-4x slower per message (benchmarks/runtime.md).
+_DTYPES = TORCH_DTYPES
 
 
 @dataclass
