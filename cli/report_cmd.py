@@ -239,6 +239,8 @@ def register(app: typer.Typer) -> None:
             "--verify-checkpoints", help="Decode and check every checkpoint (slow on large states).")] = False,
         html: Annotated[Optional[Path], typer.Option(
             "--html", help="Also write one self-contained HTML file (inline SVG plots, no scripts).")] = None,
+        png: Annotated[Optional[Path], typer.Option(
+            "--png", help="Also write each plot of --html as DIR/<plot>.png (needs chromium).")] = None,
         schema: Annotated[bool, typer.Option(
             "--schema", help="Print the JSON Schema of --json and exit.")] = False,
         prices: Annotated[Optional[Path], typer.Option(
@@ -261,10 +263,17 @@ def register(app: typer.Typer) -> None:
 
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)
-        if html is not None:
+        if html is not None or png is not None:
             from hetrun.cli.report_html import render_html
 
-            html.write_text(render_html(rep))
+            page = render_html(rep)
+            if html is not None:
+                html.write_text(page)
+            if png is not None:
+                from hetrun.cli.report_png import write_pngs
+
+                files = write_pngs(page, png)
+                typer.echo(f"wrote {len(files)} PNG(s) to {png}: {', '.join(f.name for f in files)}", err=True)
         if vs is not None:
             _print_vs(rep, build_report(_resolve(vs, runs_dir), verify_checkpoints=verify, prices=table), as_json)
             return

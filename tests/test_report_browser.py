@@ -1,9 +1,11 @@
 """`hetrun report --html` of a real local run opened in a real headless browser (Debian's chromium):
 the page renders (a screenshot that is not one colour), the DOM chromium built holds the four plots
-(timeline, throughput, utilization, checkpoint sizes) and the console shows no script errors."""
+(timeline, throughput, utilization, checkpoint sizes) and the console shows no script errors; `--png DIR`
+draws each plot with chromium, and says what to install without it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 import subprocess
@@ -15,6 +17,7 @@ import pytest
 from conftest import in_ci
 from hetrun.slurm_plugin.backends.local import LocalBackend
 from hetrun.slurm_plugin.submit import wait_for_end
+from test_report_render import _recorded_run
 from test_status_watch import _probe_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -86,3 +89,20 @@ def test_html_report_of_a_real_run_renders_in_chromium(tmp_path: Path) -> None:
     for log in (snap.stderr, dom.stderr):
         bad = [ln for ln in log.splitlines() if "Uncaught" in ln or "ERROR:CONSOLE" in ln]
         assert not bad, bad
+
+    pngs = tmp_path / "png"
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--png", str(pngs)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    names = sorted(p.name for p in pngs.iterdir())
+    assert names == sorted(f"{p}.png" for p in ("timeline", "busy", "throughput", "utilization", "checkpoints"))
+    for png in pngs.iterdir():
+        assert len(_png_colours(png)) > 2, f"{png.name} is blank"
+
+
+def test_png_without_chromium_names_what_to_install(tmp_path: Path) -> None:
+    run_dir = _recorded_run(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--png", str(tmp_path / "p")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": "/nonexistent"})
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "--png needs a headless chromium" in out.stderr and "apt-get install chromium" in out.stderr, out.stderr
