@@ -56,6 +56,15 @@ _libc.memcmp.restype = ctypes.c_int
 _libc.memcmp.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
 
 
+def _settle(futures: list[list[tuple[int, Any]]]) -> None:
+    """Cancel queued chunk jobs; wait for running ones, so _discard sees all they wrote."""
+    for per in futures:
+        for _, fut in per:
+            if not fut.cancel():
+                with contextlib.suppress(Exception):
+                    fut.result()
+
+
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     # memcmp stops at the first difference and runs at memory speed; numpy's
     # array_equal builds a bool array first (~0.4 GB/s here).
@@ -410,6 +419,7 @@ class CheckpointWriter:
         return h, depth, "delta" if enc.uses_base else "full", enc.stored_len, fast
 
     def _write(self, snap: _Snapshot) -> SaveResult:
+        """Write this rank's chunks and shard, agree with every rank, commit, drain to slower tiers."""
         t0 = time.perf_counter()
         res = SaveResult(snap.step, False, stall_s=snap.stall_s)
         with self._stage_lock:
@@ -417,75 +427,21 @@ class CheckpointWriter:
         primary = self.tiers[0]
         layout = tuple((lf.nbytes, lf.itemsize) for lf in snap.leaves)
         committed = self._committed if self._committed and self._committed.layout == layout else None
-        buf = self._bufs[snap.buf_index]
-        assert buf is not None
-        cur = buf.numpy()
-        prev_np = None
-        if committed is not None:
-            pb = self._bufs[committed.buf_index]
-            prev_np = pb.numpy() if pb is not None else None
-        shard_entry: dict[str, Any] | None = None
-        chunk_table: list[list[tuple[str, int]]] = []
-        fast_table: list[list[str]] = []
-        futures: list[list[tuple[int, Any]]] = []
         self._new_objects: list[str] = []
         self._staged = Staged()
+        futures: list[list[tuple[int, Any]]] = []
+        shard_entry: dict[str, Any] | None = None
         rel = None
         try:
-            for ti, (leaf, off) in enumerate(zip(snap.leaves, snap.offsets, strict=True)):
-                step_bytes = max(leaf.itemsize, self.chunk_bytes // leaf.itemsize * leaf.itemsize)
-                per_tensor = []
-                for ci, start in enumerate(range(0, leaf.nbytes, step_bytes)):
-                    n = min(step_bytes, leaf.nbytes - start)
-                    raw = cur[off + start : off + start + n]
-                    prev = None
-                    if committed is not None and prev_np is not None:
-                        name, depth = committed.chunks[ti][ci]
-                        prev = (prev_np[off + start : off + start + n], name, depth, committed.fast[ti][ci])
-                    per_tensor.append((n, self._pool.submit(self._chunk, primary, raw, leaf.itemsize, prev)))
-                futures.append(per_tensor)
-            tensors_doc = []
-            for leaf, per_tensor in zip(snap.leaves, futures, strict=True):
-                chunks, table, fast = [], [], []
-                for n, fut in per_tensor:
-                    h, depth, how, stored, b3 = fut.result()
-                    chunks.append([h, n])
-                    fast.append(b3)
-                    table.append((h, depth))
-                    res.stored_bytes += stored
-                    res.reused_chunks += how == "reused"
-                    res.delta_chunks += how == "delta"
-                    res.full_chunks += how == "full"
-                res.raw_bytes += leaf.nbytes
-                chunk_table.append(table)
-                fast_table.append(fast)
-                tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
-                                    "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks,
-                                    FAST_KIND: fast})
-            # Every object fsync'd and under its final name before the shard names it.
-            t_sync = time.perf_counter()
-            self._staged.commit(self._pool.submit)
-            self._stage("sync", t_sync)
-            res.write_s = time.perf_counter() - t0
-            doc = {"format": FORMAT, "step": snap.step, "rank": self.coll.rank, "names": NAME_HASH,
-                   "world_size": self.coll.size, "skeleton": snap.skeleton, "tensors": tensors_doc}
-            rel, sha = primary.write_shard(snap.step, self.coll.rank, doc, durable=self.durable)
-            res.stored_bytes += (primary.root / rel).stat().st_size
-            shard_entry = {"rank": self.coll.rank, "path": rel, "sha256": sha, "stats": {
-                "raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes,
-                "stall_s": round(snap.stall_s, 6), "write_s": round(time.perf_counter() - t0, 6)}}
+            futures = self._submit_chunks(snap, primary, committed)
+            tensors_doc, chunk_table, fast_table = self._collect_chunks(snap, futures, res)
+            rel, shard_entry = self._write_shard(snap, primary, tensors_doc, res, t0)
             mine: str | None = None
         except CheckpointError as exc:
             mine = f"rank {self.coll.rank}: {exc}"
         except Exception as exc:
             mine = f"rank {self.coll.rank}: {exc!r}"
-        for per in futures:
-            for _, fut in per:
-                # Chunks already running finish first, so _discard sees all they wrote.
-                if not fut.cancel():
-                    with contextlib.suppress(Exception):
-                        fut.result()
-
+        _settle(futures)
         cutoff = time.time()
         entries = self.coll.allgather(shard_entry if mine is None else mine)
         problems = [e for e in entries if isinstance(e, str)]
@@ -509,6 +465,74 @@ class CheckpointWriter:
             else:
                 res.drained.append(tier.name)
         return res
+
+    def _submit_chunks(self, snap: _Snapshot, primary: Tier,
+                       committed: _Committed | None) -> list[list[tuple[int, Any]]]:
+        """Queue every chunk of every tensor on the pool: per tensor, (bytes, future of _chunk)."""
+        buf = self._bufs[snap.buf_index]
+        assert buf is not None
+        cur = buf.numpy()
+        prev_np = None
+        if committed is not None:
+            pb = self._bufs[committed.buf_index]
+            prev_np = pb.numpy() if pb is not None else None
+        futures: list[list[tuple[int, Any]]] = []
+        for ti, (leaf, off) in enumerate(zip(snap.leaves, snap.offsets, strict=True)):
+            step_bytes = max(leaf.itemsize, self.chunk_bytes // leaf.itemsize * leaf.itemsize)
+            per_tensor = []
+            for ci, start in enumerate(range(0, leaf.nbytes, step_bytes)):
+                n = min(step_bytes, leaf.nbytes - start)
+                raw = cur[off + start : off + start + n]
+                prev = None
+                if committed is not None and prev_np is not None:
+                    name, depth = committed.chunks[ti][ci]
+                    prev = (prev_np[off + start : off + start + n], name, depth, committed.fast[ti][ci])
+                per_tensor.append((n, self._pool.submit(self._chunk, primary, raw, leaf.itemsize, prev)))
+            futures.append(per_tensor)
+        return futures
+
+    @staticmethod
+    def _collect_chunks(snap: _Snapshot, futures: list[list[tuple[int, Any]]], res: SaveResult,
+                        ) -> tuple[list[dict[str, Any]], list[list[tuple[str, int]]], list[list[str]]]:
+        """The shard's tensor entries, the (name, depth) and fast-hash tables; counts into ``res``."""
+        tensors_doc: list[dict[str, Any]] = []
+        chunk_table: list[list[tuple[str, int]]] = []
+        fast_table: list[list[str]] = []
+        for leaf, per_tensor in zip(snap.leaves, futures, strict=True):
+            chunks, table, fast = [], [], []
+            for n, fut in per_tensor:
+                h, depth, how, stored, b3 = fut.result()
+                chunks.append([h, n])
+                fast.append(b3)
+                table.append((h, depth))
+                res.stored_bytes += stored
+                res.reused_chunks += how == "reused"
+                res.delta_chunks += how == "delta"
+                res.full_chunks += how == "full"
+            res.raw_bytes += leaf.nbytes
+            chunk_table.append(table)
+            fast_table.append(fast)
+            tensors_doc.append({"kind": leaf.kind, "dtype": leaf.dtype, "shape": leaf.shape,
+                                "nbytes": leaf.nbytes, "itemsize": leaf.itemsize, "chunks": chunks,
+                                FAST_KIND: fast})
+        return tensors_doc, chunk_table, fast_table
+
+    def _write_shard(self, snap: _Snapshot, primary: Tier, tensors_doc: list[dict[str, Any]],
+                     res: SaveResult, t0: float) -> tuple[str, dict[str, Any]]:
+        """Make the chunks durable, then write the shard naming them: (its path, its manifest entry)."""
+        # Every object fsync'd and under its final name before the shard names it.
+        t_sync = time.perf_counter()
+        self._staged.commit(self._pool.submit)
+        self._stage("sync", t_sync)
+        res.write_s = time.perf_counter() - t0
+        doc = {"format": FORMAT, "step": snap.step, "rank": self.coll.rank, "names": NAME_HASH,
+               "world_size": self.coll.size, "skeleton": snap.skeleton, "tensors": tensors_doc}
+        rel, sha = primary.write_shard(snap.step, self.coll.rank, doc, durable=self.durable)
+        res.stored_bytes += (primary.root / rel).stat().st_size
+        entry = {"rank": self.coll.rank, "path": rel, "sha256": sha, "stats": {
+            "raw_bytes": res.raw_bytes, "stored_bytes": res.stored_bytes,
+            "stall_s": round(snap.stall_s, 6), "write_s": round(time.perf_counter() - t0, 6)}}
+        return rel, entry
 
     def _discard(self, tier: Tier, shard_rel: str | None) -> None:
         """Remove what a failed save wrote (no manifest references it), so a
