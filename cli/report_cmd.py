@@ -196,6 +196,103 @@ def _print_outcome(console, rep) -> None:
         console.print(f"  also: {more}", markup=False, highlight=False)
 
 
+def _print_summary(console, rep) -> None:
+    head = f"run {rep.name}"
+    if rep.job_id:
+        head += f"  job {rep.job_id}"
+    if rep.backend:
+        head += f"  backend {rep.backend}"
+    console.print(head)
+    console.print(
+        f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
+        f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps} ({rep.steps_per_s:.1f}/s)"
+        + (f"  samples {rep.samples} ({rep.samples_per_s:.1f}/s)" if rep.samples else "")
+    )
+
+
+def _print_components(console, rep) -> None:
+    """The components table, when each was active, and how long components overlapped."""
+    from rich.table import Table
+
+    t = Table(title="components", show_edge=False, pad_edge=False)
+    for col in ("COMPONENT", "RANKS", "NODES", "ITERS", "ACTIONS", "BUSY", "BUSY%", "MOVED",
+                "NODE-H", "CORE-H", "GPU-H"):
+        t.add_column(col)
+    for c in rep.components:
+        t.add_row(c.name, str(c.ranks), ",".join(c.nodes), str(c.iterations), str(c.actions),
+                  _dur(c.busy_s), f"{100 * c.busy_fraction:.0f}%", _bytes(c.bytes),
+                  f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
+    console.print(t)
+
+    tl = Table(title="timeline (seconds from the first event)", show_edge=False,
+               pad_edge=False)
+    for col in ("COMPONENT", "FIRST ACTION", "LAST ACTION", "ACTIVE", "S/ITER"):
+        tl.add_column(col)
+    for c in rep.components:
+        tl.add_row(c.name, f"{c.first_action or 0:.2f}", f"{c.last_action or 0:.2f}",
+                   _dur(c.active_s), f"{c.s_per_iteration:.3f}")
+    console.print(tl)
+    for pair, secs in rep.overlap_s.items():
+        console.print(f"components running at the same time ({pair}): {_dur(secs)}")
+
+
+def _print_gantt(console, rep) -> None:
+    from hetrun.cli.report_timeline_view import timeline_rows
+
+    labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
+    for line in timeline_rows(rep.timeline, labels, console.width):
+        console.print(line, no_wrap=True, overflow="crop")
+
+
+def _print_ranks(console, rep) -> None:
+    from rich.table import Table
+
+    r = Table(title="ranks", show_edge=False, pad_edge=False)
+    for col in ("RANK", "COMPONENT", "NODE", "ACTIONS", "BY TYPE", "BUSY", "BUSY%",
+                "MOVED", "PEAK MEM"):
+        r.add_column(col)
+    for row in rep.ranks:
+        types = " ".join(f"{k}:{v}" for k, v in sorted(row.by_type.items()))
+        r.add_row(str(row.rank), row.component, row.node, str(row.actions), types,
+                  _dur(row.busy_s), f"{100 * row.busy_fraction:.0f}%", _bytes(row.bytes),
+                  _bytes(row.peak_mem))
+    console.print(r)
+
+
+def _print_metrics(console, rep) -> None:
+    """The last metrics of each action type, and the event counts with the allocation's hours."""
+    for kind, m in rep.metrics.items():
+        vals = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                         for k, v in m.items())
+        console.print(f"last {kind}: {vals}")
+    console.print(
+        f"checkpoints {len(rep.checkpoints)}  restores {len(rep.restores)}  "
+        f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
+        f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
+    )
+
+
+def _print_demand(console, rep) -> None:
+    from hetrun.runtime.report_demand import demand_lines
+
+    for line in demand_lines(rep.demand):
+        console.print(line, markup=False, highlight=False)
+
+
+def _write_exports(rep, html: Path | None, png: Path | None) -> None:
+    """--html FILE and --png DIR: the same page; the PNGs are its plots drawn by chromium."""
+    from hetrun.cli.report_html import render_html
+
+    page = render_html(rep)
+    if html is not None:
+        html.write_text(page)
+    if png is not None:
+        from hetrun.cli.report_png import write_pngs
+
+        files = write_pngs(page, png)
+        typer.echo(f"wrote {len(files)} PNG(s) to {png}: {', '.join(f.name for f in files)}", err=True)
+
+
 def _print_vs(a, b, as_json: bool) -> None:
     from hetrun.runtime.report_compare import compare
 
@@ -264,16 +361,7 @@ def register(app: typer.Typer) -> None:
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)
         if html is not None or png is not None:
-            from hetrun.cli.report_html import render_html
-
-            page = render_html(rep)
-            if html is not None:
-                html.write_text(page)
-            if png is not None:
-                from hetrun.cli.report_png import write_pngs
-
-                files = write_pngs(page, png)
-                typer.echo(f"wrote {len(files)} PNG(s) to {png}: {', '.join(f.name for f in files)}", err=True)
+            _write_exports(rep, html, png)
         if vs is not None:
             _print_vs(rep, build_report(_resolve(vs, runs_dir), verify_checkpoints=verify, prices=table), as_json)
             return
@@ -282,75 +370,18 @@ def register(app: typer.Typer) -> None:
             return
 
         from rich.console import Console
-        from rich.table import Table
 
         console = Console(width=200 if not Console().is_terminal else None)
-        head = f"run {rep.name}"
-        if rep.job_id:
-            head += f"  job {rep.job_id}"
-        if rep.backend:
-            head += f"  backend {rep.backend}"
-        console.print(head)
-        console.print(
-            f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
-            f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps} ({rep.steps_per_s:.1f}/s)"
-            + (f"  samples {rep.samples} ({rep.samples_per_s:.1f}/s)" if rep.samples else "")
-        )
-
-        t = Table(title="components", show_edge=False, pad_edge=False)
-        for col in ("COMPONENT", "RANKS", "NODES", "ITERS", "ACTIONS", "BUSY", "BUSY%", "MOVED",
-                    "NODE-H", "CORE-H", "GPU-H"):
-            t.add_column(col)
-        for c in rep.components:
-            t.add_row(c.name, str(c.ranks), ",".join(c.nodes), str(c.iterations), str(c.actions),
-                      _dur(c.busy_s), f"{100 * c.busy_fraction:.0f}%", _bytes(c.bytes),
-                      f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
-        console.print(t)
-
-        tl = Table(title="timeline (seconds from the first event)", show_edge=False,
-                   pad_edge=False)
-        for col in ("COMPONENT", "FIRST ACTION", "LAST ACTION", "ACTIVE", "S/ITER"):
-            tl.add_column(col)
-        for c in rep.components:
-            tl.add_row(c.name, f"{c.first_action or 0:.2f}", f"{c.last_action or 0:.2f}",
-                       _dur(c.active_s), f"{c.s_per_iteration:.3f}")
-        console.print(tl)
-        for pair, secs in rep.overlap_s.items():
-            console.print(f"components running at the same time ({pair}): {_dur(secs)}")
+        _print_summary(console, rep)
+        _print_components(console, rep)
         if gantt:
-            from hetrun.cli.report_timeline_view import timeline_rows
-
-            labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
-            for line in timeline_rows(rep.timeline, labels, console.width):
-                console.print(line, no_wrap=True, overflow="crop")
-
+            _print_gantt(console, rep)
         if per_rank and rep.ranks:
-            r = Table(title="ranks", show_edge=False, pad_edge=False)
-            for col in ("RANK", "COMPONENT", "NODE", "ACTIONS", "BY TYPE", "BUSY", "BUSY%",
-                        "MOVED", "PEAK MEM"):
-                r.add_column(col)
-            for row in rep.ranks:
-                types = " ".join(f"{k}:{v}" for k, v in sorted(row.by_type.items()))
-                r.add_row(str(row.rank), row.component, row.node, str(row.actions), types,
-                          _dur(row.busy_s), f"{100 * row.busy_fraction:.0f}%", _bytes(row.bytes),
-                          _bytes(row.peak_mem))
-            console.print(r)
-
-        for kind, m in rep.metrics.items():
-            vals = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                             for k, v in m.items())
-            console.print(f"last {kind}: {vals}")
-        console.print(
-            f"checkpoints {len(rep.checkpoints)}  restores {len(rep.restores)}  "
-            f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
-            f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
-        )
+            _print_ranks(console, rep)
+        _print_metrics(console, rep)
         _print_resources(console, rep)
         _print_cost(console, rep)
-        from hetrun.runtime.report_demand import demand_lines
-
-        for line in demand_lines(rep.demand):
-            console.print(line, markup=False, highlight=False)
+        _print_demand(console, rep)
         _print_checkpoints(console, rep)
         _print_accounting(console, rep)
         _print_restarts(console, rep)
