@@ -459,14 +459,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
     the checkpoint store's listing (``verify_checkpoints`` decodes every checkpoint) and
     Slurm's accounting (``accounting``: one sacct call)."""
     run_dir = Path(run_dir)
-    events_path = run_dir / EVENTS_FILE
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is not a directory", hint="give a run directory")
-    if not events_path.exists():
-        raise RunDirError(
-            f"{events_path} does not exist: the run has not started (or this is not a run dir)",
-            hint="check `hetrun status`; events appear once the runtime starts on the nodes",
-        )
+    _check_run_dir(run_dir)
     run, plan = _spec_of(run_dir)
     comp_spec = {str(c.get("name")): c for c in plan.get("components", []) if isinstance(c, dict)}
     col = _Collector()
@@ -479,14 +472,6 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
                for i, a in enumerate(names) for b in names[i + 1:]}
     history = col.tracker.history()
     counts = col.tracker.counts()
-    acc = _accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"}
-    attempts_wall = sum((a.last_t or 0) - (a.start_t or a.first_t or a.last_t or 0)
-                        for a in col.tracker.attempts.values())
-    cost = run_cost(prices or DEFAULT_PRICES, acc["rows"], list(comps.values()),
-                    (plan.get("slurm") or {}).get("partition"),
-                    iterations=max((c.iterations for c in comps.values()), default=0),
-                    env_steps=col.env_steps, lost_s=sum(r["work_lost_s"] or 0 for r in history),
-                    attempts_wall_s=attempts_wall)
     return RunReport(
         run_dir=str(run_dir), name=str(run.get("name") or plan.get("name") or run_dir.name),
         job_id=run.get("job_id"), backend=run.get("backend"), first=col.first, last=col.last,
@@ -500,10 +485,47 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
         counts=counts_dict(counts), restart_history=history, outcome=col.tracker.outcome(),
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
-        checkpoint_history=checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
-                                              verify=verify_checkpoints),
-        accounting=acc, cost=cost, resources=col.samples_seen.to_dict(), demand=demand_section(run_dir),
+        **_sections(run_dir, run, plan, col, comps, history, verify_checkpoints=verify_checkpoints,
+                    accounting=accounting, prices=prices),
     )
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory", hint="give a run directory")
+    if not (run_dir / EVENTS_FILE).exists():
+        raise RunDirError(
+            f"{run_dir / EVENTS_FILE} does not exist: the run has not started (or this is not a run dir)",
+            hint="check `hetrun status`; events appear once the runtime starts on the nodes",
+        )
+
+
+def _sections(run_dir: Path, run: dict[str, Any], plan: dict[str, Any], col: _Collector,
+              comps: dict[str, ComponentRow], history: list[dict[str, Any]], *, verify_checkpoints: bool,
+              accounting: bool, prices: dict[str, Any] | None) -> dict[str, Any]:
+    """The report's sections beyond the event totals, each from its own module. A new section is
+    one more key here (a field of RunReport of the same name, and one in report_schema)."""
+    acc = _accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"}
+    return {
+        "checkpoint_history": checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
+                                                 verify=verify_checkpoints),
+        "accounting": acc,
+        "cost": _cost(col, plan, comps, acc, history, prices),
+        "resources": col.samples_seen.to_dict(),
+        "demand": demand_section(run_dir),
+    }
+
+
+def _cost(col: _Collector, plan: dict[str, Any], comps: dict[str, ComponentRow], acc: dict[str, Any],
+          history: list[dict[str, Any]], prices: dict[str, Any] | None) -> dict[str, Any]:
+    """Allocated hours times the price table, per iteration and env step, and the share wasted."""
+    attempts_wall = sum((a.last_t or 0) - (a.start_t or a.first_t or a.last_t or 0)
+                        for a in col.tracker.attempts.values())
+    return run_cost(prices or DEFAULT_PRICES, acc["rows"], list(comps.values()),
+                    (plan.get("slurm") or {}).get("partition"),
+                    iterations=max((c.iterations for c in comps.values()), default=0),
+                    env_steps=col.env_steps, lost_s=sum(r["work_lost_s"] or 0 for r in history),
+                    attempts_wall_s=attempts_wall)
 
 
 def _accounting(run: dict[str, Any], plan: dict[str, Any], comps: dict[str, ComponentRow]) -> dict[str, Any]:
