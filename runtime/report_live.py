@@ -106,10 +106,11 @@ class LiveRun:
         """Bytes the last checkpoint added to its component's store; None until the store lists it
         (the write finishes after the event). Asks the store (as the report does) once per new step."""
         ck = self.last_checkpoint or {}
-        info = ck.get("info") if isinstance(ck.get("info"), dict) else {}
-        key = (str(ck.get("component", "?")), info.get("step", ck.get("iteration")))
-        if not isinstance(key[1], int):
+        info: dict[str, Any] = ck["info"] if isinstance(ck.get("info"), dict) else {}
+        step = info.get("step", ck.get("iteration"))
+        if not isinstance(step, int):
             return None
+        key = (str(ck.get("component", "?")), step)
         if key not in self.checkpoint_bytes:
             path = store_root(self.run_dir, self.plan) / key[0]
             if not (path / "manifests").is_dir():
@@ -121,9 +122,9 @@ class LiveRun:
                 sizes = {i.step: i.stored_bytes for i in open_store(path).info()}
             except (HetrunError, OSError, ValueError):
                 return None
-            if key[1] not in sizes:
+            if step not in sizes:
                 return None
-            self.checkpoint_bytes[key] = sizes[key[1]]
+            self.checkpoint_bytes[key] = sizes[step]
         return self.checkpoint_bytes[key]
 
     def progress(self, now: float | None = None) -> dict[str, Any]:
