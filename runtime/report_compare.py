@@ -18,6 +18,12 @@ def _busy(rep: Any) -> float:
     return sum(c.busy_s for c in rep.components) / life if life else 0.0
 
 
+def _sampled(rep: Any, key: str) -> float | None:
+    """Mean over components and nodes of a resource sample field (cpu_pct, gpu_util); None unsampled."""
+    vals = [r[key] for r in (rep.resources or {}).get("rows") or [] if r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def compare(a: Any, b: Any) -> list[dict[str, Any]]:
     """[{"metric", "unit", "a", "b", "ratio"}] for two RunReports."""
     rows: list[tuple[str, str, Any]] = [
@@ -27,6 +33,8 @@ def compare(a: Any, b: Any) -> list[dict[str, Any]]:
         ("actions / s", "1/s", lambda r: r.actions_per_s),
         ("iterations", "", lambda r: max((c.iterations for c in r.components), default=0)),
         ("busy (all ranks)", "%", lambda r: 100 * _busy(r)),
+        ("CPU (samples, mean)", "%", lambda r: _sampled(r, "cpu_pct")),
+        ("GPU util (samples, mean)", "%", lambda r: _sampled(r, "gpu_util")),
     ]
     names = [c.name for c in a.components] + [c.name for c in b.components if c.name not in
                                                {x.name for x in a.components}]

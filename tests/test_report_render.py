@@ -65,11 +65,16 @@ def test_vs_puts_two_runs_side_by_side(tmp_path: Path) -> None:
     a = _recorded_run(tmp_path / "a")
     b = RunWriter(tmp_path / "b" / "run")
     b.attempt(0, 1000, range(0, 6))
+    for run, cpu in ((a, 40.0), (b.dir, 80.0)):  # one resource sample each: utilization side by side
+        with (run / "events.jsonl").open("a") as fh:
+            fh.write(json.dumps({"ev": "sample", "rank": 0, "component": "learner", "node": "n1", "time": 1001.0,
+                                 "cpu_pct": cpu, "rss": 1000}) + "\n")
     doc = json.loads(_render(str(a), "--vs", str(b.dir), "--json"))
     rows = {r["metric"]: r for r in doc["rows"]}
     assert rows["restarts"]["a"] == 1 and rows["restarts"]["b"] == 0
     assert rows["iterations"]["a"] == rows["iterations"]["b"] == 6 and rows["iterations"]["ratio"] == 1.0
     # the uninterrupted run needs 6 x 10 s; the restarted one redid 2 iterations and waited in between
     assert rows["wall"]["ratio"] < 1 and rows["work lost"]["a"] == 2
+    assert rows["CPU (samples, mean)"]["ratio"] == 2.0 and rows["GPU util (samples, mean)"]["a"] is None
     text = _render(str(a), "--vs", str(b.dir))
     assert "B/A" in text and "learner: s / iteration" in text
