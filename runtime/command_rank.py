@@ -134,10 +134,26 @@ def _restart_count(environ: Mapping[str, str]) -> int:
     return 0
 
 
-def _last_line() -> str:
-    """The last line this rank's log holds (stdout/stderr of the program), when it is a file."""
+def _log_path(run_dir: Path, component: str, comp_rank: int) -> str | None:
+    """This rank's log: stderr itself when it is a file (local backend); under srun a pipe
+    to slurmstepd, which writes ``logs/<component>-<jobid>-<task>.out`` (task = comp_rank)."""
     try:
         path = os.readlink("/proc/self/fd/2")
+        if os.path.isfile(path):
+            return path
+    except OSError:
+        pass
+    found = [p for p in (run_dir / "logs").glob(f"{component}-*-{comp_rank}.out")
+             if re.fullmatch(rf"{re.escape(component)}-\d+-{comp_rank}\.out", p.name)]
+    return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
+
+
+def _last_line(path: str | None) -> str:
+    """The last non-empty line of ``path`` (the program's output), or ""."""
+    if path is None:
+        return ""
+    time.sleep(0.3)  # slurmstepd copies the program's last output to the file asynchronously
+    try:
         with open(path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4096))
             lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
@@ -161,7 +177,7 @@ class _Events:
             os.close(fd)
 
 
-def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: _Events) -> int:
+def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: _Events, log: str | None) -> int:
     forwarded: list[str] = []
     child: subprocess.Popen[bytes] | None = None
 
@@ -186,9 +202,11 @@ def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: _Events) ->
     events.emit("exit", code=rc, command=True, signals=forwarded)
     if not stopped:
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        last = _last_line(log)
+        said = f"; its last line: {last}" if last else ""
         events.emit("rank_failure", signal=signal.Signals(-code).name if code < 0 else None,
-                    exit_code=None if code < 0 else code, message=f"{os.path.basename(argv[0])} {how}",
-                    last_line=_last_line(), detected_by="runtime", command=True)
+                    exit_code=None if code < 0 else code, message=f"{os.path.basename(argv[0])} {how}{said}",
+                    last_line=last, detected_by="runtime", command=True)
     return rc
 
 
@@ -231,7 +249,8 @@ def main(args: Sequence[str] | None = None) -> int:
         events.emit("rank_failure", signal=None, exit_code=NOT_FOUND_EXIT, message=why, last_line="",
                     detected_by="runtime", command=True)
         return NOT_FOUND_EXIT
-    return _run([program, *argv[1:]], env, cwd, events)
+    log = _log_path(run_dir, component, int(env["RANK"]))
+    return _run([program, *argv[1:]], env, cwd, events, log)
 
 
 if __name__ == "__main__":

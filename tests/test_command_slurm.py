@@ -1,0 +1,142 @@
+"""Command components on the real local Slurm cluster: the unchanged torchrun-style
+examples/ddp_train.py as a 2-node component (torchrun's variables from
+hetrun.runtime.command_rank, gloo), examples/ddp_train_hetrun.py preempted through
+the ``high`` partition and resumed exactly, and bad input (a command that is not
+there, a rank that exits non-zero) ending with component, rank and reason named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hetrun.dag.spec import spec_from_dict
+from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+from hetrun.slurm_plugin.rundir import wait_for
+from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+from tests.api_helpers import (
+    BASELINE,
+    EXAMPLE,
+    assert_bit_identical,
+    command,
+    final_params,
+    run_once,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+def _job(name: str, argv: list[str], nodes: int = 2, **extra: Any) -> Any:
+    return spec_from_dict({
+        "name": name, "components": {"trainer": {"nodes": nodes, "tasks_per_node": 1, "mem": "1G", "command": argv}},
+        "slurm": {"partition": "debug", "time": "00:10:00"}, "env": {"OMP_NUM_THREADS": "1"}, **extra})
+
+
+def _run(spec: Any, shared: Path, timeout: float = 180) -> tuple[Path, Any]:
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared / "runs")
+    try:
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=timeout, poll_s=1)
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+    return Path(res.run.run_dir), final
+
+
+def test_unchanged_ddp_script_runs_as_a_two_node_command_component(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    out = shared_tmp / "out"
+    run_dir, final = _run(_job("ddp-cmd", [sys.executable, str(BASELINE), "--steps", "12", "--out", str(out)]),
+                          shared_tmp)
+    logs = "\n".join(p.read_text() for p in sorted((run_dir / "logs").glob("*")))
+    assert [c.state for c in final.components] == ["COMPLETED"], logs
+    assert "step 10 loss" in logs and (out / "final.pt").is_file(), logs
+    starts = [e for e in _events(run_dir) if e["ev"] == "start"]
+    # Two ranks of one torchrun-style world, on two different nodes.
+    assert sorted((e["comp_rank"], e["comp_size"]) for e in starts) == [(0, 2), (1, 2)], starts
+    assert len({e["node"] for e in starts}) == 2, starts
+    end = [e for e in _events(run_dir) if e["ev"] == "attempt_end"]
+    assert [e["outcome"] for e in end] == ["done"], end
+
+
+def test_command_not_found_names_component_rank_and_reason(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    run_dir, final = _run(_job("cmd-missing", ["no-such-program-h4", "--x"], nodes=1), shared_tmp)
+    assert [c.state for c in final.components] == ["FAILED"]
+    end = next(e for e in _events(run_dir) if e["ev"] == "attempt_end")
+    assert end["outcome"] == "failed" and not end["requeued"], end
+    assert "rank 0 (trainer)" in end["reason"] and "command not found" in end["reason"], end
+    status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True)
+    assert "command not found" in status.stdout, status.stdout
+
+
+def test_rank_exiting_non_zero_is_named_and_the_job_fails(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    code = ("import os, sys, time; r = os.environ['RANK']; print('rank', r, 'of', os.environ['WORLD_SIZE'], flush=True); "
+            "(print('bad batch: giving up', flush=True), sys.exit(3)) if r == '1' else time.sleep(60)")
+    run_dir, final = _run(_job("cmd-exit", [sys.executable, "-c", code]), shared_tmp)
+    assert [c.state for c in final.components] == ["FAILED"]
+    end = next(e for e in _events(run_dir) if e["ev"] == "attempt_end")
+    assert "rank 1 (trainer)" in end["reason"] and "exited with code 3" in end["reason"], end
+    assert "bad batch: giving up" in end["reason"], end  # its own last line
+
+
+def test_api_script_as_command_component_preempted_three_times_resumes_bit_identical(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    steps, out = 40, shared_tmp / "out"
+    spec = _job("ddp-api-cmd", [sys.executable, str(EXAMPLE), "--steps", str(steps), "--out", str(out),
+                                "--step-time", "0.25"])
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs")
+    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
+    try:
+        for attempt in range(3):
+            target = 6 + attempt * 8
+
+            def past(target: int = target, attempt: int = attempt) -> bool:
+                return any(e.get("ev") == "action" and e.get("iteration", -1) >= target
+                           and e.get("restart_count", 0) == attempt for e in _events(run_dir))
+
+            assert wait_for(past, 240, 0.5), _events(run_dir)[-6:]
+            _preempt(_node(job), shared_tmp)
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+    finally:
+        subprocess.run(["scancel", job], check=False, capture_output=True)
+    evs = _events(run_dir)
+    assert [c.state for c in final.components] == ["COMPLETED"], evs[-8:]
+    assert [e["outcome"] for e in evs if e["ev"] == "attempt_end"] == ["preempted"] * 3 + ["done"]
+    for attempt in (1, 2, 3):
+        restores = [e for e in evs if e["ev"] == "restore" and e.get("restart_count") == attempt]
+        saved = {e["iteration"] for e in evs if e["ev"] == "checkpoint" and e.get("restart_count") == attempt - 1
+                 and str(e.get("reason", "")).startswith("SIGTERM")}
+        # Both ranks agreed on one step, saved it, and resumed there: nothing lost.
+        assert len(restores) == 2 and {e["iteration"] for e in restores} == saved, (attempt, restores, saved)
+        assert all(e["work_lost"] == 0 for e in restores), restores
+    reference = run_once(command(EXAMPLE, shared_tmp / "ref", steps, 2, 0.0), shared_tmp / "ref_run")
+    assert reference.returncode == 0, reference.stdout
+    assert_bit_identical(final_params(out), final_params(shared_tmp / "ref"))
+
+
+def _node(job: str) -> str:
+    from hetrun.runtime.api.env import first_host
+
+    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
+    nodelist = next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")), "")
+    node = first_host(nodelist)
+    assert node and node != "(null)", out
+    return node
+
+
+def _preempt(node: str, shared: Path) -> None:
+    """A job in ``high`` that wants the whole node: Slurm preempts (requeues) ours."""
+    subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", node, "--exclusive", "-t", "00:02:00",
+                    "-J", "cmd-preemptor", f"--output={shared}/preemptor-%j.out", "--wrap", "sleep 2"],
+                   capture_output=True, text=True, check=True)
