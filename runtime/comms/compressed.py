@@ -326,79 +326,95 @@ def _mpi_exchange(
     of[roff[rank] : roff[rank + 1]] = xf[soff[rank] : soff[rank + 1]]
     if size == 1 or width == 0:
         return out
-    comm = c.mpi_comm
-    item = x.element_size()
-    peers_out = [(rank + k) % size for k in range(1, size)]
-    peers_in = [(rank - k) % size for k in range(1, size)]
-
-    # Receives first, so every arriving message has a posted buffer.
-    recv_reqs: list[Any] = []
-    recv_jobs: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # (payload, out slice)
-    wire_in = sum(
-        wire_bytes_per_peer(cod, recvs[q] * width) for q in peers_in if ex.compress_pair(q, rank)
-    )
-    rbuf = torch.empty(wire_in, dtype=torch.uint8)
-    pos = 0
-    for q in peers_in:
-        n = recvs[q] * width
-        if n == 0:
-            continue
-        dst = of[roff[q] : roff[q + 1]]
-        if not ex.compress_pair(q, rank):
-            recv_reqs.append(comm.Irecv(dst.view(torch.uint8).numpy(), source=q, tag=0))
-            recv_jobs.append(None)
-            continue
-        for i, (s, e) in enumerate(_pieces(n, cod.block_size)):
-            w = cod.wire_bytes(e - s)
-            seg = rbuf[pos : pos + w]
-            pos += w
-            recv_reqs.append(comm.Irecv(seg.numpy(), source=q, tag=i))
-            recv_jobs.append((seg, dst[s:e]))
-    pending = set(range(len(recv_reqs)))
-
     timing = {"encode_s": 0.0, "decode_s": 0.0, "wait_s": 0.0}
+    # Receives first, so every arriving message has a posted buffer.
+    inbox = _Inbox(MPI, cod, timing)
+    for q in ((rank - k) % size for k in range(1, size)):
+        inbox.post(c.mpi_comm, q, of[roff[q] : roff[q + 1]], compressed=ex.compress_pair(q, rank))
+    peers_out = [(rank + k) % size for k in range(1, size)]
+    outgoing = [(p, xf[soff[p] : soff[p + 1]]) for p in peers_out]
+    send_reqs = _send_all(c, ex, cod, outgoing, direction, stream, inbox, timing)
+    inbox.drain(block=True)
+    MPI.Request.Waitall(send_reqs)
+    for k, v in timing.items():
+        c.stats[k] = c.stats.get(k, 0.0) + v
+    return out
 
-    def drain(block: bool) -> None:
+
+class _Inbox:
+    """The receives of one exchange: posted before any send, decoded as they arrive."""
+
+    def __init__(self, mpi: Any, cod: Codec, timing: dict[str, float]) -> None:
+        self.mpi, self.cod, self.timing = mpi, cod, timing
+        self.reqs: list[Any] = []
+        self.jobs: list[tuple[torch.Tensor, torch.Tensor] | None] = []  # (payload, out slice)
+        self.pending: set[int] = set()
+
+    def post(self, comm: Any, q: int, dst: torch.Tensor, *, compressed: bool) -> None:
+        """Irecv what rank ``q`` sends into ``dst``: raw, or one payload per piece."""
+        if dst.numel() == 0:
+            return
+        if not compressed:
+            self._add(comm.Irecv(dst.view(torch.uint8).numpy(), source=q, tag=0), None)
+            return
+        pieces = _pieces(dst.numel(), self.cod.block_size)
+        rbuf = torch.empty(wire_bytes_per_peer(self.cod, dst.numel()), dtype=torch.uint8)
+        pos = 0
+        for i, (s, e) in enumerate(pieces):
+            seg = rbuf[pos : pos + self.cod.wire_bytes(e - s)]
+            pos += seg.numel()
+            self._add(comm.Irecv(seg.numpy(), source=q, tag=i), (seg, dst[s:e]))
+
+    def _add(self, req: Any, job: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        self.pending.add(len(self.reqs))
+        self.reqs.append(req)
+        self.jobs.append(job)
+
+    def drain(self, block: bool) -> None:
         """Decode whatever arrived; with ``block``, until everything has.
 
         Waiting polls with short sleeps instead of MPI's busy wait: with more
         ranks than cores a spinning rank steals the CPU its peers encode with.
         """
-        while pending:
-            idx = MPI.Request.Testsome(recv_reqs)
+        while self.pending:
+            idx = self.mpi.Request.Testsome(self.reqs)
             if not idx:
                 if not block:
                     return
                 t0 = time.perf_counter()
                 time.sleep(POLL_SLEEP_S)
-                timing["wait_s"] += time.perf_counter() - t0
+                self.timing["wait_s"] += time.perf_counter() - t0
                 continue
             for i in idx:
-                if i in pending:
-                    pending.discard(i)
-                    job = recv_jobs[i]
+                if i in self.pending:
+                    self.pending.discard(i)
+                    job = self.jobs[i]
                     if job is not None:
                         t0 = time.perf_counter()
-                        cod.decode_into(job[0], job[1])
-                        timing["decode_s"] += time.perf_counter() - t0
+                        self.cod.decode_into(job[0], job[1])
+                        self.timing["decode_s"] += time.perf_counter() - t0
             if not block:
                 return
 
-    # Sends: pieces of all peers interleaved, each sent as soon as it is encoded.
+
+def _send_all(c: Any, ex: CompressedExchange, cod: Codec,
+              outgoing: list[tuple[int, torch.Tensor]], direction: str, stream: str,
+              inbox: _Inbox, timing: dict[str, float]) -> list[Any]:
+    """Isend each peer's rows: raw, or encoded piece by piece, pieces of all peers
+    interleaved and each sent as soon as it is encoded (decoding what arrived meanwhile)."""
+    comm, rank = c.mpi_comm, c.rank
     send_reqs: list[Any] = []
     plans = []
     wire_out = 0
-    for p in peers_out:
-        n = sends[p] * width
+    for p, src in outgoing:
+        n = src.numel()
         if n == 0:
             continue
-        src = xf[soff[p] : soff[p + 1]]
         if not ex.compress_pair(rank, p):
             send_reqs.append(comm.Isend(src.view(torch.uint8).numpy(), dest=p, tag=0))
-            c.stats["bytes_sent"] += n * item
+            c.stats["bytes_sent"] += n * src.element_size()
             continue
-        pcs = _pieces(n, cod.block_size)
-        plans.append((p, src, pcs))
+        plans.append((p, src, _pieces(n, cod.block_size)))
         wire_out += wire_bytes_per_peer(cod, n)
     sbuf = torch.empty(wire_out, dtype=torch.uint8)
     pos = 0
@@ -407,9 +423,8 @@ def _mpi_exchange(
             if i >= len(pcs):
                 continue
             s, e = pcs[i]
-            w = cod.wire_bytes(e - s)
-            seg = sbuf[pos : pos + w]
-            pos += w
+            seg = sbuf[pos : pos + cod.wire_bytes(e - s)]
+            pos += seg.numel()
             st = None
             if cod.stateful:
                 full = ex.state(stream, direction, p).residual_for(src.numel(), src.device)
@@ -418,13 +433,9 @@ def _mpi_exchange(
             cod.encode_into(src[s:e], seg, st)
             timing["encode_s"] += time.perf_counter() - t0
             send_reqs.append(comm.Isend(seg.numpy(), dest=p, tag=i))
-            drain(block=False)
+            inbox.drain(block=False)
     c.stats["bytes_sent"] += wire_out
-    drain(block=True)
-    MPI.Request.Waitall(send_reqs)
-    for k, v in timing.items():
-        c.stats[k] = c.stats.get(k, 0.0) + v
-    return out
+    return send_reqs
 
 
 def _torch_exchange(
