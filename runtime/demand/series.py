@@ -64,12 +64,16 @@ def _action_events(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]
     tagged: list[tuple[int, dict[str, Any]]] = []
     newest: dict[tuple[int, int], int] = {}
     for e in read_events(run_dir):
-        rank = int(e.get("rank", 0))
+        try:  # rank/iteration/restart_count of the wrong type: the line is skipped
+            rank, it = int(e.get("rank", 0)), int(e.get("iteration", 0))
+            restarts = int(e.get("restart_count") or 0)
+        except (TypeError, ValueError):
+            continue
         if e.get("ev") == "start":
             ranks[str(e.get("component"))].add(rank)
-            attempt[rank] = int(e.get("restart_count") or 0)
+            attempt[rank] = restarts
         elif e.get("ev") == "action" and "start" in e and "end" in e:
-            key = (rank, int(e.get("iteration", 0)))
+            key = (rank, it)
             newest[key] = max(newest.get(key, 0), attempt[rank])
             tagged.append((attempt[rank], e))
     kept = [e for att, e in tagged if att == newest[(int(e.get("rank", 0)), int(e.get("iteration", 0)))]]
@@ -85,16 +89,21 @@ def read_demand(run_dir: str | os.PathLike[str]) -> RunDemand:
     spans: dict[int, tuple[float, float]] = {}
     events, ranks = _action_events(run_dir)
     for e in events:
-        it = int(e.get("iteration", 0))
+        try:  # a line with a field of the wrong type is skipped, as the report skips it
+            it = int(e.get("iteration", 0))
+            start, end = float(e["start"]), float(e["end"])
+            busy, moved = max(0.0, end - start), float(e.get("bytes") or 0)
+            peak = float(e.get("peak_mem") or 0)
+            counted = e.get("steps") if e.get("type") == "rollout" else e.get("samples")
+            work = int(counted) if counted is not None else 0
+        except (TypeError, ValueError):
+            continue
         row = acc[(str(e.get("component")), str(e.get("type")), it)]
-        row["busy_s"] += max(0.0, float(e["end"]) - float(e["start"]))
-        row["bytes"] += float(e.get("bytes") or 0)
-        row["peak_mem"] = max(row["peak_mem"], float(e.get("peak_mem") or 0))
-        if e.get("type") == "rollout" and e.get("steps") is not None:
-            steps[it] += int(e["steps"])
-        elif e.get("samples") is not None:
-            steps[it] += int(e["samples"])
-        first, last = min(first, float(e["start"])), max(last, float(e["end"]))
+        row["busy_s"] += busy
+        row["bytes"] += moved
+        row["peak_mem"] = max(row["peak_mem"], peak)
+        steps[it] += work
+        first, last = min(first, start), max(last, end)
         lo, hi = spans.get(it, (float(e["start"]), float(e["end"])))
         spans[it] = (min(lo, float(e["start"])), max(hi, float(e["end"])))
     series: dict[tuple[str, str, str], DemandSeries] = {}
