@@ -60,7 +60,6 @@ def store_dirs(ref: str, runs_dir: str | None, component: str | None = None) -> 
 
 def store_root(ref: str, runs_dir: str | None) -> Path:
     """The checkpoint directory that ``ref`` names (a store, or one store per component)."""
-    from hetrun.dag.errors import RunDirError
 
     path = Path(ref).expanduser()
     if _is_store(path):
@@ -68,17 +67,11 @@ def store_root(ref: str, runs_dir: str | None) -> Path:
     from hetrun.slurm_plugin.rundir import find_run, runs_root
 
     run_dir = Path(find_run(ref, runs_root(runs_dir)).run_dir)
-    directory = None
-    plan = run_dir / "plan.json"
-    if plan.is_file():
-        try:
-            directory = (json.loads(plan.read_text()).get("checkpoint") or {}).get("directory")
-        except ValueError as exc:
-            raise RunDirError(f"{plan} is not JSON ({exc})", hint="the run directory is damaged") from exc
-    ckpt = Path(directory) if directory else run_dir / "ckpt"
-    if not ckpt.is_absolute():
-        ckpt = run_dir / ckpt
-    return ckpt
+    from hetrun.runtime.plan_view import PLAN_FILE, checkpoint_root, load_plan
+
+    if not (run_dir / PLAN_FILE).is_file():  # a bare store directory's parent, or an old run
+        return checkpoint_root(run_dir, None)
+    return load_plan(run_dir, validate=False).checkpoint_root(run_dir)
 
 
 def _open(ref: str, runs_dir: str | None, local_dir: str | None, component: str | None = None) -> list[tuple[str, Any]]:
@@ -254,12 +247,20 @@ def import_cmd(
     run.restore({...}) loads (e.g. {"model": ..., "optim": ...}). A DCP directory
     needs --trust-pickle (its metadata is a pickle).
     """
+    from hetrun.dag.errors import CheckpointError
     from hetrun.runtime.api.importer import import_into
+    from hetrun.runtime.api.reader import store_dir
+    from hetrun.runtime.plan_view import checkpoint_root
 
     run_dir = _import_target(into, runs_dir)
+    target = checkpoint_root(run_dir, None) / component  # where the run API (and so the import) writes
+    if run_dir.is_dir() and store_dir(run_dir, component) != target:
+        raise CheckpointError(f"{run_dir} keeps its checkpoints in {store_dir(run_dir, component)} "
+                              f"(checkpoint.directory), not in {target}, where an import writes",
+                              hint="import into a run without checkpoint.directory")
     start = import_into(source, run_dir, component=component, ranks=ranks, step=step,
                         trust_pickle=trust_pickle, seed=seed)
-    typer.echo(f"imported {source} into {run_dir / 'ckpt' / component} for {ranks} rank(s): "
+    typer.echo(f"imported {source} into {target} for {ranks} rank(s): "
                f"run.restore() starts at step {start}")
 
 

@@ -78,10 +78,9 @@ def _auto_sizes(run_dir: Path) -> dict[str, int]:
 def _newest_step(run_dir: Path, plan: dict[str, Any]) -> int | None:
     """The newest checkpoint step every component holds (what the ranks will restore)."""
     from hetrun.runtime.ckpt import open_store
+    from hetrun.runtime.plan_view import checkpoint_root
 
-    directory = (plan.get("checkpoint") or {}).get("directory")
-    root = Path(directory) if directory else run_dir / "ckpt"
-    root = root if root.is_absolute() else run_dir / root
+    root = checkpoint_root(run_dir, (plan.get("checkpoint") or {}).get("directory"))
     common: set[int] | None = None
     for comp in plan["components"]:
         path = root / str(comp["name"])

@@ -62,7 +62,6 @@ def register(app: typer.Typer) -> None:
             "--interval", min=0.2, help="Seconds between refreshes of --watch.")] = 2.0,
     ) -> None:
         """Show the state of each het component of your runs."""
-        from hetrun.slurm_plugin.backends import get_backend, resolve_name
         from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
 
         root = runs_root(runs_dir)
@@ -75,25 +74,7 @@ def register(app: typer.Typer) -> None:
         failures: list = []
 
         def query(runs: list) -> dict:
-            """One status call per backend for all its runs (one squeue for every Slurm run)."""
-            from hetrun.dag.errors import HetrunError
-            from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
-
-            by_backend: dict[str, list] = {}
-            for run in runs:
-                by_backend.setdefault(resolve_name(run.backend), []).append(run)
-            results = {}
-            for name, group in by_backend.items():
-                try:
-                    results.update(get_backend(name).status(group))
-                except HetrunError as exc:
-                    # One unreachable backend must not hide the runs of the others.
-                    failures.append(exc)
-                    reason = str(exc).splitlines()[0][:80]
-                    for run in group:
-                        results[run.run_dir] = RunStatus(
-                            run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
-            return results
+            return _query(runs, failures)
 
         if watch:
             import sys
@@ -102,36 +83,59 @@ def register(app: typer.Typer) -> None:
 
             live_watch(chosen, query, interval, sys.stdout.isatty(), typer.echo)
             return
-        results = query(chosen)
-        failure = failures[-1] if failures else None
+        _print_table(chosen, query(chosen))
+        if failures:
+            raise failures[-1]
 
-        from rich.console import Console
-        from rich.table import Table
 
-        table = Table(show_edge=False, pad_edge=False)
-        from hetrun.runtime.report_attempts import status_details
+def _query(runs: list, failures: list) -> dict:
+    """One status call per backend for all its runs (one squeue for every Slurm run)."""
+    from hetrun.dag.errors import HetrunError
+    from hetrun.slurm_plugin.backends import get_backend, resolve_name
+    from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
 
-        for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
-                    "PREEMPT", "FAILED", "WORK LOST", "REASON"):
-            table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
-        for run in chosen:
-            st = results[run.run_dir]
-            # Whole-run figures on the run's first line, from the same functions as
-            # `hetrun report` (report_attempts), so the two commands agree.
-            counts, lost, failed = status_details(run.run_dir)
-            for i, comp in enumerate(st.components):
-                first = i == 0
-                table.add_row(
-                    Path(run.run_dir).name if first else "",
-                    run.backend if first else "",
-                    comp.job_id or run.job_id or "-",
-                    comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
-                    _restarts_text(counts.restarts, comp.restarts) if first else "",
-                    str(counts.preemptions) if first else "",
-                    str(counts.failures) if first else "",
-                    ("-" if lost is None else str(lost)) if first else "",
-                    _reason(comp, failed, first, [c.name for c in st.components]),
-                )
-        Console(width=200 if not Console().is_terminal else None).print(table)
-        if failure is not None:
-            raise failure
+    by_backend: dict[str, list] = {}
+    for run in runs:
+        by_backend.setdefault(resolve_name(run.backend), []).append(run)
+    results = {}
+    for name, group in by_backend.items():
+        try:
+            results.update(get_backend(name).status(group))
+        except HetrunError as exc:
+            # One unreachable backend must not hide the runs of the others.
+            failures.append(exc)
+            reason = str(exc).splitlines()[0][:80]
+            for run in group:
+                results[run.run_dir] = RunStatus(
+                    run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
+    return results
+
+
+def _print_table(chosen: list, results: dict) -> None:
+    from hetrun.runtime.report_attempts import status_details
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
+                "PREEMPT", "FAILED", "WORK LOST", "REASON"):
+        table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
+    for run in chosen:
+        st = results[run.run_dir]
+        # Whole-run figures on the run's first line, from the same functions as
+        # `hetrun report` (report_attempts), so the two commands agree.
+        counts, lost, failed = status_details(run.run_dir)
+        for i, comp in enumerate(st.components):
+            first = i == 0
+            table.add_row(
+                Path(run.run_dir).name if first else "",
+                run.backend if first else "",
+                comp.job_id or run.job_id or "-",
+                comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
+                _restarts_text(counts.restarts, comp.restarts) if first else "",
+                str(counts.preemptions) if first else "",
+                str(counts.failures) if first else "",
+                ("-" if lost is None else str(lost)) if first else "",
+                _reason(comp, failed, first, [c.name for c in st.components]),
+            )
+    Console(width=200 if not Console().is_terminal else None).print(table)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from hetrun.cli.spec_options import (
@@ -69,23 +69,10 @@ def register(app: typer.Typer) -> None:
         JOB may also be a program (a .py file or an executable): it becomes a one-component
         command job with torchrun's variables on every rank (script mode).
         """
-        from hetrun.dag.script_job import is_script, script_spec
-        from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+        from hetrun.slurm_plugin.submit import submit_spec
 
         overrides = overrides_from(partition, time, account, qos, nodes, gres, constraint, sets)
-        job_dir = Path(job).parent
-        if is_script(job):
-            spec = script_spec(job, script_args or [], python=sys.executable, tasks_per_node=tasks_per_node,
-                               overrides=overrides)
-            job_dir = Path.cwd()  # the program runs where you submitted it, as sbatch does
-        else:
-            from hetrun.dag.errors import SpecError
-
-            if script_args or tasks_per_node is not None:
-                what = "--ntasks-per-node" if tasks_per_node is not None else f"arguments {script_args}"
-                raise SpecError(f"{what} apply to script mode (a .py or executable job file), not to {job}",
-                                hint="for a job YAML use --set components.<name>.tasks_per_node=N")
-            spec = load_job(job, overrides)
+        spec, job_dir = _spec_and_dir(job, script_args, tasks_per_node, overrides)
         if backend == "auto":
             from hetrun.slurm_plugin.backends import choose_auto
 
@@ -94,33 +81,58 @@ def register(app: typer.Typer) -> None:
             backend = choice.name
         result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir)
         if result.dry_run is not None:
-            dr = result.dry_run
-            typer.echo(result.script, nl=False)
-            import shlex
-
-            sys.stderr.write(f"hetrun: dry run ({dr.backend}); would run: {shlex.join(dr.command)}\n")
-            for note in dr.notes:
-                sys.stderr.write(f"hetrun:   {note}\n")
-            sys.stderr.write(f"hetrun: nothing was written; the run directory would be {result.run.run_dir}\n")
+            _print_dry_run(result)
             return
         run = result.run
         typer.echo(f"submitted {run.name} as job {run.job_id} ({result.backend})")
         typer.echo(f"run directory: {run.run_dir}")
-        if not wait:
-            return
-        from hetrun.slurm_plugin.backends.base import RunStatus
-        from hetrun.slurm_plugin.submit import backend_for
+        if wait:
+            _wait(run, wait_timeout)
 
-        def show(status: RunStatus) -> None:
-            parts = ", ".join(f"{c.name}={c.state}" for c in status.components)
-            typer.echo(f"  {parts}")
 
-        final = wait_for_end(run, backend_for(run), timeout_s=wait_timeout, on_change=show)
-        if any(c.state != "COMPLETED" for c in final.components):
-            from hetrun.runtime.report_attempts import status_details
+def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int | None,
+                  overrides: Any) -> tuple[Any, Path]:
+    """The job spec, and the directory its ranks run in (the YAML's, or where a script was submitted)."""
+    from hetrun.dag.script_job import is_script, script_spec
 
-            # Never a bare FAILED: the failing rank and its own error line (the post-mortem's).
-            failure = status_details(run.run_dir)[2]
-            why = failure.text if failure else f"no rank failure recorded; see `hetrun report {run.run_dir}`"
-            typer.echo(f"hetrun: {run.name} ended {final.state}: {why}", err=True)
-            raise typer.Exit(1)
+    if is_script(job):
+        spec = script_spec(job, script_args or [], python=sys.executable, tasks_per_node=tasks_per_node,
+                           overrides=overrides)
+        return spec, Path.cwd()  # the program runs where you submitted it, as sbatch does
+    from hetrun.dag.errors import SpecError
+
+    if script_args or tasks_per_node is not None:
+        what = "--ntasks-per-node" if tasks_per_node is not None else f"arguments {script_args}"
+        raise SpecError(f"{what} apply to script mode (a .py or executable job file), not to {job}",
+                        hint="for a job YAML use --set components.<name>.tasks_per_node=N")
+    return load_job(job, overrides), Path(job).parent
+
+
+def _print_dry_run(result: Any) -> None:
+    import shlex
+
+    dr = result.dry_run
+    typer.echo(result.script, nl=False)
+    sys.stderr.write(f"hetrun: dry run ({dr.backend}); would run: {shlex.join(dr.command)}\n")
+    for note in dr.notes:
+        sys.stderr.write(f"hetrun:   {note}\n")
+    sys.stderr.write(f"hetrun: nothing was written; the run directory would be {result.run.run_dir}\n")
+
+
+def _wait(run: Any, wait_timeout: float | None) -> None:
+    """Wait for the end; never a bare FAILED: the failing rank and its own error line."""
+    from hetrun.slurm_plugin.backends.base import RunStatus
+    from hetrun.slurm_plugin.submit import backend_for, wait_for_end
+
+    def show(status: RunStatus) -> None:
+        parts = ", ".join(f"{c.name}={c.state}" for c in status.components)
+        typer.echo(f"  {parts}")
+
+    final = wait_for_end(run, backend_for(run), timeout_s=wait_timeout, on_change=show)
+    if any(c.state != "COMPLETED" for c in final.components):
+        from hetrun.runtime.report_attempts import status_details
+
+        failure = status_details(run.run_dir)[2]
+        why = failure.text if failure else f"no rank failure recorded; see `hetrun report {run.run_dir}`"
+        typer.echo(f"hetrun: {run.name} ended {final.state}: {why}", err=True)
+        raise typer.Exit(1)

@@ -139,6 +139,7 @@ if triton is not None:
         return 0.5 * h * (1.0 + tl.math.erf(h * 0.7071067811865476))
 
     @triton.jit
+    # A Triton kernel is one function by construction (the fused LayerNorm + linear + GELU).
     def _ln_linear_kernel(
         x_ptr, mean_ptr, rstd_ptr, lnw_ptr, lnb_ptr, w_ptr, bias_ptr, y_ptr, h_ptr,
         T, F, H,

@@ -40,6 +40,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hetrun.runtime.api.env import first_host, tasks_on_node
+from hetrun.runtime.plan_view import PlanView, load_plan
+
 # MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 20000. Components
 # of one job never share a port (at most 32 components); jobs whose ids differ
 # by less than 625 never do either. The run API's own choice for a plain srun
@@ -59,11 +62,6 @@ def command_port(job_id: str | None, index: int) -> int:
     return COMMAND_PORT_BASE + (digits * 32 + index) % COMMAND_PORT_SPAN
 
 
-def _first_host(nodelist: str) -> str | None:
-    m = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist.strip())
-    return None if m is None else m.group(1) + (m.group(2) or "")
-
-
 def _address(host: str | None, environ: Mapping[str, str]) -> str:
     """``host`` when it resolves; else the launch node's address (emulated nodes
     have no DNS entry and all live on the launching host)."""
@@ -76,23 +74,11 @@ def _address(host: str | None, environ: Mapping[str, str]) -> str:
     return environ.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
 
 
-def _tasks_on_node(spec: str, node: int) -> int | None:
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m is None:
-            return None
-        count, repeat = int(m.group(1)), int(m.group(2) or 1)
-        if node < repeat:
-            return count
-        node -= repeat
-    return None
-
-
 def _rank_in_component(environ: Mapping[str, str], ntasks: int) -> tuple[int, int, int, int, int]:
     """(rank, world, local rank, local world, node rank) within the component."""
     if environ.get("SLURM_STEP_ID") is not None and environ.get("SLURM_PROCID", "").isdigit():
         node = int(environ.get("SLURM_NODEID", "0"))
-        local_world = _tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), node) or 1
+        local_world = tasks_on_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""), node) or 1
         world = int(environ.get("SLURM_STEP_NUM_TASKS") or ntasks)
         return (int(environ["SLURM_PROCID"]), world, int(environ.get("SLURM_LOCALID", "0")),
                 local_world, node)
@@ -101,29 +87,28 @@ def _rank_in_component(environ: Mapping[str, str], ntasks: int) -> tuple[int, in
     return rank, ntasks, rank, ntasks, 0
 
 
-def component_env(environ: Mapping[str, str], plan: Mapping[str, Any], component: str,
+def component_env(environ: Mapping[str, str], plan: PlanView, component: str,
                   run_dir: Path) -> dict[str, str]:
     """The variables a rank of ``component`` gets (pure: tested without Slurm)."""
-    comps = list(plan["components"])
-    names = [str(c["name"]) for c in comps]
+    names = [c.name for c in plan.components]
     if component not in names:
         raise ValueError(f"no component {component!r} in the plan (components: {', '.join(names)})")
     index = names.index(component)
-    sizes = [int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])) for c in comps]
+    sizes = [c.ntasks for c in plan.components]
     rank, world, local, local_world, node = _rank_in_component(environ, sizes[index])
     job = environ.get("HETRUN_JOB_ID") or environ.get("SLURM_JOB_ID")
     own_nodes = environ.get("SLURM_STEP_NODELIST") or environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{index}", "")
     out = {
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
         "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(node),
-        "MASTER_ADDR": environ.get("HETRUN_MASTER_ADDR") or _address(_first_host(own_nodes), environ),
+        "MASTER_ADDR": environ.get("HETRUN_MASTER_ADDR") or _address(first_host(own_nodes), environ),
         "MASTER_PORT": str(command_port(job, index)),
         "HETRUN_RUN_DIR": str(run_dir), "HETRUN_COMPONENT": component,
         "HETRUN_COMPONENT_INDEX": str(index), "HETRUN_GLOBAL_RANK": str(sum(sizes[:index]) + rank),
     }
     for i, name in enumerate(names):
         nodes = own_nodes if i == index else environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{i}", "")
-        out[f"HETRUN_COMPONENT_{name.upper()}_ADDR"] = _address(_first_host(nodes), environ)
+        out[f"HETRUN_COMPONENT_{name.upper()}_ADDR"] = _address(first_host(nodes), environ)
     return out
 
 
@@ -229,7 +214,7 @@ def main(args: Sequence[str] | None = None) -> int:
         sys.stderr.write("usage: python -m hetrun.runtime.command_rank RUN_DIR COMPONENT -- ARGV...\n")
         return 2
     run_dir, component, argv = Path(args[0]), args[1], args[3:]
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = load_plan(run_dir, validate=False)  # validated at submit; a rank only reads it
     env = dict(os.environ)
     env.update(component_env(os.environ, plan, component, run_dir))
     node = os.environ.get("SLURMD_NODENAME") or os.environ.get("HETRUN_NODE") or socket.gethostname()
@@ -240,7 +225,7 @@ def main(args: Sequence[str] | None = None) -> int:
                 command=True, job_id=env.get("SLURM_JOB_ID"))
     # The program runs where the job YAML is (script mode: where `hetrun submit` ran), as sbatch
     # runs a script in the submit directory: relative paths in the command mean what they did there.
-    cwd = str(plan.get("job_dir") or run_dir)
+    cwd = plan.job_dir or str(run_dir)
     program = _which(argv[0], env.get("PATH"), cwd)
     if program is None:
         why = f"command not found on {node}: {argv[0]!r}"

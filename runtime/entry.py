@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from hetrun.errors import HetrunError, RunDirError
 
@@ -128,6 +129,18 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
     log = EventLog(
         run_dir, rank=world.rank, component=world.component.name, node=world.node,
     )
+    _announce(log, world, restarts)
+    started = time.time()
+    if not has_work(plan):
+        log.emit("exit", code=EXIT_OK, reason="plan has nothing to execute",
+                 elapsed=time.time() - started)
+        mpi_wait.meet(world.comm)
+        return EXIT_OK
+    return _execute(plan, world, log, run_dir, restarts, started, interp_ready)
+
+
+def _announce(log: EventLog, world: Any, restarts: int) -> None:
+    """The rank's ``start`` event and its one line in the rank's log."""
     log.emit(
         "start",
         size=world.size,
@@ -147,13 +160,11 @@ def run_rank(run_dir_arg: str, *, interp_ready: float | None = None) -> int:
         f"(rank {world.comp_rank}/{world.comp_size}) on {world.node}",
         flush=True,
     )
-    started = time.time()
-    if not has_work(plan):
-        log.emit("exit", code=EXIT_OK, reason="plan has nothing to execute",
-                 elapsed=time.time() - started)
-        mpi_wait.meet(world.comm)
-        return EXIT_OK
 
+
+def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts: int, started: float,
+             interp_ready: float | None) -> int:
+    """Import torch, run the executor, and end the rank with its exit code."""
     # torch is what every workload needs and the longest import of a start:
     # dated here so the startup event shows it apart from process groups.
     world.timings["torch_import_start"] = time.time()

@@ -17,6 +17,15 @@ from typing import Any
 from hetrun.errors import RunDirError
 
 PLAN_FILE = "plan.json"
+DEFAULT_CHECKPOINT_DIR = "ckpt"  # the store's place when the job sets no checkpoint.directory
+
+
+def checkpoint_root(run_dir: str | os.PathLike[str], directory: str | None) -> Path:
+    """Where a run's checkpoint store lives: ``checkpoint.directory`` (a relative one is
+    relative to the run directory), else ``<run_dir>/ckpt``. One component's store is
+    ``checkpoint_root(...) / component``. Every reader and writer resolves it here."""
+    root = Path(directory) if directory else Path(DEFAULT_CHECKPOINT_DIR)
+    return root if root.is_absolute() else Path(run_dir) / root
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,15 @@ class PlanView:
     def kind(self) -> str:
         return str(self.training.get("kind", "rl"))
 
+    @property
+    def job_dir(self) -> str | None:
+        """Where the job YAML was (script mode: where `hetrun submit` ran); None in old plans."""
+        value = self.raw.get("job_dir")
+        return str(value) if value else None
+
+    def checkpoint_root(self, run_dir: str | os.PathLike[str]) -> Path:
+        return checkpoint_root(run_dir, (self.checkpoint or {}).get("directory"))
+
     def component(self, name: str) -> ComponentSpec:
         for comp in self.components:
             if comp.name == name:
@@ -185,19 +203,12 @@ def _req(obj: dict[str, Any], key: str, where: str, path: Path) -> Any:
     return obj[key]
 
 
-def plan_from_dict(raw: Any, path: Path | str = PLAN_FILE) -> PlanView:
-    """Build a PlanView from the parsed JSON (also used by tests that write plans)."""
-    path = Path(path)
-    if not isinstance(raw, dict):
-        raise RunDirError(f"{path}: top level must be a JSON object, got {type(raw).__name__}")
-    version = raw.get("version", 1)
-    if version != 1:
-        raise RunDirError(
-            f"{path}: plan version {version!r} is not supported (this runtime reads version 1)",
-            hint="re-plan the job with this hetrun version",
-        )
+_ACTION_KEYS = {"id", "type", "component", "micro", "deps", "tolerance_window", "qos", "priority", "fused"}
+
+
+def _components(raw: list[Any], path: Path) -> list[ComponentSpec]:
     comps = []
-    for i, c in enumerate(_req(raw, "components", "plan", path)):
+    for i, c in enumerate(raw):
         where = f"components[{i}]"
         tasks_per_node = int(c.get("tasks_per_node", 1))
         nodes = int(c.get("nodes", 1))
@@ -214,50 +225,58 @@ def plan_from_dict(raw: Any, path: Path | str = PLAN_FILE) -> PlanView:
                 actions=tuple(c.get("actions", ())),
             )
         )
-    comps.sort(key=lambda c: c.index)
-    names = {c.name for c in comps}
-    known = {
-        "id", "type", "component", "micro", "deps", "tolerance_window", "qos", "priority", "fused",
-    }
-    actions = []
-    for i, a in enumerate(raw.get("actions", [])):
-        where = f"actions[{i}]"
-        comp = str(_req(a, "component", where, path))
-        if comp not in names:
-            raise RunDirError(
-                f"{path}: {where}: component {comp!r} is not one of {sorted(names)}"
-            )
-        deps = []
-        for d in a.get("deps", []):
-            if isinstance(d, str):
-                deps.append(Dep(d, 0))
-            else:
-                deps.append(Dep(str(d["id"]), int(d.get("lag", 0))))
-        micro = a.get("micro")
-        actions.append(
-            ActionSpec(
-                id=str(_req(a, "id", where, path)),
-                type=str(_req(a, "type", where, path)),
-                component=comp,
-                micro=None if micro is None else int(micro),
-                deps=tuple(deps),
-                tolerance_window=int(a.get("tolerance_window", 0) or 0),
-                qos=str(a.get("qos", "normal")),
-                priority=float(a.get("priority", 0.0) or 0.0),
-                fused=tuple(str(x) for x in a.get("fused", []) or []),
-                extra={k: v for k, v in a.items() if k not in known},
-            )
-        )
+    return sorted(comps, key=lambda c: c.index)
+
+
+def _action(a: dict[str, Any], where: str, names: set[str], path: Path) -> ActionSpec:
+    comp = str(_req(a, "component", where, path))
+    if comp not in names:
+        raise RunDirError(f"{path}: {where}: component {comp!r} is not one of {sorted(names)}")
+    deps = [Dep(d, 0) if isinstance(d, str) else Dep(str(d["id"]), int(d.get("lag", 0)))
+            for d in a.get("deps", [])]
+    micro = a.get("micro")
+    return ActionSpec(
+        id=str(_req(a, "id", where, path)),
+        type=str(_req(a, "type", where, path)),
+        component=comp,
+        micro=None if micro is None else int(micro),
+        deps=tuple(deps),
+        tolerance_window=int(a.get("tolerance_window", 0) or 0),
+        qos=str(a.get("qos", "normal")),
+        priority=float(a.get("priority", 0.0) or 0.0),
+        fused=tuple(str(x) for x in a.get("fused", []) or []),
+        extra={k: v for k, v in a.items() if k not in _ACTION_KEYS},
+    )
+
+
+def _actions(raw: list[Any], names: set[str], path: Path) -> list[ActionSpec]:
+    actions = [_action(a, f"actions[{i}]", names, path) for i, a in enumerate(raw)]
     ids = {a.id for a in actions}
     for a in actions:
         for d in a.deps:
             if d.id not in ids:
                 raise RunDirError(f"{path}: action {a.id!r} depends on unknown action {d.id!r}")
+    return actions
+
+
+def plan_from_dict(raw: Any, path: Path | str = PLAN_FILE) -> PlanView:
+    """Build a PlanView from the parsed JSON (also used by tests that write plans)."""
+    path = Path(path)
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{path}: top level must be a JSON object, got {type(raw).__name__}")
+    version = raw.get("version", 1)
+    if version != 1:
+        raise RunDirError(
+            f"{path}: plan version {version!r} is not supported (this runtime reads version 1)",
+            hint="re-plan the job with this hetrun version",
+        )
+    comps = _components(_req(raw, "components", "plan", path), path)
+    actions = _actions(raw.get("actions", []), {c.name for c in comps}, path)
     order = tuple(raw.get("order") or [a.id for a in actions])
     return PlanView(
         path=path,
         name=str(raw.get("name", "")),
-        workload=str(raw.get("workload", "")),
+        workload=str(raw.get("workload") or ""),
         workload_args=dict(raw.get("workload_args") or {}),
         training=dict(raw.get("training") or {}),
         components=tuple(comps),

@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetrun.runtime.plan_view import checkpoint_root
+
 from hetrun.errors import HetrunError
 
 
 def store_root(run_dir: Path, plan: dict[str, Any]) -> Path:
     """``checkpoint.directory`` from plan.json (relative to the run directory), else ``<run_dir>/ckpt``."""
-    directory = (plan.get("checkpoint") or {}).get("directory")
-    root = Path(directory) if directory else run_dir / "ckpt"
-    return root if root.is_absolute() else run_dir / root
+    return checkpoint_root(run_dir, (plan.get("checkpoint") or {}).get("directory"))
 
 
 def _restored_steps(history: list[dict[str, Any]]) -> set[tuple[str, Any]]:

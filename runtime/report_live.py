@@ -8,7 +8,7 @@ function as ``hetrun report`` (report_attempts.count_attempts).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from typing import Any
 from hetrun.errors import HetrunError
 
 from .events import EVENTS_FILE
+from .plan_view import load_plan
 from .report_attempts import AttemptCounts, count_attempts
 from .report_ckpt import store_root
 from .report_reader import event_time, parse_line
@@ -46,11 +47,12 @@ class LiveRun:
     def open(cls, run_dir: str | os.PathLike[str]) -> LiveRun:
         run = cls(Path(run_dir))
         try:
-            plan = json.loads((run.run_dir / "plan.json").read_text())
-            run.plan = plan if isinstance(plan, dict) else {}
-            run.total_iterations = int((plan.get("training") or {}).get("iterations") or 0) or None
-        except (OSError, ValueError, TypeError):
-            pass
+            view = load_plan(run.run_dir, validate=False)
+        except HetrunError:  # no plan.json yet, or a damaged one: the view shows what the events say
+            return run
+        run.plan = view.raw
+        with contextlib.suppress(TypeError, ValueError):
+            run.total_iterations = view.iterations or None
         return run
 
     def poll(self) -> bool:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetrun.runtime import attempts, mpi_wait, preempt, resize
+from hetrun.runtime.plan_view import checkpoint_root
 
 from hetrun.errors import CheckpointError, RuntimeFailure
 
@@ -96,10 +97,7 @@ def max_restarts(ctx: Ctx) -> int | None:
 def checkpoint_dir(ctx: Ctx) -> Path:
     plan = getattr(ctx, "plan", None)
     directory = ((plan.checkpoint if plan is not None else {}) or {}).get("directory")
-    root = Path(directory) if directory else Path(ctx.run_dir) / "ckpt"
-    if not root.is_absolute():
-        root = Path(ctx.run_dir) / root
-    return root / ctx.component
+    return checkpoint_root(ctx.run_dir, directory) / ctx.component
 
 
 def _local_dir(ctx: Ctx) -> Path | None:

@@ -125,6 +125,7 @@ def _range(prefix: str, first: int, last: int) -> str:
 
 
 def render_slurm_conf(cfg: ClusterConfig) -> str:
+    # One template that reads top to bottom like the slurm.conf it writes, hence its length.
     d = cfg.directory
     nodes = _range("n", 1, cfg.nodes)
     ports = str(FIRST_SLURMD_PORT) if cfg.nodes == 1 else (

@@ -102,6 +102,23 @@ def check_not_mixed(spec: Any) -> None:
                              "or turn every component into a command")
 
 
+def check_command_settings(spec: Any) -> None:
+    """Settings a command component would silently not get are refused, not ignored: the
+    run API inside a command saves under ``<run>/ckpt/<component>`` and stops on USR1
+    (or SIGTERM), whatever the job's ``checkpoint.directory`` and ``preemption.signal`` say."""
+    if not list(spec.command_components):
+        return
+    if spec.checkpoint.directory:
+        raise SpecError(f"checkpoint.directory={spec.checkpoint.directory!r} is not applied to command "
+                        "components: the run API in the command saves under <run directory>/ckpt",
+                        key_path="checkpoint.directory",
+                        hint="leave checkpoint.directory out for a command job")
+    if spec.preemption.signal.upper().removeprefix("SIG") != "USR1":
+        raise SpecError(f"preemption.signal={spec.preemption.signal!r}: the run API in a command "
+                        "component stops on USR1 (and SIGTERM) only",
+                        key_path="preemption.signal", hint="use preemption.signal: USR1 for a command job")
+
+
 def resolve_job_dir(job_dir: str | Path) -> str:
     """The job YAML's directory as an absolute path the ranks can import workloads from."""
     path = Path(job_dir).expanduser().resolve()
@@ -139,6 +156,7 @@ def submit_spec(
     every rank, on any node, imports workload modules kept next to the YAML from it.
     """
     check_not_mixed(spec)
+    check_command_settings(spec)
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
     plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
     if job_dir is not None:

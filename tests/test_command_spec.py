@@ -16,6 +16,7 @@ from hetrun.dag.plan import build_plan
 from hetrun.dag.script_job import is_script, script_spec
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.runtime.command_rank import command_port, component_env
+from hetrun.runtime.plan_view import plan_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec
 
@@ -120,6 +121,19 @@ def test_mixed_jobs_plan_but_submit_refuses_them(tmp_path: Path) -> None:
         submit_spec(mixed, backend="local", runs_dir=tmp_path, dry_run=True)
 
 
+@pytest.mark.parametrize(("section", "value", "key"), [
+    ("checkpoint", {"directory": "/var/tmp/elsewhere"}, "checkpoint.directory"),
+    ("preemption", {"signal": "XCPU"}, "preemption.signal"),
+])
+def test_a_command_job_refuses_settings_its_commands_would_not_get(
+        tmp_path: Path, section: str, value: dict[str, str], key: str) -> None:
+    spec = spec_from_dict({"name": "c", "components": {"main": {"command": ["true"]}}, section: value})
+    with pytest.raises(SpecError) as err:
+        submit_spec(spec, backend="local", runs_dir=tmp_path, dry_run=True)
+    assert err.value.key_path == key
+    assert not any(tmp_path.iterdir()), "nothing is written for a refused job"
+
+
 def _plan_dict(*sizes: tuple[str, int]) -> dict[str, object]:
     return {"components": [{"name": n, "nodes": 1, "tasks_per_node": k, "ntasks": k, "command": ["x"]}
                            for n, k in sizes]}
@@ -131,7 +145,7 @@ def test_component_env_under_a_slurm_het_step_is_scoped_to_the_component() -> No
            "SLURM_NODEID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
            "SLURM_STEP_NODELIST": "n[2-3]", "SLURM_JOB_NODELIST_HET_GROUP_0": "n1",
            "SLURM_JOB_NODELIST_HET_GROUP_1": "n[2-3]", "SLURM_LAUNCH_NODE_IPADDR": "10.9.8.7"}
-    out = component_env(env, _plan_dict(("evaluator", 1), ("trainer", 4)), "trainer", RUN_DIR)
+    out = component_env(env, plan_from_dict(_plan_dict(("evaluator", 1), ("trainer", 4))), "trainer", RUN_DIR)
     assert {k: out[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == \
         {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
     assert out["HETRUN_GLOBAL_RANK"] == "4" and out["HETRUN_COMPONENT"] == "trainer"

@@ -131,6 +131,8 @@ def onebit_encode(
         else:
             native.onebit_stochastic_encode(x, out, block, keys)
         return
+    # Longer than most functions on purpose: one loop over cache-sized chunks in which a
+    # piece is scaled, signed, packed and its residual taken while it is still in cache.
     n = x.size
     scales, bits = wire_split(out, n, block, bf16)
     chunk = _chunk_for(block)

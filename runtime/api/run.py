@@ -207,6 +207,13 @@ class Run:
             preempt.agree(self._agreement.level)
         return stop
 
+    def checkpoints(self, component: str, *, rank: int = 0) -> Any:
+        """Another component's committed checkpoints in this run (a ``CheckpointReader``):
+        ``follow()`` yields each new step as it lands, ``load(step, objs)`` decodes it."""
+        from hetrun.runtime.api.reader import CheckpointReader
+
+        return CheckpointReader(self.ctx.run_dir, component, rank=rank)
+
     def log(self, step: int, **metrics: Any) -> None:
         """One ``action`` event of type ``step`` (``hetrun report`` counts it; a
         restart's work-lost accounting reads it)."""
