@@ -73,7 +73,7 @@ def process_start_time() -> float | None:
         return None
 
 
-def _env_time(name: str) -> float | None:
+def env_time(name: str) -> float | None:
     """A time the batch script exported from bash's $EPOCHREALTIME (a locale may use ',')."""
     raw = os.environ.get(name, "").replace(",", ".")
     try:
@@ -90,8 +90,8 @@ def startup_times(world: object, interp_ready: float | None) -> dict[str, float 
     benchmarks/requeue_bench.py break a restart down with them.
     """
     times: dict[str, float | None] = {
-        "batch_start": _env_time("HETRUN_BATCH_START"),
-        "srun_start": _env_time("HETRUN_SRUN_START"),
+        "batch_start": env_time("HETRUN_BATCH_START"),
+        "srun_start": env_time("HETRUN_SRUN_START"),
         "proc_start": process_start_time(),
         "interp_ready": interp_ready,
     }
