@@ -38,7 +38,8 @@ def _probe_run(tmp_path: Path, iterations: int, sleep: float, env: dict[str, str
 
 
 def test_live_reader_reads_only_complete_appended_lines(tmp_path: Path) -> None:
-    (tmp_path / "plan.json").write_text(json.dumps({"training": {"iterations": 10}}))
+    # The live view reads plan.json through the runtime's one reader (load_plan): a real plan's shape.
+    (tmp_path / "plan.json").write_text(json.dumps({"components": [{"name": "c"}], "training": {"iterations": 10}}))
     ev = tmp_path / "events.jsonl"
     ev.write_text('{"ev":"action","type":"optimize","iteration":0,"start":0,"end":1,"rank":0,'
                   '"metrics":{"loss":0.5}}\n{"ev":"action","type":"opt')

@@ -35,7 +35,10 @@ def store_dir(run_dir: Path, component: str) -> Path:
 
 
 class CheckpointReader:
-    """The committed checkpoints of one component, read from rank ``rank``'s shard."""
+    """The committed checkpoints of one component, read from rank ``rank``'s shard.
+
+    Steps are what ``run.save(step, ...)`` was given: the last step done. (The store
+    labels a checkpoint with the step a restore resumes at, one more.)"""
 
     def __init__(self, run_dir: str | Path, component: str, *, rank: int = 0) -> None:
         self.run_dir, self.component, self.rank = Path(run_dir), component, rank
@@ -47,7 +50,7 @@ class CheckpointReader:
             return []
         from hetrun.runtime.ckpt import open_store
 
-        return sorted(open_store(self.directory).steps())
+        return sorted(s - 1 for s in open_store(self.directory).steps())
 
     def wait_for_step_after(self, after: int | None, timeout: float | None = None) -> int | None:
         """The oldest committed step newer than ``after``; None when none lands within ``timeout`` s."""
@@ -87,7 +90,7 @@ class CheckpointReader:
 
         if not self.directory.is_dir():
             raise CheckpointError(f"component {self.component!r} has no checkpoints in {self.directory}")
-        value, _meta, _tier = open_store(self.directory).load_rank(step, self.rank)
+        value, _meta, _tier = open_store(self.directory).load_rank(step + 1, self.rank)
         try:
             state = decode_state(value["workload"])
         except (KeyError, TypeError) as exc:
