@@ -11,7 +11,6 @@ attempt), which resumes from that checkpoint. ``--wait`` waits for the attempt's
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -25,15 +24,10 @@ RunsDirOpt = Annotated[Optional[Path], typer.Option(
 
 def stop_signal(run_dir: Path) -> str:
     """The run's agreed stop signal (plan.json ``preemption.signal``), validated, without SIG."""
-    from hetrun.dag.errors import RunDirError
+    from hetrun.runtime.plan_view import load_plan
     from hetrun.slurm_plugin.quoting import signal_name
 
-    plan = run_dir / "plan.json"
-    try:
-        pre = json.loads(plan.read_text()).get("preemption") or {}
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"cannot read the stop signal from {plan} ({exc})",
-                          hint="the run directory must hold plan.json written by `hetrun submit`") from exc
+    pre = load_plan(run_dir, validate=False).preemption  # RunDirError names a missing/damaged plan.json
     return signal_name(str(pre.get("signal") or "USR1").upper().removeprefix("SIG"))
 
 

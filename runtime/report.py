@@ -254,7 +254,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _spec_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    return _read_json(run_dir / "run.json"), _read_json(run_dir / "plan.json")
+    from .plan_view import load_plan
+
+    try:  # plan.json through the runtime's one reader; a missing or damaged one degrades the sections
+        plan = load_plan(run_dir, validate=False).raw
+    except RunDirError:
+        plan = {}
+    return _read_json(run_dir / "run.json"), plan
 
 
 class _Collector:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import threading
 import time
@@ -200,17 +199,13 @@ def _world_allgather(ctx: Ctx, value: Any) -> list[Any]:
 
 def _last_iteration_done(ctx: Ctx) -> int | None:
     """The newest iteration this rank started before the restart (events.jsonl)."""
-    path = Path(ctx.run_dir) / "events.jsonl"
+    from hetrun.runtime.events import read_events
+
     best = None
     try:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue  # a truncated last line
-                if ev.get("ev") == "action" and ev.get("rank") == ctx.rank and isinstance(ev.get("iteration"), int):
-                    best = ev["iteration"] if best is None else max(best, ev["iteration"])
+        for ev in read_events(ctx.run_dir, only="action"):
+            if ev.get("rank") == ctx.rank and isinstance(ev.get("iteration"), int):
+                best = ev["iteration"] if best is None else max(best, ev["iteration"])
     except OSError:
         return None
     return best

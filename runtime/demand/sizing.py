@@ -22,7 +22,6 @@ an action would scale with more threads.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import statistics
@@ -84,14 +83,9 @@ class Proposal:
 
 
 def _plan(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "plan.json"
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise SpecError(f"no plan.json in the run directory ({exc.strerror})", file=str(path),
-                        hint="give the directory `hetrun submit` created (runs/<name>-<stamp>-<id>)") from exc
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"plan.json is not JSON: {exc}", file=str(path)) from exc
+    from hetrun.runtime.plan_view import load_plan
+
+    return load_plan(run_dir, validate=False).raw  # RunDirError names a missing or damaged plan.json
 
 
 def _steady(values: Sequence[float], skip: int) -> list[float]:
