@@ -27,7 +27,6 @@ Imports nothing heavy: it is on every rank's start-up path.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -42,6 +41,7 @@ from typing import Any
 
 from hetrun.runtime.api.env import first_host, tasks_on_node
 from hetrun.runtime.entry import env_time
+from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PlanView, load_plan
 
 # MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 20000. Components
@@ -148,22 +148,7 @@ def _last_line(path: str | None) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-class _Events:
-    """Appends this rank's lines to events.jsonl (one O_APPEND write per line)."""
-
-    def __init__(self, run_dir: Path, base: dict[str, Any]) -> None:
-        self.path, self.base = run_dir / "events.jsonl", base
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        data = json.dumps({"ev": ev, **self.base, **fields, "time": time.time()}, separators=(",", ":"))
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (data + "\n").encode())
-        finally:
-            os.close(fd)
-
-
-def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: _Events, log: str | None) -> int:
+def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: EventLog, log: str | None) -> int:
     forwarded: list[str] = []
     child: subprocess.Popen[bytes] | None = None
 
@@ -220,8 +205,8 @@ def main(args: Sequence[str] | None = None) -> int:
     env.update(component_env(os.environ, plan, component, run_dir))
     node = os.environ.get("SLURMD_NODENAME") or os.environ.get("HETRUN_NODE") or socket.gethostname()
     restart = _restart_count(os.environ)
-    events = _Events(run_dir, {"rank": int(env["HETRUN_GLOBAL_RANK"]), "component": component, "node": node,
-                               "restart_count": restart})
+    events = EventLog(run_dir, rank=int(env["HETRUN_GLOBAL_RANK"]), component=component, node=node,
+                      restart_count=restart)
     events.emit("start", comp_rank=int(env["RANK"]), comp_size=int(env["WORLD_SIZE"]), pid=os.getpid(),
                 command=True, job_id=env.get("SLURM_JOB_ID"), batch_start=env_time("HETRUN_BATCH_START"))
     # The program runs where the job YAML is (script mode: where `hetrun submit` ran), as sbatch

@@ -540,14 +540,13 @@ def test_prepare_warms_buffers_of_the_state_size(tmp_path: Path) -> None:
     st = {"m": model.state_dict(), "o": opt.state_dict()}
     w = writer(tmp_path)
     w.prepare(st)
-    assert w._prep_thread is not None
-    w._prep_thread.join(60)
+    assert w.wait_prepared(60)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    assert all(b is not None and b.numel() >= 3 * nbytes for b in w._bufs)
-    before = [b.data_ptr() for b in w._bufs if b is not None]
+    before = w.host_buffers()
+    assert before and all(size >= 3 * nbytes for _, size in before)  # model + Adam's two moments
     w.save(1, st)
     assert w.wait().ok  # type: ignore[union-attr]
-    assert [b.data_ptr() for b in w._bufs if b is not None] == before  # no reallocation
+    assert [addr for addr, _ in w.host_buffers()] == [addr for addr, _ in before]  # no reallocation
     w.prepare({"bad": object()})  # best effort: nothing raised, save reports such states
     w.close()
 
@@ -558,8 +557,7 @@ def test_prepare_for_a_bigger_state_keeps_the_delta_base(tmp_path: Path) -> None
     w.save(1, {"m": model.state_dict()})
     assert w.wait().ok  # type: ignore[union-attr]
     w.prepare({"m": model.state_dict(), "o": opt.state_dict()})  # larger: buffers regrow
-    assert w._prep_thread is not None
-    w._prep_thread.join(60)
+    assert w.wait_prepared(60)
     step(model, opt)
     want = {"m": model.state_dict()}
     w.save(2, want)

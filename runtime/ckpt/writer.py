@@ -221,6 +221,19 @@ class CheckpointWriter:
             return
         self._prepare_total(self._layout(leaves)[1])
 
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Block until a ``prepare`` in flight has allocated its buffers; False on timeout."""
+        t = self._prep_thread
+        if t is not None:
+            t.join(timeout)
+        return t is None or not t.is_alive()
+
+    def host_buffers(self) -> list[tuple[int, int]]:
+        """(address, bytes) of each allocated snapshot buffer: what ``prepare`` warmed and
+        what a save copies into (for callers that check that saves do not reallocate)."""
+        with self._cond:
+            return [(b.data_ptr(), b.numel()) for b in self._bufs if b is not None]
+
     def _prepare_total(self, total: int) -> None:
         with self._cond:
             if self._prep_thread is not None and self._prep_thread.is_alive():
