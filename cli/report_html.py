@@ -59,11 +59,16 @@ def _busy_svg(tl: dict[str, Any]) -> str:
     bucket_s = float(tl["bucket_s"])
     totals = [sum(sum(v[i] for v in r["busy"].values() if i < len(v)) for r in ranks.values()) / bucket_s
               for i in range(n)]
-    top = max(max(totals), 1e-9)
-    pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(totals))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="busy" width="{_W}" height="110">'
-            f'<polyline points="{pts}" '
-            f'fill="none" stroke="#1f77b4"/><text x="2" y="10" font-size="10">{top:.1f} busy ranks</text></svg>')
+    return _line_svg("busy", totals, "#1f77b4", "busy ranks")
+
+
+def _line_svg(css: str, values: list[float], colour: str, unit: str) -> str:
+    """One line over the run's time buckets, scaled to its own maximum (labelled)."""
+    n, top = len(values), max(max(values), 1e-9)
+    pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(values))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="{css}" width="{_W}" height="110">'
+            f'<polyline points="{pts}" fill="none" stroke="{colour}"/>'
+            f'<text x="2" y="10" font-size="10">{top:.1f} {unit}</text></svg>')
 
 
 def _throughput_svg(tl: dict[str, Any]) -> str:
@@ -74,11 +79,7 @@ def _throughput_svg(tl: dict[str, Any]) -> str:
         return "<p>no env steps or samples recorded</p>"
     bucket_s = float(tl["bucket_s"])
     rates = [v / bucket_s for v in work[unit][:n]]
-    top = max(max(rates), 1e-9)
-    pts = " ".join(f"{i * _W / n:.1f},{100 - 95 * v / top:.1f}" for i, v in enumerate(rates))
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="throughput" width="{_W}" height="110">'
-            f'<polyline points="{pts}" fill="none" stroke="#2ca02c"/>'
-            f'<text x="2" y="10" font-size="10">{top:.1f} {unit.replace("_", " ")}/s</text></svg>')
+    return _line_svg("throughput", rates, "#2ca02c", f'{unit.replace("_", " ")}/s')
 
 
 def _util_svg(res: dict[str, Any]) -> str:

@@ -11,10 +11,8 @@ on the local Slurm cluster, and one whose rank raises.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,8 @@ import pytest
 from hetrun.runtime.report_attempts import status_details
 from hetrun.slurm_plugin.postmortem import finish_attempt, last_log_line
 from hetrun.slurm_plugin.rundir import append_event, events_of
+
+from tests.cli_helpers import hetrun_cli, write_job
 
 HERE = Path(__file__).parent
 MPIRUN_EXITED = """\
@@ -123,19 +123,12 @@ def _job(job_dir: Path, name: str, workload: str, args: dict[str, Any], slurm: d
         "env": {"OMP_NUM_THREADS": "1", "HETRUN_COLLECTIVE_TIMEOUT": "900"},
         **({"slurm": slurm} if slurm else {}),
     }
-    path = job_dir / "job.yaml"
-    path.write_text(json.dumps(doc))  # JSON is YAML
-    return path
-
-
-def _hetrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"}, check=False)
+    return write_job(job_dir, doc)
 
 
 def _submit_wait(job: Path, backend: str, runs: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    proc = _hetrun("submit", str(job), "--backend", backend, "--runs-dir", str(runs), "--wait",
-                   "--wait-timeout", "240")
+    proc = hetrun_cli("submit", str(job), "--backend", backend, "--runs-dir", str(runs), "--wait",
+                      "--wait-timeout", "240")
     run_dir = next(line.split(": ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("run directory: "))
     return proc, Path(run_dir)
 
@@ -145,7 +138,7 @@ def _assert_error_line_shown(proc: subprocess.CompletedProcess[str], run_dir: Pa
     final = [line for line in proc.stderr.splitlines() if " ended FAILED: " in line]
     assert final and "rank 0 (learner)" in final[-1] and "exit code 3" in final[-1] \
         and ERROR_LINE in final[-1], proc.stderr
-    status = _hetrun("status", str(run_dir), "--runs-dir", str(runs), timeout=60)
+    status = hetrun_cli("status", str(run_dir), "--runs-dir", str(runs), timeout=60)
     assert status.returncode == 0, status.stderr
     # The REASON column may wrap: each word of the error line is there.
     for word in ("FAILED", "rank", "(learner)", "NaN", "injected"):
@@ -175,7 +168,7 @@ def test_local_rank_that_raises_shows_its_exception(tmp_path: Path) -> None:
     # The action may be a fused one (forward.m0+backward.m0+...): its name starts with forward.
     assert "rank 0 (learner)" in proc.stderr and "failed in action forward" in proc.stderr \
         and "(iteration 2): ValueError: toy failure injected at iteration 2" in proc.stderr, proc.stderr
-    status = _hetrun("status", str(run_dir), "--runs-dir", str(tmp_path / "runs"), timeout=60)
+    status = hetrun_cli("status", str(run_dir), "--runs-dir", str(tmp_path / "runs"), timeout=60)
     assert "ValueError:" in status.stdout and "injected" in status.stdout, status.stdout
 
 

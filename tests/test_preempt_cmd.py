@@ -5,15 +5,15 @@ checkpoint (no work lost), on the local backend and on the local Slurm cluster."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hetrun.slurm_plugin.rundir import events_of, wait_for
+
+from tests.cli_helpers import hetrun_cli, write_job
 
 HERE = Path(__file__).parent
 
@@ -30,18 +30,11 @@ def _job(job_dir: Path, name: str, slurm: dict[str, Any] | None) -> Path:
         "env": {"OMP_NUM_THREADS": "1"},
         **({"slurm": slurm} if slurm else {}),
     }
-    path = job_dir / "job.yaml"
-    path.write_text(json.dumps(doc))  # JSON is YAML
-    return path
-
-
-def _hetrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "COLUMNS": "200"}, check=False)
+    return write_job(job_dir, doc)
 
 
 def _submit(job: Path, backend: str, runs: Path) -> Path:
-    proc = _hetrun("submit", str(job), "--backend", backend, "--runs-dir", str(runs))
+    proc = hetrun_cli("submit", str(job), "--backend", backend, "--runs-dir", str(runs))
     assert proc.returncode == 0, proc.stderr
     return Path(next(line.split(": ", 1)[1] for line in proc.stdout.splitlines()
                      if line.startswith("run directory: ")))
@@ -52,7 +45,7 @@ def _preempt_after_a_checkpoint(run_dir: Path, runs: Path) -> subprocess.Complet
         return any(e.get("reason") == "interval" for e in events_of(run_dir, ("checkpoint",)))
 
     assert wait_for(past_first_checkpoint, 240, 0.3), "no interval checkpoint"
-    proc = _hetrun("preempt", str(run_dir), "--runs-dir", str(runs), "--wait", "--wait-timeout", "120")
+    proc = hetrun_cli("preempt", str(run_dir), "--runs-dir", str(runs), "--wait", "--wait-timeout", "120")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "sent SIGUSR1 to" in proc.stdout and "attempt 0 ended: time_limit, requeued: yes" in proc.stdout, \
         proc.stdout
@@ -83,7 +76,7 @@ def test_preempt_a_local_run_checkpoints_restarts_and_finishes(tmp_path: Path) -
         _preempt_after_a_checkpoint(run_dir, runs)
         assert wait_for(lambda: len(events_of(run_dir, ("attempt_end",))) == 2, 240, 0.5)
     finally:
-        _hetrun("cancel", str(run_dir), "--runs-dir", str(runs), timeout=60)
+        hetrun_cli("cancel", str(run_dir), "--runs-dir", str(runs), timeout=60)
     assert events_of(run_dir, ("attempt_end",))[1]["outcome"] == "done"
     _assert_resumed_from_the_stop_checkpoint(run_dir)
 
@@ -96,7 +89,7 @@ def test_preempt_refuses_a_run_that_is_not_running(tmp_path: Path) -> None:
     (run_dir / "run.json").write_text(json.dumps({"name": "ended", "backend": "local", "job_id": "local-1",
                                                   "components": ["learner"], "pids": {}}))
     (run_dir / "local.json").write_text(json.dumps({"state": "COMPLETED"}))
-    proc = _hetrun("preempt", "ended", "--runs-dir", str(runs), timeout=60)
+    proc = hetrun_cli("preempt", "ended", "--runs-dir", str(runs), timeout=60)
     assert proc.returncode != 0 and "cannot preempt ended: it is COMPLETED, not RUNNING" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -112,6 +105,6 @@ def test_preempt_a_slurm_run_requeues_it_and_it_resumes(slurm_cluster, shared_tm
         assert wait_for(lambda: len(events_of(run_dir, ("attempt_end",))) == 2, 300, 1), \
             events_of(run_dir, ("attempt_end",))
     finally:
-        _hetrun("cancel", str(run_dir), "--runs-dir", str(runs), timeout=60)
+        hetrun_cli("cancel", str(run_dir), "--runs-dir", str(runs), timeout=60)
     assert events_of(run_dir, ("attempt_end",))[1]["outcome"] == "done"
     _assert_resumed_from_the_stop_checkpoint(run_dir)
