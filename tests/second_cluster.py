@@ -33,6 +33,15 @@ from hetrun.slurm_plugin.cluster_daemons import (
 from hetrun.slurm_plugin.cluster_setup import slurm_conf_with_policy, write_configs
 
 NAME = "hrtest2"
+
+
+def policy_text(gpu_quota: int, extra: str = "") -> str:
+    """The policy the second cluster's tests apply: three tiers with preemption, one team
+    (``hrtest2_team``, root) with a GPU quota, and ``extra`` YAML lines appended."""
+    return (f"resources:\n  gpu:\n    count: 4\n    scheduling:\n"
+            f"      priority: [critical, high, normal]\n      preemption: true\n"
+            f"naming: {{qos_prefix: hrtest2_}}\n"
+            f"accounts:\n  hrtest2_team:\n    quota: {{gpu: {gpu_quota}}}\n    users: [root]\n{extra}")
 DIRECTORY = Path("/var/lib/hetrun-hrtest2")
 CTLD_PORT = 16817
 FIRST_NODE_PORT = 18001

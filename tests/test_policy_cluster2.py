@@ -20,23 +20,11 @@ import pytest
 from hetrun.slurm_plugin.policy.apply import apply_plan, plan_live
 from hetrun.slurm_plugin.policy.model import load_policy
 from hetrun.slurm_plugin.policy.state import Runner
-from second_cluster import NAME, SecondCluster
+from second_cluster import NAME, SecondCluster, policy_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-POLICY = """\
-resources:
-  gpu:
-    count: 4
-    scheduling:
-      priority: [critical, high, normal]
-      preemption: true
-naming: {qos_prefix: hrtest2_}
-accounts:
-  hrtest2_team:
-    quota: {gpu: 2}
-    users: [root]
-"""
+POLICY = policy_text(2)
 
 
 @pytest.fixture(scope="module")

@@ -33,26 +33,13 @@ from hetrun.slurm_plugin.policy.apply import plan_live, slurm_runner
 from hetrun.slurm_plugin.policy.model import load_policy
 from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
-from second_cluster import SecondCluster
+from second_cluster import SecondCluster, policy_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 HERE = Path(__file__).parent
 ACCOUNT = "hrtest2_team"
 
-POLICY = f"""\
-resources:
-  gpu:
-    count: 4
-    scheduling:
-      priority: [critical, high, normal]
-      preemption: true
-naming: {{qos_prefix: hrtest2_}}
-accounts:
-  {ACCOUNT}:
-    quota: {{gpu: 4}}
-    users: [root]
-time_slicing: {{partition: high, max_wall: "00:05:00", jobs_per_core: 2, slice_seconds: 5}}
-"""
+POLICY = policy_text(4, 'time_slicing: {partition: high, max_wall: "00:05:00", jobs_per_core: 2, slice_seconds: 5}\n')
 
 
 @pytest.fixture(scope="module")
