@@ -158,6 +158,11 @@ def _print_restarts(console, rep) -> None:
     for r in rep.restart_history:
         for line in r["detail"]:
             console.print(f"  restart {r['restart']}: previous attempt: {line}", markup=False, highlight=False)
+        before, after = r.get("sizes_before") or {}, r.get("sizes") or {}
+        resized = [f"{c} {before[c]} -> {after[c]}" for c in after if before.get(c) not in (None, after[c])]
+        if resized:
+            console.print(f"  restart {r['restart']}: resized: {', '.join(resized)} ranks",
+                          markup=False, highlight=False)
         for name, comp in r["components"].items():
             if comp["state"] != "restored":
                 what = "started fresh" if comp["state"] == "fresh" else comp["state"]

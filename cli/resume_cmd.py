@@ -55,8 +55,14 @@ def register(app: typer.Typer) -> None:
         from hetrun.slurm_plugin.resume_run import parse_resize
 
         info = _find(run, runs_dir)
-        sizes = _auto_sizes(info.path) if resize.strip() == "auto" else parse_resize(resize)
-        _run(run, runs_dir, overrides_from(partition, time, account, qos, sets=sets), sizes, backend, dry_run, wait)
+        auto_sets: list[str] = []
+        if resize.strip() == "auto":
+            sizes, auto_sets = _auto_sizes(info.path)
+        else:
+            sizes = parse_resize(resize)
+        # tune's memory first, so a --set the user gives wins over it
+        ov = overrides_from(partition, time, account, qos, sets=[*auto_sets, *(sets or [])])
+        _run(run, runs_dir, ov, sizes, backend, dry_run, wait)
 
 
 def _find(ref: str, runs_dir: Path | None) -> Any:
@@ -65,14 +71,31 @@ def _find(ref: str, runs_dir: Path | None) -> Any:
     return find_run(ref, runs_root(runs_dir))
 
 
-def _auto_sizes(run_dir: Path) -> dict[str, int]:
+def _auto_sizes(run_dir: Path) -> tuple[dict[str, int], list[str]]:
+    """`hetrun tune RUN`'s proposal (its defaults): ranks per component, and the
+    ``--set`` lines giving each component the proposed memory."""
     from hetrun.runtime.demand.sizing import propose
     from hetrun.runtime.report_cost import load_prices, prices_path
 
     proposal = propose(run_dir, load_prices(prices_path(None)))
     sys.stderr.write("hetrun: tune proposes " + ", ".join(
-        f"{c.name}={c.ranks}" for c in proposal.proposed) + f" (demand: {proposal.predictor})\n")
-    return {c.name: c.ranks for c in proposal.proposed}
+        f"{c.name}={c.ranks} ({c.mem_mb}M)" for c in proposal.proposed)
+        + f" (demand: {proposal.predictor}; cost per 1M steps {proposal.cost_cut:+.1%} cut)\n")
+    sizes = {c.name: c.ranks for c in proposal.proposed}
+    return sizes, [f"components.{c.name}.mem={c.mem_mb}M" for c in proposal.proposed]
+
+
+def _changes(run_dir: Path, rp: Any) -> str:
+    """What the new job changes in the components: ranks and memory, old -> new."""
+    from hetrun.runtime.plan_view import load_plan
+
+    old = {c["name"]: c for c in load_plan(run_dir, validate=False).raw.get("components", [])}
+    out = [f"{c}: {a} -> {b} ranks" for c, (a, b) in rp.resized.items()]
+    for comp in rp.plan["components"]:
+        before = (old.get(comp["name"]) or {}).get("mem_mb")
+        if before is not None and before != comp["mem_mb"]:
+            out.append(f"{comp['name']}: mem {before}M -> {comp['mem_mb']}M")
+    return "; ".join(out)
 
 
 def _newest_step(run_dir: Path, plan: dict[str, Any]) -> int | None:
@@ -97,7 +120,7 @@ def _run(ref: str, runs_dir: Path | None, overrides: Any, sizes: dict[str, int] 
     rp = resume_run.prepare(info, overrides, resize=sizes, backend=backend)
     step = _newest_step(info.path, rp.plan)
     where = f"checkpoint step {step}" if step is not None else "the beginning (no checkpoint every component holds)"
-    sized = "; ".join(f"{c}: {a} -> {b} ranks" for c, (a, b) in rp.resized.items())
+    sized = _changes(info.path, rp)
     if dry_run:
         typer.echo(rp.script, nl=False)
         sys.stderr.write(f"hetrun: dry run: would resume {info.path.name} as attempt {rp.restart} "

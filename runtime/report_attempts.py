@@ -129,6 +129,13 @@ class Attempt:
     def ended_at(self) -> float | None:
         return event_time(self.end) if self.end else self.last_t
 
+    def sizes(self) -> dict[str, int]:
+        """Ranks per component that started in this attempt (a resize changes them)."""
+        out: dict[str, int] = defaultdict(int)
+        for comp in self.ranks.values():
+            out[comp] += 1
+        return dict(out)
+
 
 class AttemptTracker:
     """Feed every event once (in file order); then :meth:`history`, :meth:`counts`."""
@@ -315,6 +322,8 @@ def restart_row(prev: Attempt | None, a: Attempt) -> dict[str, Any]:
         "resumed_iteration": min(resumed) if resumed else None,
         "components": comps, "work_lost_iterations": lost_it, "work_lost_s": lost_s,
         "work_lost_from_actions": lost_actions,
+        # ranks per component before and after (hetrun resubmit --resize changes them)
+        "sizes_before": prev.sizes() if prev else {}, "sizes": a.sizes(),
         "restore_s": max((float(r["seconds"]) for r in a.restores
                           if isinstance(r.get("seconds"), int | float)), default=None),
         "skipped": _skipped(a.restores),

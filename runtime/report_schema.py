@@ -45,7 +45,9 @@ _RESTART = {"type": "object",
                            "first_step_s": _opt_num, "resumed_iteration": _opt_int,
                            "components": {"type": "object", "additionalProperties": _COMP_RESTORE},
                            "work_lost_iterations": _opt_int, "work_lost_s": _opt_num,
-                           "work_lost_from_actions": _opt_int}}
+                           "work_lost_from_actions": _opt_int,
+                           "sizes_before": {"type": "object", "additionalProperties": {"type": "integer"}},
+                           "sizes": {"type": "object", "additionalProperties": {"type": "integer"}}}}
 
 _CKPT = {"type": "object", "required": ["component", "step", "in_store", "state_bytes", "stored_bytes", "ratio",
                                          "stall_s", "save_s", "tiers", "verified"],
