@@ -189,7 +189,9 @@ def register(app: typer.Typer) -> None:
         gres: GresOpt = None,
         constraint: ConstraintOpt = None,
         sets: SetOpt = None,
-        explain: Annotated[bool, typer.Option("--explain", help="Show each compiler pass before/after.")] = False,
+        explain: Annotated[bool, typer.Option("--explain", help="Show each compiler pass before/after, and each "
+                                              "component's placement candidates with score, start estimate and "
+                                              "why each lost (needs only, without a cluster).")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print only plan.json.")] = False,
         unroll_n: Annotated[Optional[int], typer.Option(
             "--unroll", min=1, max=10_000, metavar="N", help="Also show the DAG unrolled over N iterations.")] = None,
@@ -222,6 +224,13 @@ def register(app: typer.Typer) -> None:
                 _print_explain(console, build)
             if unroll_n:
                 _print_unroll(console, build, unroll_n)
+        if explain:
+            from hetrun.slurm_plugin.placement_fit import explain as explain_fit
+            from hetrun.slurm_plugin.placement_fit import explain_lines
+
+            console.print("[bold]placement[/bold]")
+            for line in explain_lines(explain_fit(spec)):
+                console.print(line, markup=False)
         script, note = _render_script(build, spec, runs_dir)
         console.print(f"[bold]sbatch script[/bold] ({note})")
         console.file.flush()

@@ -63,6 +63,9 @@ def register(app: typer.Typer) -> None:
         wait_timeout: Annotated[Optional[float], typer.Option(
             "--wait-timeout", help="With --wait: give up waiting after this many seconds.")] = None,
         tasks_per_node: TasksPerNodeOpt = None,
+        fit: Annotated[bool, typer.Option(
+            "--fit", help="Place every component on the partition and GPU type of the pool expected to "
+                          "start it first, as placement: auto does (the choice goes into plan.json).")] = False,
     ) -> None:
         """Submit a job: one Slurm heterogeneous job with a component per resource group.
 
@@ -79,7 +82,8 @@ def register(app: typer.Typer) -> None:
             choice = choose_auto()
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
-        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir)
+        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit)
+        _print_placement(result.plan)
         if result.dry_run is not None:
             _print_dry_run(result)
             return
@@ -106,6 +110,16 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
         raise SpecError(f"{what} apply to script mode (a .py or executable job file), not to {job}",
                         hint="for a job YAML use --set components.<name>.tasks_per_node=N")
     return load_job(job, overrides), Path(job).parent
+
+
+def _print_placement(plan: Any) -> None:
+    """Where each placed component goes and why (stderr: a dry run's stdout is the script)."""
+    for comp in (plan or {}).get("components", []):
+        choice = comp.get("placement")
+        if choice:
+            start = "" if choice.get("start_in_s") is None else f", start in {choice['start_in_s']:.0f} s"
+            sys.stderr.write(f"hetrun: placed {comp['name']} on {choice['partition']} {choice['gres']} "
+                             f"(score {choice['score']:.2f}{start}): {'; '.join(choice['reasons'])}\n")
 
 
 def _print_dry_run(result: Any) -> None:

@@ -87,6 +87,25 @@ class PlanAction(BaseModel):
         return self.fused or [self.id]
 
 
+class PlacementChoice(BaseModel):
+    """Where ``hetrun submit`` placed a ``placement: auto`` (or ``--fit``) component, and why."""
+
+    model_config = _PLAN_CONFIG
+    partition: str
+    gres: str = Field(description='the GRES group: "gpu:a100", "gpu" (untyped) or "-" (no GPUs)')
+    score: float
+    start_in_s: float | None = Field(None, description="Slurm's start estimate (sbatch --test-only)")
+    nodes: list[str] = Field(default_factory=list, description="the nodes free for it when it was placed")
+    reasons: list[str] = Field(default_factory=list)
+    others: list[str] = Field(default_factory=list, description="the candidates that lost, with their score "
+                                                                "and reasons")
+    pool_taken_at: float = Field(0.0, description="epoch seconds of the pool snapshot it was scored against")
+
+    @property
+    def gpu_type(self) -> str | None:
+        return self.gres.partition(":")[2] or None
+
+
 class ComponentPlan(BaseModel):
     model_config = _PLAN_CONFIG
     name: str
@@ -100,13 +119,16 @@ class ComponentPlan(BaseModel):
     actions: list[str]
     command: list[str] | None = Field(
         default=None, description="argv every rank runs (a command component; no actions)")
+    placement: PlacementChoice | None = Field(
+        default=None, description="set by hetrun submit for a placement: auto (or --fit) component")
 
     @model_serializer(mode="wrap")
     def _without_null_command(self, handler: Any) -> dict[str, Any]:
-        # An action component's entry reads as before: "command" only where there is one.
+        # An action component's entry reads as before: "command" / "placement" only where there is one.
         data = handler(self)
-        if data.get("command") is None:
-            data.pop("command", None)
+        for key in ("command", "placement"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -328,5 +350,5 @@ def build_plan(
     return build_plan_explained(spec, weights=weights, capacities=capacities).plan
 
 
-__all__ = ["ComponentPlan", "Plan", "PlanAction", "PlanBuild", "PlanDep", "build_plan",
+__all__ = ["ComponentPlan", "PlacementChoice", "Plan", "PlanAction", "PlanBuild", "PlanDep", "build_plan",
            "build_plan_explained", "describe"]

@@ -74,6 +74,15 @@ class ComponentSpec(_Section):
                                       description="action types this component runs (not with command)")
     command: Command | None = Field(None, description="the user's program every rank of this component "
                                                       "runs instead of actions (torchrun variables per rank)")
+    placement: Literal["fixed", "auto"] = Field(
+        "fixed", description="fixed: slurm.partition and gres gpu:N as written; auto: hetrun submit picks the "
+                             "partition and GPU type expected to start first (docs/CONTRACTS.md, placement)")
+    partitions: list[str] = Field(default_factory=list, max_length=64,
+                                  description="placement: auto only: the partitions it may pick (default: "
+                                              "slurm.partition if set, else any)")
+    gpu_types: list[str] = Field(default_factory=list, max_length=64,
+                                 description="placement: auto only: the GPU (GRES) types it may pick, e.g. "
+                                             "[a100, v100] (default: any)")
 
     @field_validator("mem", mode="before")
     @classmethod
@@ -89,6 +98,16 @@ class ComponentSpec(_Section):
     @classmethod
     def _command(cls, value: Any) -> list[str] | None:
         return None if value is None else v.check_command(value)
+
+    @field_validator("partitions")
+    @classmethod
+    def _partitions(cls, value: list[str]) -> list[str]:
+        return _checked_list(value, v.check_one_partition)
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _gpu_types(cls, value: list[str]) -> list[str]:
+        return _checked_list(value, v.check_gpu_type)
 
     @field_validator("actions")
     @classmethod
@@ -125,6 +144,32 @@ class ComponentSpec(_Section):
         if self.gpu_mem is None or not self.gpus_per_node:
             return None
         return v.mem_to_mb(self.gpu_mem) * self.gpus_per_node // self.tasks_per_node
+
+
+def _checked_list(value: list[str], check: Any) -> list[str]:
+    """Each entry checked, none twice (the error names the entry; its position is the list's)."""
+    for i, item in enumerate(value):
+        try:
+            check(item)
+        except ValueError as exc:
+            raise ValueError(f"entry {i}: {exc}") from None
+    dupes = sorted({x for x in value if value.count(x) > 1})
+    if dupes:
+        raise ValueError(f"listed twice: {', '.join(dupes)}")
+    return value
+
+
+def _check_placement(cname: str, comp: ComponentSpec) -> None:
+    """Lists of candidates mean nothing to a fixed component: refused rather than ignored."""
+    for key in ("partitions", "gpu_types"):
+        if getattr(comp, key) and comp.placement != "auto":
+            raise SpecIssue(f"{key} lists candidates for placement: auto, but component {cname!r} has "
+                            f"placement: {comp.placement}", path=("components", cname, key),
+                            hint=f"add placement: auto to {cname}, or remove {key}:")
+    if comp.gpu_types and not comp.gpus_per_node:
+        raise SpecIssue(f"gpu_types is set but component {cname!r} has gpus_per_node 0 (no GPU to choose a "
+                        "type for)", path=("components", cname, "gpu_types"),
+                        hint="set gpus_per_node, or remove gpu_types:")
 
 
 class TrainingSpec(_Section):
@@ -344,6 +389,7 @@ class JobSpec(_Section):
                                     path=("components", cname, "actions"),
                                     hint="each action type runs in exactly one component")
                 owner[act] = cname
+            _check_placement(cname, comp)
             if comp.mem_mb < comp.tasks_per_node:
                 raise SpecIssue(f"mem {comp.mem} is less than 1M per task for {comp.tasks_per_node} tasks",
                                 path=("components", cname, "mem"))
@@ -415,6 +461,9 @@ class JobSpec(_Section):
         if "workload" not in data and not data["workload_args"]:
             del data["workload_args"]
         for comp in data["components"].values():
+            if comp["placement"] == "fixed":  # the default: a fixed job's job.yaml reads as before
+                for key in ("placement", "partitions", "gpu_types"):
+                    del comp[key]
             if comp["command"] is None:
                 del comp["command"]
             elif not comp["actions"]:

@@ -89,6 +89,19 @@ def check_partition(value: Any) -> str:
                          "partition name (letters, digits, _ . -; a comma-separated list allowed)")
 
 
+def check_one_partition(value: Any) -> str:
+    """One partition name (a ``partitions:`` entry of ``placement: auto``; no list)."""
+    return check_pattern(value, SLURM_NAME_RE, "partition name (letters, digits, _ . -, at most 64)")
+
+
+GPU_TYPE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+def check_gpu_type(value: Any) -> str:
+    """A GRES type as gres.conf's Type= names it (``a100``); goes into ``--gres=gpu:TYPE:N``."""
+    return check_pattern(value, GPU_TYPE_RE, "GPU type (letters, digits, _ . -, at most 32), e.g. a100")
+
+
 def check_constraint(value: Any) -> str:
     return check_pattern(value, CONSTRAINT_RE,
                          "constraint (node features joined by & | , with [ ] ( ) ! * : and no spaces)")

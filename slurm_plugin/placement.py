@@ -1,12 +1,13 @@
 """Fitness-matched placement of one het component against a pool snapshot.
 
-Not wired into job specs yet (``placement: auto`` / ``submit --fit`` need dag/
-changes): this module scores the candidates so that wiring is a thin step.
+``placement: auto`` / ``hetrun submit --fit`` (``placement_fit``) derive each
+component's ``Need`` (``hetrun.dag.needs``) and pick with this module's scores.
 A candidate is a (partition, GRES type) group of nodes; each one gets a score
 and the reasons behind it, so ``plan --explain`` can show why one lost:
 
 - it must be able to hold the component at all (enough nodes of that shape,
-  whatever their load) or it is out;
+  whatever their load, and a GPU type not known to have less memory than the
+  component's GPU memory need) or it is out;
 - it fits now (enough nodes with the CPUs, GPUs and memory free) or must wait;
 - free GPU share of the group (an idle GPU type beats a busy one), minus
   queue pressure (jobs already pending on the partition), minus nodes with a
@@ -25,10 +26,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from hetrun.dag.errors import SlurmError
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.pool import NodeFree, PoolSnapshot
+
+if TYPE_CHECKING:
+    from hetrun.dag.needs import ComponentNeed
 
 FITS_NOW_BONUS = 100.0
 PENDING_PENALTY = 5.0  # per pending job on the partition
@@ -36,6 +41,12 @@ TROUBLE_PENALTY = 20.0  # per troubled node the component would land on
 GPU_WASTE_PENALTY = 10.0  # CPU-only work on GPU nodes keeps GPUs from GPU work
 WAIT_PENALTY_PER_MIN = 2.0  # per minute Slurm expects the candidate to wait
 WAIT_PENALTY_MAX = 200.0  # a start Slurm cannot place at all loses to any that starts
+# Memory of one GPU of the common GRES types (the smallest model sold under the
+# name): a type known to be smaller than a component's GPU memory need is out.
+# A type not listed here is not checked (its reason says so).
+GPU_MEMORY_MB = {"k80": 12 * 1024, "p100": 12 * 1024, "v100": 16 * 1024, "t4": 16 * 1024, "a10": 24 * 1024,
+                 "l4": 24 * 1024, "a30": 24 * 1024, "a40": 48 * 1024, "l40s": 48 * 1024, "a100": 40 * 1024,
+                 "h100": 80 * 1024, "h200": 141 * 1024, "b200": 180 * 1024}
 # sbatch --test-only (stderr): "sbatch: Job 12 to start at 2026-12-01T18:50:40 using 2 processors on nodes n1 in partition debug"
 _TEST_ONLY = re.compile(r"to start at (\S+) using \d+ processors on nodes (\S+) in partition (\S+)")
 
@@ -50,12 +61,19 @@ class Need:
     mem_mb_per_node: int = 0
     gpu_types: tuple[str, ...] = ()  # allowed GRES types ("a100"); empty = any
     partitions: tuple[str, ...] = ()  # allowed partitions; empty = any
+    gpu_mem_mb: int = 0  # memory one GPU must have; 0 = not known
 
     @classmethod
     def from_component(cls, comp: dict, **limits: tuple[str, ...]) -> Need:
         return cls(nodes=int(comp["nodes"]), cpus_per_node=int(comp["tasks_per_node"]) * int(comp["cpus_per_task"]),
                    gpus_per_node=int(comp.get("gpus_per_node", 0)), mem_mb_per_node=int(comp.get("mem_mb", 0)),
                    **limits)
+
+    @classmethod
+    def from_needs(cls, need: ComponentNeed) -> Need:
+        """From the needs ``hetrun.dag.needs`` derived from the component's action profiles."""
+        return cls(need.nodes, need.cpus_per_node, need.gpus_per_node, need.mem_mb_per_node,
+                   need.gpu_types, need.partitions, need.gpu_mem_mb_per_gpu)
 
 
 @dataclass
@@ -77,9 +95,36 @@ def _fits_now(n: NodeFree, need: Need) -> bool:
 def _allowed(gres: str, need: Need) -> bool:
     if need.gpus_per_node and gres == "-":
         return False
+    known_mb = GPU_MEMORY_MB.get(gres.partition(":")[2])
+    if need.gpus_per_node and need.gpu_mem_mb and known_mb is not None and known_mb < need.gpu_mem_mb:
+        return False
     if not need.gpu_types:
         return True
     return gres.partition(":")[2] in {t.lower() for t in need.gpu_types}
+
+
+def excluded(need: Need, snap: PoolSnapshot) -> list[str]:
+    """Why each (partition, GRES) group of the pool that ``score`` leaves out cannot hold ``need``."""
+    out = []
+    for row in snap.rows:
+        gtype = row.gres.partition(":")[2]
+        gpus_each, cpus_each = row.gpus_total // max(1, row.node_total), row.cpus_total // max(1, row.node_total)
+        why = None
+        if need.partitions and row.partition not in need.partitions:
+            why = "partition not allowed (partitions: / slurm.partition)"
+        elif need.gpus_per_node and row.gres == "-":
+            why = "no GPUs"
+        elif need.gpus_per_node and need.gpu_mem_mb and GPU_MEMORY_MB.get(gtype, need.gpu_mem_mb) < need.gpu_mem_mb:
+            why = f"{gtype} has {GPU_MEMORY_MB[gtype]} MB per GPU, {need.gpu_mem_mb} MB needed"
+        elif not _allowed(row.gres, need):
+            why = "GPU type not allowed (gpu_types:)"
+        elif row.node_total < need.nodes:
+            why = f"{row.node_total} nodes, {need.nodes} needed"
+        elif gpus_each < need.gpus_per_node or cpus_each < need.cpus_per_node:
+            why = f"nodes have {cpus_each} CPUs / {gpus_each} GPUs, {need.cpus_per_node} / {need.gpus_per_node} needed"
+        if why:
+            out.append(f"{row.partition} {row.gres}: {why}")
+    return out
 
 
 def score(need: Need, snap: PoolSnapshot) -> list[Candidate]:

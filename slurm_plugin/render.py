@@ -64,6 +64,9 @@ class ComponentLines:
     gpus_per_node: int
     mem_mb: int
     command: tuple[str, ...] | None = None  # a command component's argv (None: it runs actions)
+    # placement: auto (plan.json components[i].placement): its own partition and GPU type
+    partition: str | None = None
+    gpu_type: str | None = None
 
 
 def _command(value: Any, key_path: str) -> tuple[str, ...] | None:
@@ -102,9 +105,26 @@ def _components(plan: Mapping[str, Any]) -> list[ComponentLines]:
                 gpus_per_node=_positive_int(c.get("gpus_per_node", 0), f"{kp}.gpus_per_node", minimum=0),
                 mem_mb=_positive_int(c.get("mem_mb", 0), f"{kp}.mem_mb", minimum=0),
                 command=_command(c.get("command"), f"{kp}.command"),
+                **_placement(c.get("placement"), f"{kp}.placement"),
             )
         )
     return out
+
+
+def _placement(choice: Any, key_path: str) -> dict[str, str | None]:
+    """The partition and GPU type ``hetrun submit`` chose for the component, re-checked."""
+    if choice is None:
+        return {}
+    gtype = str(_field(choice, "gres", "-")).partition(":")[2] or None
+    if gtype is not None:
+        from hetrun.dag.validators import check_gpu_type
+
+        try:
+            check_gpu_type(gtype)
+        except ValueError as exc:
+            raise SpecError(str(exc), key_path=f"{key_path}.gres", value=gtype) from None
+    return {"partition": quoting.partition(_field(choice, "partition"), f"{key_path}.partition"),
+            "gpu_type": gtype}
 
 
 @dataclass(frozen=True)
@@ -183,11 +203,11 @@ def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[s
         f"--cpus-per-task={c.cpus_per_task}",
     ]
     if c.gpus_per_node:
-        lines.append(f"--gres=gpu:{c.gpus_per_node}")
+        lines.append(f"--gres=gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"--gres=gpu:{c.gpus_per_node}")
     if c.mem_mb:
         lines.append(f"--mem={c.mem_mb}M")
     for key in ("partition", "account", "qos", "time", "constraint"):
-        value = getattr(opts, key)
+        value = c.partition if key == "partition" and c.partition else getattr(opts, key)
         if value is not None:
             lines.append(f"--{key}={value}")
     lines.extend(opts.extra_component)

@@ -43,6 +43,7 @@ class SubmitResult:
     script: str
     backend: str
     dry_run: DryRun | None = None
+    plan: dict[str, Any] | None = None  # plan.json's content (placement choices included)
 
 
 def _plan_dict(plan: Any) -> dict[str, Any]:
@@ -149,8 +150,12 @@ def submit_spec(
     python: str | None = None,
     plan: Any = None,
     job_dir: str | Path | None = None,
+    fit: bool = False,
 ) -> SubmitResult:
     """Submit a validated ``JobSpec``. ``plan`` defaults to ``plan_for(spec, backend)``.
+
+    ``fit`` (``--fit``) places every component against the pool as ``placement: auto``
+    components always are (``placement_fit.place``); the choices go into plan.json.
 
     ``job_dir`` (the directory of the job YAML) goes into plan.json as ``job_dir``:
     every rank, on any node, imports workload modules kept next to the YAML from it.
@@ -161,6 +166,9 @@ def submit_spec(
     plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
     if job_dir is not None:
         plan_d["job_dir"] = resolve_job_dir(job_dir)
+    from .placement_fit import place
+
+    place(spec, plan_d, backend_obj, fit_all=fit)
     root = runs_root(runs_dir)
     quoting.sbatch_path(root, "runs directory")
     if backend_obj.name != "local":
@@ -178,7 +186,7 @@ def submit_spec(
     run = RunInfo(name=spec.name, run_dir=str(run_dir), backend=backend_obj.name, components=names)
 
     if dry_run:
-        return SubmitResult(run, script, backend_obj.name, backend_obj.dry_run(run, script, plan_d))
+        return SubmitResult(run, script, backend_obj.name, backend_obj.dry_run(run, script, plan_d), plan_d)
 
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -204,7 +212,7 @@ def submit_spec(
     elif isinstance(backend_obj, SbatchBackend):
         run.cluster = backend_obj.cluster_name()
     write_run(run)
-    return SubmitResult(run, script, backend_obj.name)
+    return SubmitResult(run, script, backend_obj.name, plan=plan_d)
 
 
 def submit_file(
