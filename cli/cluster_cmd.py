@@ -26,6 +26,11 @@ def up_cmd(
     cpus: Annotated[Optional[int], typer.Option(help="CPUs per node (default: as last time, else 2).")] = None,
     gpus: Annotated[Optional[int], typer.Option(help="Emulated GPUs per node (default: as last time, else 2).")] = None,
     mem_mb: Annotated[Optional[int], typer.Option("--mem-mb", help="Memory per node in MB (default: as last time, else 4000).")] = None,
+    gpu_types: Annotated[Optional[str], typer.Option(
+        "--gpu-types", help="Pool shape: GRES types, comma-separated (a100,v100): the GPU nodes split between "
+                            "them, one partition gpu-<type> each; '' for untyped GPUs (default: as last time).")] = None,
+    cpu_nodes: Annotated[Optional[int], typer.Option(
+        "--cpu-nodes", help="Pool shape: the last N nodes have no GPU, in partition cpu (default: as last time, else 0).")] = None,
     no_install: Annotated[bool, typer.Option("--no-install", help="Do not apt-get install missing packages.")] = False,
     policy: Annotated[Optional[Path], typer.Option(
         help="Pool policy YAML to run with (see docs/POLICY.md): its slurm.conf settings and job_submit.lua "
@@ -37,10 +42,14 @@ def up_cmd(
     import time
 
     from hetrun.slurm_plugin import cluster
+    from hetrun.slurm_plugin.cluster_conf import node_groups
 
     saved = cluster.load_config()
     wanted: dict[str, object] = {
-        k: v for k, v in {"nodes": nodes, "cpus": cpus, "gpus": gpus, "mem_mb": mem_mb}.items() if v is not None}
+        k: v for k, v in {"nodes": nodes, "cpus": cpus, "gpus": gpus, "mem_mb": mem_mb,
+                          "cpu_nodes": cpu_nodes}.items() if v is not None}
+    if gpu_types is not None:
+        wanted["gpu_types"] = tuple(t.strip() for t in gpu_types.split(",") if t.strip())
     if policy is not None and no_policy:
         raise typer.BadParameter("give --policy FILE or --no-policy, not both")
     if policy is not None:
@@ -50,13 +59,14 @@ def up_cmd(
         wanted["policy"] = str(policy.resolve())
     elif no_policy:
         wanted["policy"] = None
-    cfg = dataclasses.replace(saved, **wanted)
+    cfg = dataclasses.replace(saved, **wanted)  # validates the shape (SlurmError) before anything starts
     t0 = time.monotonic()
     st = cluster.up(cfg, install=not no_install)
     typer.echo(
         f"cluster {cluster.CLUSTER_NAME} up in {time.monotonic() - t0:.1f} s: "
         f"{cfg.nodes} nodes x {cfg.cpus} CPUs, {cfg.gpus} GPUs, {cfg.mem_mb} MB; "
         f"partitions debug (default), high (preempts)"
+        + "".join(f", {g.partition} ({g.names})" for g in node_groups(cfg) if g.partition)
         + (f"; policy {cfg.policy}" if cfg.policy else "")
     )
     _print_status(st)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
@@ -57,6 +58,12 @@ class ClusterConfig:
     # its slurm.conf settings and job_submit.lua are rendered in, so a later `up`
     # keeps them instead of dropping what `policy apply` wrote.
     policy: str | None = None
+    # Pool shape (`hetrun cluster up --gpu-types a100,v100 --cpu-nodes 16`): the GPU
+    # nodes split evenly between these GRES types, each type with its own partition
+    # gpu-<type>, and the last ``cpu_nodes`` nodes without GPUs in partition ``cpu``.
+    # debug and high still hold every node. Empty and 0: every node alike.
+    gpu_types: tuple[str, ...] = ()
+    cpu_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.policy is not None and not Path(self.policy).is_absolute():
@@ -73,6 +80,7 @@ class ClusterConfig:
                     f"cluster config: {key}={value!r} is out of range",
                     hint=f"use an integer between {low} and {high}",
                 )
+        check_pool_shape(self)
         total_mb = physical_memory_mb()
         if total_mb and self.nodes * self.mem_mb > total_mb:
             raise SlurmError(
@@ -104,7 +112,56 @@ class ClusterConfig:
         data = json.loads(text)
         data["directory"] = Path(data["directory"])
         data["slurm_etc"] = Path(data["slurm_etc"])
+        data["gpu_types"] = tuple(data.get("gpu_types", ()))
         return cls(**data)
+
+
+_GPU_TYPE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+def check_pool_shape(cfg: ClusterConfig) -> None:
+    bad = [t for t in cfg.gpu_types if not isinstance(t, str) or not _GPU_TYPE.match(t)]
+    if bad or len(set(cfg.gpu_types)) != len(cfg.gpu_types):
+        raise SlurmError(f"cluster config: gpu_types={list(cfg.gpu_types)!r} is not a list of distinct names",
+                         hint="use lower-case GRES type names such as a100,v100 (letters and digits)")
+    if not isinstance(cfg.cpu_nodes, int) or isinstance(cfg.cpu_nodes, bool) \
+            or not 0 <= cfg.cpu_nodes < cfg.nodes:
+        raise SlurmError(f"cluster config: cpu_nodes={cfg.cpu_nodes!r} is out of range",
+                         hint=f"use an integer between 0 and {cfg.nodes - 1} (at least one GPU node)")
+    if cfg.gpu_types and (cfg.gpus == 0 or cfg.nodes - cfg.cpu_nodes < len(cfg.gpu_types)):
+        raise SlurmError(f"cluster config: {len(cfg.gpu_types)} GPU types need GPUs on at least as many nodes "
+                         f"(gpus={cfg.gpus}, {cfg.nodes - cfg.cpu_nodes} GPU nodes)",
+                         hint="give --gpus 1 or more, and fewer --cpu-nodes or GPU types")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Nodes n<first>..n<last> alike: ``gres`` as on the NodeName line ("" = no GPU)."""
+
+    first: int
+    last: int
+    gres: str
+    partition: str | None  # the group's own partition, beside debug and high
+
+    @property
+    def names(self) -> str:
+        return _range("n", self.first, self.last)
+
+
+def node_groups(cfg: ClusterConfig) -> list[NodeGroup]:
+    gpu_nodes = cfg.nodes - cfg.cpu_nodes
+    gres = f"gpu:{cfg.gpus}" if cfg.gpus else ""
+    groups = []
+    if not cfg.gpu_types:
+        groups.append(NodeGroup(1, gpu_nodes, gres, "gpu" if cfg.cpu_nodes else None))
+    first = 1
+    for i, gpu_type in enumerate(cfg.gpu_types):  # the first types take the remainder
+        count = gpu_nodes // len(cfg.gpu_types) + (i < gpu_nodes % len(cfg.gpu_types))
+        groups.append(NodeGroup(first, first + count - 1, f"gpu:{gpu_type}:{cfg.gpus}", f"gpu-{gpu_type}"))
+        first += count
+    if cfg.cpu_nodes:
+        groups.append(NodeGroup(gpu_nodes + 1, cfg.nodes, "", "cpu"))
+    return groups
 
 
 def physical_memory_mb() -> int:
@@ -128,10 +185,6 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
     # One template that reads top to bottom like the slurm.conf it writes, hence its length.
     d = cfg.directory
     nodes = _range("n", 1, cfg.nodes)
-    ports = str(FIRST_SLURMD_PORT) if cfg.nodes == 1 else (
-        f"[{FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + cfg.nodes - 1}]"
-    )
-    gres = f" Gres=gpu:{cfg.gpus}" if cfg.gpus else ""
     # Jobs that give no --mem get a share small enough that several fit on a node.
     def_mem_per_cpu = max(100, cfg.mem_mb // (2 * cfg.cpus))
     lines = [
@@ -192,14 +245,23 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=30",
         "JobCompType=jobcomp/none",
-        f"NodeName={nodes} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 Port={ports} "
-        f"CPUs={cfg.cpus} Sockets=1 CoresPerSocket={cfg.cpus} ThreadsPerCore=1 "
-        f"RealMemory={cfg.mem_mb}{gres} State=UNKNOWN",
+        *(_node_line(cfg, g) for g in node_groups(cfg)),
+        *(f"PartitionName={g.partition} Nodes={g.names} PriorityTier=1 MaxTime=INFINITE State=UP"
+          for g in node_groups(cfg) if g.partition),
         f"PartitionName=debug Nodes={nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
         f"PartitionName=high Nodes={nodes} PriorityTier=10 MaxTime=INFINITE State=UP",
         "",
     ]
     return "\n".join(lines)
+
+
+def _node_line(cfg: ClusterConfig, g: NodeGroup) -> str:
+    first, last = FIRST_SLURMD_PORT + g.first - 1, FIRST_SLURMD_PORT + g.last - 1
+    ports = str(first) if first == last else f"[{first}-{last}]"
+    gres = f" Gres={g.gres}" if g.gres else ""
+    return (f"NodeName={g.names} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 Port={ports} "
+            f"CPUs={cfg.cpus} Sockets=1 CoresPerSocket={cfg.cpus} ThreadsPerCore=1 "
+            f"RealMemory={cfg.mem_mb}{gres} State=UNKNOWN")
 
 
 def render_gres_conf(cfg: ClusterConfig) -> str:
@@ -210,7 +272,13 @@ def render_gres_conf(cfg: ClusterConfig) -> str:
     file_spec = str(files[0]) if cfg.gpus == 1 else (
         f"{cfg.directory}/fakegpu/gpu[0-{cfg.gpus - 1}]"
     )
-    return head + f"NodeName={_range('n', 1, cfg.nodes)} Name=gpu File={file_spec}\n"
+    lines = []
+    for g in node_groups(cfg):
+        if g.gres:
+            gpu_type = g.gres.split(":")[1] if g.gres.count(":") == 2 else None
+            lines.append(f"NodeName={g.names} Name=gpu" + (f" Type={gpu_type}" if gpu_type else "")
+                         + f" File={file_spec}\n")
+    return head + "".join(lines)
 
 
 def render_mpi_conf() -> str:

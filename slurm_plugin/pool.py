@@ -323,7 +323,9 @@ def _json(run: Runner, argv: list[str]) -> dict[str, Any]:
     except ValueError as exc:
         raise SlurmError(f"`{' '.join(argv)}` did not print JSON ({exc}); Slurm 21.08+ with the "
                          "JSON output plugins is needed") from None
-    errors = data.get("errors") or []
+    # sacct --json on a cluster with no job in the window reports error 9003
+    # "Nothing found" (Slurm 22.05): that is an empty answer, not a failure.
+    errors = [e for e in data.get("errors") or [] if not (isinstance(e, dict) and e.get("error_number") == 9003)]
     if errors:
         raise SlurmError(f"`{' '.join(argv)}` reported: {errors[0]}")
     return data

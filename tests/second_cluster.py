@@ -13,6 +13,7 @@ from slurmdbd.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
@@ -49,12 +50,21 @@ FIRST_NODE_PORT = 18001
 
 class SecondCluster:
     """``policy``: a policy YAML the cluster starts with, as `hetrun cluster up --policy`
-    does it (settings and job_submit.lua rendered in, then QOS/accounts applied)."""
+    does it (settings and job_submit.lua rendered in, then QOS/accounts applied).
+    ``shape``: other ClusterConfig fields (cpus, gpus, mem_mb, gpu_types, cpu_nodes).
+    A subclass with its own name, directory and ports is a third cluster
+    (tests/big_cluster.py)."""
 
-    def __init__(self, nodes: int = 2, policy: Path | None = None) -> None:
-        self.cfg = ClusterConfig(nodes=nodes, cpus=2, gpus=2, mem_mb=1000, directory=DIRECTORY,
-                                 slurm_etc=DIRECTORY / "etc-not-linked",
-                                 policy=str(policy.resolve()) if policy else None)
+    name = NAME
+    directory = DIRECTORY
+    ctld_port = CTLD_PORT
+    first_node_port = FIRST_NODE_PORT
+
+    def __init__(self, nodes: int = 2, policy: Path | None = None, **shape: object) -> None:
+        shape = {"cpus": 2, "gpus": 2, "mem_mb": 1000, **shape}
+        self.cfg = ClusterConfig(nodes=nodes, directory=self.directory,  # type: ignore[arg-type]
+                                 slurm_etc=self.directory / "etc-not-linked",
+                                 policy=str(policy.resolve()) if policy else None, **shape)
         self.policy_commands: list[tuple[str, ...]] = []  # what apply_policy_objects ran at start
 
     @property
@@ -66,21 +76,23 @@ class SecondCluster:
                               timeout=60, stdin=subprocess.DEVNULL)
 
     def render_conf(self) -> str:
-        n = self.cfg.nodes
         text, _ = slurm_conf_with_policy(self.cfg)  # write_configs wrote the lua
-        text = text.replace("ClusterName=hetrun", f"ClusterName={NAME}")
-        text = text.replace(f"SlurmctldPort={SLURMCTLD_PORT}", f"SlurmctldPort={CTLD_PORT}")
-        old_ports = f"Port=[{FIRST_SLURMD_PORT}-{FIRST_SLURMD_PORT + n - 1}]"
-        assert old_ports in text, "the rendered slurm.conf changed shape; update tests/second_cluster.py"
-        return text.replace(old_ports, f"Port=[{FIRST_NODE_PORT}-{FIRST_NODE_PORT + n - 1}]")
+        text = text.replace("ClusterName=hetrun", f"ClusterName={self.name}")
+        text = text.replace(f"SlurmctldPort={SLURMCTLD_PORT}", f"SlurmctldPort={self.ctld_port}")
+        shift = self.first_node_port - FIRST_SLURMD_PORT
+        # Every NodeName line (one per node group) moves its Port=N or Port=[A-B] by `shift`.
+        text, count = re.subn(r"^(NodeName=\S+ .*?Port=)(\S+)", lambda m: m.group(1) + re.sub(
+            r"\d+", lambda p: str(int(p.group()) + shift), m.group(2)), text, flags=re.M)
+        assert count, "the rendered slurm.conf changed shape; update tests/second_cluster.py"
+        return text
 
     def start(self) -> None:
         self.stop()
         write_configs(self.cfg)  # dirs, gres.conf, mpi.conf, task prolog; slurm.conf replaced below
         self.cfg.slurm_conf.write_text(self.render_conf())
         clusters = self.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster").stdout.split()
-        if NAME not in clusters:
-            self.run("sacctmgr", "-i", "add", "cluster", NAME)
+        if self.name not in clusters:
+            self.run("sacctmgr", "-i", "add", "cluster", self.name)
         self.start_daemons()
         if self.cfg.policy:
             self.policy_commands = apply_policy_objects(self.cfg)
@@ -119,13 +131,13 @@ class SecondCluster:
         if (self.cfg.directory / "run").exists():
             self.run("scancel", "--full", "-u", "root", check=False)
             self.stop_daemons()
-        self.run("sacctmgr", "-i", "delete", "cluster", NAME, check=False)
+        self.run("sacctmgr", "-i", "delete", "cluster", self.name, check=False)
         shutil.rmtree(self.cfg.directory, ignore_errors=True)
         # QOS are global in slurmdbd; sacctmgr refuses to delete one while an
         # association still names it, so only now that the cluster is gone.
         names = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", "format=Name"], capture_output=True,
                                text=True, check=False, timeout=60).stdout.split()
-        ours = [q for q in names if q.startswith(f"{NAME}_")]
+        ours = [q for q in names if q.startswith(f"{self.name}_")]
         if ours:
             subprocess.run(["sacctmgr", "-i", "delete", "qos", ",".join(ours)], capture_output=True,
                            check=False, timeout=60)
