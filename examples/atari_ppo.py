@@ -10,6 +10,12 @@ this class swaps in what Atari needs:
   calls both on the same minibatch, and the encoder runs once for the pair;
 - episodic returns are real game scores across lives, as CleanRL logs them;
   training episodes end at a lost life, and rewards are clipped to their sign.
+- GAE takes the values the rollout ranks computed with the behaviour policy
+  in the same encoder pass that picked the actions (``gae_values: rollout``,
+  the default; CleanRL and SB3 do the same), not a learner-side critic pass
+  over the whole batch (``gae_values: learner``, ppo.py's way), which cost
+  ~20% of the learner's update here (benchmarks/atari.md). In a pipelined run
+  those values come from weights up to ``tolerance_window`` versions old.
 
 Rollout ranks step the games and run the policy on CPU; learner ranks train.
 
@@ -88,8 +94,10 @@ class ImpalaEncoder(nn.Module):
         self.fc = nn.Linear(chans[-1] * side * side, hidden)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = torch.relu(self.stages(x.float() / 255.0)).flatten(1)
-        return torch.relu(self.fc(x))
+        # Channels-last frames: on CPU, oneDNN's convolutions and max-pool run ~2x faster on
+        # NHWC than on NCHW here (max-pool ~6x); the weights stay NCHW (checkpoints unchanged).
+        x = x.contiguous(memory_format=torch.channels_last).float() / 255.0
+        return torch.relu(self.fc(torch.relu(self.stages(x)).flatten(1)))
 
 
 def orthogonal_init(module: nn.Module, gen: torch.Generator, gains: dict[int, float]) -> None:
@@ -229,10 +237,13 @@ class AtariPPOWorkload(PPOWorkload):
         logprobs = torch.empty(t_len, n)
         rewards = torch.empty(t_len, n)
         dones = torch.empty(t_len, n)
+        values = torch.empty(t_len, n)
         next_obs = torch.from_numpy(vec.obs)
         for t in range(t_len):
             obs[t] = next_obs
-            logp_all = torch.log_softmax(self.actor(next_obs), dim=-1)  # [N, A]
+            feats = self.agent.features(next_obs)  # one encoder pass for both heads, as SB3's rollout
+            values[t] = self.agent.value(feats).squeeze(-1)
+            logp_all = torch.log_softmax(self.agent.policy(feats), dim=-1)  # [N, A]
             action = torch.multinomial(logp_all.exp(), 1, generator=self.gen)  # [N, 1]
             actions[t] = action.squeeze(1)
             logprobs[t] = logp_all.gather(1, action).squeeze(1)
@@ -252,11 +263,21 @@ class AtariPPOWorkload(PPOWorkload):
             "dones": env_major(dones),
             "truncated": torch.zeros(n, t_len),
             "last_obs": next_obs.clone(),
+            "values": env_major(values),
+            "last_values": self.agent.value(self.agent.features(next_obs)).squeeze(-1),
             "policy_version": torch.full((n,), int(policy_version), dtype=torch.int64),
             "env_steps": torch.tensor([n * t_len], dtype=torch.int64),
             "episode_returns": torch.tensor(returns, dtype=torch.float32),
             "episode_lengths": torch.tensor(lengths, dtype=torch.int64),
         }
+
+    # ------------------------------------------------------------ learner side
+
+    def _gae_values(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """The behaviour policy's values from the batch (``gae_values: rollout``), else the learner's."""
+        if self.cfg.gae_values == "learner":
+            return super()._gae_values(batch)
+        return batch["values"], batch["rewards"], batch["last_values"]
 
     # ------------------------------------------------------------ evaluation
 

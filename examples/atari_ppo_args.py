@@ -7,6 +7,8 @@ PPO keys are PPOWorkloadArgs'; the defaults are CleanRL's ppo_atari's.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from .ppo_args import PPOWorkloadArgs
@@ -26,6 +28,10 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
     eval_episodes: int = Field(8, gt=0, description="games per evaluation")
     eval_max_steps: int = Field(27_000, gt=0,
                                 description="agent steps per evaluation game (108k frames, ALE's cap)")
+    gae_values: Literal["rollout", "learner"] = Field(
+        "rollout", description="values GAE uses: the behaviour policy's, computed by the rollout ranks in "
+        "the encoder pass that picks the actions (as CleanRL and SB3 do), or the learner's current "
+        "critic in an extra pass over the whole batch (staleness-free targets, ~20% more learner work)")
 
     @model_validator(mode="after")
     def _atari_id(self) -> AtariPPOWorkloadArgs:

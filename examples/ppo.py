@@ -187,13 +187,9 @@ class PPOWorkload(Workload):
     def _prepare(self, batch: dict[str, Tensor]) -> None:
         """GAE with the current critic, flatten, and draw the epochs' minibatch schedule."""
         cfg = self.cfg
-        obs, rewards, dones = batch["obs"], batch["rewards"], batch["dones"]  # [N,T,(D)]
+        obs, dones = batch["obs"], batch["dones"]  # [N,T,(D)]
+        values, rewards, next_value = self._gae_values(batch)
         n, t_len = rewards.shape
-        values = self.critic(obs).squeeze(-1)  # [N, T]
-        # An episode cut by the time limit did not end: bootstrap its last reward with V(s_final).
-        if batch["truncated"].any():  # most batches cut no episode: skip a critic pass over trunc_obs
-            rewards = rewards + cfg.gamma * batch["truncated"] * self.critic(batch["trunc_obs"]).squeeze(-1)
-        next_value = self.critic(batch["last_obs"]).squeeze(-1)  # [N]
         advantages = torch.zeros(n, t_len)
         last_gae = torch.zeros(n)
         for t in reversed(range(t_len)):
@@ -221,6 +217,20 @@ class PPOWorkload(Workload):
         staleness = (self.version - batch["policy_version"]).float()
         self.recent_returns.extend(batch["episode_returns"].tolist())
         self._stats = {"staleness": [float(staleness.mean())], "episodes": [len(batch["episode_returns"])]}
+
+    def _gae_values(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """GAE's inputs: values [N,T], rewards [N,T] (time-limit cuts bootstrapped), next value [N].
+
+        Here from the learner's current critic; a subclass may take values its
+        rollout ranks computed (examples/atari_ppo.py).
+        """
+        values = self.critic(batch["obs"]).squeeze(-1)  # [N, T]
+        rewards = batch["rewards"]
+        # An episode cut by the time limit did not end: bootstrap its last reward with V(s_final).
+        if batch["truncated"].any():  # most batches cut no episode: skip a critic pass over trunc_obs
+            cut_values = self.critic(batch["trunc_obs"]).squeeze(-1)
+            rewards = rewards + self.cfg.gamma * batch["truncated"] * cut_values
+        return values, rewards, self.critic(batch["last_obs"]).squeeze(-1)
 
     def _loss(self, minibatch: Tensor, part: Tensor) -> Tensor:
         """PPO loss over ``part`` (indices within ``minibatch``), scaled so parts sum to the mean."""

@@ -138,3 +138,24 @@ def test_a_restored_rollout_rank_plays_fresh_games_seeded_by_the_restored_versio
     assert all(torch.equal(ba[k], bb[k]) for k in ba)  # the documented rule is deterministic
     fresh = AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
     assert not torch.equal(fresh.rollout(0)["obs"], ba["obs"])  # version 5's seeds, not version 0's
+
+
+def test_gae_takes_the_behaviour_values_the_rollout_computed_unless_told_to_use_the_learners() -> None:
+    learner = AtariPPOWorkload(ctx(0, "learner"), **SMALL)
+    roller = AtariPPOWorkload(ctx(1, "rollout"), **SMALL)
+    roller.load_policy(learner.policy_state(), 0)
+    batch = roller.rollout(0)
+    assert batch["values"].shape == (2, 16) and batch["last_values"].shape == (2,)
+    with torch.no_grad():  # the rollout's values are the (same-weights) critic's, per step and at the end
+        torch.testing.assert_close(batch["values"], learner.critic(batch["obs"]).squeeze(-1))
+        torch.testing.assert_close(batch["last_values"], learner.critic(batch["last_obs"]).squeeze(-1))
+    marked = {**batch, "values": batch["values"] + 100.0}  # tell the two sources apart
+    values, _, last = learner._gae_values(marked)
+    assert torch.equal(values, marked["values"]) and torch.equal(last, batch["last_values"])
+    own = AtariPPOWorkload(ctx(0, "learner"), **SMALL, gae_values="learner")
+    with torch.no_grad():
+        values, rewards, _ = own._gae_values(marked)
+    torch.testing.assert_close(values, batch["values"])  # recomputed: the marked values are ignored
+    assert torch.equal(rewards, batch["rewards"])
+    with pytest.raises(SpecError, match="gae_values"):
+        AtariPPOWorkload(ctx(0, "learner"), **SMALL, gae_values="critic")
