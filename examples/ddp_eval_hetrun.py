@@ -28,14 +28,12 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     x, y = make_data().tensors
     trainer = run.checkpoints(args.trainer)
-    for step in trainer.follow(idle_timeout=args.idle_timeout):
-        trainer.load(step, {"model": model})
+    for step in trainer.follow_loaded({"model": model}, last_step=args.steps - 1,
+                                      idle_timeout=args.idle_timeout):
         with torch.no_grad():
             loss = F.mse_loss(model(x), y).item()
         run.log(step, eval_loss=loss)
         print(f"evaluated step {step}: loss {loss:.4f}", flush=True)
-        if step >= args.steps - 1:
-            break
     run.close()
 
 

@@ -73,6 +73,11 @@ class ComponentSpec:
     gpus_per_node: int = 0
     mem_mb: int = 0
     actions: tuple[str, ...] = ()
+    command: tuple[str, ...] | None = None  # a command component's argv; None: it runs actions
+
+    @property
+    def runs_actions(self) -> bool:
+        return self.command is None
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,12 @@ class PlanView:
 
     def checkpoint_root(self, run_dir: str | os.PathLike[str]) -> Path:
         return checkpoint_root(run_dir, (self.checkpoint or {}).get("directory"))
+
+    @property
+    def action_components(self) -> tuple[ComponentSpec, ...]:
+        """The components the action runtime runs, in plan order: one MPI world of their
+        ranks (a mixed job's command components are separate job steps)."""
+        return tuple(c for c in self.components if c.runs_actions)
 
     def component(self, name: str) -> ComponentSpec:
         for comp in self.components:
@@ -223,6 +234,7 @@ def _components(raw: list[Any], path: Path) -> list[ComponentSpec]:
                 gpus_per_node=int(c.get("gpus_per_node", 0)),
                 mem_mb=int(c.get("mem_mb", 0)),
                 actions=tuple(c.get("actions", ())),
+                command=None if c.get("command") is None else tuple(str(w) for w in c["command"]),
             )
         )
     return sorted(comps, key=lambda c: c.index)

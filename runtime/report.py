@@ -275,6 +275,7 @@ class _Collector:
         self.lives: dict[tuple[int, str, int], list[float]] = {}  # (attempt, comp, rank) -> [start, end]
         self.attempt_of_rank: dict[int, int] = {}
         self.attempt_keys: dict[Any, int] = {}
+        self.wrapped: set[int] = set()  # ranks whose last start is a command wrapper's, before the API's
         self.iterations: dict[str, set[int]] = defaultdict(set)
         self.metrics: dict[str, Any] = {}
         self.env_steps = self.n_actions = self.samples = 0
@@ -352,6 +353,14 @@ class _Collector:
         return cur
 
     def _start(self, e: dict[str, Any], rank: int, comp: str) -> None:
+        if e.get("api") and rank in self.wrapped:
+            # The run API's start inside a command component: the same life as the
+            # wrapper's start just before it (hetrun.runtime.command_rank), not a new attempt.
+            self.wrapped.discard(rank)
+            return
+        self.wrapped.discard(rank)
+        if e.get("command"):
+            self.wrapped.add(rank)
         key = (e.get("job_id"), e.get("restart_count", 0))
         attempt = self.attempt_keys.setdefault(key, len(self.attempt_keys))
         if self.attempt_of_rank.get(rank) == attempt:

@@ -31,26 +31,32 @@ def node_name(env: Mapping[str, str] | None = None) -> str:
     return env.get("SLURMD_NODENAME") or env.get("HETRUN_NODE") or socket.gethostname()
 
 
-def _het_group_sizes(env: Mapping[str, str], plan: PlanView) -> list[int]:
-    """Tasks per het group, from Slurm's per-group variables, else from the plan."""
-    size = int(env["SLURM_HET_SIZE"])
+def _het_group_sizes(env: Mapping[str, str], comps: Sequence[ComponentSpec]) -> list[int]:
+    """Tasks of each action component's het group, from Slurm's per-group variables
+    (indexed by the component's het group: its plan index), else from the plan."""
     sizes = []
-    for n in range(size):
-        value = None
-        for key in (f"SLURM_STEP_NUM_TASKS_HET_GROUP_{n}", f"SLURM_NTASKS_HET_GROUP_{n}"):
+    for comp in comps:
+        value = comp.ntasks
+        for key in (f"SLURM_STEP_NUM_TASKS_HET_GROUP_{comp.index}", f"SLURM_NTASKS_HET_GROUP_{comp.index}"):
             if env.get(key, "").isdigit():
                 value = int(env[key])
                 break
-        if value is None:
-            if n >= len(plan.components):
-                raise RuntimeFailure(
-                    f"SLURM_HET_SIZE={size} but the plan {plan.path} has only "
-                    f"{len(plan.components)} components",
-                    hint="run the sbatch script rendered for this plan (hetjob.sbatch)",
-                )
-            value = plan.components[n].ntasks
         sizes.append(value)
     return sizes
+
+
+def _forced_component(forced: str, plan: PlanView) -> ComponentSpec:
+    if forced.isdigit():
+        if int(forced) >= len(plan.components):
+            raise RuntimeFailure(f"HETRUN_COMPONENT={forced} but the plan has {len(plan.components)} components")
+        comp = plan.components[int(forced)]
+    else:
+        comp = plan.component(forced)
+    if not comp.runs_actions:
+        raise RuntimeFailure(
+            f"HETRUN_COMPONENT={forced}: component {comp.name!r} runs a command, not actions",
+            hint="its ranks start through hetrun.runtime.command_rank, not hetrun.runtime")
+    return comp
 
 
 def detect_component(
@@ -60,38 +66,35 @@ def detect_component(
 
     Order of evidence: ``HETRUN_COMPONENT`` (local backend, or an explicit
     override), then Slurm's het groups (global rank ranges), then a plan with a
-    single component.
+    single action component. Only action components count: in a mixed job the
+    action step spans just their het groups (``srun --het-group=0 : --het-group=2``)
+    and numbers its ranks over those groups, in plan order; each command
+    component is a step of its own with its own rank space.
     """
     forced = env.get("HETRUN_COMPONENT")
     if forced:
-        if forced.isdigit():
-            idx = int(forced)
-            if idx >= len(plan.components):
-                raise RuntimeFailure(
-                    f"HETRUN_COMPONENT={forced} but the plan has {len(plan.components)} components"
-                )
-            return plan.components[idx], -1
-        return plan.component(forced), -1
+        return _forced_component(forced, plan), -1
+    comps = plan.action_components
     if env.get("SLURM_HET_SIZE"):
-        sizes = _het_group_sizes(env, plan)
+        sizes = _het_group_sizes(env, comps)
         rank = int(env.get("SLURM_PROCID", global_rank))
         start = 0
-        for n, size in enumerate(sizes):
+        for comp, size in zip(comps, sizes, strict=True):
             if start <= rank < start + size:
-                if n >= len(plan.components):
-                    break
-                return plan.components[n], start
+                return comp, start
             start += size
         raise RuntimeFailure(
-            f"global rank {rank} is outside the het groups' rank ranges (sizes {sizes})",
-            hint="start the runtime with one srun over all het groups: srun --het-group=0,1,...",
+            f"global rank {rank} is outside the het groups' rank ranges of the action components "
+            f"({dict(zip([c.name for c in comps], sizes, strict=True))})",
+            hint="run the sbatch script rendered for this plan (hetjob.sbatch): one srun over "
+                 "the action components' het groups",
         )
-    if len(plan.components) == 1:
-        return plan.components[0], 0
-    names = [c.name for c in plan.components]
+    if len(comps) == 1:
+        return comps[0], 0
+    names = [c.name for c in comps]
     raise RuntimeFailure(
         f"cannot tell which component rank {global_rank}/{world_size} belongs to: "
-        f"neither HETRUN_COMPONENT nor SLURM_HET_SIZE is set and the plan has components {names}",
+        f"neither HETRUN_COMPONENT nor SLURM_HET_SIZE is set and the plan has action components {names}",
         hint="start ranks through `hetrun submit` (Slurm or local backend), or set HETRUN_COMPONENT",
     )
 
@@ -251,11 +254,11 @@ def build_world(plan: PlanView, env: Mapping[str, str] | None = None) -> World:
     # whatever launched us (srun het groups or mpirun app contexts).
     all_comps: Sequence[str] = mpi_wait.allgather(comm, comp.name)
     comp_ranks = {c.name: [r for r, n in enumerate(all_comps) if n == c.name]
-                  for c in plan.components}
+                  for c in plan.action_components}
     missing = [name for name, ranks in comp_ranks.items() if not ranks]
     if missing:
         raise RuntimeFailure(
-            f"components {missing} of the plan have no ranks in this MPI world of {size}",
+            f"action components {missing} of the plan have no ranks in this MPI world of {size}",
             hint="start one srun over all het groups (--het-group=0,1,...) or one mpirun "
                  "app context per component",
         )

@@ -92,17 +92,6 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
                               "the job's ranks would not find it", hint=fix + " (or use --backend local)")
 
 
-def check_not_mixed(spec: Any) -> None:
-    """Command components next to action components are planned and rendered, not yet run:
-    the action runtime's MPI world would still count the command ranks (runtime/world.py)."""
-    commands = list(spec.command_components)
-    if commands and len(commands) < len(spec.components):
-        raise SpecError(f"components {', '.join(commands)} run a command and the others run actions: "
-                        "hetrun cannot run such a mixed job yet", key_path=f"components.{commands[0]}.command",
-                        hint="submit the command components and the action components as two jobs, "
-                             "or turn every component into a command")
-
-
 def check_command_settings(spec: Any) -> None:
     """Settings a command component would silently not get are refused, not ignored: the
     run API inside a command saves under ``<run>/ckpt/<component>`` and stops on USR1
@@ -160,7 +149,6 @@ def submit_spec(
     ``job_dir`` (the directory of the job YAML) goes into plan.json as ``job_dir``:
     every rank, on any node, imports workload modules kept next to the YAML from it.
     """
-    check_not_mixed(spec)
     check_command_settings(spec)
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
     plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))

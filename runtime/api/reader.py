@@ -81,9 +81,21 @@ class CheckpointReader:
                     f"(newest seen: {last}) in {self.directory}",
                     hint=f"check that {self.component} is running and saving (hetrun status / report)")
 
-    def load(self, step: int, objs: dict[str, Any]) -> None:
-        """Decode ``step`` into ``objs`` (name -> tensor or object with load_state_dict);
-        a subset of the saved names is fine (e.g. only the model, not the optimizer)."""
+    def follow_loaded(self, objs: Any, *, last_step: int | None = None, idle_timeout: float | None = None,
+                      stop: Callable[[], bool] | None = None) -> Iterator[int]:
+        """``follow()``, each step decoded into ``objs`` (as ``load``) before it is yielded;
+        ends after ``last_step`` (the trainer's last): the loop of an evaluator beside a trainer."""
+        for step in self.follow(idle_timeout=idle_timeout, stop=stop):
+            self.load(step, objs)
+            yield step
+            if last_step is not None and step >= last_step:
+                return
+
+    def load(self, step: int, objs: Any) -> None:
+        """Decode ``step`` into ``objs``: a dict (name -> tensor or object with load_state_dict)
+        for what ``run.save`` wrote, where a subset of the saved names is fine (e.g. only the
+        model, not the optimizer); or one object with ``load_state_dict`` that takes the whole
+        saved state (an action component's checkpoint: its workload's ``state_dict()``)."""
         from hetrun.runtime.api.run import StateObjects
         from hetrun.runtime.ckpt import open_store
         from hetrun.runtime.ckpt.lossy import decode_state
@@ -96,4 +108,4 @@ class CheckpointReader:
         except (KeyError, TypeError) as exc:
             raise CheckpointError(f"checkpoint {step} of {self.component!r} holds no saved objects ({exc})",
                                   hint="read a component that saves through run.save") from exc
-        StateObjects(objs).load_state_dict(state)
+        (StateObjects(objs) if isinstance(objs, dict) else objs).load_state_dict(state)

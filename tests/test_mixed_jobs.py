@@ -1,0 +1,158 @@
+"""Mixed jobs (issue 11): hetrun action components and command components in one het job.
+
+The action components form their MPI/torch world without the command ranks (a step of
+their own over their het groups); each command component is its own step. The example
+examples/ppo_cartpole_mixed.yaml (PPO learner + rollout worker running actions, an
+evaluator running a command that follows the learner's checkpoints) runs on the local
+backend and on the local Slurm cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hetrun.dag.errors import RuntimeFailure
+from hetrun.dag.plan import build_plan
+from hetrun.dag.spec import spec_from_dict
+from hetrun.runtime.plan_view import plan_from_dict
+from hetrun.runtime.world import detect_component
+from hetrun.slurm_plugin.render import render_sbatch
+from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+from tests.api_helpers import events
+from tests.cli_helpers import hetrun_cli
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ppo_cartpole_mixed.yaml"
+RUN_DIR = Path("/shared/runs/mixed-1")
+ITERATIONS, INTERVAL = 40, 5
+CHECKPOINT_STEPS = [b - 1 for b in range(INTERVAL, ITERATIONS + 1, INTERVAL)]  # 4, 9, ..., 39
+
+
+def _doc(**changes: Any) -> dict[str, Any]:
+    """The example's job with the evaluator run by this interpreter (the one hetrun is installed in)."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["components"]["evaluator"]["command"][0] = sys.executable
+    doc.update(changes)
+    return doc
+
+
+def _middle_command_plan() -> Any:
+    """learner (actions), evaluator (command), rollout (actions): the command group sits between."""
+    doc = _doc()
+    comps = doc["components"]
+    doc["components"] = {"learner": comps["learner"], "evaluator": comps["evaluator"],
+                         "rollout": {**comps["rollout"], "tasks_per_node": 2}}
+    spec = spec_from_dict(doc)
+    return spec, build_plan(spec)
+
+
+def test_action_ranks_are_numbered_over_the_action_het_groups_only() -> None:
+    _, plan = _middle_command_plan()
+    view = plan_from_dict(json.loads(plan.to_json()))
+    assert [c.name for c in view.action_components] == ["learner", "rollout"]
+    # What Slurm 22.05 gives a task of `srun --het-group=0 : --het-group=2` (checked on the
+    # local cluster): the job's het size and per-group task counts, step ranks 0..2.
+    env = {"SLURM_HET_SIZE": "3", "SLURM_NTASKS_HET_GROUP_0": "1", "SLURM_NTASKS_HET_GROUP_1": "1",
+           "SLURM_NTASKS_HET_GROUP_2": "2"}
+    found = [detect_component({**env, "SLURM_PROCID": str(r)}, view, r, 3) for r in range(3)]
+    assert [(c.name, start) for c, start in found] == [("learner", 0), ("rollout", 1), ("rollout", 1)]
+    with pytest.raises(RuntimeFailure, match="outside the het groups"):
+        detect_component({**env, "SLURM_PROCID": "3"}, view, 3, 4)
+    with pytest.raises(RuntimeFailure, match="'evaluator' runs a command, not actions"):
+        detect_component({"HETRUN_COMPONENT": "evaluator"}, view, 0, 1)
+
+
+def test_rendered_mixed_job_runs_one_action_step_and_one_step_per_command() -> None:
+    spec, plan = _middle_command_plan()
+    script = render_sbatch(plan, spec, RUN_DIR, python="/usr/bin/python3")
+    assert script.count("#SBATCH hetjob") == 2
+    action = [ln for ln in script.splitlines() if "-m hetrun.runtime " in ln]
+    command = [ln for ln in script.splitlines() if "hetrun.runtime.command_rank" in ln]
+    assert len(action) == 1 and len(command) == 1, script
+    # The action step: both action groups, each part starting the runtime; no command group.
+    parts = action[0].split(" : ")
+    assert ["--het-group=0" in parts[0], "--het-group=2" in parts[1], len(parts)] == [True, True, 2]
+    assert "--het-group=1" not in action[0] and "--mpi=pmix" in action[0]
+    assert "--het-group=1" in command[0] and "--mpi=none" in command[0]
+    assert "_hetrun_steps 2>\"$_hetrun_fifo\" &" in script
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+def test_plan_shows_actions_and_the_command_argv() -> None:
+    out = hetrun_cli("plan", str(EXAMPLE))
+    assert out.returncode == 0, out.stderr
+    rows: dict[str, str] = {}
+    for ln in out.stdout.splitlines():  # the first table: one row per het component
+        if ln.count("│") > 6:
+            rows.setdefault(ln.split("│")[2].strip(), ln)
+    assert "forward, backward, sync, optimize, checkpoint" in rows["learner"]
+    assert "rollout" in rows["rollout"].split("│")[-2]
+    assert "command: python3 -m hetrun.examples.ppo_mixed_eval --trainer learner" in rows["evaluator"]
+
+
+def _check_mixed_run(run_dir: Path, final: Any) -> dict[str, str]:
+    """Every component finished, the evaluator saw every checkpoint of the learner; returns
+    the node each component's rank 0 ran on."""
+    evs = events(run_dir)
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*")))
+    assert [(c.name, c.state) for c in final.components] == [
+        ("learner", "COMPLETED"), ("rollout", "COMPLETED"), ("evaluator", "COMPLETED")], logs
+    saved = sorted(e["iteration"] - 1 for e in evs if e.get("ev") == "checkpoint" and e.get("component") == "learner")
+    evals = [e for e in evs if e.get("component") == "evaluator" and e.get("type") == "step"]
+    assert saved == CHECKPOINT_STEPS, saved
+    assert [e["iteration"] for e in evals] == CHECKPOINT_STEPS, logs
+    # Each evaluation is of the checkpoint it names: the policy version is the learner's
+    # optimizer steps after that iteration (one per iteration).
+    assert [e["metrics"]["policy_version"] for e in evals] == [s + 1 for s in CHECKPOINT_STEPS]
+    assert all(0 < e["metrics"]["eval_return_mean"] <= 500 for e in evals)
+    # The action world has the action ranks only: size 2 (learner + rollout), not 3.
+    starts = [e for e in evs if e.get("ev") == "start" and e.get("component") in ("learner", "rollout")]
+    assert sorted(e["size"] for e in starts) == [2, 2], starts
+    return {e["component"]: e["node"] for e in evs if e.get("ev") == "start"}
+
+
+def _check_status_and_report(run_dir: Path) -> None:
+    status = hetrun_cli("status", str(run_dir))
+    report = hetrun_cli("report", str(run_dir))
+    assert status.returncode == 0 and report.returncode == 0, status.stderr + report.stderr
+    for comp in ("learner", "rollout", "evaluator"):
+        assert any(comp in ln and "COMPLETED" in ln for ln in status.stdout.splitlines()), status.stdout
+    rows = {ln.split("│")[0].strip(): ln for ln in report.stdout.splitlines() if "│" in ln}
+    assert {"learner", "rollout", "evaluator"} <= set(rows), report.stdout
+    assert " attempts 1 " in report.stdout, report.stdout  # the evaluator's two start lines are one life
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+def test_local_mixed_job_evaluates_every_learner_checkpoint(tmp_path: Path) -> None:
+    from hetrun.slurm_plugin.backends.local import LocalBackend
+
+    res = submit_spec(spec_from_dict(_doc()), backend="local", runs_dir=tmp_path / "runs")
+    final = wait_for_end(res.run, LocalBackend(), timeout_s=400, poll_s=0.5)
+    _check_mixed_run(Path(res.run.run_dir), final)
+    _check_status_and_report(Path(res.run.run_dir))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_mixed_job_evaluates_every_learner_checkpoint(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+
+    res = submit_spec(spec_from_dict(_doc(slurm={"partition": "debug", "time": "00:10:00"})),
+                      backend="sbatch", runs_dir=shared_tmp / "runs")
+    try:
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+    finally:
+        subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
+    run_dir = Path(res.run.run_dir)
+    nodes = _check_mixed_run(run_dir, final)
+    assert len(set(nodes.values())) == 3, nodes  # each component on its own node
+    _check_status_and_report(run_dir)
