@@ -17,10 +17,13 @@ The program runs as a child rather than by exec, so that this rank's end is
 recorded whatever the program does: a ``start`` line when it starts, an
 ``exit`` line with its code, and a ``rank_failure`` line naming component,
 rank, node and reason when it fails on its own (not found, non-zero exit,
-killed by a signal hetrun did not forward). The preemption warning (USR1/USR2)
-is forwarded to the program, which stops through the run API; a program that
-does not use the API ignores it (the disposition is set to ignore, so the
-warning does not kill it) and runs until Slurm's hard stop.
+killed by a signal that was not a stop). The stop signals (USR1/USR2, the
+preemption warning; TERM/INT) reach the program once (``command_stop``: a
+signal Slurm or the local supervisor already sent to the whole step is not
+forwarded again); the program stops through the run API. A program without the
+API has the warning ignored (so it does not kill it); one that does not stop
+within the API's budget is ended at the hard deadline and a ``stop_ignored``
+line says so (component, rank, how long, the work lost).
 
 Imports nothing heavy: it is on every rank's start-up path.
 """
@@ -37,8 +40,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from hetrun.runtime import command_stop
 from hetrun.runtime.api.env import first_host, tasks_on_node
 from hetrun.runtime.entry import env_time
 from hetrun.runtime.events import EventLog
@@ -51,8 +54,6 @@ from hetrun.runtime.plan_view import PlanView, load_plan
 COMMAND_PORT_BASE = 20000
 COMMAND_PORT_SPAN = 20000
 NOT_FOUND_EXIT = 127
-_FORWARDED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
-_WARNINGS = (signal.SIGUSR1, signal.SIGUSR2)
 
 
 def command_port(job_id: str | None, index: int) -> int:
@@ -148,29 +149,17 @@ def _last_line(path: str | None) -> str:
     return lines[-1].strip()[:300] if lines else ""
 
 
-def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: EventLog, log: str | None) -> int:
-    forwarded: list[str] = []
-    child: subprocess.Popen[bytes] | None = None
-
-    def forward(signum: int, _frame: Any) -> None:
-        forwarded.append(signal.Signals(signum).name.removeprefix("SIG"))
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
-
-    for sig in _FORWARDED:
-        signal.signal(sig, forward)
-    # The child starts with the warnings ignored: a program without the run API
-    # must not die of USR1; the API installs its own handler over this.
-    child = subprocess.Popen(list(argv), env=env, cwd=cwd, preexec_fn=_ignore_warnings)
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries wait() itself
-            continue
-    rc = code if code >= 0 else 128 - code
-    stopped = bool(forwarded) or code in (0, 85, 143)
-    events.emit("exit", code=rc, command=True, signals=forwarded)
+def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: EventLog, log: str | None,
+         plan: PlanView, run_dir: Path) -> int:
+    # The stop signals wait, blocked, for the StopWatch (it learns who sent each one).
+    command_stop.block_signals()
+    child = subprocess.Popen(list(argv), env=env, cwd=cwd, preexec_fn=command_stop.child_signals)
+    watch = command_stop.StopWatch(child, events, run_dir, float(plan.preemption.get("grace_seconds") or 60))
+    code = watch.wait()
+    rc = watch.exit_code(code)
+    stopped = bool(watch.received) or code in (0, 85, 143)
+    events.emit("exit", code=rc, command=True, signals=watch.received, forwarded=watch.forwarded,
+                **({"stop_ignored": True} if watch.ignored else {}))
     if not stopped:
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         last = _last_line(log)
@@ -187,11 +176,6 @@ def _which(word: str, path: str | None, cwd: str) -> str | None:
         full = os.path.join(cwd, word)
         return full if os.path.isfile(full) and os.access(full, os.X_OK) else None
     return shutil.which(word, path=path)
-
-
-def _ignore_warnings() -> None:
-    for sig in _WARNINGS:
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def main(args: Sequence[str] | None = None) -> int:
@@ -221,7 +205,7 @@ def main(args: Sequence[str] | None = None) -> int:
                     detected_by="runtime", command=True)
         return NOT_FOUND_EXIT
     log = _log_path(run_dir, component, int(env["RANK"]))
-    return _run([program, *argv[1:]], env, cwd, events, log)
+    return _run([program, *argv[1:]], env, cwd, events, log, plan, run_dir)
 
 
 if __name__ == "__main__":

@@ -199,6 +199,10 @@ class AttemptTracker:
         if not self.attempts:
             return None
         last = self.attempts[max(self.attempts)]
+        if last.end is not None and last.end.get("stop_ignored") and last.end.get("reason"):
+            # A command ended at the hard deadline (it ignored the stop): not a failure, but the why.
+            ranks = [last.ranks.get(r) for r in last.end["stop_ignored"] if isinstance(r, int)]
+            return Failure(next((c for c in ranks if c), None), str(last.end["reason"]))
         if last.end is not None and last.end.get("outcome") != "failed":
             return None
         comps = [str(f["component"]) for f in last.failures if f.get("component")]
@@ -225,6 +229,8 @@ def describe_end(a: Attempt) -> dict[str, Any]:
     """outcome (attempt_end's word, or inferred from exit/error lines when there is none) + detail."""
     failures = failure_lines(a)
     if a.end is not None:
+        if a.end.get("stop_ignored") and a.end.get("reason"):
+            failures = [*failures, str(a.end["reason"])]  # who ignored the stop, the work lost
         outcome = str(a.end.get("outcome") or "unknown")
         return {"outcome": outcome, "recorded": True, "exit_code": a.end.get("exit_code"),
                 "reason": a.end.get("reason"), "requeued": a.end.get("requeued"), "failures": failures}
@@ -305,7 +311,8 @@ def restart_row(prev: Attempt | None, a: Attempt) -> dict[str, Any]:
     detail: list[str] = []
     if prev is not None and prev.end is not None:
         cause = str(prev.end.get("outcome") or "unknown")
-        detail = failure_lines(prev) if cause == "failed" else []
+        detail = failure_lines(prev) if cause == "failed" else \
+            [str(prev.end.get("reason"))] if prev.end.get("stop_ignored") else []
     elif prev is not None:
         detail = failure_lines(prev)
     cause_text = _CAUSE_TEXT.get(cause, cause) if prev is not None and prev.end is not None else UNKNOWN_CAUSE

@@ -232,14 +232,19 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     counts = count_attempts([*previous, this], restart_count=restart)
     requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
     reason = forced_reason or why
-    if attempt.runtime_failures and result == "failed":
+    ignored = [e for e in events_of(run_dir, ("stop_ignored",)) if e.get("restart_count") == restart]
+    if ignored:
+        # A command that ignored the stop until the wrapper ended it: who, for how long, the work lost.
+        reason = "; ".join(_describe_reported(f, verb="") for f in ignored) + f" ({why})"
+    elif attempt.runtime_failures and result == "failed":
         # The failing rank said why in its own line: that beats the launcher's exit code.
         reason = "; ".join(_describe_reported(f) for f in attempt.runtime_failures) + f" ({why})"
     elif deaths:
         reason = "; ".join(_describe(d) for d in deaths) + f" ({why})"
     record = append_event(run_dir, "attempt_end", restart_count=restart, outcome=result, requeued=requeue,
                           exit_code=exit_code, reason=reason, launcher=launcher, signal=trapped,
-                          failed_ranks=[d.rank for d in deaths])
+                          failed_ranks=[d.rank for d in deaths],
+                          **({"stop_ignored": [e.get("rank") for e in ignored]} if ignored else {}))
     return requeue, record
 
 
@@ -250,13 +255,14 @@ def _describe(d: Death) -> str:
     return f"{who} ({d.component or '?'}) on {d.node or '?'} died: {how}{said}"
 
 
-def _describe_reported(f: Mapping[str, Any]) -> str:
+def _describe_reported(f: Mapping[str, Any], verb: str = " failed") -> str:
     """A rank_failure the rank wrote itself: the runtime's exception, or a command
-    component's wrapper (runtime/command_rank.py: exit code and the program's last line)."""
+    component's wrapper (runtime/command_rank.py: exit code and the program's last line);
+    or (``verb=""``) the wrapper's stop_ignored line (runtime/command_stop.py)."""
     where = f" in action {f['action']} (iteration {f.get('iteration')})" if f.get("action") else ""
     said = f"; its last line: {f['last_line']}" if f.get("last_line") else ""
-    return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'} failed{where}: "
-            f"{f.get('message') or 'an exception'}{said}")
+    return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'}{verb}{where}"
+            f"{':' if verb else ''} {f.get('message') or 'an exception'}{said}")
 
 
 LAST_LINE_MAX = 300  # characters of a rank's last line carried in events and status
