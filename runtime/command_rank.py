@@ -43,7 +43,7 @@ from pathlib import Path
 
 from hetrun.runtime import command_stop
 from hetrun.runtime.api.env import first_host, tasks_on_node
-from hetrun.runtime.entry import env_time
+from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PlanView, load_plan
 
@@ -192,7 +192,8 @@ def main(args: Sequence[str] | None = None) -> int:
     events = EventLog(run_dir, rank=int(env["HETRUN_GLOBAL_RANK"]), component=component, node=node,
                       restart_count=restart)
     events.emit("start", comp_rank=int(env["RANK"]), comp_size=int(env["WORLD_SIZE"]), pid=os.getpid(),
-                command=True, job_id=env.get("SLURM_JOB_ID"), batch_start=env_time("HETRUN_BATCH_START"))
+                command=True, job_id=env.get("SLURM_JOB_ID"), batch_start=env_time("HETRUN_BATCH_START"),
+                srun_start=env_time("HETRUN_SRUN_START"), proc_start=process_start_time())
     # The program runs where the job YAML is (script mode: where `hetrun submit` ran), as sbatch
     # runs a script in the submit directory: relative paths in the command mean what they did there.
     cwd = plan.job_dir or str(run_dir)

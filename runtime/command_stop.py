@@ -10,8 +10,9 @@ for it here. Two things this module does that a plain ``Popen.wait`` cannot:
   cluster: USR1 from slurmstepd and again from the wrapper). The wrapper
   blocks the signals and takes them with ``sigtimedwait``, which says who sent
   each one: a signal from the wrapper's parent (slurmstepd, the local
-  supervisor) already reached the program; only one from anyone else (a user's
-  ``kill`` of the wrapper's pid) is forwarded.
+  supervisor) or from the kernel (a terminal's Ctrl-C, to the foreground
+  process group) already reached the program; only one from anyone else (a
+  user's ``kill`` of the wrapper's pid) is forwarded.
 - **A program that ignores the stop is ended at the hard deadline, and said
   so.** After the first stop signal (USR1/USR2: the warning before a time limit
   or ``hetrun preempt``; SIGTERM/SIGINT: Slurm preempting or cancelling) the
@@ -107,13 +108,13 @@ class StopWatch:
 
     def _on_signal(self, signum: int, sender: int) -> None:
         self.received.append(_name(signum))
-        if sender != self.parent and self.child.poll() is None:
+        if sender not in (self.parent, 0) and self.child.poll() is None:
             self.forwarded.append(_name(signum))
             self.child.send_signal(signum)
         budget_end = time.monotonic() + stop_budget(signum, self.grace_seconds)
         if self.stop_signal is None:
             self.stop_signal, self.stop_at, self.deadline = signum, time.time(), budget_end
-            self.events.emit("stop_signal", signal=_name(signum), forwarded=sender != self.parent,
+            self.events.emit("stop_signal", signal=_name(signum), forwarded=sender not in (self.parent, 0),
                              deadline_s=round(stop_budget(signum, self.grace_seconds), 1), command=True)
         elif signum not in WARNINGS and self.stop_signal in WARNINGS:
             # SIGTERM after the warning (the time limit came): its shorter budget, if shorter.
