@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+import torch
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.dispatch import checkpoint_boundary
 from hetrun.runtime.plan_view import PlanView, load_plan
@@ -40,15 +41,35 @@ def main(argv: list[str] | None = None) -> None:
     ctx = RankContext(rank=0, world_size=1, component=run.component, comp_rank=0, comp_size=1, group=None,
                       comm=None, device="cpu", seed=plan.seed, run_dir=run.run_dir, plan=plan, mode="inprocess")
     workload = PPOWorkload(ctx, **plan.workload_args)
-    trainer = run.checkpoints(args.trainer)
-    for step in trainer.follow_loaded(workload, last_step=last_checkpoint_step(plan),
-                                      idle_timeout=args.idle_timeout):
+    # The evaluator's own checkpoint: the last step it evaluated, so a requeued job goes on after it.
+    evaluated = torch.tensor(-1)
+    after = int(evaluated) if run.restore({"evaluated": evaluated}) else None
+    stop = Stop(run, after)
+    for step in run.checkpoints(args.trainer).follow_loaded(
+            workload, last_step=last_checkpoint_step(plan), idle_timeout=args.idle_timeout, after=after, stop=stop):
         metrics = workload.evaluate()
         run.log(step, **metrics)
         print(f"evaluated {args.trainer} step {step} (policy version {workload.version}): "
               f"return {metrics['eval_return_mean']:.1f}", flush=True)
+        evaluated.fill_(step)
+        run.save(step, {"evaluated": evaluated})
+        stop.step = step
+    if stop.stopped:
+        run.exit_for_requeue()  # the checkpoints that landed before the stop are evaluated
     run.close()
 
+
+class Stop:
+    """``follow``'s stop test: the agreed stop (the job's USR1/SIGTERM), checked while no new
+    checkpoint is there. One evaluator rank: ``should_stop`` is then a local test, not a
+    collective, so calling it at idle moments is safe."""
+
+    def __init__(self, run: hetrun.Run, step: int | None) -> None:
+        self.run, self.step, self.stopped = run, -1 if step is None else step, False
+
+    def __call__(self) -> bool:
+        self.stopped = self.run.should_stop(self.step)
+        return self.stopped
 
 if __name__ == "__main__":
     main()

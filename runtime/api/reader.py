@@ -61,11 +61,12 @@ class CheckpointReader:
         got = poll_until(newer, Backoff(FIRST_POLL_S, MOST_POLL_S), timeout=timeout)
         return None if got is None else got[0]
 
-    def follow(self, *, idle_timeout: float | None = None,
-               stop: Callable[[], bool] | None = None) -> Iterator[int]:
-        """Yield each committed step once, in order, as it lands. Ends when ``stop()`` is true
-        and nothing newer is there; raises RuntimeFailure after ``idle_timeout`` s without one."""
-        last: int | None = None
+    def follow(self, *, idle_timeout: float | None = None, stop: Callable[[], bool] | None = None,
+               after: int | None = None) -> Iterator[int]:
+        """Yield each committed step once (newer than ``after``, when given), in order, as it
+        lands. Ends when ``stop()`` is true and nothing newer is there; raises RuntimeFailure
+        after ``idle_timeout`` s without one."""
+        last = after
         idle_since = time.monotonic()
         while True:
             step = self.wait_for_step_after(last, timeout=MOST_POLL_S)
@@ -82,10 +83,12 @@ class CheckpointReader:
                     hint=f"check that {self.component} is running and saving (hetrun status / report)")
 
     def follow_loaded(self, objs: Any, *, last_step: int | None = None, idle_timeout: float | None = None,
-                      stop: Callable[[], bool] | None = None) -> Iterator[int]:
+                      stop: Callable[[], bool] | None = None, after: int | None = None) -> Iterator[int]:
         """``follow()``, each step decoded into ``objs`` (as ``load``) before it is yielded;
         ends after ``last_step`` (the trainer's last): the loop of an evaluator beside a trainer."""
-        for step in self.follow(idle_timeout=idle_timeout, stop=stop):
+        if last_step is not None and after is not None and after >= last_step:
+            return
+        for step in self.follow(idle_timeout=idle_timeout, stop=stop, after=after):
             self.load(step, objs)
             yield step
             if last_step is not None and step >= last_step:
