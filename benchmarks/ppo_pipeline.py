@@ -20,15 +20,22 @@ end of the first evaluation whose mean return reaches gymnasium's
 from ``learn()`` (SB3); the launch-inclusive time is reported too. Env steps/s,
 actions/s and busy fractions come from the run's events.jsonl.
 
-Throughput is reported twice: steady state (updates after the first tenth,
-which carry one-time start-up such as the learner's first torch._dynamo
-import) and start-up seconds apart, plus the whole-run figure. Next to the
-(a)/(b) ratio stands its bound (R+L)/max(R,L) from the runs' own busy seconds
-per update; ``--steady-check`` repeats the throughput phase at twice the
-updates and prints how far the ratio moves (a steady figure moves < 5%).
+Throughput is reported as start-up seconds and steady state apart: steady =
+the median, over windows of 20 updates after the first tenth (which carries
+one-time start-up such as the learner's first torch._dynamo import), of each
+window's seconds per update; start-up = what the first tenth took beyond the
+steady rate. Next to each (a)/(b) ratio stands its bound (R+L)/max(R,L) from
+the runs' own busy seconds per update. (a)/(b) is taken per seed from runs
+made back to back, then the median over seeds. By default (a) and (b) also run
+at twice the updates and the benchmark prints how far the ratio moves (a
+steady figure moves < 5%; ``--no-steady-check`` skips it). Phase and mode
+order alternate so a machine slowing down over the minutes hits every run
+alike, and a machine probe before each run (fixed Python work in two
+processes) shows how many cores a job could get and whether the machine's
+own speed moved between runs.
 
-    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~10 minutes
-    python benchmarks/ppo_pipeline.py --steady-check --phases speed   # is 200 updates steady?
+    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~20 minutes
+    python benchmarks/ppo_pipeline.py --seeds 0 1 --phases speed --modes pipelined coarse  # headline, ~6 min
     python benchmarks/ppo_pipeline.py --seeds 0 --speed-iterations 20 --iterations 20   # smoke run
 """
 
@@ -160,22 +167,55 @@ def bound(r_s: float, l_s: float) -> float | None:
     return (r_s + l_s) / max(r_s, l_s) if max(r_s, l_s) > 0 else None
 
 
+# Steady state is measured per window of this many updates (fewer in short runs): the
+# same width at every run length, so a doubled run is judged by windows of the same size.
+STEADY_WINDOW = 20
+
+
+def steady_windows(n: int, warm: int) -> list[tuple[int, int]]:
+    """Consecutive windows [a, b) of equal width over updates warm..n-1 (a partial last one
+    is dropped): at most STEADY_WINDOW updates wide, at least five windows when the run allows."""
+    width = max(1, min(STEADY_WINDOW, (n - warm) // 5))
+    return [(a, a + width) for a in range(warm, n - width + 1, width)]
+
+
 def steady_state(ends: dict[int, float], t0: float, steps_per_update: int, warm: int) -> dict[str, Any]:
     """Steady throughput from the wall time at which each update ended.
 
     ``ends[i]`` is the end of update i (the learner's last action of iteration
-    i; SB3: the start of the next rollout). Steady = updates warm..N-1 over
-    the time between the end of update warm-1 and the end of the last one;
-    start-up cost = the time before that beyond what warm updates take at the
-    steady rate (what a longer run amortises, reported apart).
+    i; SB3: the start of the next rollout). Steady = the median over the
+    windows after warm-up of each window's seconds per update: a minute in
+    which the shared machine slows down moves one window, not the figure.
+    Start-up cost = the time before the end of update warm-1 beyond what warm
+    updates take at the steady rate (what a longer run amortises, reported
+    apart).
     """
     n = max(ends) + 1
-    span = ends[n - 1] - ends[warm - 1]
-    per_update = span / (n - warm)
-    return {"steady_steps_per_s": (n - warm) * steps_per_update / span,
+    per = [(ends[b - 1] - ends[a - 1]) / (b - a) for a, b in steady_windows(n, warm)]
+    per_update = statistics.median(per)
+    return {"steady_steps_per_s": steps_per_update / per_update,
             "steady_s_per_update": per_update,
             "startup_s": max(0.0, (ends[warm - 1] - t0) - warm * per_update),
-            "warmup_updates": warm}
+            "warmup_updates": warm,
+            "window_s_per_update": per}
+
+
+def drift(per_window: list[float]) -> float | None:
+    """Median s/update of the last third of the windows over the first third, minus one: how
+    much one run slows (+) or speeds up (-) as it goes on."""
+    k = len(per_window) // 3
+    if k == 0:
+        return None
+    return statistics.median(per_window[-k:]) / statistics.median(per_window[:k]) - 1
+
+
+def busy_per_update(actions: list[dict[str, Any]], component: str, wins: list[tuple[int, int]]) -> float:
+    """Median over the steady windows of ``component``'s seconds inside actions per update."""
+    by_it: dict[int, float] = {}
+    for e in actions:
+        if e["component"] == component:
+            by_it[e["iteration"]] = by_it.get(e["iteration"], 0.0) + e["end"] - e["start"]
+    return statistics.median(sum(by_it.get(i, 0.0) for i in range(a, b)) / (b - a) for a, b in wins)
 
 
 def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dict[str, Any]:
@@ -203,9 +243,8 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
     n = max(ends) + 1
     warm = warmup_updates(n)
     steady = steady_state(ends, t0, steps // n, warm)
-    # Busy seconds per update of each side inside the steady window: R and L of the bound.
-    per = {c: sum(e["end"] - e["start"] for e in actions
-                  if e["component"] == c and e["iteration"] >= warm) / (n - warm) for c in cores}
+    # Busy seconds per update of each side in the steady windows: R and L of the bound.
+    per = {c: busy_per_update(actions, c, steady_windows(n, warm)) for c in cores}
     return {
         "env_steps": steps,
         "span_s": span,
@@ -327,29 +366,45 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
 # ------------------------------------------------------------------ machine load
 
 
+_CHUNKS = """
+import time
+def chunk():
+    x = 0
+    for j in range(20000):
+        x += j * j
+t, n = time.perf_counter(), 0
+while time.perf_counter() - t < %f:
+    chunk()
+    n += 1
+print(time.process_time(), n)
+"""
 _SPIN = """
-import subprocess, sys, time
-code = "import time\\nt = time.perf_counter()\\nwhile time.perf_counter() - t < %f: pass\\nprint(time.process_time())"
-procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+import subprocess, sys
+procs = [subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
          for _ in range(2)]
-print(sum(float(p.communicate()[0]) for p in procs))
+outs = [p.communicate()[0].split() for p in procs]
+print(sum(float(o[0]) for o in outs), sum(int(o[1]) for o in outs))
 """
 
 
-def cores_available(seconds: float = 1.5) -> float:
-    """CPU-seconds per second two busy processes of one new session get right now.
+def machine_probe(seconds: float = 1.5) -> dict[str, float]:
+    """Two busy processes of one new session, each doing fixed chunks of Python work.
 
-    hetrun's local job runs in its own session; with the kernel's autogroup
-    scheduling, sessions (not processes) share the CPUs fairly, so this is how
-    many cores a job could use at the moment: 2.0 on an idle 2-core machine,
-    and the ceiling of any pipelining speed-up when other sessions are busy.
+    ``cores``: CPU-seconds per second they got. hetrun's local job runs in its
+    own session; with the kernel's autogroup scheduling, sessions (not
+    processes) share the CPUs fairly, so this is how many cores a job could
+    use at the moment: 2.0 on an idle 2-core machine, and the ceiling of any
+    pipelining speed-up when other sessions are busy. ``speed``: chunks per
+    CPU-second, the same fixed work whatever the share: when it moves between
+    runs, the machine (not hetrun) got faster or slower.
     """
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _SPIN % seconds], capture_output=True, text=True,
-                         start_new_session=True, check=True)
+    out = subprocess.run([sys.executable, "-c", _SPIN, _CHUNKS % seconds], capture_output=True,
+                         text=True, start_new_session=True, check=True)
     wall = time.perf_counter() - t0
+    cpu, chunks = out.stdout.split()
     # The interpreters' start-up is part of both the CPU time and the wall time.
-    return float(out.stdout.strip()) / max(wall, 1e-9)
+    return {"cores": float(cpu) / max(wall, 1e-9), "speed": int(chunks) / max(float(cpu), 1e-9)}
 
 
 # ------------------------------------------------------------------ report
@@ -381,12 +436,14 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
 
 def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> list[str]:
     warm = warmup_updates(iterations)
-    lines = [f"Throughput: {iterations} updates x 1024 env steps, no evaluation; steady state = "
-             f"updates {warm}..{iterations - 1} (the first {warm} carry the one-time start-up).", "",
+    width = steady_windows(iterations, warm)[0]
+    lines = [f"Throughput: {iterations} updates x 1024 env steps, no evaluation; steady state = median "
+             f"over windows of {width[1] - width[0]} updates of updates {warm}..{iterations - 1} "
+             f"(the first {warm} carry the one-time start-up, reported apart).", "",
              "| run | steady env steps/s | start-up (s) | whole-run env steps/s | actions/s | "
              "busy: learner core / rollout core | R / L busy s per update | "
-             "rollout time overlapped by learner work |",
-             "|---|---|---|---|---|---|---|---|"]
+             "rollout time overlapped by learner work | drift: last third vs first |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode in ("pipelined", "coarse", "sb3"):
         runs = speed.get(mode)
         if not runs:
@@ -401,51 +458,88 @@ def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> lis
             busy = " / ".join(f"{statistics.median(r['busy'][c] for r in runs):.0%}"
                               for c in ("learner", "rollout"))
             rl = f"{_med(runs, 'rollout_busy_s'):.4f} / {_med(runs, 'learner_busy_s'):.4f}"
+        drifts = [d for r in runs if (d := drift(r["window_s_per_update"])) is not None]
+        moved = f"{statistics.median(drifts):+.1%}" if drifts else "-"
         lines.append(f"| {NAMES[mode]} | {_med(runs, 'steady_steps_per_s'):,.0f} | "
                      f"{_med(runs, 'startup_s'):.2f} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | "
-                     f"{busy} | {rl} | {overlap} |")
+                     f"{busy} | {rl} | {overlap} | {moved} |")
     return lines
 
 
-def pipelining_ratio(speed: dict[str, list[dict[str, Any]]]) -> tuple[float, float, float] | None:
-    """(a)/(b) steady env steps/s, and the bound (R+L)/max(R,L) from the coarse
-    and from the pipelined runs' own busy seconds (medians over seeds)."""
-    if "pipelined" not in speed or "coarse" not in speed:
+def pipelining_ratio(speed: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """(a)/(b) steady env steps/s per seed (the two runs taken back to back, so the machine's
+    speed of that minute hits both), median over seeds; next to it the bound (R+L)/max(R,L)
+    from the coarse and from the pipelined runs' own busy seconds (medians over seeds)."""
+    coarse = {r["seed"]: r for r in speed.get("coarse", [])}
+    pairs = [(r, coarse[r["seed"]]) for r in speed.get("pipelined", []) if r["seed"] in coarse]
+    if not pairs:
         return None
-    ratio = _med(speed["pipelined"], "steady_steps_per_s") / _med(speed["coarse"], "steady_steps_per_s")
-    return ratio, _med(speed["coarse"], "bound"), _med(speed["pipelined"], "bound")
+    return {"ratio": statistics.median(p["steady_steps_per_s"] / c["steady_steps_per_s"] for p, c in pairs),
+            "per_seed": [p["steady_steps_per_s"] / c["steady_steps_per_s"] for p, c in pairs],
+            "bound_coarse": statistics.median(c["bound"] for _, c in pairs),
+            "bound_pipelined": statistics.median(p["bound"] for p, _ in pairs)}
 
 
-def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"Median of seeds {args.seeds}.", ""]
-    speed = _by_mode(results, "speed")
-    lines += _speed_table(speed, args.speed_iterations)
-    got = pipelining_ratio(speed)
-    if got:
-        ratio, b_coarse, b_pipe = got
-        pipe = speed["pipelined"]
-        # How close (a) is to its own limit: a perfect pipeline takes max(R, L) per update.
-        eff = statistics.median(max(r["rollout_busy_s"], r["learner_busy_s"]) / r["steady_s_per_update"]
-                                for r in pipe)
-        lines += ["", f"(a) / (b) steady env steps/s: **{ratio:.2f}x** (target >= 1.7x); bound "
-                      f"(R+L)/max(R,L) from the runs' own busy seconds: pipelined {b_pipe:.2f}x, "
-                      f"coarse {b_coarse:.2f}x; (a) takes max(R,L) / (s per update) = {eff:.0%} "
-                      f"of its own limit (100% = the busier side never waits)"]
-        whole = _med(speed["pipelined"], "steps_per_s") / _med(speed["coarse"], "steps_per_s")
-        lines.append(f"(a) / (b) whole-run env steps/s, start-up included: {whole:.2f}x")
-    double = _by_mode(results, "speed2x")
-    got2 = pipelining_ratio(double)
-    if got and got2:
-        change = got2[0] / got[0] - 1
-        lines += ["", *_speed_table(double, 2 * args.speed_iterations), "",
-                  f"steadiness: (a)/(b) at {2 * args.speed_iterations} updates {got2[0]:.2f}x vs "
-                  f"{got[0]:.2f}x at {args.speed_iterations}: {change:+.1%} (must stay within 5%)"]
-    stale = [r["mean_staleness"] for r in speed.get("pipelined", []) if r["mean_staleness"] is not None]
+def _ratio_line(got: dict[str, Any], iterations: int) -> str:
+    per_seed = ", ".join(f"{x:.2f}x" for x in got["per_seed"])
+    return (f"(a) / (b) steady env steps/s at {iterations} updates: **{got['ratio']:.2f}x** "
+            f"(per seed {per_seed}); bound (R+L)/max(R,L) from the runs' own busy seconds: "
+            f"coarse {got['bound_coarse']:.2f}x, pipelined {got['bound_pipelined']:.2f}x "
+            f"({got['ratio'] / got['bound_coarse']:.0%} of the coarse bound)")
+
+
+def _speed_report(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    lines: list[str] = []
+    got: dict[int, dict[str, Any]] = {}
+    for phase, iterations in (("speed", args.speed_iterations), ("speed2x", 2 * args.speed_iterations)):
+        runs = _by_mode(results, phase)
+        if not runs:
+            continue
+        lines += [*_speed_table(runs, iterations), ""]
+        ratio = pipelining_ratio(runs)
+        if ratio:
+            got[iterations] = ratio
+            lines.append(_ratio_line(ratio, iterations))
+        if "pipelined" in runs and "coarse" in runs:
+            whole = _med(runs["pipelined"], "steps_per_s") / _med(runs["coarse"], "steps_per_s")
+            lines += [f"(a) / (b) whole-run env steps/s, start-up included: {whole:.2f}x", ""]
+    if len(got) == 2:
+        short, long = got[args.speed_iterations], got[2 * args.speed_iterations]
+        change = long["ratio"] / short["ratio"] - 1
+        lines.append(f"steadiness: (a)/(b) {long['ratio']:.2f}x at {2 * args.speed_iterations} updates vs "
+                     f"{short['ratio']:.2f}x at {args.speed_iterations}: {change:+.1%} -> "
+                     f"{'STEADY' if abs(change) < 0.05 else 'NOT steady'} (rule: within 5%)")
+    stale = [r["mean_staleness"] for r in results
+             if r["mode"] == "pipelined" and r["phase"] != "ttt" and r["mean_staleness"] is not None]
     if stale:
         lines.append(f"(a) mean staleness of the learned batches: {statistics.fmean(stale):.2f} "
                      f"policy versions (window {args.window})")
+    return lines
 
-    lines += ["", f"Time to CartPole-v1's reward_threshold (475, mean of 20 sampled-action "
+
+def _probe_line(results: list[dict[str, Any]]) -> str:
+    probes = [r["probe"] for r in results if r.get("probe")]
+    if not probes:
+        return ""
+    speeds = [p["speed"] for p in probes]
+    return (f"machine probe before each run (2 processes of fixed Python work in one session): "
+            f"cores a job could get {min(p['cores'] for p in probes):.2f}-"
+            f"{max(p['cores'] for p in probes):.2f}; work per CPU-second {min(speeds):.0f}-"
+            f"{max(speeds):.0f} chunks (median {statistics.median(speeds):.0f}, spread "
+            f"{max(speeds) / min(speeds) - 1:.0%}: how much the machine's own speed moved)")
+
+
+def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    lines = [f"Median of seeds {args.seeds}.", "", *_speed_report(results, args)]
+    if _by_mode(results, "ttt"):
+        lines += _ttt_report(results, args)
+    lines += ["", f"load average (1 min) before: {args.load_before}, after: "
+              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores", _probe_line(results)]
+    return "\n".join(lines)
+
+
+def _ttt_report(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    lines = ["", f"Time to CartPole-v1's reward_threshold (475, mean of 20 sampled-action "
               f"evaluation episodes every {args.eval_interval} updates, at most "
               f"{args.iterations} updates); median of seeds {args.seeds}.", "",
               "| run | time to 475 (s) | from launch (s) | per seed (s) | updates to 475 per seed |",
@@ -467,12 +561,37 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     c = median_or_none([r["solved_at_s"] for r in ttt.get("sb3", [])])
     if a is not None and c is not None:
         lines += ["", f"(c) / (a) time to threshold: **{c / a:.2f}x** (target > 1)"]
-    probes = [r["cores_available"] for r in results if r.get("cores_available") is not None]
-    lines += ["", f"load average (1 min) before: {args.load_before}, after: "
-              f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; cores a job could get "
-              f"(2 busy processes in one session, probed before each seed's runs): "
-              + ", ".join(f"{p:.2f}" for p in probes)]
-    return "\n".join(lines)
+    return lines
+
+
+def run_order(args: argparse.Namespace) -> list[tuple[int, str, list[str]]]:
+    """(seed, phase, modes in run order). Phase order flips from seed to seed and mode order
+    from one phase to the next, so a machine that slows down over the minutes of the benchmark
+    hits the short and the doubled runs, and (a) and (b), alike. The doubled runs only compare
+    (a) with (b): SB3 is left out of them."""
+    order, flip = [], False
+    for k, seed in enumerate(args.seeds):
+        for phase in (args.phases if k % 2 == 0 else args.phases[::-1]):
+            modes = [m for m in args.modes if not (phase == "speed2x" and m == "sb3")]
+            order.append((seed, phase, modes[::-1] if flip else modes))
+            flip = not flip
+    return order
+
+
+def run_one(seed: int, phase: str, mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    iterations, every = {"speed": (args.speed_iterations, 0),
+                         "speed2x": (2 * args.speed_iterations, 0),
+                         "ttt": (args.iterations, args.eval_interval)}[phase]
+    probe = machine_probe()
+    r = (run_sb3(seed, iterations, every, args) if mode == "sb3"
+         else run_hetrun(mode, seed, iterations, every, args, workdir))
+    r.pop("solved_wall", None)
+    r.update(phase=phase, probe=probe)
+    solved = f" (steady {r['steady_steps_per_s']:,.0f})" if phase != "ttt" else (
+        f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None else ", not solved")
+    print(f"seed {seed} {phase:7s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s{solved}; probe before: "
+          f"{probe['cores']:.2f} cores, speed {probe['speed']:.0f}", flush=True)
+    return r
 
 
 def main() -> None:
@@ -480,9 +599,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--speed-iterations", type=int, default=200,
                     help="updates of the throughput runs (no evaluation); long enough to be steady")
-    ap.add_argument("--steady-check", action="store_true",
-                    help="also run the throughput phase at twice --speed-iterations and print how "
-                         "much the (a)/(b) ratio moves (phase speed2x)")
+    ap.add_argument("--steady-check", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run (a) and (b) at twice --speed-iterations and print how much the "
+                         "(a)/(b) ratio moves (phase speed2x; on by default)")
     ap.add_argument("--iterations", type=int, default=60,
                     help="updates of the time-to-threshold runs")
     ap.add_argument("--eval-interval", type=int, default=5)
@@ -500,33 +619,14 @@ def main() -> None:
     if args.sb3_worker:
         print(json.dumps(sb3_worker(args.seeds[0], args.iterations, args.eval_interval)))
         return
-    if args.steady_check and "speed2x" not in args.phases:
-        args.phases.insert(args.phases.index("speed") + 1 if "speed" in args.phases else 0, "speed2x")
+    if args.steady_check and "speed" in args.phases and "speed2x" not in args.phases:
+        args.phases.insert(args.phases.index("speed") + 1, "speed2x")
     args.load_before = f"{os.getloadavg()[0]:.2f}"
-    results = []
     with tempfile.TemporaryDirectory(prefix="ppo-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        for seed in args.seeds:
-            probe = cores_available()
-            print(f"seed {seed}: a job could get {probe:.2f} cores now", flush=True)
-            for phase in args.phases:
-                iterations, every = {"speed": (args.speed_iterations, 0),
-                                     "speed2x": (2 * args.speed_iterations, 0),
-                                     "ttt": (args.iterations, args.eval_interval)}[phase]
-                # Interleave the three ways per seed so machine load hits them alike.
-                for mode in args.modes:
-                    r = (run_sb3(seed, iterations, every, args) if mode == "sb3"
-                         else run_hetrun(mode, seed, iterations, every, args, workdir))
-                    r.pop("solved_wall", None)
-                    r["phase"] = phase
-                    r["cores_available"] = probe if (phase, mode) == (args.phases[0], args.modes[0]) else None
-                    results.append(r)
-                    solved = f" (steady {r['steady_steps_per_s']:,.0f})" if phase != "ttt" else (
-                        f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None
-                        else ", not solved")
-                    print(f"seed {seed} {phase:7s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s"
-                          f"{solved}", flush=True)
+        results = [run_one(seed, phase, mode, args, workdir)
+                   for seed, phase, modes in run_order(args) for mode in modes]
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     print()
