@@ -106,7 +106,7 @@ def component_env(environ: Mapping[str, str], plan: PlanView, component: str,
         "MASTER_ADDR": environ.get("HETRUN_MASTER_ADDR") or _address(first_host(own_nodes), environ),
         "MASTER_PORT": str(command_port(job, index)),
         "HETRUN_RUN_DIR": str(run_dir), "HETRUN_COMPONENT": component,
-        "HETRUN_COMPONENT_INDEX": str(index), "HETRUN_GLOBAL_RANK": str(sum(sizes[:index]) + rank),
+        "HETRUN_COMPONENT_INDEX": str(index), "HETRUN_GLOBAL_RANK": str(plan.first_rank(component) + rank),
     }
     for i, name in enumerate(names):
         nodes = own_nodes if i == index else environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{i}", "")

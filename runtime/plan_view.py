@@ -136,6 +136,15 @@ class PlanView:
         ranks (a mixed job's command components are separate job steps)."""
         return tuple(c for c in self.components if c.runs_actions)
 
+    def first_rank(self, name: str) -> int:
+        """The first rank of ``name`` in hetrun's numbering, what events carry: the action
+        components' ranks first, as their MPI world numbers them, then each command
+        component's, in plan order (the same as plan order when commands come last)."""
+        ordered = [*self.action_components, *(c for c in self.components if not c.runs_actions)]
+        names = [c.name for c in ordered]
+        self.component(name)  # an unknown name: the error that lists the components
+        return sum(c.ntasks for c in ordered[:names.index(name)])
+
     def component(self, name: str) -> ComponentSpec:
         for comp in self.components:
             if comp.name == name:

@@ -116,6 +116,7 @@ class Attempt:
     starts: dict[int, dict[str, Any]]
     exits: dict[int, int]
     runtime_failures: list[dict[str, Any]]  # the runtime's own rank_failure lines (an exception)
+    groups: list[int] | None = None  # each component's het group (plan index); None: its position
 
     @classmethod
     def read(cls, run_dir: Path, restart: int) -> Attempt:
@@ -123,8 +124,10 @@ class Attempt:
             plan = json.loads((run_dir / PLAN_JSON).read_text())
         except FileNotFoundError:  # a bare script run by hand: no ranks to name
             plan = {"components": []}
+        # Rank order (PlanView.first_rank): action components first, then command components.
+        ordered = sorted(enumerate(plan["components"]), key=lambda ic: ic[1].get("command") is not None)
         comps = [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
-                 for c in plan["components"]]
+                 for _, c in ordered]
         starts: dict[int, dict[str, Any]] = {}
         exits: dict[int, int] = {}
         failures: list[dict[str, Any]] = []
@@ -136,7 +139,8 @@ class Attempt:
             elif rec["ev"] == "rank_failure" and rec.get("restart_count") == restart \
                     and rec.get("detected_by") == "runtime":
                 failures.append(rec)
-        return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures)
+        return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures,
+                   [i for i, _ in ordered])
 
     @property
     def size(self) -> int:
@@ -168,7 +172,8 @@ def _srun_rank(death: Death, attempt: Attempt, env: Mapping[str, str]) -> int | 
         return hits[0]
     # Died before its start event (start-up): the group's nodes, block distribution.
     first = 0
-    for g, (_name, ntasks) in enumerate(attempt.components):
+    for i, (_name, ntasks) in enumerate(attempt.components):
+        g = attempt.groups[i] if attempt.groups else i
         nodes = _hostnames(env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{g}") or env.get("SLURM_JOB_NODELIST", ""))
         per_node = -(-ntasks // max(1, len(nodes))) if nodes else 0
         if death.task is not None and death.task < ntasks and per_node \

@@ -21,6 +21,7 @@ import yaml
 from hetrun.dag.errors import RuntimeFailure
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import spec_from_dict
+from hetrun.runtime.command_rank import component_env
 from hetrun.runtime.plan_view import plan_from_dict
 from hetrun.runtime.world import detect_component
 from hetrun.slurm_plugin.render import render_sbatch
@@ -67,6 +68,10 @@ def test_action_ranks_are_numbered_over_the_action_het_groups_only() -> None:
         detect_component({**env, "SLURM_PROCID": "3"}, view, 3, 4)
     with pytest.raises(RuntimeFailure, match="'evaluator' runs a command, not actions"):
         detect_component({"HETRUN_COMPONENT": "evaluator"}, view, 0, 1)
+    # Event ranks: the action world's 0..2, then the command component's (never the same number).
+    assert [view.first_rank(n) for n in ("learner", "rollout", "evaluator")] == [0, 1, 3]
+    env = component_env({"HETRUN_COMMAND_RANK": "0"}, view, "evaluator", RUN_DIR)
+    assert env["HETRUN_GLOBAL_RANK"] == "3" and env["RANK"] == "0" and env["WORLD_SIZE"] == "1"
 
 
 def test_rendered_mixed_job_runs_one_action_step_and_one_step_per_command() -> None:
@@ -156,3 +161,47 @@ def test_slurm_mixed_job_evaluates_every_learner_checkpoint(slurm_cluster, share
     nodes = _check_mixed_run(run_dir, final)
     assert len(set(nodes.values())) == 3, nodes  # each component on its own node
     _check_status_and_report(run_dir)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_mixed_job_preempted_once_both_kinds_resume(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """Preempted through ``high`` once: the action components save their agreed iteration
+    and resume from it, the evaluator stops, and after the requeue evaluates only what it
+    had not (its own checkpoint says how far it got): every learner checkpoint once."""
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+    from hetrun.slurm_plugin.rundir import wait_for
+
+    from tests.test_command_slurm import _node, _preempt
+
+    doc = _doc(slurm={"partition": "debug", "time": "00:10:00"})
+    doc["workload_args"]["num_steps"] = 1024  # ~1 s iterations: time to preempt in the middle
+    res = submit_spec(spec_from_dict(doc), backend="sbatch", runs_dir=shared_tmp / "runs")
+    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
+    try:
+        def both_working() -> bool:
+            evs = events(run_dir)
+            return (any(e.get("ev") == "checkpoint" and e.get("component") == "learner" for e in evs)
+                    and any(e.get("type") == "step" and e.get("component") == "evaluator" for e in evs))
+
+        assert wait_for(both_working, 240, 0.5), events(run_dir)[-6:]
+        _preempt(_node(job), shared_tmp)
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=400, poll_s=1)
+    finally:
+        subprocess.run(["scancel", job], check=False, capture_output=True)
+    evs = events(run_dir)
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((run_dir / "logs").glob("*")))
+    assert [c.state for c in final.components] == ["COMPLETED"] * 3, logs
+    assert [e["outcome"] for e in evs if e.get("ev") == "attempt_end"] == ["preempted", "done"], logs
+    # The action ranks agreed on one iteration and both action components saved it ...
+    stops = {e["component"]: e["iteration"] for e in evs if e.get("ev") == "checkpoint"
+             and e.get("reason") == "preempt" and e.get("component") in ("learner", "rollout")}
+    assert set(stops) == {"learner", "rollout"} and len(set(stops.values())) == 1, stops
+    # ... and resumed from it, losing nothing.
+    restores = [e for e in evs if e.get("ev") == "restore" and e.get("component") in ("learner", "rollout")]
+    assert [(e["iteration"], e["work_lost"]) for e in restores] == [(stops["learner"], 0)] * 2, restores
+    # Every checkpoint the learner committed (the agreed one included) evaluated exactly once.
+    saved = sorted({e["iteration"] - 1 for e in evs if e.get("ev") == "checkpoint" and e.get("component") == "learner"})
+    evaluated = [e["iteration"] for e in evs if e.get("component") == "evaluator" and e.get("type") == "step"]
+    assert evaluated == saved, (evaluated, saved)
+    assert set(CHECKPOINT_STEPS) <= set(saved)
