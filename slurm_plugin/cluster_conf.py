@@ -64,6 +64,9 @@ class ClusterConfig:
     # debug and high still hold every node. Empty and 0: every node alike.
     gpu_types: tuple[str, ...] = ()
     cpu_nodes: int = 0
+    # Sockets per node (= NUMA domains for task/affinity), ``cpus`` split evenly
+    # among them: 2 makes a policy's numa-aware binding visible on a 2-CPU host.
+    sockets: int = 1
 
     def __post_init__(self) -> None:
         if self.policy is not None and not Path(self.policy).is_absolute():
@@ -81,6 +84,10 @@ class ClusterConfig:
                     hint=f"use an integer between {low} and {high}",
                 )
         check_pool_shape(self)
+        if not isinstance(self.sockets, int) or isinstance(self.sockets, bool) or self.sockets < 1 \
+                or self.cpus % self.sockets:
+            raise SlurmError(f"cluster config: sockets={self.sockets!r} does not divide cpus={self.cpus}",
+                             hint="use a number of sockets that divides the CPUs per node")
         total_mb = physical_memory_mb()
         if total_mb and self.nodes * self.mem_mb > total_mb:
             raise SlurmError(
@@ -171,6 +178,11 @@ def physical_memory_mb() -> int:
         return 0
 
 
+# Character-device major of the fake GPUs when the devices cgroup confines them
+# (a policy's cpu.isolation): one of Linux's local/experimental majors, no driver.
+FAKE_GPU_MAJOR = 120
+
+
 def fake_gpu_files(cfg: ClusterConfig) -> list[Path]:
     # gres.conf needs one File= per GPU; the files must live outside /tmp
     # because each slurmd has a private /tmp.
@@ -181,7 +193,8 @@ def _range(prefix: str, first: int, last: int) -> str:
     return f"{prefix}{first}" if first == last else f"{prefix}[{first}-{last}]"
 
 
-def render_slurm_conf(cfg: ClusterConfig) -> str:
+def render_slurm_conf(cfg: ClusterConfig, shards_per_gpu: int = 0) -> str:
+    """``shards_per_gpu``: GRES shards on every GPU (a policy's gpu.sharing)."""
     # One template that reads top to bottom like the slurm.conf it writes, hence its length.
     d = cfg.directory
     nodes = _range("n", 1, cfg.nodes)
@@ -245,7 +258,7 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "JobAcctGatherType=jobacct_gather/linux",
         "JobAcctGatherFrequency=30",
         "JobCompType=jobcomp/none",
-        *(_node_line(cfg, g) for g in node_groups(cfg)),
+        *(_node_line(cfg, g, shards_per_gpu) for g in node_groups(cfg)),
         *(f"PartitionName={g.partition} Nodes={g.names} PriorityTier=1 MaxTime=INFINITE State=UP"
           for g in node_groups(cfg) if g.partition),
         f"PartitionName=debug Nodes={nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
@@ -255,16 +268,17 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
     return "\n".join(lines)
 
 
-def _node_line(cfg: ClusterConfig, g: NodeGroup) -> str:
+def _node_line(cfg: ClusterConfig, g: NodeGroup, shards_per_gpu: int = 0) -> str:
     first, last = FIRST_SLURMD_PORT + g.first - 1, FIRST_SLURMD_PORT + g.last - 1
     ports = str(first) if first == last else f"[{first}-{last}]"
-    gres = f" Gres={g.gres}" if g.gres else ""
+    shards = f",shard:{cfg.gpus * shards_per_gpu}" if g.gres and shards_per_gpu else ""
+    gres = f" Gres={g.gres}{shards}" if g.gres else ""
     return (f"NodeName={g.names} NodeHostname={cfg.hostname} NodeAddr=127.0.0.1 Port={ports} "
-            f"CPUs={cfg.cpus} Sockets=1 CoresPerSocket={cfg.cpus} ThreadsPerCore=1 "
+            f"CPUs={cfg.cpus} Sockets={cfg.sockets} CoresPerSocket={cfg.cpus // cfg.sockets} ThreadsPerCore=1 "
             f"RealMemory={cfg.mem_mb}{gres} State=UNKNOWN")
 
 
-def render_gres_conf(cfg: ClusterConfig) -> str:
+def render_gres_conf(cfg: ClusterConfig, shards_per_gpu: int = 0) -> str:
     head = "# Written by `hetrun cluster up`: emulated GPUs (empty files) for scheduling only.\n"
     if not cfg.gpus:
         return head
@@ -278,6 +292,9 @@ def render_gres_conf(cfg: ClusterConfig) -> str:
             gpu_type = g.gres.split(":")[1] if g.gres.count(":") == 2 else None
             lines.append(f"NodeName={g.names} Name=gpu" + (f" Type={gpu_type}" if gpu_type else "")
                          + f" File={file_spec}\n")
+            if shards_per_gpu:  # shards on the GPUs' own files: a job's shards name its GPU
+                lines.append(f"NodeName={g.names} Name=shard Count={cfg.gpus * shards_per_gpu} "
+                             f"File={file_spec}\n")
     return head + "".join(lines)
 
 

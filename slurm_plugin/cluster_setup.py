@@ -9,11 +9,14 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hetrun.dag.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import (
+    FAKE_GPU_MAJOR,
     ClusterConfig,
     fake_gpu_files,
     render_gres_conf,
@@ -23,6 +26,9 @@ from hetrun.slurm_plugin.cluster_conf import (
     render_task_prolog,
 )
 from hetrun.slurm_plugin.cluster_procs import run_checked
+
+if TYPE_CHECKING:
+    from hetrun.slurm_plugin.policy.nodes import NodeSetup
 
 REQUIRED_PACKAGES = (
     "slurm-wlm",
@@ -128,16 +134,49 @@ def db_password(cfg: ClusterConfig) -> str:
     return password
 
 
+def policy_node_setup(cfg: ClusterConfig) -> NodeSetup | None:
+    """What ``cfg``'s policy asks of the nodes (shards, cgroup.conf); None without a policy."""
+    if cfg.policy is None:
+        return None
+    # Imported here: a cluster without a policy never loads the policy model.
+    from hetrun.slurm_plugin.policy.model import load_policy
+    from hetrun.slurm_plugin.policy.nodes import node_setup
+
+    return node_setup(load_policy(cfg.policy), cfg.cpus, cfg.gpus, where=f"cluster policy {cfg.policy}")
+
+
 def slurm_conf_with_policy(cfg: ClusterConfig) -> tuple[str, str | None]:
     """slurm.conf for ``cfg`` and, when its policy needs one, the job_submit.lua next to it."""
-    text = render_slurm_conf(cfg)
-    if cfg.policy is None:
-        return text, None
-    # Imported here: a cluster without a policy never loads the policy model.
+    nodes = policy_node_setup(cfg)
+    if nodes is None:
+        return render_slurm_conf(cfg), None
     from hetrun.slurm_plugin.policy.apply import conf_with_policy
     from hetrun.slurm_plugin.policy.model import load_policy
 
+    text = render_slurm_conf(cfg, nodes.shards_per_gpu)
     return conf_with_policy(text, load_policy(cfg.policy), where=f"{cfg.policy} on {cfg.slurm_conf}")
+
+
+def make_fake_gpus(cfg: ClusterConfig, devices: bool) -> None:
+    """The emulated GPUs' files. ``devices``: character devices instead of empty files,
+    for ConstrainDevices: Slurm's gres plugin skips a File= that is not a device (no
+    CUDA_VISIBLE_DEVICES, nothing to confine). Major 120 is one Linux reserves for
+    local/experimental use, so no driver answers: opening an allowed one gives ENXIO,
+    one the devices cgroup denies gives EPERM."""
+    for index, path in enumerate(fake_gpu_files(cfg)):
+        if not devices:
+            path.touch(exist_ok=True)
+            continue
+        if path.is_char_device() and os.major(path.stat().st_rdev) == FAKE_GPU_MAJOR \
+                and os.minor(path.stat().st_rdev) == index:
+            continue
+        path.unlink(missing_ok=True)
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(FAKE_GPU_MAJOR, index))
+        except OSError as exc:
+            raise SlurmError(f"local cluster: cannot create the fake GPU device {path}: {exc.strerror or exc}",
+                             hint="cpu.isolation needs mknod (root, CAP_MKNOD); or set cpu.isolation: none") \
+                from None
 
 
 def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
@@ -145,14 +184,17 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
     d = cfg.directory
     for sub in ("etc", "state", "run", "log", "fakegpu", *(f"spool/{n}" for n in cfg.node_names)):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    for gpu in fake_gpu_files(cfg):
-        gpu.touch(exist_ok=True)
+    nodes = policy_node_setup(cfg)
+    make_fake_gpus(cfg, bool(nodes and nodes.constrains_devices))
+    # Every slurmd reads cgroup.conf from slurm.conf's directory; a changed one restarts them (gres.conf's flag).
+    shards, cgroup_conf = (nodes.shards_per_gpu, nodes.cgroup_conf) if nodes else (0, None)
+    cgroup_changed = bool(cgroup_conf and write_if_changed(cfg.etc / "cgroup.conf", cgroup_conf))
     conf, lua = slurm_conf_with_policy(cfg)
     if lua is not None:
         write_if_changed(cfg.etc / "job_submit.lua", lua)  # slurmctld reloads a changed script by itself
     changed = {
         "slurm.conf": write_if_changed(cfg.etc / "slurm.conf", conf),
-        "gres.conf": write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg)),
+        "gres.conf": write_if_changed(cfg.etc / "gres.conf", render_gres_conf(cfg, shards)) or cgroup_changed,
         "mpi.conf": write_if_changed(cfg.etc / "mpi.conf", render_mpi_conf()),
         # slurmdbd refuses a config readable by others (it holds the DB password).
         "slurmdbd.conf": write_if_changed(

@@ -27,6 +27,7 @@ from pathlib import Path
 from hetrun.dag.errors import HetrunError, SlurmError
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.policy.desired import desired_state
+from hetrun.slurm_plugin.policy.isolation import detect_cgroup
 from hetrun.slurm_plugin.policy.lua import render_job_submit_lua
 from hetrun.slurm_plugin.policy.model import PolicySpec
 from hetrun.slurm_plugin.policy.plan import PolicyPlan, conf_value, make_plan
@@ -82,7 +83,8 @@ def plan_live(policy: PolicySpec, run: Runner | None = None) -> tuple[PolicyPlan
             live_lua = lua_path_for(conf).read_text()
         except OSError:
             live_lua = None
-    plan = make_plan(desired_state(policy), live, render_job_submit_lua(policy), live_lua)
+    # The nodes' cgroup support as this host sees it (the local cluster's nodes are this host).
+    plan = make_plan(desired_state(policy, detect_cgroup()), live, render_job_submit_lua(policy), live_lua)
     return plan, conf
 
 

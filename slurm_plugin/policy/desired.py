@@ -10,7 +10,8 @@
   the account's per-user cap (associations have no MaxTRESPerUser);
 - the slurm.conf settings the policy needs (``ConfSetting``), partition
   settings for time slicing, and fragments ``apply`` does not write because
-  they describe hardware (gres.conf shards, cgroup.conf).
+  they describe hardware (gres.conf shards, cgroup.conf for the nodes' cgroup
+  version); ``hetrun cluster up --policy`` writes them for the local cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetrun.dag import validators as v
+from hetrun.slurm_plugin.policy.isolation import (
+    CgroupSupport,
+    isolation_problem,
+    render_cgroup_conf,
+)
 from hetrun.slurm_plugin.policy.model import PolicySpec, TierLimits
 from hetrun.slurm_plugin.policy.state import AssocState, QosState
 
@@ -44,6 +50,7 @@ class DesiredState:
     conf: list[ConfSetting]
     partitions: dict[str, dict[str, str]]
     manual: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # the policy cannot run on these nodes
 
 
 def _qos_for_tier(policy: PolicySpec, rank: int, tier: str) -> QosState:
@@ -127,7 +134,7 @@ def _conf(policy: PolicySpec) -> list[ConfSetting]:
 
 
 def _isolation_conf(policy: PolicySpec) -> list[ConfSetting]:
-    iso = policy.resources.cpu.isolation if policy.resources.cpu else "none"
+    iso = isolation_of(policy)
     if iso == "none":
         return []
     conf = [
@@ -157,25 +164,31 @@ def _gres_conf(policy: PolicySpec) -> list[ConfSetting]:
     return conf
 
 
-def _manual(policy: PolicySpec) -> list[str]:
+def _manual(policy: PolicySpec, cgroup: CgroupSupport | None) -> list[str]:
     out = []
     gpu = policy.resources.gpu
     if gpu and gpu.sharing:
         k = gpu.sharing.shards_per_gpu
-        out.append(f"# gres.conf, per node with N GPUs: {k} shards per GPU\n"
-                   f"NodeName=<nodes> Name=shard Count=<N*{k}>\n"
+        out.append(f"# gres.conf, per node with N GPUs: {k} shards per GPU, on the GPUs' own files\n"
+                   f"NodeName=<nodes> Name=shard Count=<N*{k}> File=<the GPU device files>\n"
                    f"# slurm.conf node lines: Gres=gpu:<type>:<N>,shard:<N*{k}>")
-    iso = policy.resources.cpu.isolation if policy.resources.cpu else "none"
-    if iso != "none":
-        out.append("# cgroup.conf (needs cgroup v2 on the nodes)\nConstrainCores=yes\nConstrainRAMSpace=yes\n"
-                   "ConstrainDevices=yes")
+    if isolation_of(policy) != "none":
+        out.append("# cgroup.conf, next to slurm.conf on every node\n" + render_cgroup_conf(cgroup).rstrip())
     return out
 
 
-def desired_state(policy: PolicySpec) -> DesiredState:
+def isolation_of(policy: PolicySpec) -> str:
+    return policy.resources.cpu.isolation if policy.resources.cpu else "none"
+
+
+def desired_state(policy: PolicySpec, cgroup: CgroupSupport | None = None) -> DesiredState:
+    """``cgroup``: the nodes' cgroup support (``isolation.detect_cgroup``); None = not
+    checked (an off-line plan): cgroup.conf then lets Slurm autodetect the version."""
     qos = {policy.qos_name(t): _qos_for_tier(policy, i, t) for i, t in enumerate(policy.tier_names)}
     parts: dict[str, dict[str, str]] = {}
     if policy.time_slicing:
         parts[policy.time_slicing.partition] = {
             "OverSubscribe": f"FORCE:{policy.time_slicing.jobs_per_core}"}
-    return DesiredState(qos, _assocs(policy), _conf(policy), parts, _manual(policy))
+    problem = isolation_problem(isolation_of(policy), cgroup) if cgroup else None
+    return DesiredState(qos, _assocs(policy), _conf(policy), parts, _manual(policy, cgroup),
+                        [problem] if problem else [])

@@ -244,4 +244,4 @@ def make_plan(desired: DesiredState, live: LiveState, lua: str, live_lua: str | 
                               (FieldChange("content", "(absent)" if live_lua is None else "differs",
                                            f"{len(lua.splitlines())} lines"),),
                               why="enforces tiers and quotas at submission"))
-    return PolicyPlan(changes, values, desired.partitions, lua, desired.manual, problems)
+    return PolicyPlan(changes, values, desired.partitions, lua, desired.manual, desired.problems + problems)
