@@ -45,7 +45,7 @@ for step in range(start, steps):
     while (info := signal.sigtimedwait(sigs, 0)) is not None:
         with open(out, "a") as f:
             f.write(json.dumps({"sig": signal.Signals(info.si_signo).name, "from": info.si_pid,
-                                "wrapper": os.getppid(), "restart": os.environ.get("SLURM_RESTART_COUNT")}) + "\\n")
+                                "wrapper": os.getppid(), "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}) + "\\n")
 run.close()
 """
 
@@ -89,4 +89,5 @@ def test_script_ignoring_slurm_preemption_is_ended_at_the_deadline_named_and_res
     got = [json.loads(line) for line in signals.read_text().splitlines()]
     terms = [g for g in got if g["sig"] == "SIGTERM" and g["restart"] == "0"]
     assert terms and not [g for g in got if g["from"] == g["wrapper"]], got
-    print("SIGTERMs the program got from slurmstepd on preemption:", len(terms))
+    # While blocked, a repeat of the same signal before the next step merges into one: a count, not a proof.
+    print("SIGTERMs the program took from slurmstepd on preemption:", len(terms))
