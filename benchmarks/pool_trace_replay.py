@@ -1,0 +1,402 @@
+"""One seeded job trace replayed twice on the emulated 64-node pool (tests/big_cluster.py):
+
+(a) Slurm's defaults: FIFO (priority/basic) + backfill, no tiers, no preemption
+    between the jobs; every job goes to the partition and GPU type its script names;
+(b) the policy: QOS tiers critical > high > normal with preemption (preempt/qos,
+    PreemptMode=REQUEUE, the job_submit.lua mapping ``--qos=<tier>``), plus fitness
+    placement: before each submission ``placement.score`` on a fresh pool snapshot
+    picks the partition / GPU type among those the job accepts (``--fit-mode single``),
+    or hands Slurm the ranked candidates as a multi-partition list (``ranked``).
+
+The trace (seeded): jobs of 1-16 whole nodes, 75% GPU (2 GPUs per node; some need
+a100, some v100, most accept either but their scripts name a100 three times in
+four), 25% CPU; tiers critical 15% / high 25% / normal 60%; each a ``sleep`` of
+5-60 s; Poisson arrivals over ``--window`` seconds. Time is compressed: real
+training jobs run hours, these seconds; the queueing is Slurm's own.
+
+Reported side by side, from ``sacct -D`` (every run of a requeued job) filtered by
+job names unique to this run and replay (job ids repeat across the pool's lives):
+p50/p95 queue wait (first start - submit) per tier, share of the pool's CPUs
+allocated while work was pending (``sinfo``/``squeue`` sampled every second; every
+job takes whole nodes, so CPU share = node share), makespan, jobs preempted and the
+work they lost (node-seconds of runs cut short; sleeps have no checkpoint).
+Pool start-up time and daemon memory are recorded too.
+
+    python3 benchmarks/pool_trace_replay.py [--seed 14] [--window 300] [--jobs 150] [--fit-mode single]
+    python3 benchmarks/pool_trace_replay.py --only policy_fit ...   # one side, added to --out
+    python3 benchmarks/pool_trace_replay.py --only policy_fit --from-sacct DUMP --prefix trNNNNNb-
+        # a side's metrics from a saved `sacct -a -D -X -P -n --format=<SACCT_FORMAT>` dump
+
+Takes /var/lock/hetrun-heavy.lock for each pool start and stop only; the replay's
+jobs are sleeps. Writes benchmarks/results/pool_trace_replay.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from big_cluster import BigPool  # noqa: E402
+from hetrun.slurm_plugin import placement, pool  # noqa: E402
+
+TIERS = ("critical", "high", "normal")
+PARTITIONS = ("gpu-a100", "gpu-v100", "cpu")
+CPUS, GPUS, MEM_PER_CPU_MB = 4, 2, 80  # whole nodes of tests/big_cluster.py
+POLICY = """resources:
+  gpu:
+    type: [a100, v100]
+    count: 96
+    scheduling:
+      priority: [critical, high, normal]
+      preemption: true
+naming: {qos_prefix: hrpool_}
+accounts:
+  hrpool_team:
+    users: [root]
+"""
+ACCOUNT = "hrpool_team"
+LOCK = "/var/lock/hetrun-heavy.lock"
+
+
+@dataclass
+class TraceJob:
+    i: int
+    at: float  # seconds after the replay starts
+    tier: str
+    nodes: int
+    seconds: int
+    gpu_types: tuple[str, ...]  # accepted GPU types; () for a CPU job
+    script_partition: str  # where its script says (the default replay)
+
+
+def make_trace(seed: int, window: float, jobs: int) -> list[TraceJob]:
+    rng = random.Random(seed)
+    out, at = [], 0.0
+    for i in range(jobs):
+        at += rng.expovariate(jobs / window)
+        tier = rng.choices(TIERS, weights=(15, 25, 60))[0]
+        gpu = rng.random() < 0.75
+        nodes = rng.choice((1, 1, 2, 2, 4, 4, 8, 16) if gpu else (1, 2, 2, 4, 4, 8))
+        if not gpu:
+            types: tuple[str, ...] = ()
+            script = "cpu"
+        else:
+            need = rng.choices(("a100", "v100", "any"), weights=(25, 10, 65))[0]
+            types = ("a100", "v100") if need == "any" else (need,)
+            habit = "a100" if rng.random() < 0.75 else "v100"
+            script = f"gpu-{need if need != 'any' else habit}"
+        out.append(TraceJob(i, round(min(at, window), 2), tier, nodes, rng.randint(5, 60), types, script))
+    return out
+
+
+def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool) -> list[str]:
+    argv = ["sbatch", "--parsable", "-o", "/dev/null", f"--job-name={name}", f"--partition={partition}",
+            f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={CPUS}",
+            f"--mem-per-cpu={MEM_PER_CPU_MB}M", "--time=5", "--requeue"]
+    if job.gpu_types:
+        argv.append(f"--gres=gpu:{gpu_type}:{GPUS}" if gpu_type else f"--gres=gpu:{GPUS}")
+    if tiers:
+        argv += ["-A", ACCOUNT, f"--qos={job.tier}"]  # the lua maps the tier onto its QOS
+    return [*argv, "--wrap", f"sleep {job.seconds}"]
+
+
+def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None, float]:
+    """(partitions, GPU type, seconds spent) chosen by fitness placement on a fresh snapshot.
+
+    Not ``ranked`` (``--fit-mode single``): the best candidate's partition and GPU type.
+    ``ranked``: the candidates ``placement.score`` ranks become Slurm's own multi-partition list,
+    best first: Slurm then starts the job in the first of them that frees up, where a
+    single choice made at submission would wait for that one partition. A GPU job
+    accepting both types lists both partitions and asks for untyped ``gpu:2``; a CPU
+    job lists ``cpu``, and a GPU partition only when that scored best (cpu full, GPU
+    nodes idle now), so CPU work does not queue up on GPU nodes."""
+    t0 = time.monotonic()
+    snap = pool.collect(lambda argv: cluster.run(*argv).stdout, hours=0.05)
+    need = placement.Need(nodes=job.nodes, cpus_per_node=CPUS, gpus_per_node=GPUS if job.gpu_types else 0,
+                          mem_mb_per_node=CPUS * MEM_PER_CPU_MB, gpu_types=job.gpu_types, partitions=PARTITIONS)
+    cands = placement.score(need, snap)
+    spent = time.monotonic() - t0
+    if not cands:
+        return job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None), spent
+    if not ranked:
+        best = cands[0]
+        return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent
+    keep = [c for c in cands if c is cands[0] or (c.gres != pool.NO_GRES) == bool(job.gpu_types)]
+    partitions = list(dict.fromkeys(c.partition for c in keep))
+    types = {c.gres.split(":")[1] for c in keep if c.gres != pool.NO_GRES}
+    gpu_type = types.pop() if len(types) == 1 and job.gpu_types else None  # None: untyped gpu:2
+    return ",".join(partitions), gpu_type, spent
+
+
+class Sampler(threading.Thread):
+    """Every second: CPUs allocated / total (sinfo %C) and pending jobs (squeue), with reasons."""
+
+    def __init__(self, cluster: BigPool) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.samples, self.stop = cluster, [], threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            t = time.time()
+            cpus = self.cluster.run("sinfo", "-h", "-p", "debug", "-o", "%C", check=False).stdout.strip()
+            reasons = self.cluster.run("squeue", "-h", "-t", "PD", "-o", "%r", check=False).stdout.split()
+            try:
+                alloc, _idle, _other, total = (int(x) for x in cpus.split("/"))
+            except ValueError:
+                continue
+            eligible = [r for r in reasons if r not in ("BeginTime", "JobHeldUser", "JobHeldAdmin")]
+            self.samples.append({"t": t, "alloc": alloc, "total": total, "pending": len(reasons),
+                                 "pending_eligible": len(eligible)})
+            self.stop.wait(max(0.0, 1.0 - (time.time() - t)))
+
+
+def _ts(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()  # local time, as sacct prints it
+    except ValueError:
+        return None  # Unknown / None
+
+
+def sacct_runs(cluster: BigPool, prefix: str, since: float) -> dict[str, list[dict[str, Any]]]:
+    start = datetime.fromtimestamp(since - 60).strftime("%Y-%m-%dT%H:%M:%S")
+    out = cluster.run("sacct", "-a", "-D", "-X", "-P", "-n", "-S", start, "-E", "now",
+                      f"--format={SACCT_FORMAT}").stdout
+    return parse_sacct(out, prefix)
+
+
+SACCT_FORMAT = "JobIDRaw,JobName,State,Submit,Eligible,Start,End,NNodes"
+
+
+def parse_sacct(text: str, prefix: str) -> dict[str, list[dict[str, Any]]]:
+    """Every run (``sacct -D``: a requeued job has one record per run) of the jobs named ``prefix*``."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    seen = set()
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) != 8 or not parts[1].startswith(prefix) or tuple(parts) in seen:
+            continue
+        seen.add(tuple(parts))
+        runs.setdefault(parts[1], []).append({
+            "id": parts[0], "state": parts[2], "submit": _ts(parts[3]), "eligible": _ts(parts[4]),
+            "start": _ts(parts[5]), "end": _ts(parts[6]), "nodes": int(parts[7])})
+    return runs
+
+
+def share_from_sacct(runs: dict[str, list[dict[str, Any]]], pool_nodes: int = 64) -> tuple[float | None, int]:
+    """Mean share of the pool's nodes allocated over the seconds when some run was eligible
+    and not started (a requeued run waits out its BeginTime first), from the records alone;
+    and how many such seconds. Every job takes whole nodes."""
+    recs = [r for rs in runs.values() for r in rs if r["start"] and r["end"]]
+    if not recs:
+        return None, 0
+    t0, t1 = int(min(r["submit"] for r in recs)), int(max(r["end"] for r in recs)) + 1
+    alloc, pending = [0] * (t1 - t0), [0] * (t1 - t0)
+    for r in recs:
+        for t in range(int(r["start"]) - t0, int(r["end"]) - t0):
+            alloc[t] += r["nodes"]
+        for t in range(int(r["eligible"] or r["submit"]) - t0, int(r["start"]) - t0):
+            pending[t] += 1
+    busy = [a for a, p in zip(alloc, pending, strict=True) if p]
+    return (round(sum(busy) / len(busy) / pool_nodes, 3) if busy else None), len(busy)
+
+
+def wait_drained(cluster: BigPool, prefix: str, n: int, timeout: float) -> dict[str, list[dict[str, Any]]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        names = cluster.run("squeue", "-h", "-o", "%j", check=False).stdout.split()
+        if not any(x.startswith(prefix) for x in names):
+            break
+        time.sleep(2)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    while time.monotonic() < deadline + 60:  # slurmdbd records the last ends a moment later
+        runs = sacct_runs(cluster, prefix, since=time.time() - 7200)
+        done = [r for r in runs.values() if any(x["state"] == "COMPLETED" for x in r)]
+        if len(runs) == n and len(done) == n:
+            break
+        time.sleep(2)
+    return runs
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
+
+
+def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[dict[str, Any]]],
+            samples: list[dict[str, Any]]) -> dict[str, Any]:
+    waits: dict[str, list[float]] = {t: [] for t in TIERS}
+    preempted, lost, work, ends, submits = 0, 0.0, 0.0, [], []
+    for job in trace:
+        recs = sorted(runs.get(names[job.i], []), key=lambda r: (r["start"] or 9e18))
+        started = [r for r in recs if r["start"]]
+        if not started:
+            continue
+        submit = min(r["submit"] for r in recs if r["submit"])
+        submits.append(submit)
+        waits[job.tier].append(started[0]["start"] - submit)
+        cut = [r for r in started if r["state"] != "COMPLETED" and r["end"]]
+        preempted += bool(cut)
+        lost += sum((r["end"] - r["start"]) * r["nodes"] for r in cut)
+        work += job.seconds * job.nodes
+        ends += [r["end"] for r in started if r["end"]]
+    busy = [s for s in samples if s["pending_eligible"] > 0]
+    share = [s["alloc"] / s["total"] for s in busy]
+    share_sacct, pending_s = share_from_sacct(runs)
+    return {
+        "alloc_share_while_pending_sacct": share_sacct,
+        "pending_seconds_sacct": pending_s,
+        "jobs_seen": sum(1 for job in trace if runs.get(names[job.i])),
+        "wait_s": {t: {"p50": _pct(w, 0.5), "p95": _pct(w, 0.95), "n": len(w)} for t, w in waits.items()},
+        "alloc_share_while_pending": round(statistics.fmean(share), 3) if share else None,
+        "pending_seconds": len(busy),
+        "alloc_share_overall": round(statistics.fmean(s["alloc"] / s["total"] for s in samples), 3) if samples else None,
+        "makespan_s": round(max(ends) - min(submits), 1) if ends else None,
+        "jobs_preempted": preempted,
+        "work_lost_node_s": round(lost, 1),
+        "work_node_s": work,
+    }
+
+
+def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
+           ranked: bool = False) -> dict[str, Any]:
+    prefix = f"{tag}{label}-"
+    names = {job.i: f"{prefix}{job.i:03d}-{job.tier}" for job in trace}
+    sampler = Sampler(cluster)
+    sampler.start()
+    t0, fit_s, moved, refused = time.monotonic(), [], 0, []
+    for job in trace:
+        time.sleep(max(0.0, job.at - (time.monotonic() - t0)))
+        partition, gpu_type = job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None)
+        if policy:
+            partition, gpu_type, spent = fit(job, cluster, ranked)
+            fit_s.append(spent)
+            moved += partition != job.script_partition
+        proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy), check=False)
+        if proc.returncode:
+            refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
+    submit_lag = round(time.monotonic() - t0 - trace[-1].at, 1)
+    runs = wait_drained(cluster, prefix, len(trace), timeout=1800)
+    sampler.stop.set()
+    sampler.join()
+    out = {"raw": {"names": names, "runs": runs, "samples": sampler.samples}}  # metrics can be recomputed
+    try:
+        out.update(metrics(trace, names, runs, sampler.samples))
+    except Exception as exc:  # keep the raw data of a 10-minute replay whatever went wrong
+        out["metrics_error"] = repr(exc)
+    out.update(refused=refused, submit_lag_s=submit_lag, moved_by_placement=moved,
+               fit_ms_p50=_pct([1000 * s for s in fit_s], 0.5), samples=len(sampler.samples))
+    return out
+
+
+@contextmanager
+def heavy_lock() -> Iterator[None]:
+    with open(LOCK, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def daemon_rss_mb(cluster: BigPool) -> float:
+    total = 0
+    for pid_file in (cluster.cfg.directory / "run").glob("*.pid"):
+        try:
+            status = Path(f"/proc/{int(pid_file.read_text().split()[0])}/status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        total += next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("VmRSS:")), 0)
+    return round(total / 1024, 1)
+
+
+def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag: str,
+                ranked: bool = False) -> dict[str, Any]:
+    """Start the pool (which stops the previous replay's pool: same directory, so one
+    hold of the heavy lock covers both) and replay; the last pool is stopped by main."""
+    cluster = BigPool(policy=policy_path)
+    with heavy_lock():
+        t0 = time.monotonic()
+        cluster.start()
+        start_s = round(time.monotonic() - t0, 1)
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked)
+    result.update(pool_start_s=start_s, daemon_rss_mb=daemon_rss_mb(cluster), loadavg_at_start=load,
+                  loadavg_at_end=Path("/proc/loadavg").read_text().split()[:3], tag=f"{tag}{label}")
+    return result
+
+
+def from_saved_sacct(path: Path, prefix: str, trace: list[TraceJob]) -> dict[str, Any]:
+    """One side's metrics from a saved ``sacct -D -X -P -n --format=SACCT_FORMAT`` dump
+    (when the replay's own process did not live to write them; no 1 s samples then)."""
+    runs = parse_sacct(path.read_text(), prefix)
+    names = {job.i: f"{prefix}{job.i:03d}-{job.tier}" for job in trace}
+    return {**metrics(trace, names, runs, []), "raw": {"names": names, "runs": runs, "samples": []},
+            "recomputed_from": str(path), "tag": prefix.rstrip("-")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=14)
+    ap.add_argument("--window", type=float, default=300.0)
+    ap.add_argument("--jobs", type=int, default=150)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pool_trace_replay.json")
+    ap.add_argument("--only", choices=("default", "policy_fit"), help="one replay (to re-run one side)")
+    ap.add_argument("--fit-mode", choices=("single", "ranked"), default="single",
+                    help="policy side: submit to the best candidate only, or to Slurm's multi-partition list")
+    ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
+    ap.add_argument("--prefix", help="job-name prefix of the saved replay (e.g. tr63167b-)")
+    args = ap.parse_args()
+    trace = make_trace(args.seed, args.window, args.jobs)
+    tag = f"tr{int(time.time()) % 100000}"
+    doc = json.loads(args.out.read_text()) if args.out.exists() and args.only else {}  # --only adds a side
+    doc.update({"command": " ".join(["python3", "benchmarks/pool_trace_replay.py", *sys.argv[1:]]),
+                "seed": args.seed, "window_s": args.window, "jobs": len(trace),
+                "demand_node_s": sum(j.seconds * j.nodes for j in trace),
+                "capacity_node_s_in_window": 64 * args.window, "trace": [asdict(j) for j in trace]})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.from_sacct:
+        doc[args.only] = from_saved_sacct(args.from_sacct, args.prefix, trace)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        return
+    sides = [("policy_fit", "b", True), ("default", "a", False)]  # policy first: more can go wrong there
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            policy_path = Path(tmp) / "policy.yaml"
+            policy_path.write_text(POLICY)
+            for key, label, with_policy in sides:
+                if args.only in (None, key):
+                    doc[key] = run_on_pool(policy_path if with_policy else None, trace, label, tag,
+                                           ranked=args.fit_mode == "ranked")
+                    doc[key]["fit_mode"] = args.fit_mode if with_policy else None
+                    args.out.write_text(json.dumps(doc, indent=1) + "\n")  # each side as soon as it is done
+    finally:
+        with heavy_lock():
+            BigPool().stop()
+    summary(doc)
+
+
+def summary(doc: dict[str, Any]) -> None:
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "raw"} if isinstance(v, dict) else v)
+                      for k, v in doc.items() if k != "trace"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
