@@ -6,8 +6,11 @@ tests/data/pool/sinfo.json, copied 64 times): 24 nodes with 4 x a100, 24 with
 ``debug`` (all); half the a100 nodes busy, 40 jobs pending. One run times:
 
 - parse: sinfo/squeue JSON -> PoolSnapshot (rows, per-node free, pending);
-- match: ``placement.score`` for each of a 3-component job (GPU learner, GPU
-  evaluator, CPU rollout workers);
+- needs: ``dag.needs.component_needs`` of a 3-component RL job spec (GPU
+  learner and GPU evaluator with ``placement: auto``, CPU rollout workers),
+  from its actions' resource profiles (the spec is expanded each time);
+- match: ``placement.score`` (and ``excluded``) for each component;
+- explain: ``placement_fit.explain_lines``, the ``hetrun plan --explain`` text;
 - estimate (the peer, when a Slurm cluster answers): one real
   ``sbatch --test-only`` per candidate, as ``pool --fit`` runs them.
 
@@ -26,13 +29,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetrun.slurm_plugin import placement, pool
+from hetrun.dag.needs import component_needs
+from hetrun.dag.spec import spec_from_dict
+from hetrun.slurm_plugin import placement, placement_fit, pool
 
 SAMPLE = Path(__file__).resolve().parent.parent / "tests" / "data" / "pool" / "sinfo.json"
-JOB = {  # per-node needs of the three components
-    "learner": placement.Need(nodes=4, cpus_per_node=8, gpus_per_node=4, mem_mb_per_node=64_000),
-    "evaluator": placement.Need(nodes=1, cpus_per_node=4, gpus_per_node=1, mem_mb_per_node=16_000),
-    "rollout": placement.Need(nodes=8, cpus_per_node=16, gpus_per_node=0, mem_mb_per_node=32_000),
+JOB = {  # needs per node: learner 8 CPUs / 4 GPUs / 64000 MB, evaluator 4 / 1 / 16000, rollout 16 / 0 / 32000
+    "name": "scale", "workload": "pkg.mod:Work",
+    "components": {
+        "learner": {"nodes": 4, "tasks_per_node": 4, "cpus_per_task": 2, "gpus_per_node": 4, "mem": "64000M",
+                    "gpu_mem": "30G", "placement": "auto", "actions": ["forward", "backward", "sync", "optimize",
+                                                                      "checkpoint"]},
+        "evaluator": {"nodes": 1, "cpus_per_task": 4, "gpus_per_node": 1, "mem": "16000M", "placement": "auto",
+                      "actions": ["eval"]},
+        "rollout": {"nodes": 8, "tasks_per_node": 16, "mem": "32000M", "actions": ["rollout"]},
+    },
+    "training": {"kind": "rl", "iterations": 10, "eval_interval": 5},
 }
 
 
@@ -65,22 +77,31 @@ def _stats(ms: list[float]) -> dict[str, float]:
 
 
 def run(reps: int, use_slurm: bool) -> dict[str, Any]:
-    sinfo, squeue = synthetic_sinfo(), synthetic_squeue()
-    parse_ms, match_ms = [], []
-    snap = None
+    sinfo, squeue, spec = synthetic_sinfo(), synthetic_squeue(), spec_from_dict(JOB)
+    times: dict[str, list[float]] = {k: [] for k in ("parse", "needs", "match", "explain", "total")}
+    snap, fits, lines = None, {}, []
     for _ in range(reps):
         t0 = time.perf_counter()
         pending, running = pool.pending_from_squeue(squeue)
         snap = pool.PoolSnapshot(time.time(), 6.0, pool.rows_from_sinfo(sinfo), pending, [],
                                  pool.troubled_nodes(sinfo, {}), running, pool.nodes_from_sinfo(sinfo))
         t1 = time.perf_counter()
-        best = {name: placement.score(need, snap) for name, need in JOB.items()}
+        needs = component_needs(spec)
         t2 = time.perf_counter()
-        parse_ms.append((t1 - t0) * 1e3)
-        match_ms.append((t2 - t1) * 1e3)
+        fits = {}
+        for name, cneed in needs.items():
+            need = placement.Need.from_needs(cneed)
+            fits[name] = placement_fit.ComponentFit(cneed, placement.score(need, snap), placement.excluded(need, snap))
+        t3 = time.perf_counter()
+        lines = placement_fit.explain_lines(placement_fit.FitReport(fits, snap.taken_at))
+        t4 = time.perf_counter()
+        for key, a, b in (("parse", t0, t1), ("needs", t1, t2), ("match", t2, t3), ("explain", t3, t4),
+                          ("total", t0, t4)):
+            times[key].append((b - a) * 1e3)
     assert snap is not None and len(snap.nodes) == 64
-    out: dict[str, Any] = {"nodes": len(snap.nodes), "parse": _stats(parse_ms), "match": _stats(match_ms),
-                           "best": {k: f"{v[0].partition} {v[0].gres}" for k, v in best.items() if v}}
+    out: dict[str, Any] = {"nodes": len(snap.nodes), **{k: _stats(v) for k, v in times.items()},
+                           "best": {k: f"{f.best.partition} {f.best.gres}" for k, f in fits.items() if f.best},
+                           "explain_lines": len(lines)}
     if use_slurm:
         # Slurm judges against the live cluster, not the synthetic pool: the
         # candidates are those of a small component on the live pool.
