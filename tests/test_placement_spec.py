@@ -221,3 +221,16 @@ def test_nothing_can_hold_it_and_the_local_backend(tmp_path: Path) -> None:
     with pytest.raises(HetrunError, match="--fit places components"):
         placement_fit.place(spec, {}, Local(), fit_all=True)
     assert placement_fit.place(spec, {}, Local()) is None  # auto on this one machine: nothing to choose
+
+
+def test_plan_explain_without_a_cluster_shows_the_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli_helpers import hetrun_cli
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # no controller to ask
+    proc = hetrun_cli("plan", str(write(tmp_path, AUTO)), "--explain", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "placement: the pool is unavailable (" in out and "the needs alone:" in out
+    assert "component trainer (placement auto): 1 node(s) x 2 CPUs, 2 GPUs, 1000 MB per node" in out
+    assert "allowed: partitions debug; GPU types a100, v100" in out
+    assert "component watcher (placement fixed)" in out
