@@ -68,22 +68,14 @@ def _render(snap: Any) -> Any:
     return Group(*parts)
 
 
-def _print_fit(job: Path, snap: Any) -> None:
-    """Each component's candidates against the pool, best first, with why the others lost."""
+def _print_fit(job: Path, hours: float) -> None:
+    """Each component's needs and candidates against the pool, best first, with why the others
+    lost: the placement section of ``hetrun plan --explain``."""
     from hetrun.dag.spec import load_spec
-    from hetrun.slurm_plugin.placement import Need, score, slurm_test_only, with_start_estimates
+    from hetrun.slurm_plugin.placement_fit import explain, explain_lines
 
-    spec = load_spec(job)
-    for name, comp in spec.components.items():
-        need = Need(comp.nodes, comp.tasks_per_node * comp.cpus_per_task, comp.gpus_per_node, comp.mem_mb)
-        typer.echo(f"component {name}: {need.nodes} node(s) x {need.cpus_per_node} CPUs, "
-                   f"{need.gpus_per_node} GPUs, {need.mem_mb_per_node} MB")
-        cands = with_start_estimates(need, score(need, snap), slurm_test_only())
-        if not cands:
-            typer.echo("  no partition / GPU type of this pool can ever hold it")
-        for i, c in enumerate(cands):
-            mark = "best" if i == 0 else ("tie " if c.score == cands[0].score else "lost")
-            typer.echo(f"  {mark} {c.partition:<12} {c.gres:<10} score {c.score:7.2f}  " + "; ".join(c.reasons))
+    for line in explain_lines(explain(load_spec(job), hours=hours)):
+        typer.echo(line)
 
 
 def pool(
@@ -103,7 +95,7 @@ def pool(
     if watch is not None and watch < 1:
         raise HetrunError(f"--watch {watch:g} is too short", hint="refresh at most once a second")
     if fit is not None:
-        _print_fit(fit, collect(hours=hours))
+        _print_fit(fit, hours)
         return
     if as_json:
         typer.echo(json.dumps(collect(hours=hours).to_json(), indent=1))

@@ -70,16 +70,17 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
     return out
 
 
-def _snapshot(run: Runner | None) -> tuple[PoolSnapshot | None, str | None]:
+def _snapshot(run: Runner | None, hours: float = 6.0) -> tuple[PoolSnapshot | None, str | None]:
     try:
-        return collect(run), None
+        return collect(run, hours=hours), None
     except SlurmError as exc:
         return None, str(exc).splitlines()[0]
 
 
-def explain(spec: Any, *, run: Runner | None = None,
-            test_only: Callable[[list[str]], str] | None = None) -> FitReport:
-    """Every component's needs and, when a cluster answers, its candidates."""
+def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[str]], str] | None = None,
+            hours: float = 6.0) -> FitReport:
+    """Every component's needs and, when a cluster answers, its candidates (``hours``: the
+    pool's failure-history window)."""
     needs = component_needs(spec)
     snap, why = None, None
     if run is None:  # the default cluster: ask quickly whether a controller answers at all
@@ -88,7 +89,7 @@ def explain(spec: Any, *, run: Runner | None = None,
         probe = choose_auto()
         why = None if probe.name == "sbatch" else probe.reason
     if why is None:
-        snap, why = _snapshot(run)
+        snap, why = _snapshot(run, hours)
     if snap is None:
         return FitReport({n: ComponentFit(c) for n, c in needs.items()}, unavailable=why)
     fits = fit_components(needs, snap, test_only or slurm_test_only())
