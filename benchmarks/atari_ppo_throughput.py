@@ -8,6 +8,8 @@
     wrappers (examples/atari_envs.py) and the same IMPALA encoder as its
     features extractor (shared by actor and critic, heads straight on it), in
     one process, num_envs = the hetrun job's envs across its rollout ranks.
+    Every process runs torch with 1 thread (SB3: torch.set_num_threads(1);
+    hetrun: workload_args.torch_threads 1) and OMP_NUM_THREADS=1.
 
 Steady-state env steps/s (updates after the first tenth, at least 2, are the
 steady window; start-up apart), actions/s, and for (a)/(b) the busy seconds per
@@ -17,11 +19,11 @@ benchmarks/ppo_pipeline.py's, so both PPO benchmarks measure alike.
 
 The network is the example's default (examples/ppo_atari.yaml: IMPALA widths
 16/32/32, 256 hidden, lr 2.5e-4; 2 epochs x 8 minibatches); ``--width``/``--hidden``
-change it. At that width one update takes ~5 s of rollout and ~23 s of
-learning on one core here, so the default is 5 updates (the first 2 are
-start-up, 3 are steady).
+change it. At that width one update takes ~5 s of rollout and ~11 s of
+learning on one core here, so the default is 10 updates (the first 2 are
+start-up, 8 are steady).
 
-    python benchmarks/atari_ppo_throughput.py                  # ~8 minutes here
+    python benchmarks/atari_ppo_throughput.py                  # ~9 minutes here
     python benchmarks/atari_ppo_throughput.py --updates 3 --width 4 --hidden 64   # smoke
 """
 
@@ -105,7 +107,9 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
     model = PPO("CnnPolicy", envs, n_steps=h["num_steps"], batch_size=batch // h["num_minibatches"],
                 n_epochs=h["update_epochs"], learning_rate=h["learning_rate"], gamma=h["gamma"],
                 gae_lambda=h["gae_lambda"], clip_range=h["clip_coef"], ent_coef=h["ent_coef"],
-                vf_coef=h["vf_coef"], max_grad_norm=h["max_grad_norm"], normalize_advantage=True,
+                # SB3's value loss is the plain MSE, hetrun's (CleanRL's) 0.5 x MSE: half the
+                # coefficient gives the same loss.
+                vf_coef=0.5 * h["vf_coef"], max_grad_norm=h["max_grad_norm"], normalize_advantage=True,
                 policy_kwargs={"features_extractor_class": Impala, "normalize_images": False,
                                "features_extractor_kwargs": {"width": h["impala_width"], "hidden": h["hidden"]},
                                "net_arch": [], "share_features_extractor": True},
@@ -181,7 +185,7 @@ def ratios(results: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--updates", type=int, default=10)
     ap.add_argument("--envs", type=int, default=8, help="games per rollout rank")
     ap.add_argument("--rollouts", type=int, default=1, help="rollout ranks")
     ap.add_argument("--width", type=int, default=16)
