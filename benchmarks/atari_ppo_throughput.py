@@ -177,6 +177,12 @@ def ratios(results: list[dict[str, Any]]) -> list[str]:
                    f"{coarse['bound']:.2f}x from the coarse run's busy seconds, "
                    f"{pipe['bound']:.2f}x from the pipelined run's; "
                    f"{got / coarse['bound']:.0%} of the coarse bound (target: within 10%)")
+    if pipe and pipe.get("learner_busy_s"):
+        # Apart from the coarse run (whose cores may be slowed by other work at another
+        # minute): how close the pipelined run's period comes to its own busiest side.
+        busiest = max(pipe["rollout_busy_s"], pipe["learner_busy_s"])
+        out.append(f"pipelined s/update {pipe['steady_s_per_update']:.2f} vs its busiest side max(R,L) "
+                   f"{busiest:.2f}: {busiest / pipe['steady_s_per_update']:.0%} of a perfect pipeline")
     if pipe and sb3:
         out.append(f"pipelined / SB3 steady env steps/s: "
                    f"{pipe['steady_steps_per_s'] / sb3['steady_steps_per_s']:.2f}x (target > 1)")
