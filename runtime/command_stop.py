@@ -156,9 +156,9 @@ class StopWatch:
 def work_lost(run_dir: Path, rank: int, since: float) -> dict[str, Any]:
     """What a program ended now loses, from its run API lines: the steps it logged
     (``run.log``) in this attempt after the newest checkpoint it saved (``run.save``,
-    in any attempt: the point a restart restores). The checkpoint event is written when
-    the save starts; one still being written when the program is killed is not kept,
-    so this is the least that is lost."""
+    in any attempt: the point a restart restores). An async save's checkpoint line is
+    written once its copy is taken, before the write ends; one still being written when
+    the program is killed is not kept, so this is the least that is lost."""
     last_step: int | None = None
     resume_at: int | None = None  # the newest checkpoint's step + 1
     for e in read_events(run_dir):

@@ -91,3 +91,36 @@ def test_script_ignoring_slurm_preemption_is_ended_at_the_deadline_named_and_res
     assert terms and not [g for g in got if g["from"] == g["wrapper"]], got
     # While blocked, a repeat of the same signal before the next step merges into one: a count, not a proof.
     print("SIGTERMs the program took from slurmstepd on preemption:", len(terms))
+
+
+def test_script_ignoring_the_warning_before_the_time_limit_ends_named_in_status(  # type: ignore[no-untyped-def]
+        slurm_cluster, shared_tmp: Path) -> None:
+    from tests.cli_helpers import hetrun_cli
+
+    script, signals = shared_tmp / "ignore.py", shared_tmp / "signals.jsonl"
+    script.write_text(IGNORES_AND_COUNTS)
+    # USR1 as --signal=B:USR1@G delivers it (hetrun preempt: to the batch shell, which forwards it to srun);
+    # grace 8 s: the API's budget 3 s, the wrapper's 6 s; no requeue, so the run ends here.
+    spec = _job("ignores-usr1", [sys.executable, str(script), "100000", "0", str(signals)], nodes=1,
+                preemption={"grace_seconds": 8, "max_preemptions": 0})
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs")
+    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
+    try:
+        assert wait_for(lambda: sum(e["ev"] == "action" for e in _events(run_dir)) >= 10, 240, 0.3)
+        sent = hetrun_cli("preempt", str(run_dir))
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=180, poll_s=1)
+    finally:
+        subprocess.run(["scancel", job], check=False, capture_output=True)
+    evs = _events(run_dir)
+    [ignored] = [e for e in evs if e["ev"] == "stop_ignored"]
+    assert ignored["signal"] == "USR1" and ignored["killed_with"] == "SIGKILL", ignored  # the script blocks TERM too
+    assert ignored["work_lost"] == f"all {ignored['last_step'] + 1} steps: no checkpoint", ignored
+    [end] = [e for e in evs if e["ev"] == "attempt_end"]
+    assert end["outcome"] == "time_limit" and not end["requeued"] and end["stop_ignored"] == [0], end
+    assert [c.state for c in final.components] != ["COMPLETED"], final
+    status = hetrun_cli("status", str(run_dir))
+    assert "rank 0 (trainer)" in status.stdout and "ignored the stop signal (SIGUSR1)" in status.stdout, status.stdout
+    assert "no checkpoint" in status.stdout, status.stdout
+    got = [json.loads(line) for line in signals.read_text().splitlines()]
+    assert [g["sig"] for g in got][:1] == ["SIGUSR1"] and not [g for g in got if g["from"] == g["wrapper"]], got
