@@ -130,12 +130,15 @@ def main() -> None:
                     help="evaluate runs recorded before (<dir>/<workload>/<run>/), record nothing")
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--run-timeout", type=float, default=600.0)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds first..first+2 train, choose, hold out (PPO mode: pipelined on even seeds)")
     ap.add_argument("--save", type=Path, default=None, help="write the trained chooser (JSON) here")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
 
     meta: dict[str, Any] = {"recorded_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                            "load_before": load_average()}
+                            "load_before": load_average(),
+                            "seeds": dict(zip(ROLES, range(args.first_seed, args.first_seed + 3), strict=True))}
     runs: dict[str, dict[str, Path]] = {}
     for workload in args.workloads:
         if args.runs_from is not None:
@@ -143,7 +146,7 @@ def main() -> None:
             runs[workload] = dict(zip(ROLES, found, strict=False))
         else:
             runs[workload] = {}
-            for seed, role in enumerate(ROLES):
+            for seed, role in enumerate(ROLES, start=args.first_seed):
                 print(f"recording {workload} seed {seed} ({role})", file=sys.stderr, flush=True)
                 runs[workload][role] = record(workload, seed, args.workdir, args.run_timeout)
     meta["load_after"] = load_average()

@@ -36,7 +36,8 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 def job_file(tmp: Path, **extra: Any) -> Path:
-    spec = example_spec("ppo_cartpole", **SMALL_PPO, **extra)
+    """SMALL_PPO's CartPole job; a key of ``extra`` replaces SMALL_PPO's whole entry."""
+    spec = example_spec("ppo_cartpole", **{**SMALL_PPO, **extra})
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -137,9 +138,10 @@ def wait_ended(run_dir: Path, timeout: float = 300) -> str:
     raise AssertionError(f"{run_dir} did not end in {timeout}s")
 
 
-def cancelled_run(tmp: Path) -> Path:
-    """A PPO run cancelled once the first checkpoint every component holds is written."""
-    run_dir = submit(job_file(tmp), tmp / "runs")
+def cancelled_run(tmp: Path, job: Path | None = None) -> Path:
+    """A PPO run (``job``, default SMALL_PPO's) cancelled once the first checkpoint every
+    component holds is written."""
+    run_dir = submit(job or job_file(tmp), tmp / "runs")
     t_end = time.time() + 300
     while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
         state = json.loads((run_dir / "local.json").read_text()).get("state") \
