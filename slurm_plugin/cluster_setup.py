@@ -159,8 +159,8 @@ def slurm_conf_with_policy(cfg: ClusterConfig) -> tuple[str, str | None]:
 
 def make_fake_gpus(cfg: ClusterConfig, devices: bool) -> None:
     """The emulated GPUs' files. ``devices``: character devices instead of empty files,
-    for ConstrainDevices: Slurm's gres plugin skips a File= that is not a device (no
-    CUDA_VISIBLE_DEVICES, nothing to confine). Major 120 is one Linux reserves for
+    for shards and ConstrainDevices: Slurm's gres plugin skips a File= that is not a
+    device (no CUDA_VISIBLE_DEVICES, nothing to confine). Major 120 is one Linux reserves for
     local/experimental use, so no driver answers: opening an allowed one gives ENXIO,
     one the devices cgroup denies gives EPERM."""
     for index, path in enumerate(fake_gpu_files(cfg)):
@@ -185,7 +185,7 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
     for sub in ("etc", "state", "run", "log", "fakegpu", *(f"spool/{n}" for n in cfg.node_names)):
         (d / sub).mkdir(parents=True, exist_ok=True)
     nodes = policy_node_setup(cfg)
-    make_fake_gpus(cfg, bool(nodes and nodes.constrains_devices))
+    make_fake_gpus(cfg, bool(nodes and nodes.gpu_devices))
     # Every slurmd reads cgroup.conf from slurm.conf's directory; a changed one restarts them (gres.conf's flag).
     shards, cgroup_conf = (nodes.shards_per_gpu, nodes.cgroup_conf) if nodes else (0, None)
     cgroup_changed = bool(cgroup_conf and write_if_changed(cfg.etc / "cgroup.conf", cgroup_conf))

@@ -117,10 +117,12 @@ def test_isolation_without_cgroups_is_a_plan_problem_apply_refuses() -> None:
 
 
 def test_node_setup_for_the_local_cluster() -> None:
-    assert node_setup(_policy("none", shards=4), 2, 2, "p").shards_per_gpu == 4
+    shared = node_setup(_policy("none", shards=4), 2, 2, "p")
+    assert shared.shards_per_gpu == 4 and shared.gpu_devices and shared.cgroup_conf is None
     assert node_setup(_policy("none", shards=4), 2, 0, "p").shards_per_gpu == 0  # no GPUs, no shards
+    assert not node_setup(_policy("none"), 2, 2, "p").gpu_devices  # plain files, as without a policy
     setup = node_setup(_policy(), 1, 2, "p", V1)
-    assert setup.constrains_devices and "CgroupPlugin=cgroup/v1" in (setup.cgroup_conf or "")
+    assert setup.gpu_devices and "CgroupPlugin=cgroup/v1" in (setup.cgroup_conf or "")
     with pytest.raises(SlurmError, match=r"policy\.yaml: cpu\.isolation: numa-aware needs task/cgroup"):
         node_setup(_policy(), 1, 2, "policy.yaml", NONE)
     too_many = (os.cpu_count() or 1) + 1

@@ -26,8 +26,11 @@ class NodeSetup:
     cgroup_conf: str | None = None  # None: no cpu.isolation, task/cgroup not used
 
     @property
-    def constrains_devices(self) -> bool:
-        return self.cgroup_conf is not None
+    def gpu_devices(self) -> bool:
+        """Whether the GPUs' gres.conf files must be devices: Slurm's gres plugin skips a
+        File= that is not one, and then neither sets CUDA_VISIBLE_DEVICES (a shard job
+        would not learn its GPU) nor has anything for ConstrainDevices to confine."""
+        return self.cgroup_conf is not None or self.shards_per_gpu > 0
 
 
 def node_setup(policy: PolicySpec, cpus: int, gpus: int, where: str,
