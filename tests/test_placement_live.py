@@ -1,0 +1,85 @@
+"""placement: auto on a real Slurm cluster with two GPU types: with the a100 node busy,
+`hetrun submit` places an auto component on the idle v100 node, renders
+--gres=gpu:v100:N and that type's partition, records why in plan.json, and
+slurmctld runs it there.
+
+The shared test cluster has one untyped GPU kind, so this runs on the second,
+throw-away cluster (tests/second_cluster.py) shaped with two GPU types: n1 with
+gpu:a100 (partition gpu-a100), n2 with gpu:v100 (gpu-v100), debug and high over both.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hetrun.dag.plan import build_plan
+from hetrun.dag.spec import load_spec
+from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+from hetrun.slurm_plugin.submit import submit_spec
+from second_cluster import SecondCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+JOB = """\
+name: fit-live
+components:
+  trainer:
+    nodes: 1
+    gpus_per_node: 1
+    mem: 200M
+    placement: auto
+    command: [sleep, "30"]
+slurm: {time: "00:05:00"}
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster) -> Iterator[SecondCluster]:
+    c = SecondCluster(nodes=2, gpu_types=("a100", "v100"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def wait_for(c: SecondCluster, job_id: str, states: tuple[str, ...], timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        # Slurm 22.05's squeue --json lists every job whatever -j says: pick ours.
+        jobs = json.loads(c.run("squeue", "--json", check=False).stdout or "{}").get("jobs", [])
+        job = next((j for j in jobs if str(j.get("job_id")) == job_id), {})
+        if job.get("job_state") in states:
+            return job
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} not {states} after {timeout} s: {job.get('job_state')}")
+
+
+def test_auto_component_lands_on_the_idle_gpu_type(cluster: SecondCluster, shared_tmp: Path) -> None:
+    words = cluster.run("sinfo", "-h", "-N", "-o", "%N %G").stdout.split()  # a line per node and partition
+    assert dict(zip(words[::2], words[1::2], strict=True)) == {"n1": "gpu:a100:2", "n2": "gpu:v100:2"}, words
+    busy = cluster.run("sbatch", "--parsable", "-o", "/dev/null", "-p", "gpu-a100", "--gres=gpu:a100:2",
+                       "--mem=100M", "-t", "10", "--wrap", "sleep 300").stdout.strip()
+    try:
+        assert wait_for(cluster, busy, ("RUNNING",))["nodes"] == "n1"
+        (shared_tmp / "job.yaml").write_text(JOB)
+        spec = load_spec(shared_tmp / "job.yaml")
+        result = submit_spec(spec, backend=SbatchBackend(env=cluster.env), runs_dir=shared_tmp / "runs",
+                             plan=build_plan(spec), job_dir=shared_tmp)
+        choice = json.loads((Path(result.run.run_dir) / "plan.json").read_text())["components"][0]["placement"]
+        assert choice["gres"] == "gpu:v100" and choice["nodes"] == ["n2"], choice
+        assert any("gpu:a100" in o and "would wait" in o for o in choice["others"]), choice["others"]
+        assert "#SBATCH --gres=gpu:v100:1" in result.script
+        assert f"#SBATCH --partition={choice['partition']}" in result.script
+        job_id = result.run.job_id.split(";")[0]
+        job = wait_for(cluster, job_id, ("RUNNING", "COMPLETED", "FAILED"))
+        assert (job["nodes"], job["partition"]) == ("n2", choice["partition"]), {k: job.get(k) for k in (
+            "job_id", "name", "nodes", "partition", "tres_per_node", "job_state")}
+        assert "gpu:v100" in json.dumps(job.get("tres_per_node") or job.get("tres_req_str")), job
+    finally:
+        cluster.run("scancel", "-u", "root", check=False)
