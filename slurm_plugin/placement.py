@@ -64,10 +64,11 @@ class Need:
     gpu_mem_mb: int = 0  # memory one GPU must have; 0 = not known
 
     @classmethod
-    def from_component(cls, comp: dict, **limits: tuple[str, ...]) -> Need:
+    def from_component(cls, comp: dict, gpu_types: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Need:
+        """From a plan.json component (its request only; ``from_needs`` adds what its actions need)."""
         return cls(nodes=int(comp["nodes"]), cpus_per_node=int(comp["tasks_per_node"]) * int(comp["cpus_per_task"]),
                    gpus_per_node=int(comp.get("gpus_per_node", 0)), mem_mb_per_node=int(comp.get("mem_mb", 0)),
-                   **limits)
+                   gpu_types=gpu_types, partitions=partitions)
 
     @classmethod
     def from_needs(cls, need: ComponentNeed) -> Need:
