@@ -105,14 +105,17 @@ def make_trace(seed: int, window: float, jobs: int) -> list[TraceJob]:
     return out
 
 
-def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool) -> list[str]:
+def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool,
+                one_tier: bool = False) -> list[str]:
+    """``one_tier``: every job in the default tier (``normal``), for the default side run on
+    the policy pool: equal QOS, so no preemption and priority by age alone, i.e. FIFO."""
     argv = ["sbatch", "--parsable", "-o", "/dev/null", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={CPUS}",
             f"--mem-per-cpu={MEM_PER_CPU_MB}M", "--time=5", "--requeue"]
     if job.gpu_types:
         argv.append(f"--gres=gpu:{gpu_type}:{GPUS}" if gpu_type else f"--gres=gpu:{GPUS}")
-    if tiers:
-        argv += ["-A", ACCOUNT, f"--qos={job.tier}"]  # the lua maps the tier onto its QOS
+    if tiers or one_tier:
+        argv += ["-A", ACCOUNT, f"--qos={job.tier if tiers else 'normal'}"]  # the lua maps the tier onto its QOS
     return [*argv, "--wrap", f"sleep {job.seconds}"]
 
 
@@ -276,7 +279,7 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 
 
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
-           ranked: bool = False) -> dict[str, Any]:
+           ranked: bool = False, one_tier: bool = False) -> dict[str, Any]:
     prefix = f"{tag}{label}-"
     names = {job.i: f"{prefix}{job.i:03d}-{job.tier}" for job in trace}
     sampler = Sampler(cluster)
@@ -289,7 +292,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
             partition, gpu_type, spent = fit(job, cluster, ranked)
             fit_s.append(spent)
             moved += partition != job.script_partition
-        proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy), check=False)
+        proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier), check=False)
         if proc.returncode:
             refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
     submit_lag = round(time.monotonic() - t0 - trace[-1].at, 1)
@@ -361,6 +364,10 @@ def main() -> None:
     ap.add_argument("--only", choices=("default", "policy_fit"), help="one replay (to re-run one side)")
     ap.add_argument("--fit-mode", choices=("single", "ranked"), default="single",
                     help="policy side: submit to the best candidate only, or to Slurm's multi-partition list")
+    ap.add_argument("--default-in-policy-pool", action="store_true",
+                    help="the default side on the running policy pool, every job in one tier (no restart, no lock)")
+    ap.add_argument("--policy-in-running-pool", action="store_true",
+                    help="the policy side on the policy pool already running (no restart, no lock)")
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
     ap.add_argument("--prefix", help="job-name prefix of the saved replay (e.g. tr63167b-)")
     args = ap.parse_args()
@@ -382,7 +389,15 @@ def main() -> None:
             policy_path = Path(tmp) / "policy.yaml"
             policy_path.write_text(POLICY)
             for key, label, with_policy in sides:
-                if args.only in (None, key):
+                if key == "default" and args.default_in_policy_pool and args.only == "default":
+                    doc[key] = replay(BigPool(), trace, label, tag, policy=False, one_tier=True)
+                    doc[key]["run_on"] = "the running policy pool, every job in tier normal (FIFO by age)"
+                    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+                elif key == "policy_fit" and args.policy_in_running_pool and args.only == "policy_fit":
+                    doc[key] = replay(BigPool(), trace, label, tag, policy=True, ranked=args.fit_mode == "ranked")
+                    doc[key].update(fit_mode=args.fit_mode, run_on="the running policy pool")
+                    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+                elif args.only in (None, key):
                     doc[key] = run_on_pool(policy_path if with_policy else None, trace, label, tag,
                                            ranked=args.fit_mode == "ranked")
                     doc[key]["fit_mode"] = args.fit_mode if with_policy else None
