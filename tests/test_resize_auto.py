@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from hetrun.slurm_plugin.rundir import append_event, events_of
 
-from tests.test_resume_cmd import cancelled_run, cli, hand_made_run, needs_mpirun
+from tests.test_resume_cmd import cancelled_run, cli, hand_made_run, job_file, needs_mpirun
 
 MIB = 1024 * 1024
 
@@ -89,23 +89,34 @@ def test_auto_on_a_run_without_demand_says_so(tmp_path: Path) -> None:
     assert res.returncode != 0 and "no action events yet" in res.stderr and "Traceback" not in res.stderr
 
 
+# 16 epochs x 4 minibatches per update: the learner's busy seconds per env step are several
+# times the rollout ranks' (4 epochs measured 1.26x here), so tune's cheapest mix in the
+# job's 3 cores is 2 learners + 1 rollout rank (it is whenever the ratio exceeds 1.5).
+LEARNER_HEAVY = {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32, "hidden": 16, "update_epochs": 16,
+                 "num_minibatches": 4, "eval_episodes": 1}
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @needs_mpirun
 def test_auto_resumes_a_real_run_with_the_proposed_sizes(tmp_path: Path) -> None:
-    run_dir = cancelled_run(tmp_path)
+    job = job_file(tmp_path, workload_args=LEARNER_HEAVY, training={"iterations": 60, "pipeline_window": 1})
+    run_dir = cancelled_run(tmp_path, job)
     proposed = {c["name"]: c for c in tune_json(run_dir)["proposed"]}
+    assert {n: c["ranks"] for n, c in proposed.items()} == {"learner": 2, "rollout": 1}, proposed
     res = cli("resubmit", str(run_dir), "--resize", "auto", "--wait")
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "as attempt 1" in res.stdout
+    assert "as attempt 1" in res.stdout and "learner: 1 -> 2 ranks; rollout: 2 -> 1 ranks" in res.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
     assert {c["name"]: (c["ntasks"], c["mem_mb"]) for c in plan["components"]} == \
         {n: (c["ranks"], c["mem_mb"]) for n, c in proposed.items()}
     starts = [e for e in events_of(run_dir, ("start",)) if e.get("restart_count") == 1]
-    assert {n: sum(e["component"] == n for e in starts) for n in proposed} == \
-        {n: c["ranks"] for n, c in proposed.items()}
+    assert sorted(e["component"] for e in starts) == ["learner", "learner", "rollout"]
     restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
-    assert len(restores) == len(starts) and all(e["restored_state"] for e in restores), restores
+    assert len(restores) == 3 and all(e["restored_state"] for e in restores), restores
     assert len({e["step"] for e in restores}) == 1
+    resized = sorted((e["component"], e["resize"]["saved_ranks"], e["resize"]["ranks"], e["resize"]["base_rank"],
+                      e["resize"]["dropped_envs"]) for e in restores)
+    assert resized == [("learner", 1, 2, 0, 0), ("learner", 1, 2, 0, 0), ("rollout", 2, 1, 0, 4)]
     ends = events_of(run_dir, ("attempt_end",))
     assert [(e["restart_count"], e["outcome"]) for e in ends] == [(0, "cancelled"), (1, "done")]
