@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -138,8 +139,21 @@ def iso(slurm_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iter
     yield from _start(IsolationCluster, ISOLATION_POLICY, tmp_path_factory, nodes=2, cpus=2, sockets=2)
 
 
+def _can_make_char_devices(where: Path) -> bool:
+    """Shards need the fake GPUs as character devices (mknod: root with CAP_MKNOD)."""
+    probe = where / "probe-dev"
+    try:
+        os.mknod(probe, 0o600 | stat.S_IFCHR, os.makedev(120, 0))
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
 @pytest.fixture(scope="module")
 def shards(slurm_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondCluster]:
+    if not _can_make_char_devices(tmp_path_factory.mktemp("mknod")):
+        pytest.skip("cannot create character devices here (mknod needs root with CAP_MKNOD)")
     yield from _start(ShardCluster, SHARD_POLICY, tmp_path_factory, nodes=1, cpus=4, gpus=1)
 
 
