@@ -254,7 +254,7 @@ def failure_lines(a: Attempt) -> list[str]:
         who = f"rank {f.get('rank')}" + (f" ({f['component']})" if f.get("component") else "")
         where = f" on {f['node']}" if f.get("node") else ""
         msg = f": {f['message']}" if f.get("message") else ""
-        said = f"; its last line: {f['last_line']}" if f.get("last_line") else ""
+        said = f"; its last line: {f['last_line']}" if f.get("last_line") and f["last_line"] not in msg else ""
         out.append(f"{who}{where} {what}".rstrip() + f" [{f.get('detected_by', '?')}]{msg}{said}")
     if not out:
         for err in sorted(a.errors, key=lambda x: event_time(x) or 0):

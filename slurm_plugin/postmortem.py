@@ -265,7 +265,9 @@ def _describe_reported(f: Mapping[str, Any], verb: str = " failed") -> str:
     component's wrapper (runtime/command_rank.py: exit code and the program's last line);
     or (``verb=""``) the wrapper's stop_ignored line (runtime/command_stop.py)."""
     where = f" in action {f['action']} (iteration {f.get('iteration')})" if f.get("action") else ""
-    said = f"; its last line: {f['last_line']}" if f.get("last_line") else ""
+    # The command wrapper's message already quotes the last line: say it once.
+    said = f"; its last line: {f['last_line']}" if f.get("last_line") and f["last_line"] not in str(
+        f.get("message") or "") else ""
     return (f"rank {f.get('rank')} ({f.get('component') or '?'}) on {f.get('node') or '?'}{verb}{where}"
             f"{':' if verb else ''} {f.get('message') or 'an exception'}{said}")
 

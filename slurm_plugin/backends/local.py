@@ -37,7 +37,7 @@ from typing import Any
 
 from hetrun.dag.errors import RunDirError, SlurmError
 
-from ..postmortem import finish_attempt
+from ..postmortem import REQUEUE_EXIT_CODE, TERM_EXIT_CODE, finish_attempt
 from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, restart_base, utc_now_iso, write_atomic
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 
@@ -51,6 +51,9 @@ _OMPI_DEFAULTS = {
 }
 _ROOT_DEFAULTS = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 _STOP_GRACE_S = 10.0
+# Exit codes of a rank that stopped as asked (done, requeue after the warning, SIGTERM'd),
+# not of one that failed.
+_STOP_CODES = (0, REQUEUE_EXIT_CODE, TERM_EXIT_CODE, -signal.SIGTERM)
 
 
 def proc_start_ticks(pid: int) -> int | None:
@@ -231,15 +234,26 @@ class _Supervisor:
 
     def _wait(self) -> int:
         deadline = None
+        failed_rc = None  # the first failing child's code: it names the attempt, not the peers it ended
         while True:
             codes = [c.poll() for c in self.children]
             if all(code is not None for code in codes):
                 break
+            if failed_rc is None and not (self.cancelled or self.requeue_asked):
+                failed_rc = next((code for code in codes if code not in (None, *_STOP_CODES)), None)
+                if failed_rc is not None:
+                    # As torchrun's agent and srun --kill-on-bad-exit: a rank that failed ends the
+                    # others now (an evaluator waiting for checkpoints, peers in a collective), not
+                    # at their own timeouts; SIGTERM first, so they can leave cleanly.
+                    self._signal_children(signal.SIGTERM)
+                    deadline = time.monotonic() + _STOP_GRACE_S
             if (self.cancelled or self.requeue_asked) and deadline is None:
                 deadline = time.monotonic() + _STOP_GRACE_S
             if deadline is not None and time.monotonic() > deadline:
                 self._signal_children(signal.SIGKILL)
             time.sleep(0.2)
+        if failed_rc is not None:
+            return failed_rc if failed_rc >= 0 else 128 - failed_rc
         # Like srun: the highest exit code wins; death by signal N reads as 128+N.
         return max((c if c >= 0 else 128 - c) for c in (ch.returncode for ch in self.children))
 
