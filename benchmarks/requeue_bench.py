@@ -205,19 +205,24 @@ def durations(row: dict[str, Any]) -> list[float]:
     return out
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    heads = [f"{r['example']} #{r['restart']} ({r['ranks']} ranks)" for r in rows]
-    cols = [durations(r) for r in rows]
+def stage_table(rows: list[dict[str, Any]], heads: list[str], cols: list[list[float]],
+                labels: list[str], lost_unit: str) -> str:
+    """The markdown breakdown both requeue benchmarks print: one column per restart."""
     lines = ["| stage (critical path: slowest rank) | " + " | ".join(heads) + " |",
              "|---|" + "---|" * len(rows)]
-    for i, (label, _) in enumerate(STAGES):
+    for i, label in enumerate(labels):
         lines.append(f"| {label} | " + " | ".join(f"{c[i]:.2f}" for c in cols) + " |")
     lines.append("| **total: Slurm StartTime -> first resumed step** | "
                  + " | ".join(f"**{sum(c):.2f}**" for c in cols) + " |")
     lines.append("| (not counted) preempted -> Slurm StartTime of the requeued job | "
                  + " | ".join(f"{r['critical']['slurm_start'] - r['preempted_at']:.1f}" for r in rows) + " |")
-    lines.append("| work lost (iterations) | " + " | ".join(str(r["work_lost"]) for r in rows) + " |")
+    lines.append(f"| work lost ({lost_unit}) | " + " | ".join(str(r["work_lost"]) for r in rows) + " |")
     return "\n".join(lines)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    heads = [f"{r['example']} #{r['restart']} ({r['ranks']} ranks)" for r in rows]
+    return stage_table(rows, heads, [durations(r) for r in rows], [label for label, _ in STAGES], "iterations")
 
 
 def main() -> None:

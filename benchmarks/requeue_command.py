@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from requeue_bench import events, learner_node, preempt, slurm_start, wait_for
+from requeue_bench import events, learner_node, preempt, slurm_start, stage_table, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ddp_train_hetrun.py"
@@ -131,17 +131,8 @@ def durations(row: dict[str, Any]) -> list[float]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = [durations(r) for r in rows]
-    lines = ["| stage (critical path: slowest rank) | " + " | ".join(f"#{r['restart']}" for r in rows) + " |",
-             "|---|" + "---|" * len(rows)]
-    for i, (label, _) in enumerate(STAGES):
-        lines.append(f"| {label} | " + " | ".join(f"{c[i]:.2f}" for c in cols) + " |")
-    lines.append("| **total: Slurm StartTime -> first resumed step** | "
-                 + " | ".join(f"**{sum(c):.2f}**" for c in cols) + " |")
-    lines.append("| (not counted) preempted -> Slurm StartTime of the requeued job | "
-                 + " | ".join(f"{r['critical']['slurm_start'] - r['preempted_at']:.1f}" for r in rows) + " |")
-    lines.append("| work lost (steps) | " + " | ".join(str(r["work_lost"]) for r in rows) + " |")
-    return "\n".join(lines)
+    return stage_table(rows, [f"#{r['restart']}" for r in rows], [durations(r) for r in rows],
+                       [label for label, _ in STAGES], "steps")
 
 
 def main() -> None:
