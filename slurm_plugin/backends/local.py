@@ -242,11 +242,12 @@ class _Supervisor:
             if failed_rc is None and not (self.cancelled or self.requeue_asked):
                 failed_rc = next((code for code in codes if code not in (None, *_STOP_CODES)), None)
                 if failed_rc is not None:
-                    # As torchrun's agent and srun --kill-on-bad-exit: a rank that failed ends the
-                    # others now (an evaluator waiting for checkpoints, peers in a collective), not
-                    # at their own timeouts; SIGTERM first, so they can leave cleanly.
-                    self._signal_children(signal.SIGTERM)
-                    deadline = time.monotonic() + _STOP_GRACE_S
+                    # As the batch script's srun reader on Slurm (render.SRUN_READER): a rank that
+                    # failed ends the others now (an evaluator waiting for checkpoints, peers in a
+                    # collective), not at their own timeouts. SIGKILL, not TERM: survivors would
+                    # take a TERM for a preemption and checkpoint past the failure; the newest
+                    # checkpoint before it stays the restore point.
+                    self._signal_children(signal.SIGKILL)
             if (self.cancelled or self.requeue_asked) and deadline is None:
                 deadline = time.monotonic() + _STOP_GRACE_S
             if deadline is not None and time.monotonic() > deadline:
