@@ -118,6 +118,9 @@ def _run(ref: str, runs_dir: Path | None, overrides: Any, sizes: dict[str, int] 
 
     info = _find(ref, runs_dir)
     rp = resume_run.prepare(info, overrides, resize=sizes, backend=backend)
+    from hetrun.cli.submit_cmd import print_placement
+
+    print_placement(rp.plan)
     step = _newest_step(info.path, rp.plan)
     where = f"checkpoint step {step}" if step is not None else "the beginning (no checkpoint every component holds)"
     sized = _changes(info.path, rp)

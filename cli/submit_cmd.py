@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
         result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit)
-        _print_placement(result.plan)
+        print_placement(result.plan)
         if result.dry_run is not None:
             _print_dry_run(result)
             return
@@ -112,7 +112,7 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
     return load_job(job, overrides), Path(job).parent
 
 
-def _print_placement(plan: Any) -> None:
+def print_placement(plan: Any) -> None:
     """Where each placed component goes and why (stderr: a dry run's stdout is the script)."""
     for comp in (plan or {}).get("components", []):
         choice = comp.get("placement")

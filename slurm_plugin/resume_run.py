@@ -165,6 +165,11 @@ def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | Non
                         hint="use `hetrun resubmit RUN --resize COMPONENT=N` to restore into other rank counts")
     if backend_obj.name != "local":
         check_visible_to_nodes(new, run_dir.parent, Path(old_plan["job_dir"]) if old_plan.get("job_dir") else None)
+    # placement: auto components are placed again against the pool of now (the one the old
+    # attempt chose may be busy, or the sizes changed), as `hetrun submit` places them.
+    from .placement_fit import place
+
+    place(new, plan_d, backend_obj)
     script = render_sbatch(plan_d, new, run_dir)
     return ResumePlan(run, restart, new, plan_d, script, backend_obj.name, sizes)
 

@@ -83,3 +83,34 @@ def test_auto_component_lands_on_the_idle_gpu_type(cluster: SecondCluster, share
         assert "gpu:v100" in json.dumps(job.get("tres_per_node") or job.get("tres_req_str")), job
     finally:
         cluster.run("scancel", "-u", "root", check=False)
+
+
+RESUMED_JOB = """\
+name: fit-resume
+components:
+  trainer:
+    nodes: 1
+    gpus_per_node: 1
+    mem: 200M
+    placement: auto
+    partitions: [high, debug]
+    command: [sleep, "1"]
+slurm: {partition: high, time: "00:05:00"}
+"""
+
+
+def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """`hetrun resume` (and resubmit) re-plans the job from its YAML: an auto component is placed again against
+    the pool of now (shared cluster: debug and high over the same nodes, so equal scores and
+    the name decides: debug), not sent back to the YAML's fixed partition (high)."""
+    from tests.cli_helpers import hetrun_cli
+
+    (shared_tmp / "job.yaml").write_text(RESUMED_JOB)
+    sub = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--wait")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert "hetrun: placed trainer on debug" in sub.stderr, sub.stderr
+    run_dir = next(line.split(": ", 1)[1] for line in sub.stdout.splitlines() if line.startswith("run directory: "))
+    res = hetrun_cli("resume", run_dir, "--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "hetrun: placed trainer on debug" in res.stderr, res.stderr
+    assert "#SBATCH --partition=debug" in res.stdout and "#SBATCH --partition=high" not in res.stdout, res.stdout
