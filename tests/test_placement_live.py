@@ -85,18 +85,10 @@ def test_auto_component_lands_on_the_idle_gpu_type(cluster: SecondCluster, share
         cluster.run("scancel", "-u", "root", check=False)
 
 
-RESUMED_JOB = """\
-name: fit-resume
-components:
-  trainer:
-    nodes: 1
-    gpus_per_node: 1
-    mem: 200M
-    placement: auto
-    partitions: [high, debug]
-    command: [sleep, "1"]
-slurm: {partition: high, time: "00:05:00"}
-"""
+# JOB, short, with the YAML's fixed partition (high) that an auto component must not keep.
+RESUMED_JOB = (JOB.replace("name: fit-live", "name: fit-resume").replace('[sleep, "30"]', '[sleep, "1"]')
+               .replace("    placement: auto\n", "    placement: auto\n    partitions: [high, debug]\n")
+               .replace("slurm: {time", "slurm: {partition: high, time"))
 
 
 def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]

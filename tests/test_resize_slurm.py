@@ -11,7 +11,6 @@ iteration and finishes; `hetrun report` shows both attempts' sizes.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +18,9 @@ import pytest
 from hetrun.slurm_plugin.rundir import events_of
 
 from tests.test_resume_cmd import ITERATIONS, cli, job_file, store_steps
-from tests.test_resume_cmd_slurm import submit, wait_ended
+from tests.test_resume_cmd_slurm import cancelled_at_a_checkpoint
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-def cancelled_at_a_checkpoint(shared_tmp: Path) -> Path:
-    run_dir = submit(job_file(shared_tmp), shared_tmp / "runs")
-    t_end = time.time() + 400
-    while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
-        assert time.time() < t_end, "no checkpoint in time"
-        time.sleep(0.3)
-    assert cli("cancel", str(run_dir)).returncode == 0
-    wait_ended(run_dir)
-    return run_dir
 
 
 def split_attempts(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -49,7 +37,7 @@ def learner_iterations(lines: list[dict[str, Any]]) -> list[int]:
 
 
 def test_resize_rollout_2_to_3_on_slurm_resumes_the_same_run(slurm_cluster: object, shared_tmp: Path) -> None:
-    run_dir = cancelled_at_a_checkpoint(shared_tmp)
+    run_dir = cancelled_at_a_checkpoint(job_file(shared_tmp), shared_tmp / "runs")
     agreed = {e["iteration"] for e in events_of(run_dir, ("preempt",))}
     assert len(agreed) == 1, agreed  # every rank checkpointed the same agreed stop
     (stop,) = agreed

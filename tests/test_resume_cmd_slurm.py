@@ -35,15 +35,21 @@ def wait_ended(run_dir: Path, timeout: float = 400) -> list[str]:
     raise AssertionError(f"{run_dir} did not end in {timeout}s")
 
 
-def test_cancelled_slurm_run_resumed_ends_as_an_uninterrupted_one(slurm_cluster: object, shared_tmp: Path) -> None:
-    whole = submit(job_file(shared_tmp), shared_tmp / "a", "--wait")
-    run_dir = submit(job_file(shared_tmp), shared_tmp / "b")
+def cancelled_at_a_checkpoint(job: Path, runs: Path) -> Path:
+    """Submit ``job``, cancel it once learner and rollout hold a common checkpoint step, wait for its end."""
+    run_dir = submit(job, runs)
     t_end = time.time() + 400
     while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
         assert time.time() < t_end, "no checkpoint in time"
         time.sleep(0.3)
     assert cli("cancel", str(run_dir)).returncode == 0
     wait_ended(run_dir)
+    return run_dir
+
+
+def test_cancelled_slurm_run_resumed_ends_as_an_uninterrupted_one(slurm_cluster: object, shared_tmp: Path) -> None:
+    whole = submit(job_file(shared_tmp), shared_tmp / "a", "--wait")
+    run_dir = cancelled_at_a_checkpoint(job_file(shared_tmp), shared_tmp / "b")
     assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
     res = cli("resume", str(run_dir), "--wait", timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
