@@ -372,6 +372,10 @@ def main() -> None:
     ap.add_argument("--prefix", help="job-name prefix of the saved replay (e.g. tr63167b-)")
     args = ap.parse_args()
     trace = make_trace(args.seed, args.window, args.jobs)
+    if args.default_in_policy_pool and args.only != "default":
+        ap.error("--default-in-policy-pool replays side (a) alone: give --only default with it")
+    if args.policy_in_running_pool and args.only != "policy_fit":
+        ap.error("--policy-in-running-pool replays side (b) alone: give --only policy_fit with it")
     tag = f"tr{int(time.time()) % 100000}"
     doc = json.loads(args.out.read_text()) if args.out.exists() and args.only else {}  # --only adds a side
     doc.update({"command": " ".join(["python3", "benchmarks/pool_trace_replay.py", *sys.argv[1:]]),

@@ -185,7 +185,7 @@ class PPOWorkload(Workload):
 
     @torch.no_grad()
     def _prepare(self, batch: dict[str, Tensor]) -> None:
-        """GAE with the current critic, flatten, and draw the epochs' minibatch schedule."""
+        """GAE (its values from ``_gae_values``), flatten, and draw the epochs' minibatch schedule."""
         cfg = self.cfg
         obs, dones = batch["obs"], batch["dones"]  # [N,T,(D)]
         values, rewards, next_value = self._gae_values(batch)

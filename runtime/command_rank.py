@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hetrun.runtime import command_stop
+from hetrun.runtime import command_stop, preempt
 from hetrun.runtime.api.env import first_host, tasks_on_node
 from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
@@ -157,7 +157,7 @@ def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: EventLog, l
     watch = command_stop.StopWatch(child, events, run_dir, float(plan.preemption.get("grace_seconds") or 60))
     code = watch.wait()
     rc = watch.exit_code(code)
-    stopped = bool(watch.received) or code in (0, 85, 143)
+    stopped = bool(watch.received) or code in (0, preempt.EXIT_REQUEUE, preempt.EXIT_TERMINATED)
     events.emit("exit", code=rc, command=True, signals=watch.received, forwarded=watch.forwarded,
                 **({"stop_ignored": True} if watch.ignored else {}))
     if not stopped:

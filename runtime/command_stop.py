@@ -50,14 +50,8 @@ _IDLE_WAIT_S = 1.0  # a wake-up now and then in case a SIGCHLD was merged or los
 
 def stop_budget(signum: int, grace_seconds: float) -> float:
     """Seconds the program has after ``signum`` before the wrapper ends it: the run API's
-    own hard deadline (``HETRUN_PREEMPT_DEADLINE_S`` overrides both) plus the margin."""
-    if os.environ.get("HETRUN_PREEMPT_DEADLINE_S"):
-        api = float(os.environ["HETRUN_PREEMPT_DEADLINE_S"])
-    elif signum in WARNINGS:
-        api = max(1.0, grace_seconds - 5.0)
-    else:
-        api = preempt.TERM_GRACE_S
-    return api + DEADLINE_MARGIN_S
+    own hard deadline (preempt.hard_deadline_s, the same rule) plus the margin."""
+    return preempt.hard_deadline_s(signum, grace_seconds) + DEADLINE_MARGIN_S
 
 
 def child_signals() -> None:

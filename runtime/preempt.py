@@ -150,14 +150,23 @@ def _checkpoint_cost() -> float:
     return resume.measured_checkpoint_cost() or DEFAULT_CKPT_COST_S
 
 
+def hard_deadline_s(signum: int | None, grace_s: float) -> float:
+    """Seconds a rank has after the stop signal ``signum`` before it exits no matter what:
+    SIGTERM (Slurm's preemption/cancel) leaves TERM_GRACE_S, a warning signal the grace
+    time minus a margin; ``HETRUN_PREEMPT_DEADLINE_S`` overrides both. One rule for the
+    API's watchdog and the command wrapper (runtime/command_stop.py)."""
+    if os.environ.get("HETRUN_PREEMPT_DEADLINE_S"):
+        return float(os.environ["HETRUN_PREEMPT_DEADLINE_S"])
+    return TERM_GRACE_S if signum == signal.SIGTERM else max(1.0, grace_s - 5.0)
+
+
 def _arm_watchdog(code: int) -> None:
     """After the grace time (minus a margin) exit no matter what: a rank stuck in
     the agreement must not be SIGKILLed in the middle of nothing. Whatever was
     committed before is intact; the restart restores the newest complete one."""
     if _S.watchdog is not None:
         return
-    budget = TERM_GRACE_S if _S.signum == signal.SIGTERM else max(1.0, _S.grace_s - 5.0)
-    budget = float(os.environ.get("HETRUN_PREEMPT_DEADLINE_S", budget))
+    budget = hard_deadline_s(_S.signum, _S.grace_s)
 
     def fire() -> None:
         cb = _S.on_hard_deadline

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -199,10 +200,10 @@ class AttemptTracker:
         if not self.attempts:
             return None
         last = self.attempts[max(self.attempts)]
-        if last.end is not None and last.end.get("stop_ignored") and last.end.get("reason"):
+        if (ignored := stop_ignored_reason(last.end)) is not None:
             # A command ended at the hard deadline (it ignored the stop): not a failure, but the why.
             ranks = [last.ranks.get(r) for r in last.end["stop_ignored"] if isinstance(r, int)]
-            return Failure(next((c for c in ranks if c), None), str(last.end["reason"]))
+            return Failure(next((c for c in ranks if c), None), ignored)
         if last.end is not None and last.end.get("outcome") != "failed":
             return None
         comps = [str(f["component"]) for f in last.failures if f.get("component")]
@@ -225,12 +226,19 @@ def _min(a: float | None, b: float | None) -> float | None:
     return b if a is None else min(a, b)
 
 
+def stop_ignored_reason(end: Mapping[str, Any] | None) -> str | None:
+    """attempt_end's reason when a command rank ignored the stop until the hard deadline."""
+    if end is None or not end.get("stop_ignored") or not end.get("reason"):
+        return None
+    return str(end["reason"])
+
+
 def describe_end(a: Attempt) -> dict[str, Any]:
     """outcome (attempt_end's word, or inferred from exit/error lines when there is none) + detail."""
     failures = failure_lines(a)
     if a.end is not None:
-        if a.end.get("stop_ignored") and a.end.get("reason"):
-            failures = [*failures, str(a.end["reason"])]  # who ignored the stop, the work lost
+        if (ignored := stop_ignored_reason(a.end)) is not None:
+            failures = [*failures, ignored]  # who ignored the stop, the work lost
         outcome = str(a.end.get("outcome") or "unknown")
         return {"outcome": outcome, "recorded": True, "exit_code": a.end.get("exit_code"),
                 "reason": a.end.get("reason"), "requeued": a.end.get("requeued"), "failures": failures}
@@ -312,7 +320,7 @@ def restart_row(prev: Attempt | None, a: Attempt) -> dict[str, Any]:
     if prev is not None and prev.end is not None:
         cause = str(prev.end.get("outcome") or "unknown")
         detail = failure_lines(prev) if cause == "failed" else \
-            [str(prev.end.get("reason"))] if prev.end.get("stop_ignored") else []
+            [ignored] if (ignored := stop_ignored_reason(prev.end)) is not None else []
     elif prev is not None:
         detail = failure_lines(prev)
     cause_text = _CAUSE_TEXT.get(cause, cause) if prev is not None and prev.end is not None else UNKNOWN_CAUSE

@@ -5,8 +5,9 @@ One pool snapshot (``pool.collect``) for the whole job; each component's
 candidates are scored (``placement.score``), re-scored with Slurm's own start
 estimate (``sbatch --test-only``, one call per candidate) and the best wins.
 The nodes a chosen candidate would use are taken out of the snapshot before
-the next component is scored, so two components of one job do not both count
-on the same free GPUs.
+the next component is scored, so two placed components of one job do not both
+count on the same free GPUs. A fixed component's request is not taken out: an
+auto component may count on nodes a fixed sibling will take (not yet modelled).
 
 ``explain`` is the same without choosing: every candidate of every component
 (fixed ones too), for ``hetrun plan --explain``; without a cluster it says the

@@ -178,6 +178,11 @@ def _job_env(plan: Mapping[str, Any], run_dir: Path, restarts: int) -> dict[str,
     return env
 
 
+def _shell_code(returncode: int) -> int:
+    """A child's exit status as a shell reports it: death by signal N reads as 128+N."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
 class _Supervisor:
     """Runs one local job to its end; the batch script's role for the local backend."""
 
@@ -254,9 +259,9 @@ class _Supervisor:
                 self._signal_children(signal.SIGKILL)
             time.sleep(0.2)
         if failed_rc is not None:
-            return failed_rc if failed_rc >= 0 else 128 - failed_rc
-        # Like srun: the highest exit code wins; death by signal N reads as 128+N.
-        return max((c if c >= 0 else 128 - c) for c in (ch.returncode for ch in self.children))
+            return _shell_code(failed_rc)
+        # Like srun: the highest exit code wins.
+        return max(_shell_code(ch.returncode) for ch in self.children)
 
     def _finish(self, restarts: int, rc: int, launcher: str) -> tuple[bool, dict[str, Any]]:
         """The post-mortem of one attempt (the batch script's, in-process)."""
