@@ -72,6 +72,10 @@ def partition(value: object, key_path: str = "slurm.partition") -> str:
     return _checked(v.check_partition, value, key_path)
 
 
+def gpu_type(value: object, key_path: str) -> str:
+    return _checked(v.check_gpu_type, value, key_path)
+
+
 def time_limit(value: object, key_path: str = "slurm.time") -> str:
     return _checked(v.check_time, value, key_path)
 

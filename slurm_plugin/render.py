@@ -117,12 +117,7 @@ def _placement(choice: Any, key_path: str) -> dict[str, str | None]:
         return {}
     gtype = str(_field(choice, "gres", "-")).partition(":")[2] or None
     if gtype is not None:
-        from hetrun.dag.validators import check_gpu_type
-
-        try:
-            check_gpu_type(gtype)
-        except ValueError as exc:
-            raise SpecError(str(exc), key_path=f"{key_path}.gres", value=gtype) from None
+        gtype = quoting.gpu_type(gtype, f"{key_path}.gres")
     return {"partition": quoting.partition(_field(choice, "partition"), f"{key_path}.partition"),
             "gpu_type": gtype}
 
