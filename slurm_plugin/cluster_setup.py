@@ -28,6 +28,7 @@ from hetrun.slurm_plugin.cluster_conf import (
 from hetrun.slurm_plugin.cluster_procs import run_checked
 
 if TYPE_CHECKING:
+    from hetrun.slurm_plugin.policy.model import PolicySpec
     from hetrun.slurm_plugin.policy.nodes import NodeSetup
 
 REQUIRED_PACKAGES = (
@@ -134,27 +135,31 @@ def db_password(cfg: ClusterConfig) -> str:
     return password
 
 
-def policy_node_setup(cfg: ClusterConfig) -> NodeSetup | None:
-    """What ``cfg``'s policy asks of the nodes (shards, cgroup.conf); None without a policy."""
+def load_cluster_policy(cfg: ClusterConfig) -> tuple[PolicySpec, NodeSetup] | None:
+    """``cfg``'s policy and what it asks of the nodes (shards, cgroup.conf); None without one.
+    Loaded once per config write: it reads the YAML and the host's cgroup mounts."""
     if cfg.policy is None:
         return None
     # Imported here: a cluster without a policy never loads the policy model.
     from hetrun.slurm_plugin.policy.model import load_policy
     from hetrun.slurm_plugin.policy.nodes import node_setup
 
-    return node_setup(load_policy(cfg.policy), cfg.cpus, cfg.gpus, where=f"cluster policy {cfg.policy}")
+    policy = load_policy(cfg.policy)
+    return policy, node_setup(policy, cfg.cpus, cfg.gpus, where=f"cluster policy {cfg.policy}")
 
 
-def slurm_conf_with_policy(cfg: ClusterConfig) -> tuple[str, str | None]:
-    """slurm.conf for ``cfg`` and, when its policy needs one, the job_submit.lua next to it."""
-    nodes = policy_node_setup(cfg)
-    if nodes is None:
+def slurm_conf_with_policy(cfg: ClusterConfig, loaded: tuple[PolicySpec, NodeSetup] | None = None
+                           ) -> tuple[str, str | None]:
+    """slurm.conf for ``cfg`` and, when its policy needs one, the job_submit.lua next to it.
+    ``loaded``: ``load_cluster_policy(cfg)`` when the caller has it already."""
+    loaded = loaded if loaded is not None else load_cluster_policy(cfg)
+    if loaded is None:
         return render_slurm_conf(cfg), None
     from hetrun.slurm_plugin.policy.apply import conf_with_policy
-    from hetrun.slurm_plugin.policy.model import load_policy
 
+    policy, nodes = loaded
     text = render_slurm_conf(cfg, nodes.shards_per_gpu)
-    return conf_with_policy(text, load_policy(cfg.policy), where=f"{cfg.policy} on {cfg.slurm_conf}")
+    return conf_with_policy(text, policy, where=f"{cfg.policy} on {cfg.slurm_conf}")
 
 
 def make_fake_gpus(cfg: ClusterConfig, devices: bool) -> None:
@@ -184,12 +189,13 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
     d = cfg.directory
     for sub in ("etc", "state", "run", "log", "fakegpu", *(f"spool/{n}" for n in cfg.node_names)):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    nodes = policy_node_setup(cfg)
+    loaded = load_cluster_policy(cfg)
+    nodes = loaded[1] if loaded else None
     make_fake_gpus(cfg, bool(nodes and nodes.gpu_devices))
     # Every slurmd reads cgroup.conf from slurm.conf's directory; a changed one restarts them (gres.conf's flag).
     shards, cgroup_conf = (nodes.shards_per_gpu, nodes.cgroup_conf) if nodes else (0, None)
     cgroup_changed = bool(cgroup_conf and write_if_changed(cfg.etc / "cgroup.conf", cgroup_conf))
-    conf, lua = slurm_conf_with_policy(cfg)
+    conf, lua = slurm_conf_with_policy(cfg, loaded)
     if lua is not None:
         write_if_changed(cfg.etc / "job_submit.lua", lua)  # slurmctld reloads a changed script by itself
     changed = {
