@@ -73,6 +73,50 @@ accounts:
 ACCOUNT = "hrpool_team"
 LOCK = "/var/lock/hetrun-heavy.lock"
 
+# Slurm's scheduler clocks, set the same on BOTH sides (``--scheduler-cadence``). The trace
+# compresses hours into seconds (5-60 s jobs arriving over 300 s); Slurm's clocks are made for
+# hours. Each value is a time-scale correction, not a tuning: see benchmarks/pool.md.
+CADENCES = {
+    # sched_interval / bf_interval: how often the full main pass and the backfill pass run
+    # (Slurm: 60 s / 30 s, a fraction of a real job; here that would be 1-6 job lengths).
+    # bf_resolution: the grain of backfill's plan of when jobs start and end (Slurm: 60 s,
+    # the length of the longest job here). bf_continue: a pass that released its locks goes
+    # on down its list instead of restarting from the top at the next (1 s) tick.
+    "compressed": "bf_interval=1,sched_interval=1,bf_resolution=1,bf_continue",
+    # What `hetrun cluster up` renders (the pool.md runs before issue 14's eighth session).
+    "rendered": "bf_interval=2,sched_interval=2",
+    # Slurm's own defaults: no SchedulerParameters at all.
+    "slurm-default": "",
+}
+
+
+class ReplayPool(BigPool):
+    """The 64-node pool with the replay's scheduler cadence: the cadence's keys (and the
+    ones `hetrun cluster up` renders) are replaced in SchedulerParameters; other keys there
+    (a policy's backfill settings) stay."""
+
+    def __init__(self, policy: Path | None = None, cadence: str = "compressed") -> None:
+        super().__init__(policy=policy)
+        self.cadence = cadence
+
+    def render_conf(self) -> str:
+        return with_cadence(super().render_conf(), CADENCES[self.cadence])
+
+
+def with_cadence(conf: str, cadence: str) -> str:
+    lines = conf.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("SchedulerParameters=")), None)
+    have = lines[at].split("=", 1)[1].split(",") if at is not None else []
+    ours = [c for c in cadence.split(",") if c]
+    replaced = {c.split("=")[0] for c in ours} | {c.split("=")[0] for c in CADENCES["rendered"].split(",")}
+    items = [c for c in have if c and c.split("=")[0] not in replaced] + ours
+    line = f"SchedulerParameters={','.join(items)}" if items else "# SchedulerParameters: Slurm's defaults"
+    if at is None:
+        lines.append(line)
+    else:
+        lines[at] = line
+    return "\n".join(lines) + "\n"
+
 
 @dataclass
 class TraceJob:
@@ -105,13 +149,21 @@ def make_trace(seed: int, window: float, jobs: int) -> list[TraceJob]:
     return out
 
 
+def time_limit_min(job: TraceJob, limits: str) -> int:
+    """``--time`` in minutes. ``tight``: the run time plus 15 s (the job's start-up on a loaded
+    host), rounded up to Slurm's 1-minute grain: 1 min for 5-45 s, 2 for 46-60 s, the limit a
+    user who knows the job's length sets. ``5min``: the fixed limit of the earlier runs, 5-60
+    times the run time (a 1-hour job asking for 5-60 hours), which backfill plans with."""
+    return -(-(job.seconds + 15) // 60) if limits == "tight" else 5
+
+
 def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool,
-                one_tier: bool = False) -> list[str]:
+                one_tier: bool = False, limits: str = "tight") -> list[str]:
     """``one_tier``: every job in the default tier (``normal``), for the default side run on
     the policy pool: equal QOS, so no preemption and priority by age alone, i.e. FIFO."""
     argv = ["sbatch", "--parsable", "-o", "/dev/null", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={CPUS}",
-            f"--mem-per-cpu={MEM_PER_CPU_MB}M", "--time=5", "--requeue"]
+            f"--mem-per-cpu={MEM_PER_CPU_MB}M", f"--time={time_limit_min(job, limits)}", "--requeue"]
     if job.gpu_types:
         argv.append(f"--gres=gpu:{gpu_type}:{GPUS}" if gpu_type else f"--gres=gpu:{GPUS}")
     if tiers or one_tier:
@@ -279,7 +331,7 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 
 
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
-           ranked: bool = False, one_tier: bool = False) -> dict[str, Any]:
+           ranked: bool = False, one_tier: bool = False, limits: str = "tight") -> dict[str, Any]:
     prefix = f"{tag}{label}-"
     names = {job.i: f"{prefix}{job.i:03d}-{job.tier}" for job in trace}
     sampler = Sampler(cluster)
@@ -292,7 +344,8 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
             partition, gpu_type, spent = fit(job, cluster, ranked)
             fit_s.append(spent)
             moved += partition != job.script_partition
-        proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier), check=False)
+        proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier, limits),
+                           check=False)
         if proc.returncode:
             refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
     submit_lag = round(time.monotonic() - t0 - trace[-1].at, 1)
@@ -331,16 +384,20 @@ def daemon_rss_mb(cluster: BigPool) -> float:
 
 
 def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag: str,
-                ranked: bool = False) -> dict[str, Any]:
+                ranked: bool = False, cadence: str = "compressed", limits: str = "tight") -> dict[str, Any]:
     """Start the pool (which stops the previous replay's pool: same directory, so one
     hold of the heavy lock covers both) and replay; the last pool is stopped by main."""
-    cluster = BigPool(policy=policy_path)
+    cluster = ReplayPool(policy=policy_path, cadence=cadence)
     with heavy_lock():
         t0 = time.monotonic()
         cluster.start()
         start_s = round(time.monotonic() - t0, 1)
     load = Path("/proc/loadavg").read_text().split()[:3]
-    result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked)
+    result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked, limits=limits)
+    sched = cluster.run("scontrol", "show", "config", check=False).stdout
+    result.update(scheduler_parameters=next((ln.split("=", 1)[1].strip() for ln in sched.splitlines()
+                                             if ln.startswith("SchedulerParameters")), None),
+                  cadence=cadence, time_limits=limits)
     result.update(pool_start_s=start_s, daemon_rss_mb=daemon_rss_mb(cluster), loadavg_at_start=load,
                   loadavg_at_end=Path("/proc/loadavg").read_text().split()[:3], tag=f"{tag}{label}")
     return result
@@ -364,6 +421,11 @@ def main() -> None:
     ap.add_argument("--only", choices=("default", "policy_fit"), help="one replay (to re-run one side)")
     ap.add_argument("--fit-mode", choices=("single", "ranked"), default="single",
                     help="policy side: submit to the best candidate only, or to Slurm's multi-partition list")
+    ap.add_argument("--scheduler-cadence", choices=tuple(CADENCES), default="compressed",
+                    help="SchedulerParameters of BOTH pools: compressed to the trace's time scale (default), "
+                         "as `hetrun cluster up` renders them, or Slurm's own defaults")
+    ap.add_argument("--time-limits", choices=("tight", "5min"), default="tight",
+                    help="every job's --time, both sides: its run time + 15 s in whole minutes, or a fixed 5 min")
     ap.add_argument("--default-in-policy-pool", action="store_true",
                     help="the default side on the running policy pool, every job in one tier (no restart, no lock)")
     ap.add_argument("--policy-in-running-pool", action="store_true",
@@ -394,16 +456,19 @@ def main() -> None:
             policy_path.write_text(POLICY)
             for key, label, with_policy in sides:
                 if key == "default" and args.default_in_policy_pool and args.only == "default":
-                    doc[key] = replay(BigPool(), trace, label, tag, policy=False, one_tier=True)
+                    doc[key] = replay(BigPool(), trace, label, tag, policy=False, one_tier=True,
+                                      limits=args.time_limits)
                     doc[key]["run_on"] = "the running policy pool, every job in tier normal (FIFO by age)"
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")
                 elif key == "policy_fit" and args.policy_in_running_pool and args.only == "policy_fit":
-                    doc[key] = replay(BigPool(), trace, label, tag, policy=True, ranked=args.fit_mode == "ranked")
+                    doc[key] = replay(BigPool(), trace, label, tag, policy=True, ranked=args.fit_mode == "ranked",
+                                      limits=args.time_limits)
                     doc[key].update(fit_mode=args.fit_mode, run_on="the running policy pool")
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")
                 elif args.only in (None, key):
                     doc[key] = run_on_pool(policy_path if with_policy else None, trace, label, tag,
-                                           ranked=args.fit_mode == "ranked")
+                                           ranked=args.fit_mode == "ranked", cadence=args.scheduler_cadence,
+                                           limits=args.time_limits)
                     doc[key]["fit_mode"] = args.fit_mode if with_policy else None
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")  # each side as soon as it is done
     finally:
