@@ -277,6 +277,13 @@ def _print_metrics(console, rep) -> None:
     )
 
 
+def _print_placement(console, rep) -> None:
+    from hetrun.runtime.report_placement import placement_lines
+
+    for line in placement_lines(rep.placement):
+        console.print(line, markup=False, highlight=False)
+
+
 def _print_demand(console, rep) -> None:
     from hetrun.runtime.report_demand import demand_lines
 
@@ -379,6 +386,7 @@ def register(app: typer.Typer) -> None:
 
         console = Console(width=200 if not Console().is_terminal else None)
         _print_summary(console, rep)
+        _print_placement(console, rep)
         _print_components(console, rep)
         if gantt:
             _print_gantt(console, rep)

@@ -122,6 +122,26 @@ def _restored(comps: dict[str, Any]) -> str:
                      for c, v in comps.items())
 
 
+def _placement_table(section: dict[str, Any]) -> str:
+    """Per range of attempts and component: where it was placed, why, and what lost."""
+    from hetrun.runtime.report_placement import row_lines, short_text
+
+    rows = []
+    for a in section.get("attempts") or []:
+        first, last = a["first_restart"] + 1, a["last_restart"]
+        span = f"{first}-" if last is None else f"{first}-{last + 1}"
+        for r in a["components"]:
+            why, *lost = row_lines(r)
+            rows.append(f"<tr><td>{escape(span)}</td><td>{escape(r['component'])}</td><td>{escape(short_text(r))}"
+                        f"</td><td>{escape(why.partition(': ')[2])}</td>"
+                        f"<td>{'<br>'.join(escape(x.strip()) for x in lost)}</td></tr>")
+    if not rows:
+        return "<p>no plan.json: placement unknown</p>"
+    note = f"<p>{escape(section['note'])}</p>" if section.get("note") else ""
+    return ("<table><tr><th>attempts</th><th>component</th><th>placement</th><th>why</th><th>lost</th></tr>"
+            f"{''.join(rows)}</table>{note}")
+
+
 def render_html(rep: Any) -> str:
     d = rep.to_dict()
     labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
@@ -138,6 +158,7 @@ def render_html(rep: Any) -> str:
 {rep.actions} actions, {rep.env_steps} env steps ({rep.steps_per_s:.1f}/s), outcome <b>{escape(outcome)}</b>,
 restarts {d['counts'].get('restarts', 0)}, work lost {escape(str(rep.work_lost))} iteration(s),
 cost {d['cost'].get('total', 0):.4f} {escape(str(d['cost'].get('currency', '')))}</p>
+<h2>Placement</h2>{_placement_table(d.get("placement") or {})}
 <h2>Timeline per rank</h2>{_timeline_svg(d["timeline"], labels)}
 <h2>Busy ranks over time</h2>{_busy_svg(d["timeline"])}
 <h2>Throughput over time</h2>{_throughput_svg(d["timeline"])}

@@ -111,13 +111,27 @@ def _query(runs: list, failures: list) -> dict:
     return results
 
 
+def _placements(run_dir: str) -> dict[str, str]:
+    """Component -> where it is placed (and where it was before a resume moved it); the details
+    (score, start estimate, the candidates that lost) are in `hetrun report`."""
+    from hetrun.dag.errors import RunDirError
+    from hetrun.runtime.plan_view import load_plan
+    from hetrun.runtime.report_placement import newest_by_component, placement_section
+
+    try:
+        plan = load_plan(run_dir, validate=False).raw
+    except RunDirError:
+        return {}
+    return newest_by_component(placement_section(Path(run_dir), plan))
+
+
 def _print_table(chosen: list, results: dict) -> None:
     from hetrun.runtime.report_attempts import status_details
     from rich.console import Console
     from rich.table import Table
 
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "ELAPSED", "RESTARTS",
+    for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "PLACEMENT", "ELAPSED", "RESTARTS",
                 "PREEMPT", "FAILED", "WORK LOST", "REASON"):
         table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
     for run in chosen:
@@ -125,13 +139,14 @@ def _print_table(chosen: list, results: dict) -> None:
         # Whole-run figures on the run's first line, from the same functions as
         # `hetrun report` (report_attempts), so the two commands agree.
         counts, lost, failed = status_details(run.run_dir)
+        placed = _placements(run.run_dir)
         for i, comp in enumerate(st.components):
             first = i == 0
             table.add_row(
                 Path(run.run_dir).name if first else "",
                 run.backend if first else "",
                 comp.job_id or run.job_id or "-",
-                comp.name, comp.state, comp.nodes or "-", _elapsed(comp.elapsed_s),
+                comp.name, comp.state, comp.nodes or "-", placed.get(comp.name, "-"), _elapsed(comp.elapsed_s),
                 _restarts_text(counts.restarts, comp.restarts) if first else "",
                 str(counts.preemptions) if first else "",
                 str(counts.failures) if first else "",

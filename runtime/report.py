@@ -29,6 +29,7 @@ from .report_ckpt import checkpoint_history
 from .report_cost import DEFAULT_PRICES, run_cost
 from .report_demand import demand_section
 from .report_intervals import IntervalSet
+from .report_placement import placement_section
 from .report_reader import EventStream, event_time
 from .report_sacct import slurm_accounting
 from .report_samples import SampleStats
@@ -124,6 +125,8 @@ class RunReport:
     resources: dict[str, Any] = field(default_factory=dict)
     # report_demand: tune's predictor, per component/action type/metric, against what was measured
     demand: dict[str, Any] = field(default_factory=dict)
+    # report_placement: where each component was placed (and why), per range of attempts
+    placement: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -310,6 +313,8 @@ class _Collector:
             self._seen(t)
         rank = e.get("rank")
         if not isinstance(rank, int):
+            if e.get("ev") == "resume":  # hetrun resume's line: where the placement may have changed
+                self.rare["resume"].append(e)
             return
         ev, comp = e.get("ev"), str(e.get("component", "?"))
         if ev == "start":
@@ -528,6 +533,8 @@ def _sections(run_dir: Path, run: dict[str, Any], plan: dict[str, Any], col: _Co
         "cost": _cost(col, plan, comps, acc, history, prices),
         "resources": col.samples_seen.to_dict(),
         "demand": demand_section(run_dir),
+        "placement": placement_section(run_dir, plan, [e["restart_count"] for e in col.rare["resume"]
+                                                       if isinstance(e.get("restart_count"), int)]),
     }
 
 

@@ -62,6 +62,12 @@ _ACCT = {"type": "object", "required": ["component", "job_id", "attempt", "state
                         "elapsed_s": _opt_int, "alloc_tres": _str, "max_rss": _opt_int, "exit_code": _str,
                         "nodes": _str}}
 
+_PLACED = {"type": "object", "required": ["component", "mode", "partition"],
+           "properties": {"component": _str, "mode": {"enum": ["auto", "fit", "fixed", "unplaced"]},
+                          "partition": _opt_str, "gres": _opt_str, "node_count": _opt_int, "score": _opt_num,
+                          "start_in_s": _opt_num, "reasons": {"type": "array", "items": _str},
+                          "lost": {"type": "array", "items": _str}, "pool_taken_at": _opt_num}}
+
 REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": SCHEMA_ID,
@@ -119,5 +125,12 @@ REPORT_SCHEMA: dict[str, Any] = {
                                    "type": "object", "required": ["first", "last", "predicted", "actual", "error"],
                                    "properties": {"first": {"type": "integer"}, "last": {"type": "integer"},
                                                   "predicted": _num, "actual": _num, "error": _num}}}}}}}},
+        # runtime/report_placement.py: per range of attempts (a resume starts a new one), each component
+        "placement": {"type": "object", "required": ["attempts", "note"], "properties": {
+            "note": _opt_str,
+            "attempts": {"type": "array", "items": {
+                "type": "object", "required": ["first_restart", "last_restart", "source", "components"],
+                "properties": {"first_restart": {"type": "integer"}, "last_restart": _opt_int, "source": _str,
+                               "components": {"type": "array", "items": _PLACED}}}}}},
     },
 }

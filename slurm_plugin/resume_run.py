@@ -193,12 +193,22 @@ def ensure_ended(run: RunInfo) -> None:
                           hint="cancel it first (hetrun cancel RUN) or wait until it ends")
 
 
+def keep_replaced_plan(run_dir: Path, restart: int) -> None:
+    """The plan the earlier attempts ran with, as ``logs/plan-before-attempt-<restart>.json``: its
+    placement may differ from the new one, and `hetrun report` shows each (runtime/report_placement)."""
+    old = run_dir / PLAN_JSON
+    if old.exists():
+        (run_dir / LOGS).mkdir(exist_ok=True)
+        write_atomic(run_dir / LOGS / f"plan-before-attempt-{restart}.json", old.read_text())
+
+
 def submit(rp: ResumePlan) -> RunInfo:
     """Write the new spec, plan and script into the run directory and submit the next job."""
     run = rp.run
     ensure_ended(run)
     closed = _close_open_attempt(run, last_restart(run.path))
     write_atomic(run.path / JOB_YAML, rp.spec.to_yaml())
+    keep_replaced_plan(run.path, rp.restart)
     write_atomic(run.path / PLAN_JSON, json.dumps(rp.plan, indent=2) + "\n")
     write_atomic(run.path / SCRIPT, rp.script)
     (run.path / SCRIPT).chmod(0o755)
