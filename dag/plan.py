@@ -100,6 +100,8 @@ class PlacementChoice(BaseModel):
     others: list[str] = Field(default_factory=list, description="the candidates that lost, with their score "
                                                                 "and reasons")
     pool_taken_at: float = Field(0.0, description="epoch seconds of the pool snapshot it was scored against")
+    node_count: int | None = Field(None, description="the node count it was spread over (node_counts:); the "
+                                                     "component's nodes / tasks_per_node are that shape")
 
     @property
     def gpu_type(self) -> str | None:

@@ -83,6 +83,10 @@ class ComponentSpec(_Section):
     gpu_types: list[str] = Field(default_factory=list, max_length=64,
                                  description="placement: auto only: the GPU (GRES) types it may pick, e.g. "
                                              "[a100, v100] (default: any)")
+    node_counts: list[int] = Field(default_factory=list, max_length=16,
+                                   description="placement: auto only: node counts it may be spread over, its "
+                                               "ranks, GPUs and memory in total staying those of nodes: (e.g. "
+                                               "[1, 2, 4]; default: nodes: only)")
 
     @field_validator("mem", mode="before")
     @classmethod
@@ -108,6 +112,11 @@ class ComponentSpec(_Section):
     @classmethod
     def _gpu_types(cls, value: list[str]) -> list[str]:
         return _checked_list(value, v.check_gpu_type)
+
+    @field_validator("node_counts")
+    @classmethod
+    def _node_counts(cls, value: list[int]) -> list[int]:
+        return _checked_list(value, v.check_node_count)
 
     @field_validator("actions")
     @classmethod
@@ -146,7 +155,7 @@ class ComponentSpec(_Section):
         return v.mem_to_mb(self.gpu_mem) * self.gpus_per_node // self.tasks_per_node
 
 
-def _checked_list(value: list[str], check: Any) -> list[str]:
+def _checked_list(value: list[Any], check: Any) -> list[Any]:
     """Each entry checked, none twice (the error names the entry; its position is the list's)."""
     for i, item in enumerate(value):
         try:
@@ -155,13 +164,13 @@ def _checked_list(value: list[str], check: Any) -> list[str]:
             raise ValueError(f"entry {i}: {exc}") from None
     dupes = sorted({x for x in value if value.count(x) > 1})
     if dupes:
-        raise ValueError(f"listed twice: {', '.join(dupes)}")
+        raise ValueError(f"listed twice: {', '.join(map(str, dupes))}")
     return value
 
 
 def _check_placement(cname: str, comp: ComponentSpec) -> None:
     """Lists of candidates mean nothing to a fixed component: refused rather than ignored."""
-    for key in ("partitions", "gpu_types"):
+    for key in ("partitions", "gpu_types", "node_counts"):
         if getattr(comp, key) and comp.placement != "auto":
             raise SpecIssue(f"{key} lists candidates for placement: auto, but component {cname!r} has "
                             f"placement: {comp.placement}", path=("components", cname, key),
@@ -170,6 +179,13 @@ def _check_placement(cname: str, comp: ComponentSpec) -> None:
         raise SpecIssue(f"gpu_types is set but component {cname!r} has gpus_per_node 0 (no GPU to choose a "
                         "type for)", path=("components", cname, "gpu_types"),
                         hint="set gpus_per_node, or remove gpu_types:")
+    gpus = comp.nodes * comp.gpus_per_node
+    for n in comp.node_counts:  # the job's ranks and GPUs split evenly over each count, or it is no option
+        if comp.ntasks % n or gpus % n:
+            raise SpecIssue(f"node_counts entry {n}: component {cname!r} has {comp.ntasks} ranks and {gpus} GPUs "
+                            f"({comp.nodes} nodes x {comp.tasks_per_node} ranks, {comp.gpus_per_node} GPUs), "
+                            f"which do not split evenly over {n} nodes", path=("components", cname, "node_counts"),
+                            hint="list only node counts that divide both the ranks and the GPUs")
 
 
 class TrainingSpec(_Section):
@@ -462,7 +478,7 @@ class JobSpec(_Section):
             del data["workload_args"]
         for comp in data["components"].values():
             if comp["placement"] == "fixed":  # the default: a fixed job's job.yaml reads as before
-                for key in ("placement", "partitions", "gpu_types"):
+                for key in ("placement", "partitions", "gpu_types", "node_counts"):
                     del comp[key]
             if comp["command"] is None:
                 del comp["command"]

@@ -102,6 +102,13 @@ def check_gpu_type(value: Any) -> str:
     return check_pattern(value, GPU_TYPE_RE, "GPU type (letters, digits, _ . -, at most 32), e.g. a100")
 
 
+def check_node_count(value: Any) -> int:
+    """A node count a ``placement: auto`` component may be spread over (a ``node_counts:`` entry)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ValueError(f"expected a node count from 1 to 100000, got {value!r}")
+    return value
+
+
 def check_constraint(value: Any) -> str:
     return check_pattern(value, CONSTRAINT_RE,
                          "constraint (node features joined by & | , with [ ] ( ) ! * : and no spaces)")

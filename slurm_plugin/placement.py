@@ -2,16 +2,20 @@
 
 ``placement: auto`` / ``hetrun submit --fit`` (``placement_fit``) derive each
 component's ``Need`` (``hetrun.dag.needs``) and pick with this module's scores.
-A candidate is a (partition, GRES type) group of nodes; each one gets a score
-and the reasons behind it, so ``plan --explain`` can show why one lost:
+A candidate is a (partition, GRES type) group of nodes, and a node count where
+the component gives ``node_counts:``; each one gets a score and the reasons
+behind it, so ``plan --explain`` can show why one lost:
 
 - it must be able to hold the component at all (enough nodes of that shape,
   whatever their load, and a GPU type not known to have less memory than the
-  component's GPU memory need) or it is out;
+  component's GPU memory need) and stay inside the submitter's quotas as Slurm
+  holds them (``slurm_plugin.quota``) or it is out (``_why_out``: one rule set);
 - it fits now (enough nodes with the CPUs, GPUs and memory free) or must wait;
 - free GPU share of the group (an idle GPU type beats a busy one), minus
   queue pressure (jobs already pending on the partition), minus nodes with a
-  failure history among those it would use, minus CPU-only work on GPU nodes.
+  failure history among those it would use, minus CPU-only work on GPU nodes,
+  minus a quota's brim (a limit past half full after it), minus each node
+  beyond the fewest allowed (more so when its traffic crosses nodes).
 
 ``score`` is pure arithmetic on ``PoolSnapshot``; ``with_start_estimates``
 then asks Slurm itself (``sbatch --test-only``, one call per candidate) when
@@ -29,8 +33,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from hetrun.dag.errors import SlurmError
+from hetrun.slurm_plugin import quota
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
-from hetrun.slurm_plugin.pool import NodeFree, PoolSnapshot
+from hetrun.slurm_plugin.pool import NodeFree, PoolRow, PoolSnapshot
+from hetrun.slurm_plugin.quota import Quotas
 
 if TYPE_CHECKING:
     from hetrun.dag.needs import ComponentNeed
@@ -39,6 +45,9 @@ FITS_NOW_BONUS = 100.0
 PENDING_PENALTY = 5.0  # per pending job on the partition
 TROUBLE_PENALTY = 20.0  # per troubled node the component would land on
 GPU_WASTE_PENALTY = 10.0  # CPU-only work on GPU nodes keeps GPUs from GPU work
+QUOTA_NEAR_PENALTY = 30.0  # at a quota's brim (from quota.NEAR_FROM of it, growing to this at 100%)
+SPREAD_PENALTY = 3.0  # per node beyond the fewest allowed: nodes other whole-node jobs cannot have
+CROSS_NODE_PENALTY = 4.0  # per extra node, times the component's cross-node traffic weight
 WAIT_PENALTY_PER_MIN = 2.0  # per minute Slurm expects the candidate to wait
 WAIT_PENALTY_MAX = 200.0  # a start Slurm cannot place at all loses to any that starts
 # Memory of one GPU of the common GRES types (the smallest model sold under the
@@ -62,6 +71,8 @@ class Need:
     gpu_types: tuple[str, ...] = ()  # allowed GRES types ("a100"); empty = any
     partitions: tuple[str, ...] = ()  # allowed partitions; empty = any
     gpu_mem_mb: int = 0  # memory one GPU must have; 0 = not known
+    fewest_nodes: int = 0  # node count is a candidate dimension: the fewest allowed (0: it is not)
+    cross_node: float = 0.0  # weight of its traffic across nodes (hetrun.dag.needs)
 
     @classmethod
     def from_component(cls, comp: dict, gpu_types: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Need:
@@ -71,10 +82,17 @@ class Need:
                    gpu_types=gpu_types, partitions=partitions)
 
     @classmethod
-    def from_needs(cls, need: ComponentNeed) -> Need:
-        """From the needs ``hetrun.dag.needs`` derived from the component's action profiles."""
+    def from_needs(cls, need: ComponentNeed, fewest_nodes: int = 0) -> Need:
+        """From the needs ``hetrun.dag.needs`` derived from the component's action profiles
+        (``fewest_nodes``: the smallest of its ``node_counts``, when it has them)."""
         return cls(need.nodes, need.cpus_per_node, need.gpus_per_node, need.mem_mb_per_node,
-                   need.gpu_types, need.partitions, need.gpu_mem_mb_per_gpu)
+                   need.gpu_types, need.partitions, need.gpu_mem_mb_per_gpu, fewest_nodes, need.cross_node)
+
+    @classmethod
+    def shapes(cls, need: ComponentNeed) -> list[Need]:
+        """One ``Need`` per node count the component may take (``node_counts:``), or its own."""
+        fewest = min(need.node_counts) if need.node_counts else 0
+        return [cls.from_needs(n, fewest) for n in need.at_each_count()]
 
 
 @dataclass
@@ -86,6 +104,11 @@ class Candidate:
     nodes: list[str] = field(default_factory=list)  # the nodes it would use now
     reasons: list[str] = field(default_factory=list)
     start_in_s: float | None = None  # Slurm's own estimate (sbatch --test-only), when asked
+    node_count: int = 0  # the node count it stands for, when node count is a dimension (0: as written)
+
+    @property
+    def label(self) -> str:
+        return f"{self.partition} {self.gres}" + (f" x{self.node_count} nodes" if self.node_count else "")
 
 
 def _fits_now(n: NodeFree, need: Need) -> bool:
@@ -93,56 +116,63 @@ def _fits_now(n: NodeFree, need: Need) -> bool:
             and n.mem_free_mb >= need.mem_mb_per_node)
 
 
-def _allowed(gres: str, need: Need) -> bool:
-    if need.gpus_per_node and gres == "-":
-        return False
-    known_mb = GPU_MEMORY_MB.get(gres.partition(":")[2])
+def _why_out(row: PoolRow, need: Need, quotas: Quotas | None) -> str | None:
+    """Why the (partition, GRES) group ``row`` can never hold ``need`` (None: it is a candidate).
+    The one rule set of ``score`` and ``excluded``."""
+    gtype = row.gres.partition(":")[2]
+    known_mb = GPU_MEMORY_MB.get(gtype)
+    gpus_each, cpus_each = row.gpus_total // max(1, row.node_total), row.cpus_total // max(1, row.node_total)
+    if need.partitions and row.partition not in need.partitions:
+        return "partition not allowed (partitions: / slurm.partition)"
+    if need.gpus_per_node and row.gres == "-":
+        return "no GPUs"
     if need.gpus_per_node and need.gpu_mem_mb and known_mb is not None and known_mb < need.gpu_mem_mb:
-        return False
-    if not need.gpu_types:
-        return True
-    return gres.partition(":")[2] in {t.lower() for t in need.gpu_types}
+        return f"{gtype} has {known_mb} MB per GPU, {need.gpu_mem_mb} MB needed"
+    if need.gpu_types and gtype not in {t.lower() for t in need.gpu_types}:
+        return "GPU type not allowed (gpu_types:)"
+    if row.node_total < need.nodes:
+        return f"{row.node_total} nodes, {need.nodes} needed"
+    # The group's nodes are judged by their average size (groups are uniform in practice).
+    if gpus_each < need.gpus_per_node or cpus_each < need.cpus_per_node:
+        return f"nodes have {cpus_each} CPUs / {gpus_each} GPUs, {need.cpus_per_node} / {need.gpus_per_node} needed"
+    return quota.check(quotas, need_tres(need, row.gres))[0]
 
 
-def excluded(need: Need, snap: PoolSnapshot) -> list[str]:
+def need_tres(need: Need, gres: str) -> dict[str, int]:
+    """The TRES Slurm would count against quotas for ``need`` on GRES group ``gres``."""
+    return quota.job_tres(need.nodes, need.cpus_per_node, need.gpus_per_node, need.mem_mb_per_node, gres)
+
+
+def _label(row: PoolRow, need: Need) -> str:
+    return f"{row.partition} {row.gres}" + (f" x{need.nodes} nodes" if need.fewest_nodes else "")
+
+
+def excluded(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[str]:
     """Why each (partition, GRES) group of the pool that ``score`` leaves out cannot hold ``need``."""
-    out = []
-    for row in snap.rows:
-        gtype = row.gres.partition(":")[2]
-        gpus_each, cpus_each = row.gpus_total // max(1, row.node_total), row.cpus_total // max(1, row.node_total)
-        why = None
-        if need.partitions and row.partition not in need.partitions:
-            why = "partition not allowed (partitions: / slurm.partition)"
-        elif need.gpus_per_node and row.gres == "-":
-            why = "no GPUs"
-        elif need.gpus_per_node and need.gpu_mem_mb and GPU_MEMORY_MB.get(gtype, need.gpu_mem_mb) < need.gpu_mem_mb:
-            why = f"{gtype} has {GPU_MEMORY_MB[gtype]} MB per GPU, {need.gpu_mem_mb} MB needed"
-        elif not _allowed(row.gres, need):
-            why = "GPU type not allowed (gpu_types:)"
-        elif row.node_total < need.nodes:
-            why = f"{row.node_total} nodes, {need.nodes} needed"
-        elif gpus_each < need.gpus_per_node or cpus_each < need.cpus_per_node:
-            why = f"nodes have {cpus_each} CPUs / {gpus_each} GPUs, {need.cpus_per_node} / {need.gpus_per_node} needed"
-        if why:
-            out.append(f"{row.partition} {row.gres}: {why}")
-    return out
+    return [f"{_label(row, need)}: {why}" for row in snap.rows if (why := _why_out(row, need, quotas))]
 
 
-def score(need: Need, snap: PoolSnapshot) -> list[Candidate]:
-    """Every candidate group, best first; ones that can never hold the component are left out."""
+def _shape_penalty(need: Need) -> tuple[float, list[str]]:
+    """Points a node count spread wider than the fewest allowed loses: nodes kept from
+    whole-node jobs, and the component's traffic crossing more node boundaries."""
+    extra = need.nodes - need.fewest_nodes if need.fewest_nodes else 0
+    if extra <= 0:
+        return 0.0, []
+    cost = extra * (SPREAD_PENALTY + CROSS_NODE_PENALTY * need.cross_node)
+    return cost, [f"{need.nodes} nodes, {extra} more than the fewest allowed"
+                  + (" (its traffic crosses more nodes)" if need.cross_node else "")]
+
+
+def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[Candidate]:
+    """Every candidate group, best first; ones that can never hold the component (or would
+    exceed a quota) are left out (``excluded`` says why)."""
     pending = {p.partition: p.jobs for p in snap.pending}
     troubled = {t.node for t in snap.troubled}
     out = []
     for row in snap.rows:
-        if need.partitions and row.partition not in need.partitions:
-            continue
-        if not _allowed(row.gres, need):
+        if _why_out(row, need, quotas):
             continue
         members = [n for n in snap.nodes if row.partition in n.partitions and n.gres == row.gres]
-        # Can the group ever hold it? (its nodes' average size; groups are uniform in practice)
-        gpus_each, cpus_each = (row.gpus_total // max(1, row.node_total), row.cpus_total // max(1, row.node_total))
-        if row.node_total < need.nodes or gpus_each < need.gpus_per_node or cpus_each < need.cpus_per_node:
-            continue
         free = sorted((n for n in members if _fits_now(n, need)), key=lambda n: (n.name in troubled, n.name))
         fits = len(free) >= need.nodes
         chosen = [n.name for n in free[:need.nodes]] if fits else []
@@ -151,18 +181,26 @@ def score(need: Need, snap: PoolSnapshot) -> list[Candidate]:
         bad = sum(1 for n in chosen if n in troubled)
         value = (FITS_NOW_BONUS if fits else 0.0) + 50.0 * (gpu_free if need.gpus_per_node else cpu_free) \
             - PENDING_PENALTY * pending.get(row.partition, 0) - TROUBLE_PENALTY * bad
-        gpu_waste = not need.gpus_per_node and row.gres != "-"
-        if gpu_waste:
-            value -= GPU_WASTE_PENALTY
         reasons = [f"{len(free)} nodes free now, {need.nodes} needed" + ("" if fits else " (would wait)"),
                    f"{100 * gpu_free:.0f}% GPUs free, {100 * cpu_free:.0f}% CPUs free",
                    f"{pending.get(row.partition, 0)} jobs pending on {row.partition}"]
-        if gpu_waste:
+        if not need.gpus_per_node and row.gres != "-":
+            value -= GPU_WASTE_PENALTY
             reasons.append("CPU-only work on GPU nodes")
         if bad:
             reasons.append(f"{bad} of its nodes have a failure history")
-        out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons))
-    return sorted(out, key=lambda c: (-c.score, c.partition, c.gres))
+        spread, why = _shape_penalty(need)
+        _, fullest, quota_why = quota.check(quotas, need_tres(need, row.gres))
+        near = QUOTA_NEAR_PENALTY * max(0.0, fullest - quota.NEAR_FROM) / (1 - quota.NEAR_FROM)
+        value -= spread + near
+        reasons += why + quota_why
+        out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons,
+                             node_count=need.nodes if need.fewest_nodes else 0))
+    return sorted(out, key=_rank)
+
+
+def _rank(c: Candidate) -> tuple[float, str, str, int]:
+    return (-c.score, c.partition, c.gres, c.node_count)
 
 
 def test_only_argv(need: Need, cand: Candidate) -> list[str]:
@@ -199,7 +237,7 @@ def with_start_estimates(need: Need, cands: Sequence[Candidate],
             continue
         c.score = round(c.score - min(WAIT_PENALTY_MAX, WAIT_PENALTY_PER_MIN * c.start_in_s / 60), 2)
         c.reasons.append(f"Slurm expects a start in {c.start_in_s:.0f} s")
-    return sorted(cands, key=lambda c: (-c.score, c.partition, c.gres))
+    return sorted(cands, key=_rank)
 
 
 def slurm_test_only(env: dict[str, str] | None = None) -> Callable[[list[str]], str]:

@@ -1,13 +1,16 @@
-"""``placement: auto`` and ``hetrun submit --fit``: pick each component's partition and
-GPU type against the live pool, and record the choice in plan.json.
+"""``placement: auto`` and ``hetrun submit --fit``: pick each component's partition,
+GPU type and (with ``node_counts:``) node count against the live pool, and record
+the choice in plan.json.
 
-One pool snapshot (``pool.collect``) for the whole job; each component's
-candidates are scored (``placement.score``), re-scored with Slurm's own start
-estimate (``sbatch --test-only``, one call per candidate) and the best wins.
-The nodes a chosen candidate would use are taken out of the snapshot before
-the next component is scored, so two placed components of one job do not both
-count on the same free GPUs. A fixed component's request is not taken out: an
-auto component may count on nodes a fixed sibling will take (not yet modelled).
+One pool snapshot (``pool.collect``) and the submitter's quotas (``quota.read_quotas``)
+for the whole job. The job's fixed components come first: they are in the same
+het job, so the nodes Slurm would give them (their best-scored group's free
+nodes) and their TRES are counted as taken before any auto component is scored.
+Then each auto component's candidates (every allowed node count) are scored
+(``placement.score``), re-scored with Slurm's own start estimate
+(``sbatch --test-only``, one call per candidate) and the best wins; its nodes
+and TRES are taken before the next component is scored, so two components of
+one job do not both count on the same free GPUs or the same quota.
 
 ``explain`` is the same without choosing: every candidate of every component
 (fixed ones too), for ``hetrun plan --explain``; without a cluster it says the
@@ -24,8 +27,17 @@ from typing import Any
 from hetrun.dag.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import ComponentNeed, component_needs
 
-from .placement import Candidate, Need, excluded, score, slurm_test_only, with_start_estimates
+from .placement import (
+    Candidate,
+    Need,
+    excluded,
+    need_tres,
+    score,
+    slurm_test_only,
+    with_start_estimates,
+)
 from .pool import PoolSnapshot, Runner, collect
+from .quota import Quotas, label, read_quotas
 
 
 @dataclass
@@ -44,6 +56,7 @@ class FitReport:
     components: dict[str, ComponentFit]
     pool_taken_at: float | None = None  # None: no pool (unavailable says why)
     unavailable: str | None = None
+    quotas: Quotas | None = None  # the submitter's limits as read (None: not read)
 
 
 def _take(snap: PoolSnapshot, need: Need, nodes: list[str]) -> None:
@@ -56,26 +69,67 @@ def _take(snap: PoolSnapshot, need: Need, nodes: list[str]) -> None:
             n.mem_free_mb -= need.mem_mb_per_node
 
 
+def _take_best(snap: PoolSnapshot, quotas: Quotas | None, shapes: list[Need], best: Candidate | None) -> None:
+    """The component as placed on ``best`` (or, with no candidate, as asked) is counted as taken:
+    its nodes when it fits now, its TRES under every quota (they count once the het job starts)."""
+    need = next((s for s in shapes if not best or not best.node_count or s.nodes == best.node_count), shapes[0])
+    if best is not None and best.fits_now:
+        _take(snap, need, best.nodes)
+    if quotas is not None:
+        quotas.take(need_tres(need, best.gres if best else ("gpu" if need.gpus_per_node else "-")))
+
+
+def _candidates(shapes: list[Need], snap: PoolSnapshot, quotas: Quotas | None,
+                test_only: Callable[[list[str]], str] | None) -> tuple[list[Candidate], list[str]]:
+    """Every shape's candidates best first (with Slurm's start estimate unless ``test_only`` is None),
+    and the groups that can never hold a shape."""
+    cands, out = [], []
+    for need in shapes:
+        scored = score(need, snap, quotas)
+        cands += scored if test_only is None else with_start_estimates(need, scored, test_only)
+        out += excluded(need, snap, quotas)
+    return sorted(cands, key=lambda c: (-c.score, c.partition, c.gres, c.node_count)), out
+
+
 def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
-                   test_only: Callable[[list[str]], str], names: list[str] | None = None) -> dict[str, ComponentFit]:
-    """Candidates of the components in ``names`` (default: all), in het group order."""
-    out = {}
-    for name, cneed in needs.items():
-        if names is not None and name not in names:
+                   test_only: Callable[[list[str]], str], names: list[str] | None = None,
+                   quotas: Quotas | None = None) -> dict[str, ComponentFit]:
+    """Candidates of the components in ``names`` (default: all), in het group order. The fixed
+    components not among ``names`` are counted as taken first (the job's own siblings)."""
+    placed = [n for n in needs if names is None or n in names]
+    fixed = [n for n, c in needs.items() if c.placement != "auto" and n not in (names or ())]
+    fits = {}
+    for name in fixed + [n for n in placed if n not in fixed]:
+        shapes = Need.shapes(needs[name])
+        if name in fixed:  # where Slurm would put it: its best group now, before any estimate
+            cands, out = _candidates(shapes, snap, quotas, None)
+            _take_best(snap, quotas, shapes, cands[0] if cands else None)
+            if name in placed:  # explain shows it, with Slurm's estimates too
+                fits[name] = ComponentFit(needs[name], with_start_estimates(shapes[0], cands, test_only), out)
             continue
-        need = Need.from_needs(cneed)
-        cands = with_start_estimates(need, score(need, snap), test_only)
-        out[name] = ComponentFit(cneed, cands, excluded(need, snap))
-        if cands and cands[0].fits_now:
-            _take(snap, need, cands[0].nodes)
-    return out
+        cands, out = _candidates(shapes, snap, quotas, test_only)
+        fits[name] = ComponentFit(needs[name], cands, out)
+        _take_best(snap, quotas, shapes, fits[name].best)
+    return {n: fits[n] for n in placed}
 
 
-def _snapshot(run: Runner | None, hours: float = 6.0) -> tuple[PoolSnapshot | None, str | None]:
+def _snapshot(run: Runner | None, spec: Any, hours: float = 6.0) -> tuple[PoolSnapshot | None, Quotas | None,
+                                                                           str | None]:
+    """The pool and the submitter's quotas (account / QOS as the job's slurm: section names them)."""
     try:
-        return collect(run, hours=hours), None
+        snap = collect(run, hours=hours)
     except SlurmError as exc:
-        return None, str(exc).splitlines()[0]
+        return None, None, str(exc).splitlines()[0]
+    slurm = getattr(spec, "slurm", None)
+    quotas = read_quotas(run or _default_runner, snap.running_use, account=getattr(slurm, "account", None),
+                         qos=getattr(slurm, "qos", None))
+    return snap, quotas, None
+
+
+def _default_runner(argv: Any) -> str:
+    from .backends.slurm_cli import run_slurm
+
+    return run_slurm(list(argv)).stdout
 
 
 def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[str]], str] | None = None,
@@ -83,18 +137,18 @@ def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[s
     """Every component's needs and, when a cluster answers, its candidates (``hours``: the
     pool's failure-history window)."""
     needs = component_needs(spec)
-    snap, why = None, None
+    snap, quotas, why = None, None, None
     if run is None:  # the default cluster: ask quickly whether a controller answers at all
         from .backends import choose_auto
 
         probe = choose_auto()
         why = None if probe.name == "sbatch" else probe.reason
     if why is None:
-        snap, why = _snapshot(run, hours)
+        snap, quotas, why = _snapshot(run, spec, hours)
     if snap is None:
         return FitReport({n: ComponentFit(c) for n, c in needs.items()}, unavailable=why)
-    fits = fit_components(needs, snap, test_only or slurm_test_only())
-    return FitReport(fits, snap.taken_at)
+    fits = fit_components(needs, snap, test_only or slurm_test_only(), quotas=quotas)
+    return FitReport(fits, snap.taken_at, quotas=quotas)
 
 
 def auto_components(spec: Any, fit_all: bool) -> list[str]:
@@ -106,23 +160,24 @@ def choose(spec: Any, *, fit_all: bool = False, run: Runner | None = None,
     """The fit of every component to place (``placement: auto``, or all with ``fit_all``).
     Raises ``SlurmError`` without a pool and ``SpecError`` when nothing can hold one."""
     names = auto_components(spec, fit_all)
-    snap, why = _snapshot(run)
+    snap, quotas, why = _snapshot(run, spec)
     if snap is None:
         raise SlurmError(f"placement of {', '.join(names)} needs the pool, and it is unavailable: {why}",
                          hint="start the cluster (hetrun cluster up), or give those components placement: fixed")
-    fits = fit_components(component_needs(spec), snap, test_only or slurm_test_only(), names)
+    fits = fit_components(component_needs(spec), snap, test_only or slurm_test_only(), names, quotas)
     for name, fit in fits.items():
         if fit.best is None:
-            raise SpecError(f"no partition / GPU type of the pool can ever hold component {name!r}: "
-                            + ("; ".join(fit.excluded) or "the pool has no nodes"),
+            raise SpecError(f"no partition / GPU type of the pool can ever hold component {name!r} (or it "
+                            "would exceed a quota): " + ("; ".join(fit.excluded) or "the pool has no nodes"),
                             key_path=f"components.{name}",
-                            hint="allow more partitions: / gpu_types:, or ask for fewer nodes, CPUs or GPUs")
-    return FitReport(fits, snap.taken_at)
+                            hint="allow more partitions: / gpu_types: / node_counts:, ask for fewer nodes, CPUs "
+                                 "or GPUs, or wait until jobs over the quota named end")
+    return FitReport(fits, snap.taken_at, quotas=quotas)
 
 
 def _summary(c: Candidate) -> str:
     start = "" if c.start_in_s is None else f", start in {c.start_in_s:.0f} s"
-    return f"{c.partition} {c.gres}: score {c.score:.2f}{start}: " + "; ".join(c.reasons)
+    return f"{c.label}: score {c.score:.2f}{start}: " + "; ".join(c.reasons)
 
 
 def why_lost(c: Candidate, best: Candidate) -> str:
@@ -135,7 +190,7 @@ def why_lost(c: Candidate, best: Candidate) -> str:
     elif c.start_in_s is not None and best.start_in_s is not None and c.start_in_s > best.start_in_s:
         parts.append(f"Slurm expects it to start {c.start_in_s - best.start_in_s:.0f} s later")
     if c.score == best.score:
-        parts.append(f"same score; {best.partition} {best.gres} comes first by name")
+        parts.append(f"same score; {best.label} comes first by name")
     else:
         parts.append(f"{best.score - c.score:.2f} points lower")
     return "; ".join(parts)
@@ -153,13 +208,14 @@ def explain_lines(report: FitReport) -> list[str]:
         head = f"placement: the pool is unavailable ({report.unavailable}); the needs alone:"
     else:
         head = f"placement against the pool at {time.strftime('%H:%M:%S', time.localtime(report.pool_taken_at))}:"
-    out = [head]
+    out = [head, *quota_lines(report.quotas)]
     for name, fit in report.components.items():
         n = fit.need
         out.append(_need_line(name, n))
         out += [f"  derived from {d}" for d in n.derived]
         out.append(f"  allowed: partitions {', '.join(n.partitions) or 'any'}; GPU types "
-                   f"{', '.join(n.gpu_types) or 'any'}")
+                   f"{', '.join(n.gpu_types) or 'any'}"
+                   + (f"; node counts {', '.join(map(str, n.node_counts))}" if n.node_counts else ""))
         out.append("  network: " + ("; ".join(n.network) or "nothing across nodes"))
         if report.pool_taken_at is None:
             continue
@@ -168,12 +224,37 @@ def explain_lines(report: FitReport) -> list[str]:
             out.append("  no candidate: no partition / GPU type of this pool can ever hold it")
         for i, c in enumerate(fit.candidates):
             start = "no start time" if c.start_in_s is None else f"start in {c.start_in_s:.0f} s"
-            out.append(f"  {'best' if i == 0 else 'lost'} {c.partition} {c.gres}: score {c.score:.2f}, {start}; "
+            out.append(f"  {'best' if i == 0 else 'lost'} {c.label}: score {c.score:.2f}, {start}; "
                        + "; ".join(c.reasons))
             if i and best is not None:
                 out.append(f"       lost because {why_lost(c, best)}")
         out += [f"  out  {x}" for x in fit.excluded]
     return out
+
+
+def quota_lines(quotas: Quotas | None) -> list[str]:
+    """The submitter's limits and what the pool's running jobs hold of them (none: not read)."""
+    if quotas is None:
+        return []
+    who = f"quota: user {quotas.user}, account {quotas.account or '?'}, QOS {quotas.qos or '?'}"
+    if quotas.unavailable:
+        return [f"{who}: not read ({quotas.unavailable}); not checked"]
+    if not quotas.limits:
+        return [f"{who}: no limits"]
+    return [f"{who}:"] + [f"  {lim.scope}: " + ", ".join(f"{lim.used.get(k, 0)} of {n} {label(k)}"
+                                                        for k, n in sorted(lim.limits.items()))
+                          + " in use" for lim in quotas.limits]
+
+
+def _spread(comp: dict[str, Any], count: int) -> None:
+    """The plan.json component spread over ``count`` nodes, as the het block will ask for it."""
+    from hetrun.dag.needs import split_over
+
+    if count == comp["nodes"]:
+        return
+    tpn, gpn, mem = split_over(comp["nodes"], comp["tasks_per_node"], comp.get("gpus_per_node", 0),
+                               comp.get("mem_mb", 0), count)
+    comp.update(nodes=count, tasks_per_node=tpn, gpus_per_node=gpn, mem_mb=mem)
 
 
 def record(plan_d: dict[str, Any], report: FitReport) -> None:
@@ -188,7 +269,10 @@ def record(plan_d: dict[str, Any], report: FitReport) -> None:
         choice = PlacementChoice(partition=best.partition, gres=best.gres, score=best.score,
                                  start_in_s=best.start_in_s, nodes=list(best.nodes), reasons=list(best.reasons),
                                  others=[_summary(c) for c in fit.candidates[1:]] + fit.excluded,
-                                 pool_taken_at=report.pool_taken_at or time.time())
+                                 pool_taken_at=report.pool_taken_at or time.time(),
+                                 node_count=best.node_count or None)
+        if best.node_count:
+            _spread(comp, best.node_count)
         comp["placement"] = choice.model_dump(mode="json")
 
 
@@ -222,5 +306,5 @@ def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Calla
     return run, slurm_test_only(dict(env))
 
 
-__all__ = ["ComponentFit", "FitReport", "auto_components", "choose", "explain", "explain_lines", "fit_components", "place", "record",
-           "with_runner_env"]
+__all__ = ["ComponentFit", "FitReport", "auto_components", "choose", "explain", "explain_lines", "fit_components",
+           "place", "quota_lines", "record", "with_runner_env"]

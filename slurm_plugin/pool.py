@@ -91,6 +91,16 @@ class NodeFree:
 
 
 @dataclass
+class RunningUse:
+    """TRES allocated to one running job (squeue), with what quotas count it under."""
+
+    account: str
+    user: str
+    qos: str
+    tres: dict[str, int] = field(default_factory=dict)  # cpu, mem (MB), node, gres/gpu, gres/gpu:TYPE
+
+
+@dataclass
 class PoolSnapshot:
     taken_at: float
     hours: float
@@ -100,6 +110,7 @@ class PoolSnapshot:
     troubled: list[NodeTrouble]
     running_jobs: int = 0
     nodes: list[NodeFree] = field(default_factory=list)
+    running_use: list[RunningUse] = field(default_factory=list)  # for quota left (slurm_plugin.quota)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -228,6 +239,19 @@ def pending_from_squeue(data: dict[str, Any]) -> tuple[list[Pending], int]:
     return [pend[k] for k in sorted(pend)], running
 
 
+def running_from_squeue(data: dict[str, Any]) -> list[RunningUse]:
+    """Each running job's allocated TRES (each het component is a job of its own here)."""
+    out = []
+    for job in data.get("jobs") or []:
+        if str(job.get("job_state", "")).upper() != "RUNNING":
+            continue
+        tres = tres_dict(job.get("tres_alloc_str"))
+        tres.pop("billing", None)
+        out.append(RunningUse(str(job.get("account") or ""), str(job.get("user_name") or ""),
+                              str(job.get("qos") or ""), tres))
+    return out
+
+
 def _alloc_count(job: dict[str, Any], tres_type: str, name: str | None) -> int:
     for t in (job.get("tres") or {}).get("allocated") or []:
         if t.get("type") == tres_type and t.get("name") == name:
@@ -348,4 +372,5 @@ def collect(run: Runner | None = None, *, hours: float = 6.0, now: float | None 
     pending, running = pending_from_squeue(squeue)
     usage, node_fail = usage_from_sacct(sacct, now, hours)
     return PoolSnapshot(now, hours, rows_from_sinfo(sinfo), pending, accounts_from(shares, usage),
-                        troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo))
+                        troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo),
+                        running_from_squeue(squeue))

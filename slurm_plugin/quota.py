@@ -1,0 +1,192 @@
+"""Quota left for the submitting user, as Slurm holds it: the limits of placement.
+
+Limits are read from Slurm, not from a policy YAML, so they hold for a pool set
+up with plain ``sacctmgr`` too (one ``sacctmgr show assoc`` and one ``sacctmgr
+show qos``, the cluster's name from ``scontrol show config``; the account's default
+from ``sacctmgr show user`` only when the job names none). What is in use now comes from the pool snapshot's running jobs
+(``squeue --json``: each job's allocated TRES with its account, user and QOS).
+
+The limits that bind one job of user U in account A under QOS Q, as Slurm
+enforces them with ``AccountingStorageEnforce=limits``:
+
+- ``GrpTRES`` of A's association and of every parent account (all their jobs);
+- ``GrpTRES`` of U's association under A (the policy's per-user cap);
+- ``GrpTRES`` of Q (all jobs in the QOS) and ``MaxTRESPerUser`` of Q (U's jobs in it).
+
+Partition QOS and ``MaxTRESPerAccount`` are not read (not modelled).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hetrun.dag.errors import SlurmError
+from hetrun.slurm_plugin.policy.state import (
+    ASSOC_FORMAT,
+    QOS_FORMAT,
+    parse_assocs,
+    parse_config,
+    parse_qos,
+)
+from hetrun.slurm_plugin.pool import RunningUse
+
+Runner = Callable[[Sequence[str]], str]
+NEAR_FROM = 0.5  # a candidate that would bring a limit past this share of it starts to lose points
+_LABELS = {"cpu": "CPUs", "mem": "MB of memory", "node": "nodes", "gres/gpu": "GPUs"}
+
+
+@dataclass
+class QuotaLimit:
+    """One binding limit (``scope`` in words) and what the jobs it counts use now."""
+
+    scope: str  # "account physics", "user alice in account physics", "QOS normal", "QOS normal per user alice"
+    limits: dict[str, int]  # TRES -> maximum (mem in MB), as sacctmgr prints GrpTRES / MaxTRESPU
+    used: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Quotas:
+    user: str
+    account: str | None
+    qos: str | None
+    limits: list[QuotaLimit] = field(default_factory=list)
+    unavailable: str | None = None  # why no limit could be read (then nothing is checked)
+
+    def take(self, tres: Mapping[str, int]) -> None:
+        """Count ``tres`` as in use under every limit (a sibling component placed before)."""
+        for lim in self.limits:
+            for key, n in tres.items():
+                lim.used[key] = lim.used.get(key, 0) + n
+
+
+def label(key: str) -> str:
+    if key.startswith("gres/gpu:"):
+        return f"{key.split(':', 1)[1]} GPUs"
+    return _LABELS.get(key, key)
+
+
+def job_tres(nodes: int, cpus_per_node: int, gpus_per_node: int, mem_mb_per_node: int, gres: str) -> dict[str, int]:
+    """The TRES Slurm counts for a job of this shape on GRES group ``gres`` (``gpu:a100``, ``gpu`` or ``-``)."""
+    out = {"node": nodes, "cpu": nodes * cpus_per_node, "mem": nodes * mem_mb_per_node}
+    if gpus_per_node:
+        out["gres/gpu"] = nodes * gpus_per_node
+        gtype = gres.partition(":")[2]
+        if gtype:
+            out[f"gres/gpu:{gtype}"] = nodes * gpus_per_node
+    return out
+
+
+def check(quotas: Quotas | None, need: Mapping[str, int]) -> tuple[str | None, float, list[str]]:
+    """``(why it is out, fullest share after it, reasons)`` for a job needing ``need``.
+    Out: some limit would be exceeded ("over quota: ..."). The share is the largest
+    (in use + need) / limit over every TRES a limit names (0.0 without limits)."""
+    if quotas is None or not quotas.limits:
+        return None, 0.0, []
+    fullest, reasons = 0.0, []
+    for lim in quotas.limits:
+        for key, cap in sorted(lim.limits.items()):
+            want = need.get(key, 0)
+            if not want:
+                continue
+            used = lim.used.get(key, 0)
+            if used + want > cap:
+                return (f"over quota: {lim.scope} has {used} of {cap} {label(key)} in use, this needs {want}",
+                        (used + want) / max(cap, 1), [])
+            share = (used + want) / max(cap, 1)
+            if share > fullest:
+                fullest = share
+                reasons = [f"quota: {lim.scope} at {used + want} of {cap} {label(key)} with it ({100 * share:.0f}%)"]
+    return None, fullest, reasons
+
+
+# ------------------------------------------------------------------ reading Slurm
+
+
+def running_in(uses: Iterable[RunningUse], *, accounts: set[str] | None = None, user: str | None = None,
+               qos: str | None = None) -> dict[str, int]:
+    """TRES allocated to the running jobs that match (None: any)."""
+    out: dict[str, int] = {}
+    for u in uses:
+        if (accounts is not None and u.account not in accounts) or (user is not None and u.user != user) \
+                or (qos is not None and u.qos != qos):
+            continue
+        for key, n in u.tres.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def limits_for(assoc_text: str, qos_text: str, uses: Sequence[RunningUse], user: str, account: str | None,
+               qos: str | None) -> tuple[list[QuotaLimit], str | None]:
+    """Every limit binding ``user`` in ``account`` under ``qos`` (None: the association's default QOS),
+    from ``sacctmgr -n -P show assoc|qos`` text in hetrun's policy formats; and the QOS it used."""
+    assocs = parse_assocs(assoc_text)
+    qoses = parse_qos(qos_text)
+    out: list[QuotaLimit] = []
+    if account is not None:
+        own = assocs.get((account, user))
+        qos = qos or (own.default_qos if own else "") or ("normal" if "normal" in qoses else None)
+        children: dict[str, set[str]] = {}
+        for (acct, u), a in assocs.items():
+            if not u and a.parent:
+                children.setdefault(a.parent, set()).add(acct)
+        if own and own.grp_tres:
+            out.append(QuotaLimit(f"user {user} in account {account}", dict(own.grp_tres),
+                                  running_in(uses, accounts={account}, user=user)))
+        acct, seen = account, set()
+        while acct and acct not in seen:  # the account, then each parent: each GrpTRES counts its subtree
+            seen.add(acct)
+            row = assocs.get((acct, ""))
+            if row is None:
+                break
+            if row.grp_tres:
+                out.append(QuotaLimit(f"account {acct}", dict(row.grp_tres),
+                                      running_in(uses, accounts=_subtree(acct, children))))
+            acct = row.parent
+    q = qoses.get(qos or "")
+    if q is not None and q.grp_tres:
+        out.append(QuotaLimit(f"QOS {q.name}", dict(q.grp_tres), running_in(uses, qos=q.name)))
+    if q is not None and q.max_tres_per_user:
+        out.append(QuotaLimit(f"QOS {q.name} per user {user}", dict(q.max_tres_per_user),
+                              running_in(uses, user=user, qos=q.name)))
+    return out, qos
+
+
+def _subtree(root: str, children: Mapping[str, set[str]]) -> set[str]:
+    out, todo = set(), [root]
+    while todo:
+        acct = todo.pop()
+        if acct not in out:
+            out.add(acct)
+            todo += sorted(children.get(acct, ()))
+    return out
+
+
+def submitter() -> str:
+    """The user Slurm will account the job to (sbatch's uid)."""
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def read_quotas(run: Runner, uses: Sequence[RunningUse], *, account: str | None = None, qos: str | None = None,
+                user: str | None = None) -> Quotas:
+    """The submitter's limits and what counts against them now; ``run(argv) -> stdout``.
+    A cluster without accounting gives ``Quotas`` with ``unavailable`` set (nothing checked)."""
+    user = user or submitter()
+    try:
+        if account is None:
+            account = run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"]).strip() or None
+        # One slurmdbd may serve several clusters: only this cluster's associations (as policy reads them).
+        cluster = parse_config(run(["scontrol", "show", "config"])).get("ClusterName")
+        where = ["where", f"cluster={cluster}"] if cluster else []
+        assoc_text = run(["sacctmgr", "-n", "-P", "show", "assoc", *where, f"format={ASSOC_FORMAT}"])
+        qos_text = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FORMAT}"])
+        limits, qos = limits_for(assoc_text, qos_text, uses, user, account, qos)
+    except SlurmError as exc:
+        return Quotas(user, account, qos, unavailable=str(exc).splitlines()[0])
+    return Quotas(user, account, qos, limits)
+
+
+__all__ = ["QuotaLimit", "Quotas", "check", "job_tres", "label", "limits_for", "read_quotas",
+           "running_in", "submitter"]
