@@ -119,3 +119,17 @@ def test_cli_check_prints_ok_and_errors_without_traceback(tmp_path: Path) -> Non
     assert out.returncode == 2
     assert "policy.yaml:16:16: accounts.vision.fairshare" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+BACKFILL = ISSUE_SHAPE.replace("preemption: true", "preemption: true\n      backfill: {min_reserve_tier: high, busy_nodes: true}")
+
+
+def test_backfill_block_is_valid_and_checks_its_tier(tmp_path: Path) -> None:
+    p = load_policy(write(tmp_path, BACKFILL))
+    backfill = p.resources.gpu.scheduling.backfill
+    assert backfill is not None and backfill.min_reserve_tier == "high" and backfill.busy_nodes
+    err = error_of(tmp_path, BACKFILL.replace("min_reserve_tier: high", "min_reserve_tier: hihg"))
+    assert "policy.yaml:8:36:" in str(err) and "tier 'hihg' is not in" in str(err)
+    assert err.hint is not None and "did you mean 'high'?" in err.hint
+    err = error_of(tmp_path, BACKFILL.replace("busy_nodes", "busy_node"))
+    assert "policy.yaml:8:" in str(err) and "unknown key 'busy_node'" in str(err)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from hetrun.slurm_plugin.cluster_conf import ClusterConfig, render_slurm_conf
-from hetrun.slurm_plugin.policy.apply import PolicyApplyError, apply_plan, rewrite_conf, write_conf
+from hetrun.slurm_plugin.policy.apply import (
+    PolicyApplyError,
+    apply_plan,
+    conf_with_policy,
+    rewrite_conf,
+    write_conf,
+)
 from hetrun.slurm_plugin.policy.desired import desired_state
 from hetrun.slurm_plugin.policy.lua import render_job_submit_lua
 from hetrun.slurm_plugin.policy.model import load_policy
@@ -207,3 +213,39 @@ def test_associations_are_scoped_to_the_live_cluster(policy) -> None:
     assert any(c.startswith("sacctmgr -i modify account where name=vision cluster=site set ") for c in cmds)
     assert "sacctmgr -i add user alice Account=vision Cluster=site" in cmds
     assert "sacctmgr -i add qos pool_high" in cmds
+
+
+def _backfill_policy(tmp_path: Path, block: str, weights: str = ""):
+    p = tmp_path / "policy.yaml"
+    p.write_text(POLICY.replace("preemption: true", f"preemption: true\n      backfill: {block}") + weights)
+    return load_policy(p)
+
+
+def test_backfill_min_reserve_tier_renders_bf_min_prio_reserve_above_every_lower_job(tmp_path: Path) -> None:
+    # QOS factor of pool_normal: 10000 * 1000 / 3000 = 3333, plus age 100 + fairshare 1000 at most:
+    # 4433. A high job's priority is at least 10000 * 2000 / 3000 = 6666.
+    policy = _backfill_policy(tmp_path, "{min_reserve_tier: high, busy_nodes: true}")
+    desired = desired_state(policy)
+    assert desired.problems == []
+    setting = next(s for s in desired.conf if s.key == "SchedulerParameters")
+    assert setting.value == "bf_min_prio_reserve=4434,bf_busy_nodes" and setting.contains
+    live = LiveState(parse_qos(LIVE_QOS), parse_assocs(LIVE_ASSOC), parse_config(
+        LIVE_CONFIG + "SchedulerParameters     = bf_interval=2,bf_min_prio_reserve=10,sched_interval=2\n"), {})
+    plan = make_plan(desired, live, render_job_submit_lua(policy), render_job_submit_lua(policy))
+    # Keys compare by name: the live bf_min_prio_reserve is replaced in place, the rest kept.
+    assert [(c.target, c.fields[0].wanted) for c in plan.by_kind("slurm.conf")] == [
+        ("SchedulerParameters", "bf_interval=2,bf_min_prio_reserve=4434,sched_interval=2,bf_busy_nodes")]
+    rendered, _ = conf_with_policy(render_slurm_conf(ClusterConfig(nodes=2)), policy)
+    assert "SchedulerParameters=bf_interval=2,sched_interval=2,bf_min_prio_reserve=4434,bf_busy_nodes" in rendered
+    # The lowest tier reserves anyway: Slurm's default, 0.
+    lowest = _backfill_policy(tmp_path, "{min_reserve_tier: normal}")
+    assert next(s.value for s in desired_state(lowest).conf if s.key == "SchedulerParameters") \
+        == "bf_min_prio_reserve=0"
+
+
+def test_backfill_tiers_that_weights_cannot_separate_are_a_problem(tmp_path: Path) -> None:
+    policy = _backfill_policy(tmp_path, "{min_reserve_tier: critical}",
+                              "priority_weights: {qos: 1000, fairshare: 1000, age: 0}\n")
+    problems = desired_state(policy).problems
+    assert len(problems) == 1 and "min_reserve_tier 'critical'" in problems[0]
+    assert "can reach priority 1666" in problems[0] and "as low as 1000" in problems[0]

@@ -53,11 +53,18 @@ class DesiredState:
     problems: list[str] = field(default_factory=list)  # the policy cannot run on these nodes
 
 
+def tier_priority(policy: PolicySpec, rank: int, tier: str) -> int:
+    limits = policy.tiers.get(tier)
+    if limits is not None and limits.priority is not None:
+        return limits.priority
+    return (len(policy.tier_names) - rank) * TIER_PRIORITY_STEP
+
+
 def _qos_for_tier(policy: PolicySpec, rank: int, tier: str) -> QosState:
     names = policy.tier_names
     limits = policy.tiers.get(tier) or TierLimits.model_validate({})
     lower = tuple(sorted(policy.qos_name(t) for t in names[rank + 1:])) if policy.preemption else ()
-    priority = limits.priority if limits.priority is not None else (len(names) - rank) * TIER_PRIORITY_STEP
+    priority = tier_priority(policy, rank, tier)
     wall = v.time_seconds(str(limits.max_wall)) if limits.max_wall is not None else None
     return QosState(
         name=policy.qos_name(tier),
@@ -124,6 +131,7 @@ def _conf(policy: PolicySpec) -> list[ConfSetting]:
                                 "time_slicing.slice_seconds"))
     conf += _isolation_conf(policy)
     conf += _gres_conf(policy)
+    conf += _backfill_conf(policy)
     if policy.power:
         conf += [
             ConfSetting("SuspendTime", str(v.time_seconds(str(policy.power.idle_after))), "power.idle_after"),
@@ -164,6 +172,41 @@ def _gres_conf(policy: PolicySpec) -> list[ConfSetting]:
     return conf
 
 
+def min_reserve_priority(policy: PolicySpec, tier: str) -> tuple[int, str | None]:
+    """bf_min_prio_reserve for ``scheduling.backfill.min_reserve_tier: tier``: one more than
+    the highest priority a job of a lower tier can have (its QOS share of PriorityWeightQOS,
+    plus full age, fairshare and job-size factors), and a problem when a job of ``tier`` could
+    fall below it. Slurm normalizes QOS priority by the highest QOS Priority in slurmdbd: this
+    assumes the policy's own top tier is that one (apply sees the live QOS; plan warns nowhere)."""
+    names, w = policy.tier_names, policy.priority_weights
+    prios = [tier_priority(policy, i, t) for i, t in enumerate(names)]
+    top, rank = max(prios) or 1, names.index(tier)
+    below = [w.qos * p // top + w.age + w.fairshare + w.job_size for p in prios[rank + 1:]]
+    if not below:
+        return 0, None  # the lowest tier: every job reserves, Slurm's default
+    threshold = max(below) + 1
+    lowest_reserving = min(w.qos * p // top for p in prios[:rank + 1])
+    if lowest_reserving >= threshold:
+        return threshold, None
+    return threshold, (f"scheduling.backfill.min_reserve_tier {tier!r}: a job of a lower tier can reach priority "
+                       f"{threshold - 1} (QOS + age + fairshare + job_size weights), a {tier} job can be as low as "
+                       f"{lowest_reserving}; raise priority_weights.qos or space the tiers' priorities further")
+
+
+def _backfill_conf(policy: PolicySpec) -> list[ConfSetting]:
+    sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
+    backfill = sched.backfill if sched else None
+    if backfill is None:
+        return []
+    items = []
+    if backfill.min_reserve_tier is not None:
+        items.append(f"bf_min_prio_reserve={min_reserve_priority(policy, backfill.min_reserve_tier)[0]}")
+    if backfill.busy_nodes:
+        items.append("bf_busy_nodes")
+    why = "scheduling.backfill: lower tiers hold no nodes idle for themselves"
+    return [ConfSetting("SchedulerParameters", ",".join(items), why, True)] if items else []
+
+
 def _manual(policy: PolicySpec, cgroup: CgroupSupport | None) -> list[str]:
     out = []
     gpu = policy.resources.gpu
@@ -189,6 +232,9 @@ def desired_state(policy: PolicySpec, cgroup: CgroupSupport | None = None) -> De
     if policy.time_slicing:
         parts[policy.time_slicing.partition] = {
             "OverSubscribe": f"FORCE:{policy.time_slicing.jobs_per_core}"}
-    problem = isolation_problem(isolation_of(policy), cgroup) if cgroup else None
+    problems = [isolation_problem(isolation_of(policy), cgroup) if cgroup else None]
+    sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
+    if sched and sched.backfill and sched.backfill.min_reserve_tier is not None:
+        problems.append(min_reserve_priority(policy, sched.backfill.min_reserve_tier)[1])
     return DesiredState(qos, _assocs(policy), _conf(policy), parts, _manual(policy, cgroup),
-                        [problem] if problem else [])
+                        [p for p in problems if p])

@@ -102,11 +102,22 @@ class Tres(_Section):
         return out
 
 
+class Backfill(_Section):
+    """Slurm's backfill scheduler (SchedulerParameters), in the policy's terms."""
+
+    min_reserve_tier: str | None = Field(
+        None, description="the lowest tier whose pending jobs get backfill reservations (bf_min_prio_reserve): "
+        "jobs of lower tiers never hold nodes idle for themselves, they start wherever they fit now")
+    busy_nodes: bool = Field(False, description="bf_busy_nodes: reservations prefer nodes in use, "
+                             "so idle ones stay free for jobs that can start now")
+
+
 class Scheduling(_Section):
     priority: list[str] = Field(min_length=1, max_length=16,
                                 description="tiers, highest first; each becomes a Slurm QOS")
     preemption: bool = Field(False, description="a tier preempts (requeues) jobs of every tier below it")
     default: str | None = Field(None, description="tier of jobs that name none (default: the lowest)")
+    backfill: Backfill | None = None
 
     @field_validator("priority")
     @classmethod
@@ -282,6 +293,9 @@ class PolicySpec(_Section):
         sched = self.resources.gpu.scheduling if self.resources.gpu else None
         if sched and sched.default is not None:
             self._known_tier(sched.default, ("resources", "gpu", "scheduling", "default"))
+        if sched and sched.backfill and sched.backfill.min_reserve_tier is not None:
+            self._known_tier(sched.backfill.min_reserve_tier,
+                             ("resources", "gpu", "scheduling", "backfill", "min_reserve_tier"))
         for aname, acct in self.accounts.items():
             if not NAME_RE.match(aname):
                 raise SpecIssue(f"account name {aname!r} is not a {NAME_HELP}", path=("accounts", aname))

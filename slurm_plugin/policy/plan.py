@@ -197,9 +197,10 @@ def conf_value(setting: ConfSetting, live: str | None) -> str:
     """The value slurm.conf must hold: ``contains`` keeps what is there and adds the rest."""
     if not setting.contains or not live:
         return setting.value
-    have = _items(live)
-    lower = {h.lower() for h in have}
-    return ",".join(have + [w for w in _items(setting.value) if w.lower() not in lower])
+    # Items compare by key: the policy's bf_min_prio_reserve=N replaces a live bf_min_prio_reserve=M.
+    want = {w.split("=", 1)[0].lower(): w for w in _items(setting.value)}
+    have = [want.pop(h.split("=", 1)[0].lower(), h) for h in _items(live)]
+    return ",".join(have + list(want.values()))
 
 
 def _conf_changes(desired: DesiredState, live: LiveState) -> tuple[list[Change], dict[str, str]]:
