@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from big_cluster import BigPool  # noqa: E402
 from hetrun.slurm_plugin import placement, pool  # noqa: E402
+from pool_ideal import ideal_share, kinds_accepted, kinds_by_script  # noqa: E402
 
 TIERS = ("critical", "high", "normal")
 PARTITIONS = ("gpu-a100", "gpu-v100", "cpu")
@@ -443,7 +444,9 @@ def main() -> None:
     doc.update({"command": " ".join(["python3", "benchmarks/pool_trace_replay.py", *sys.argv[1:]]),
                 "seed": args.seed, "window_s": args.window, "jobs": len(trace),
                 "demand_node_s": sum(j.seconds * j.nodes for j in trace),
-                "capacity_node_s_in_window": 64 * args.window, "trace": [asdict(j) for j in trace]})
+                "capacity_node_s_in_window": 64 * args.window, "trace": [asdict(j) for j in trace],
+                "ideal": {"default": ideal_share(trace, kinds_by_script, by_tier=False),
+                          "policy_fit": ideal_share(trace, kinds_accepted)}})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.from_sacct:
         doc[args.only] = from_saved_sacct(args.from_sacct, args.prefix, trace)
@@ -477,9 +480,35 @@ def main() -> None:
     summary(doc)
 
 
+TARGET_SHARE, TARGET_CRITICAL_P95 = 0.85, 0.40  # issue 14's targets
+
+
+def headline(doc: dict[str, Any]) -> list[str]:
+    """The two targets, each measured figure next to its bound: the issue's target, and for
+    the allocated share the ideal scheduler's on the same trace (benchmarks/pool_ideal.py)."""
+    lines = []
+    for key in ("default", "policy_fit"):
+        side = doc.get(key)
+        if not isinstance(side, dict) or "alloc_share_while_pending_sacct" not in side:
+            continue
+        ideal = doc.get("ideal", {}).get(key, {}).get("alloc_share_while_pending")
+        lines.append(f"{key}: allocated while work pending {side['alloc_share_while_pending_sacct']} "
+                     f"(target >= {TARGET_SHARE}; ideal scheduler on this trace {ideal}; "
+                     f"cadence {side.get('cadence')}, limits {side.get('time_limits')})")
+    try:
+        base = doc["default"]["wait_s"]["critical"]["p95"]
+        ours = doc["policy_fit"]["wait_s"]["critical"]["p95"]
+        lines.append(f"critical p95 wait: {ours} s vs {base} s default = {ours / base:.1%} "
+                     f"(target <= {TARGET_CRITICAL_P95:.0%})")
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return lines
+
+
 def summary(doc: dict[str, Any]) -> None:
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "raw"} if isinstance(v, dict) else v)
                       for k, v in doc.items() if k != "trace"}, indent=1))
+    print("\n".join(headline(doc)))
 
 
 if __name__ == "__main__":
