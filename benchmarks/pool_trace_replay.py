@@ -52,6 +52,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+import replay_hetrun_jobs  # noqa: E402
 from big_cluster import BigPool  # noqa: E402
 from hetrun.slurm_plugin import placement, pool  # noqa: E402
 from pool_ideal import ideal_share, kinds_accepted, kinds_by_script  # noqa: E402
@@ -128,6 +129,7 @@ class TraceJob:
     seconds: int
     gpu_types: tuple[str, ...]  # accepted GPU types; () for a CPU job
     script_partition: str  # where its script says (the default replay)
+    hetrun: bool = False  # a real hetrun job (benchmarks/replay_hetrun_jobs.py), not a sleep
 
 
 def make_trace(seed: int, window: float, jobs: int) -> list[TraceJob]:
@@ -272,6 +274,9 @@ def share_from_sacct(runs: dict[str, list[dict[str, Any]]], pool_nodes: int = 64
     return (round(sum(busy) / len(busy) / pool_nodes, 3) if busy else None), len(busy)
 
 
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+
+
 def wait_drained(cluster: BigPool, prefix: str, n: int, timeout: float) -> dict[str, list[dict[str, Any]]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -282,7 +287,8 @@ def wait_drained(cluster: BigPool, prefix: str, n: int, timeout: float) -> dict[
     runs: dict[str, list[dict[str, Any]]] = {}
     while time.monotonic() < deadline + 60:  # slurmdbd records the last ends a moment later
         runs = sacct_runs(cluster, prefix, since=time.time() - 7200)
-        done = [r for r in runs.values() if any(x["state"] == "COMPLETED" for x in r)]
+        # a hetrun job that failed is as ended as a completed one (else this waits out the deadline)
+        done = [r for r in runs.values() if any(x["state"] in ENDED for x in r)]
         if len(runs) == n and len(done) == n:
             break
         time.sleep(2)
@@ -335,11 +341,15 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
            ranked: bool = False, one_tier: bool = False, limits: str = "tight") -> dict[str, Any]:
     prefix = f"{tag}{label}-"
     names = {job.i: f"{prefix}{job.i:03d}-{job.tier}" for job in trace}
+    hetrun = replay_hetrun_jobs.Submitter(cluster.cfg.slurm_conf, prefix, ACCOUNT)
     sampler = Sampler(cluster)
     sampler.start()
     t0, fit_s, moved, refused = time.monotonic(), [], 0, []
     for job in trace:
         time.sleep(max(0.0, job.at - (time.monotonic() - t0)))
+        if job.hetrun:  # `hetrun submit`, in the background (it is a Python start)
+            hetrun.submit(names[job.i], job.script_partition, tiers=policy or one_tier)
+            continue
         partition, gpu_type = job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None)
         if policy:
             partition, gpu_type, spent = fit(job, cluster, ranked)
@@ -354,6 +364,11 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     sampler.stop.set()
     sampler.join()
     out = {"raw": {"names": names, "runs": runs, "samples": sampler.samples}}  # metrics can be recomputed
+    if hetrun.procs:
+        try:
+            out["hetrun_jobs"] = hetrun.measure()
+        except Exception as exc:  # the replay's data are kept whatever went wrong here
+            out["hetrun_jobs"] = {"error": repr(exc)}
     try:
         out.update(metrics(trace, names, runs, sampler.samples))
     except Exception as exc:  # keep the raw data of a 10-minute replay whatever went wrong
@@ -427,6 +442,8 @@ def main() -> None:
                          "as `hetrun cluster up` renders them, or Slurm's own defaults")
     ap.add_argument("--time-limits", choices=("tight", "5min"), default="tight",
                     help="every job's --time, both sides: its run time + 15 s in whole minutes, or a fixed 5 min")
+    ap.add_argument("--hetrun-jobs", type=int, default=replay_hetrun_jobs.DEFAULT_JOBS,
+                    help="real hetrun jobs (examples/ppo_cartpole.yaml, small) in the trace, tier normal (0: none)")
     ap.add_argument("--default-in-policy-pool", action="store_true",
                     help="the default side on the running policy pool, every job in one tier (no restart, no lock)")
     ap.add_argument("--policy-in-running-pool", action="store_true",
@@ -434,7 +451,8 @@ def main() -> None:
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
     ap.add_argument("--prefix", help="job-name prefix of the saved replay (e.g. tr63167b-)")
     args = ap.parse_args()
-    trace = make_trace(args.seed, args.window, args.jobs)
+    trace = replay_hetrun_jobs.add_to_trace(make_trace(args.seed, args.window, args.jobs), args.seed,
+                                            args.window, args.hetrun_jobs)
     if args.default_in_policy_pool and args.only != "default":
         ap.error("--default-in-policy-pool replays side (a) alone: give --only default with it")
     if args.policy_in_running_pool and args.only != "policy_fit":
@@ -509,6 +527,9 @@ def summary(doc: dict[str, Any]) -> None:
     print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "raw"} if isinstance(v, dict) else v)
                       for k, v in doc.items() if k != "trace"}, indent=1))
     print("\n".join(headline(doc)))
+    for side in ("default", "policy_fit"):
+        if "summary" in ((doc.get(side) or {}).get("hetrun_jobs") or {}):
+            print("\n".join(replay_hetrun_jobs.summary_lines(side, doc[side]["hetrun_jobs"])))
 
 
 if __name__ == "__main__":
