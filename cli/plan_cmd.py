@@ -61,12 +61,39 @@ def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, st
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
-def _render_script(build: PlanBuild, spec: JobSpec, runs_dir: Path | None) -> tuple[str, str]:
+def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[dict[str, Any], list[str]]:
+    """plan.json as ``hetrun submit`` would write it: the ``placement: auto`` components (every
+    one with ``--fit``) placed against the pool by submit's own fit step (``placement_fit.place``),
+    when a controller answers; otherwise unplaced, and notes saying which and why."""
+    from hetrun.slurm_plugin.placement_fit import auto_components, place
+
+    plan_d = json.loads(build.plan.to_json())
+    names = auto_components(spec, fit)
+    if not names:
+        return plan_d, []
+    from hetrun.dag.errors import SlurmError
+    from hetrun.slurm_plugin.backends import choose_auto, get_backend
+
+    probe = choose_auto()
+    why = probe.reason
+    if probe.name == "sbatch":
+        try:
+            place(spec, plan_d, get_backend("sbatch"), fit_all=fit)
+            return plan_d, []
+        except SlurmError as exc:  # the controller answered the probe but not the pool's queries
+            why = str(exc).splitlines()[0]
+    return plan_d, [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not placed in this script "
+                    f"(their het blocks show the YAML's partition and an untyped GPU request): {why}",
+                    "hetrun submit places them against the pool of the moment (and refuses them when "
+                    "no controller answers)"]
+
+
+def _render_script(plan_d: dict[str, Any], spec: JobSpec, runs_dir: Path | None) -> tuple[str, str]:
     from hetrun.slurm_plugin.render import render_sbatch
     from hetrun.slurm_plugin.rundir import new_run_name, runs_root
 
     run_dir = runs_root(runs_dir).resolve() / new_run_name(spec.name)
-    return render_sbatch(build.plan, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
+    return render_sbatch(plan_d, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
 
 
 def _deps_text(deps: list[Any]) -> str:
@@ -200,6 +227,9 @@ def register(app: typer.Typer) -> None:
                                "cluster, or spec.")] = "auto",
         runs_dir: Annotated[Optional[Path], typer.Option(
             "--runs-dir", metavar="DIR", help="Runs root shown in the script (default $HETRUN_RUNS, else ./runs).")] = None,
+        fit: Annotated[bool, typer.Option(
+            "--fit", help="Place every component as `hetrun submit --fit` would (placement: auto components "
+                          "are always placed when a Slurm controller answers).")] = False,
     ) -> None:
         """Show the action DAG, priorities, het components and the exact sbatch script of a job."""
         from hetrun.dag.errors import SpecError
@@ -210,8 +240,11 @@ def register(app: typer.Typer) -> None:
         spec = load_job(job, overrides_from(partition, time_limit, account, qos, nodes, gres, constraint, sets))
         caps, cap_source = _capacities(spec, capacity)
         build = build_plan_explained(spec, capacities=caps)
-        if as_json:
-            sys.stdout.write(build.plan.to_json())
+        plan_d, unplaced = _placed_plan(build, spec, fit)
+        if as_json:  # plan.json as submit writes it (the placement choices in it)
+            for note in unplaced:
+                sys.stderr.write(f"hetrun: {note}\n")
+            sys.stdout.write(json.dumps(plan_d, indent=2) + "\n")
             return
         from rich.console import Console
 
@@ -231,7 +264,11 @@ def register(app: typer.Typer) -> None:
             console.print("[bold]placement[/bold]")
             for line in explain_lines(explain_fit(spec)):
                 console.print(line, markup=False)
-        script, note = _render_script(build, spec, runs_dir)
+        from hetrun.cli.submit_cmd import placement_lines
+
+        for line in placement_lines(plan_d) + [f"note: {n}" for n in unplaced]:
+            console.print(line, markup=False)
+        script, note = _render_script(plan_d, spec, runs_dir)
         console.print(f"[bold]sbatch script[/bold] ({note})")
         console.file.flush()
         # Written raw: the script must come out byte for byte, never re-wrapped by rich.

@@ -124,17 +124,16 @@ def _restored(comps: dict[str, Any]) -> str:
 
 def _placement_table(section: dict[str, Any]) -> str:
     """Per range of attempts and component: where it was placed, why, and what lost."""
-    from hetrun.runtime.report_placement import row_lines, short_text
+    from hetrun.runtime.report_placement import short_text, why_text
 
     rows = []
     for a in section.get("attempts") or []:
         first, last = a["first_restart"] + 1, a["last_restart"]
         span = f"{first}-" if last is None else f"{first}-{last + 1}"
         for r in a["components"]:
-            why, *lost = row_lines(r)
+            why = why_text(r) if r["mode"] in ("auto", "fit") else ""
             rows.append(f"<tr><td>{escape(span)}</td><td>{escape(r['component'])}</td><td>{escape(short_text(r))}"
-                        f"</td><td>{escape(why.partition(': ')[2])}</td>"
-                        f"<td>{'<br>'.join(escape(x.strip()) for x in lost)}</td></tr>")
+                        f"</td><td>{escape(why)}</td><td>{'<br>'.join(escape(x) for x in r.get('lost') or [])}</td></tr>")
     if not rows:
         return "<p>no plan.json: placement unknown</p>"
     note = f"<p>{escape(section['note'])}</p>" if section.get("note") else ""

@@ -112,14 +112,18 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
     return load_job(job, overrides), Path(job).parent
 
 
+def placement_lines(plan: Any) -> list[str]:
+    """One line per placed component: where it goes and why (the words `hetrun report` uses)."""
+    from hetrun.runtime.report_placement import component_row, row_lines
+
+    return [row_lines(component_row(comp, "auto", None))[0]
+            for comp in (plan or {}).get("components", []) if comp.get("placement")]
+
+
 def print_placement(plan: Any) -> None:
     """Where each placed component goes and why (stderr: a dry run's stdout is the script)."""
-    for comp in (plan or {}).get("components", []):
-        choice = comp.get("placement")
-        if choice:
-            start = "" if choice.get("start_in_s") is None else f", start in {choice['start_in_s']:.0f} s"
-            sys.stderr.write(f"hetrun: placed {comp['name']} on {choice['partition']} {choice['gres']} "
-                             f"(score {choice['score']:.2f}{start}): {'; '.join(choice['reasons'])}\n")
+    for line in placement_lines(plan):
+        sys.stderr.write(f"hetrun: {line}\n")
 
 
 def _print_dry_run(result: Any) -> None:

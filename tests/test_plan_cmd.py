@@ -159,3 +159,59 @@ def test_a_missing_command_module_is_a_loud_packaging_error() -> None:
              "try:\n    import hetrun.cli.app\nexcept ImportError as exc:\n    print('LOUD', exc)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
     assert "LOUD" in proc.stdout and "ckpt_cmd" in proc.stdout, proc.stdout + proc.stderr
+
+
+PLACED_JOB = """\
+name: plan-placed
+components:
+  trainer:
+    nodes: 1
+    gpus_per_node: 1
+    mem: 200M
+    placement: auto
+    partitions: [high, debug]
+    command: [sleep, "1"]
+slurm: {partition: high, time: "00:05:00"}
+"""
+
+
+def test_plan_without_a_controller_says_the_auto_blocks_are_unplaced(tmp_path: Path) -> None:
+    """No sbatch on PATH: the script is shown unplaced (the YAML's partition), and plan says so and why."""
+    (tmp_path / "job.yaml").write_text(PLACED_JOB)
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "hetrun.cli", "plan", str(tmp_path / "job.yaml"), "--runs-dir",
+                           str(tmp_path / "runs")], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())  # rich may wrap the note
+    assert "note: trainer is not placed in this script" in out and "no sbatch on PATH" in out, proc.stdout
+    assert "#SBATCH --partition=high" in proc.stdout and "placed trainer on" not in proc.stdout
+    js = subprocess.run([sys.executable, "-m", "hetrun.cli", "plan", str(tmp_path / "job.yaml"), "--json"],
+                        capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert js.returncode == 0 and "not placed" in js.stderr, js.stderr
+    assert "placement" not in json.loads(js.stdout)["components"][0]
+
+
+@pytest.mark.slurm
+def test_plan_prints_the_placed_script_submit_would_send(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    """With a controller, plan renders submit's choice (the fit step of submit itself): on the shared
+    cluster debug and high cover the same nodes, equal scores, and the name decides: debug, not the
+    YAML's high. `submit --dry-run` renders the same het block."""
+    from tests.cli_helpers import hetrun_cli
+
+    (shared_tmp / "job.yaml").write_text(PLACED_JOB)
+    plan = hetrun_cli("plan", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "placed trainer on debug" in plan.stdout and "not placed" not in plan.stdout, plan.stdout
+    script = plan.stdout[plan.stdout.index("#!/bin/bash"):]
+    dry = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--dry-run",
+                     timeout=120)
+    assert dry.returncode == 0, dry.stderr
+
+    def sbatch_lines(text: str) -> list[str]:  # without the lines naming the run directory (a new name each)
+        return [ln for ln in text.splitlines() if ln.startswith("#SBATCH --") and "/runs/" not in ln]
+
+    block = sbatch_lines(script)
+    assert "#SBATCH --partition=debug" in block and "#SBATCH --partition=high" not in block, script
+    assert block == sbatch_lines(dry.stdout)
+    fit = hetrun_cli("plan", str(shared_tmp / "job.yaml"), "--json", "--fit", timeout=120)
+    assert json.loads(fit.stdout)["components"][0]["placement"]["partition"] == "debug", fit.stderr

@@ -93,7 +93,7 @@ def test_report_shows_the_choice_why_the_losers_and_the_fixed_component(tmp_path
     assert any("gpu:a100" in lost and "would wait" in lost for lost in trainer["lost"]), trainer["lost"]
     assert (evaluator["mode"], evaluator["partition"], evaluator["score"]) == ("fixed", "debug", None)
     text = _cli("report", str(run_dir))
-    assert "trainer: placed on debug gpu:v100 1 node (score " in text
+    assert "placed trainer on debug gpu:v100 1 node (score " in text
     assert "evaluator: fixed (from the YAML): debug 1 node" in text
     assert "  lost: debug gpu:a100: score" in text or "  lost: high gpu:a100: score" in text
     doc = json.loads(_cli("report", str(run_dir), "--json"))
