@@ -12,7 +12,10 @@ The trace (seeded): jobs of 1-16 whole nodes, 75% GPU (2 GPUs per node; some nee
 a100, some v100, most accept either but their scripts name a100 three times in
 four), 25% CPU; tiers critical 15% / high 25% / normal 60%; each a ``sleep`` of
 5-60 s; Poisson arrivals over ``--window`` seconds. Time is compressed: real
-training jobs run hours, these seconds; the queueing is Slurm's own.
+training jobs run hours, these seconds; the queueing is Slurm's own. ``--hetrun-jobs N``
+adds N real hetrun jobs (tier normal, benchmarks/replay_hetrun_jobs.py) to the same trace on
+both sides; their attempts and the work each preemption lost beyond the last checkpoint are
+read from their run directories into ``hetrun_jobs`` of each side.
 
 Reported side by side, from ``sacct -D`` (every run of a requeued job) filtered by
 job names unique to this run and replay (job ids repeat across the pool's lives):
@@ -360,7 +363,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
         if proc.returncode:
             refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
     submit_lag = round(time.monotonic() - t0 - trace[-1].at, 1)
-    runs = wait_drained(cluster, prefix, len(trace), timeout=1800)
+    runs = wait_drained(cluster, prefix, len(trace) - hetrun.refused(), timeout=1800)
     sampler.stop.set()
     sampler.join()
     out = {"raw": {"names": names, "runs": runs, "samples": sampler.samples}}  # metrics can be recomputed

@@ -97,6 +97,7 @@ class Submitter:
         self.env = {**os.environ, "SLURM_CONF": str(slurm_conf)}
         self.account = account
         self.procs: dict[str, subprocess.Popen[str]] = {}
+        self._done: dict[str, dict[str, Any]] = {}
         self.k = 0
 
     def submit(self, name: str, partition: str, tiers: bool) -> None:
@@ -115,14 +116,19 @@ class Submitter:
 
     def submitted(self) -> dict[str, dict[str, Any]]:
         """name -> {run_dir, rc, output} once every ``hetrun submit`` has returned."""
-        out = {}
         for name, proc in self.procs.items():
+            if name in self._done:
+                continue
             text, _ = proc.communicate(timeout=300)
             run_dir = next((ln.split(": ", 1)[1].strip() for ln in text.splitlines()
                             if ln.startswith("run directory: ")), None)
-            out[name] = {"run_dir": run_dir, "rc": proc.returncode,
-                         "output": None if proc.returncode == 0 else text[-2000:]}
-        return out
+            self._done[name] = {"run_dir": run_dir, "rc": proc.returncode,
+                                "output": None if proc.returncode == 0 else text[-2000:]}
+        return self._done
+
+    def refused(self) -> int:
+        """Submissions that failed (the replay must not wait for their names in sacct)."""
+        return sum(s["rc"] != 0 for s in self.submitted().values())
 
     def measure(self) -> dict[str, Any]:
         jobs = {}
