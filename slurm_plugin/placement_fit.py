@@ -92,10 +92,11 @@ def _candidates(shapes: list[Need], snap: PoolSnapshot, quotas: Quotas | None,
 
 
 def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
-                   test_only: Callable[[list[str]], str], names: list[str] | None = None,
+                   test_only: Callable[[list[str]], str] | None, names: list[str] | None = None,
                    quotas: Quotas | None = None) -> dict[str, ComponentFit]:
     """Candidates of the components in ``names`` (default: all), in het group order. The fixed
-    components not among ``names`` are counted as taken first (the job's own siblings)."""
+    components not among ``names`` are counted as taken first (the job's own siblings).
+    ``test_only`` None: without Slurm's start estimate (the score alone)."""
     placed = [n for n in needs if names is None or n in names]
     fixed = [n for n, c in needs.items() if c.placement != "auto" and n not in (names or ())]
     fits = {}
@@ -105,7 +106,8 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
             cands, out = _candidates(shapes, snap, quotas, None)
             _take_best(snap, quotas, shapes, cands[0] if cands else None)
             if name in placed:  # explain shows it, with Slurm's estimates too
-                fits[name] = ComponentFit(needs[name], with_start_estimates(shapes[0], cands, test_only), out)
+                shown = cands if test_only is None else with_start_estimates(shapes[0], cands, test_only)
+                fits[name] = ComponentFit(needs[name], shown, out)
             continue
         cands, out = _candidates(shapes, snap, quotas, test_only)
         fits[name] = ComponentFit(needs[name], cands, out)

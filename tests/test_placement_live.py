@@ -106,3 +106,42 @@ def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) ->
     assert res.returncode == 0, res.stdout + res.stderr
     assert "hetrun: placed trainer on debug" in res.stderr, res.stderr
     assert "#SBATCH --partition=debug" in res.stdout and "#SBATCH --partition=high" not in res.stdout, res.stdout
+
+
+QUOTA_JOB = JOB.replace("slurm: {time", "slurm: {account: hrtest2_h3q, time").replace("gpus_per_node: 1",
+                                                                                       "gpus_per_node: 2")
+
+
+def test_quota_left_is_read_from_slurm(cluster: SecondCluster, shared_tmp: Path) -> None:
+    """A limit set with plain sacctmgr (no policy file): account hrtest2_h3q may hold 3 GPUs; a job of
+    it holds 2 on n2; an auto component of that account asking 2 more is out, naming the quota."""
+    from hetrun.dag.errors import SpecError
+    from hetrun.slurm_plugin import placement_fit
+
+    acct = "hrtest2_h3q"
+    cluster.run("sacctmgr", "-i", "add", "account", acct, f"cluster={cluster.name}", "GrpTRES=gres/gpu=3")
+    try:
+        cluster.run("sacctmgr", "-i", "add", "user", "root", f"account={acct}", f"cluster={cluster.name}")
+        for _ in range(10):  # slurmdbd hands the new association to slurmctld within moments
+            sub = cluster.run("sbatch", "--parsable", "-o", "/dev/null", "-A", acct, "-p", "gpu-v100",
+                              "--gres=gpu:v100:2", "--mem=100M", "-t", "10", "--wrap", "sleep 300", check=False)
+            if sub.returncode == 0:
+                break
+            time.sleep(1)
+        assert sub.returncode == 0, sub.stderr
+        held = sub.stdout.strip()
+        assert wait_for(cluster, held, ("RUNNING",))["nodes"] == "n2"
+        (shared_tmp / "job.yaml").write_text(QUOTA_JOB)
+        run, test_only = placement_fit.with_runner_env(cluster.env)
+        with pytest.raises(SpecError, match=f"over quota: account {acct} has 2 of 3 GPUs in use, this needs 2"):
+            placement_fit.choose(load_spec(shared_tmp / "job.yaml"), run=run, test_only=test_only)
+        (shared_tmp / "job.yaml").write_text(QUOTA_JOB.replace("gpus_per_node: 2", "gpus_per_node: 1"))
+        report = placement_fit.choose(load_spec(shared_tmp / "job.yaml"), run=run, test_only=test_only)
+        best = report.components["trainer"].best
+        assert f"quota: account {acct} at 3 of 3 GPUs with it (100%)" in best.reasons, best.reasons
+        assert best.nodes == ["n1"], best  # v100's n2 is the held job's
+    finally:
+        cluster.run("scancel", "-u", "root", check=False)
+        cluster.run("sacctmgr", "-i", "delete", "user", "root", f"account={acct}", f"cluster={cluster.name}",
+                    check=False)
+        cluster.run("sacctmgr", "-i", "delete", "account", acct, check=False)
