@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
@@ -123,14 +122,26 @@ class ClusterConfig:
         return cls(**data)
 
 
-_GPU_TYPE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+def _check_gpu_types(types: tuple[str, ...]) -> None:
+    """The one GPU (GRES) type rule, a job's ``gpu_types`` and ``--gres`` use it too
+    (``dag.validators.check_gpu_type``): its characters also make a valid partition name
+    (``gpu-<type>``) and gres.conf ``Type=``. Distinct ignoring case: the pool view and
+    placement compare types lower-cased (``pool.py``), so A100 and a100 would be one type."""
+    from hetrun.dag.validators import check_gpu_type
+
+    for t in types:
+        try:
+            check_gpu_type(t)
+        except ValueError as exc:
+            raise SlurmError(f"cluster config: gpu_types: {exc}", hint="e.g. --gpu-types a100,v100") from None
+    lowered = [t.lower() for t in types]
+    if len(set(lowered)) != len(lowered):
+        raise SlurmError(f"cluster config: gpu_types={list(types)!r} names one type twice (case is ignored)",
+                         hint="give each GRES type once, e.g. --gpu-types a100,v100")
 
 
 def check_pool_shape(cfg: ClusterConfig) -> None:
-    bad = [t for t in cfg.gpu_types if not isinstance(t, str) or not _GPU_TYPE.match(t)]
-    if bad or len(set(cfg.gpu_types)) != len(cfg.gpu_types):
-        raise SlurmError(f"cluster config: gpu_types={list(cfg.gpu_types)!r} is not a list of distinct names",
-                         hint="use lower-case GRES type names such as a100,v100 (letters and digits)")
+    _check_gpu_types(cfg.gpu_types)
     if not isinstance(cfg.cpu_nodes, int) or isinstance(cfg.cpu_nodes, bool) \
             or not 0 <= cfg.cpu_nodes < cfg.nodes:
         raise SlurmError(f"cluster config: cpu_nodes={cfg.cpu_nodes!r} is out of range",

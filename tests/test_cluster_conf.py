@@ -98,6 +98,23 @@ def test_out_of_range_values_are_refused(tmp_path: Path, key: str, value: int) -
         _cfg(tmp_path, **{key: value})
 
 
+def test_gpu_type_names_follow_the_job_specs_one_rule(tmp_path: Path) -> None:
+    """cluster up's --gpu-types takes what a job's gpu_types / --gres take (dag.validators.check_gpu_type),
+    and each becomes a valid partition name gpu-<type> and gres.conf Type=."""
+    from hetrun.dag.validators import check_one_partition
+    from hetrun.slurm_plugin.cluster_conf import node_groups
+
+    cfg = _cfg(tmp_path, nodes=3, gpus=1, gpu_types=("a100", "H100_80gb", "mi-250.x"))
+    assert [g.partition for g in node_groups(cfg)] == ["gpu-a100", "gpu-H100_80gb", "gpu-mi-250.x"]
+    assert all(check_one_partition(g.partition) for g in node_groups(cfg))
+    assert "Type=H100_80gb" in render_gres_conf(cfg)
+    for bad in ("a 100", "x" * 33, "a100;rm"):
+        with pytest.raises(SlurmError, match="not a valid GPU type"):
+            _cfg(tmp_path, nodes=2, gpus=1, gpu_types=(bad,))
+    with pytest.raises(SlurmError, match="names one type twice"):
+        _cfg(tmp_path, nodes=2, gpus=1, gpu_types=("a100", "A100"))
+
+
 def test_memory_beyond_this_machine_is_refused_with_a_fitting_suggestion(tmp_path: Path) -> None:
     total = physical_memory_mb()
     assert total > 0
