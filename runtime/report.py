@@ -534,7 +534,7 @@ def _sections(run_dir: Path, run: dict[str, Any], plan: dict[str, Any], col: _Co
         "resources": col.samples_seen.to_dict(),
         "demand": demand_section(run_dir),
         "placement": placement_section(run_dir, plan, [e["restart_count"] for e in col.rare["resume"]
-                                                       if isinstance(e.get("restart_count"), int)]),
+                                                       if isinstance(e.get("restart_count"), int)], acc["rows"]),
     }
 
 

@@ -90,11 +90,20 @@ def archived_plans(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def placement_section(run_dir: Path, plan: dict[str, Any],
-                      resumed_at: list[int] | None = None) -> dict[str, Any]:
+def ran_on(accounting_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where Slurm itself ran each component per attempt of the newest job (sacct's partition
+    and nodes): the check on the placement, and what a multi-partition request ended up on."""
+    return [{"component": r.get("component"), "job_id": r.get("job_id"), "attempt": r.get("attempt"),
+             "partition": r.get("partition"), "nodes": r.get("nodes")}
+            for r in accounting_rows if r.get("partition")]
+
+
+def placement_section(run_dir: Path, plan: dict[str, Any], resumed_at: list[int] | None = None,
+                      accounting_rows: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report's ``placement`` section: {"attempts": [{"first_restart", "last_restart" (None:
-    still the newest), "source", "components": [...]}], "note"}. ``resumed_at``: the restart
-    counts of the run's ``resume`` events, to say which attempts' placement was not kept."""
+    still the newest), "source", "components": [...]}], "ran_on", "note"}. ``resumed_at``: the
+    restart counts of the run's ``resume`` events, to say which attempts' placement was not kept;
+    ``accounting_rows``: sacct's rows of the newest job (``ran_on``)."""
     run_dir = Path(run_dir)
     modes = yaml_modes(run_dir)
     out, first = [], 0
@@ -110,7 +119,7 @@ def placement_section(run_dir: Path, plan: dict[str, Any],
         first = missing[-1]
     out.append({"first_restart": first, "last_restart": None, "source": "plan.json",
                 "components": _plan_rows(plan, modes)})
-    return {"attempts": out, "note": note}
+    return {"attempts": out, "ran_on": ran_on(accounting_rows or []), "note": note}
 
 
 def _where(row: dict[str, Any]) -> str:
@@ -174,6 +183,12 @@ def placement_lines(section: dict[str, Any]) -> list[str]:
         label = "" if len(ranges) == 1 else f" ({_attempts_text(a)}, from {a['source']})"
         out.append(f"placement{label}:")
         out += [f"  {line}" for row in a["components"] for line in row_lines(row)]
+    by_comp: dict[str, list[str]] = {}
+    for r in section.get("ran_on") or []:
+        by_comp.setdefault(str(r["component"]), []).append(
+            f"attempt {int(r['attempt'] or 0) + 1} on {r['partition']} ({r['nodes'] or '?'})")
+    out += [f"  Slurm ran {name} (sacct, job {section['ran_on'][0]['job_id']}): {', '.join(texts)}"
+            for name, texts in by_comp.items()]
     if section.get("note"):
         out.append(f"note: {section['note']}")
     return out
@@ -198,4 +213,4 @@ def newest_by_component(section: dict[str, Any]) -> dict[str, str]:
 
 
 __all__ = ["archived_plans", "component_row", "newest_by_component", "placement_lines", "placement_section",
-           "row_lines", "short_text", "why_text", "yaml_modes"]
+           "ran_on", "row_lines", "short_text", "why_text", "yaml_modes"]

@@ -128,6 +128,8 @@ REPORT_SCHEMA: dict[str, Any] = {
         # runtime/report_placement.py: per range of attempts (a resume starts a new one), each component
         "placement": {"type": "object", "required": ["attempts", "note"], "properties": {
             "note": _opt_str,
+            "ran_on": {"type": "array", "items": {"type": "object", "properties": {
+                "component": _str, "job_id": _opt_str, "attempt": _opt_int, "partition": _str, "nodes": _opt_str}}},
             "attempts": {"type": "array", "items": {
                 "type": "object", "required": ["first_restart", "last_restart", "source", "components"],
                 "properties": {"first_restart": {"type": "integer"}, "last_restart": _opt_int, "source": _str,

@@ -153,3 +153,19 @@ def test_html_report_has_the_placement_table_escaped(tmp_path: Path) -> None:
     page = render_html(build_report(run_dir, accounting=False))
     assert "<h2>Placement</h2>" in page and "auto: debug gpu:v100 1 node" in page
     assert "&lt;b&gt;not markup&lt;/b&gt;" in page and "<b>not markup</b>" not in page
+
+
+def test_where_slurm_ran_each_attempt_comes_from_sacct(tmp_path: Path) -> None:
+    """Slurm's own record (a real `sacct --json -D` of a het job) beside the placement."""
+    from hetrun.runtime.report_placement import placement_section
+    from hetrun.runtime.report_sacct import accounting_rows
+
+    run_dir = _run_dir(tmp_path, busy={"n1", "n2"})
+    doc = json.loads((Path(__file__).parent / "data" / "report" / "sacct_het_5.json").read_text())
+    rows = accounting_rows(doc, "5", ["trainer", "evaluator"])
+    sec = placement_section(run_dir, json.loads((run_dir / "plan.json").read_text()), [], rows)
+    assert [(r["component"], r["attempt"], r["partition"], r["nodes"]) for r in sec["ran_on"]] == [
+        ("trainer", 0, "debug", "n1"), ("evaluator", 0, "debug", "n[2-3]")]
+    lines = placement_lines(sec)
+    assert "  Slurm ran trainer (sacct, job 5): attempt 1 on debug (n1)" in lines
+    jsonschema.validate({**json.loads(_cli("report", str(run_dir), "--json")), "placement": sec}, REPORT_SCHEMA)
