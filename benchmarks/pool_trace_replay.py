@@ -206,7 +206,11 @@ def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None,
 
 
 class Sampler(threading.Thread):
-    """Every second: CPUs allocated / total (sinfo %C) and pending jobs (squeue), with reasons."""
+    """Every second: CPUs allocated / total and idle per partition (one ``sinfo %R %C``), and the
+    pending jobs (squeue) with reason, partitions and node count. ``usable_idle``: idle nodes of
+    the partitions where some eligible pending job would fit now (whole nodes: idle CPUs / 4):
+    nodes the scheduler holds idle (reservations, its ticks) rather than nodes no pending job
+    can use (another GPU type, too few of them)."""
 
     def __init__(self, cluster: BigPool) -> None:
         super().__init__(daemon=True)
@@ -215,15 +219,20 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             t = time.time()
-            cpus = self.cluster.run("sinfo", "-h", "-p", "debug", "-o", "%C", check=False).stdout.strip()
-            reasons = self.cluster.run("squeue", "-h", "-t", "PD", "-o", "%r", check=False).stdout.split()
+            rows = self.cluster.run("sinfo", "-h", "-o", "%R %C", check=False).stdout.splitlines()
+            pending = self.cluster.run("squeue", "-h", "-t", "PD", "-o", "%r|%P|%D", check=False).stdout.splitlines()
             try:
-                alloc, _idle, _other, total = (int(x) for x in cpus.split("/"))
-            except ValueError:
+                cpus = {r.split()[0]: [int(x) for x in r.split()[1].split("/")] for r in rows if r.strip()}
+                alloc, _idle, _other, total = cpus["debug"]
+            except (ValueError, IndexError, KeyError):
                 continue
-            eligible = [r for r in reasons if r not in ("BeginTime", "JobHeldUser", "JobHeldAdmin")]
-            self.samples.append({"t": t, "alloc": alloc, "total": total, "pending": len(reasons),
-                                 "pending_eligible": len(eligible)})
+            eligible = [p.split("|") for p in pending if p.split("|")[0] not in ("BeginTime", "JobHeldUser", "JobHeldAdmin")]
+            idle = {part: c[1] // CPUS for part, c in cpus.items() if part in PARTITIONS}
+            fits = {part for _r, parts, n in eligible for part in parts.split(",")
+                    if part in idle and n.isdigit() and int(n) <= idle[part]}
+            self.samples.append({"t": t, "alloc": alloc, "total": total, "pending": len(pending),
+                                 "pending_eligible": len(eligible), "idle": idle,
+                                 "usable_idle": sum(idle[p] for p in fits)})
             self.stop.wait(max(0.0, 1.0 - (time.time() - t)))
 
 
@@ -333,6 +342,10 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
         "alloc_share_while_pending": round(statistics.fmean(share), 3) if share else None,
         "pending_seconds": len(busy),
         "alloc_share_overall": round(statistics.fmean(s["alloc"] / s["total"] for s in samples), 3) if samples else None,
+        # nodes idle that a pending job could have used now (Sampler): the scheduler's own share of the idle
+        "usable_idle_share_while_pending": round(statistics.fmean(s["usable_idle"] / (s["total"] // CPUS)
+                                                                  for s in busy if "usable_idle" in s), 3)
+        if any("usable_idle" in s for s in busy) else None,
         "makespan_s": round(max(ends) - min(submits), 1) if ends else None,
         "jobs_preempted": preempted,
         "work_lost_node_s": round(lost, 1),
