@@ -66,7 +66,8 @@ def component_row(comp: dict[str, Any], yaml_mode: str | None, job_partition: st
     gres = choice.get("gres")
     return {"component": name, "mode": "auto" if yaml_mode == "auto" else "fit",
             "partition": choice.get("partition"), "gres": gres if isinstance(gres, str) else None,
-            "node_count": nodes, "score": _num(choice.get("score")), "start_in_s": _num(choice.get("start_in_s")),
+            "node_count": nodes, "node_count_chosen": isinstance(choice.get("node_count"), int),
+            "score": _num(choice.get("score")), "start_in_s": _num(choice.get("start_in_s")),
             "reasons": [str(r) for r in choice.get("reasons") or []],
             "lost": [str(o) for o in choice.get("others") or []],
             "pool_taken_at": _num(choice.get("pool_taken_at"))}
@@ -126,8 +127,9 @@ def _where(row: dict[str, Any]) -> str:
     parts = [row.get("partition") or "the default partition"]
     if row.get("gres") and row["gres"] != "-":
         parts.append(row["gres"])
-    if row.get("node_count"):
-        parts.append(f"{row['node_count']} node{'' if row['node_count'] == 1 else 's'}")
+    if row.get("node_count"):  # placement chose it among the component's node_counts: (H3's key)
+        parts.append(f"{row['node_count']} node{'' if row['node_count'] == 1 else 's'}"
+                     + (" (chosen)" if row.get("node_count_chosen") else ""))
     return " ".join(parts)
 
 

@@ -169,3 +169,15 @@ def test_where_slurm_ran_each_attempt_comes_from_sacct(tmp_path: Path) -> None:
     lines = placement_lines(sec)
     assert "  Slurm ran trainer (sacct, job 5): attempt 1 on debug (n1)" in lines
     jsonschema.validate({**json.loads(_cli("report", str(run_dir), "--json")), "placement": sec}, REPORT_SCHEMA)
+
+
+def test_a_chosen_node_count_reads_as_chosen(tmp_path: Path) -> None:
+    """H3's node_counts: placement rewrites the component's shape and records node_count."""
+    run_dir = _run_dir(tmp_path, busy=set())
+    plan = json.loads((run_dir / "plan.json").read_text())
+    plan["components"][0].update(nodes=2, tasks_per_node=1)
+    plan["components"][0]["placement"]["node_count"] = 2
+    (run_dir / "plan.json").write_text(json.dumps(plan))
+    sec = build_report(run_dir, accounting=False).placement
+    assert newest_by_component(sec)["trainer"].endswith("2 nodes (chosen)")
+    assert newest_by_component(sec)["evaluator"] == "fixed (from the YAML)"
