@@ -60,6 +60,9 @@ def register(app: typer.Typer) -> None:
                                   "until the runs end or Ctrl-C; plain lines when not a terminal.")] = False,
         interval: Annotated[float, typer.Option(
             "--interval", min=0.2, help="Seconds between refreshes of --watch.")] = 2.0,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Print the runs as JSON: per component the scheduler's state and the placement "
+                           "(as `hetrun report --json` has it).")] = False,
     ) -> None:
         """Show the state of each het component of your runs."""
         from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
@@ -76,6 +79,8 @@ def register(app: typer.Typer) -> None:
         def query(runs: list) -> dict:
             return _query(runs, failures)
 
+        if watch and as_json:
+            raise typer.BadParameter("--json prints the state once; leave out --watch", param_hint="--json")
         if watch:
             import sys
 
@@ -83,7 +88,12 @@ def register(app: typer.Typer) -> None:
 
             live_watch(chosen, query, interval, sys.stdout.isatty(), typer.echo)
             return
-        _print_table(chosen, query(chosen))
+        if as_json:
+            import json
+
+            typer.echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
+        else:
+            _print_table(chosen, query(chosen))
         if failures:
             raise failures[-1]
 
@@ -111,18 +121,49 @@ def _query(runs: list, failures: list) -> dict:
     return results
 
 
-def _placements(run_dir: str) -> dict[str, str]:
-    """Component -> where it is placed (and where it was before a resume moved it); the details
-    (score, start estimate, the candidates that lost) are in `hetrun report`."""
+def _placement_section(run_dir: str) -> dict | None:
+    """The report's placement section (runtime/report_placement.py) without sacct; None: no plan.json."""
     from hetrun.dag.errors import RunDirError
     from hetrun.runtime.plan_view import load_plan
-    from hetrun.runtime.report_placement import newest_by_component, placement_section
+    from hetrun.runtime.report_placement import placement_section
 
     try:
         plan = load_plan(run_dir, validate=False).raw
     except RunDirError:
-        return {}
-    return newest_by_component(placement_section(Path(run_dir), plan))
+        return None
+    return placement_section(Path(run_dir), plan)
+
+
+def _placements(run_dir: str) -> dict[str, str]:
+    """Component -> where it is placed (and where it was before a resume moved it); the details
+    (score, start estimate, the candidates that lost) are in `hetrun report`."""
+    from hetrun.runtime.report_placement import newest_by_component
+
+    section = _placement_section(run_dir)
+    return newest_by_component(section) if section else {}
+
+
+def _json_doc(chosen: list, results: dict) -> list[dict]:
+    """`hetrun status --json`: a record per run; each component with the scheduler's view and its
+    newest placement (a row of `hetrun report --json`'s placement section, or null)."""
+    from dataclasses import asdict
+
+    from hetrun.runtime.report_attempts import counts_dict, status_details
+    from hetrun.runtime.report_placement import newest_by_component
+
+    out = []
+    for run in chosen:
+        st = results[run.run_dir]
+        counts, lost, failed = status_details(run.run_dir)
+        section = _placement_section(run.run_dir)
+        rows = {r["component"]: r for r in section["attempts"][-1]["components"]} if section else {}
+        cells = newest_by_component(section) if section else {}
+        out.append({"run": Path(run.run_dir).name, "run_dir": run.run_dir, "backend": run.backend,
+                    "job_id": run.job_id, "state": st.state, "counts": counts_dict(counts), "work_lost": lost,
+                    "failure": failed.text if failed else None,
+                    "components": [{**asdict(c), "placement": rows.get(c.name), "placement_text": cells.get(c.name)}
+                                   for c in st.components]})
+    return out
 
 
 def _print_table(chosen: list, results: dict) -> None:

@@ -121,6 +121,11 @@ def test_a_resume_that_re_placed_shows_each_range_of_attempts(tmp_path: Path) ->
     row = dict(zip(head, (c.strip() for c in next(ln for ln in status.splitlines() if "trainer" in ln).split("│")),
                    strict=False))
     assert row["PLACEMENT"].startswith("auto: debug gpu:a100"), status
+    (doc,) = json.loads(_cli("status", "--runs-dir", str(run_dir.parent), "--json"))
+    trainer, evaluator = doc["components"]
+    assert (trainer["name"], trainer["placement"]["gres"], trainer["placement"]["mode"]) == ("trainer", "gpu:a100", "auto")
+    assert trainer["placement_text"].endswith("(before attempt 3: debug gpu:v100 1 node)")
+    assert evaluator["placement"]["mode"] == "fixed" and doc["counts"]["restarts"] == 0
 
 
 def test_a_resume_whose_replaced_plan_was_not_kept_says_so(tmp_path: Path) -> None:
