@@ -67,20 +67,20 @@ def register(app: typer.Typer) -> None:
         """Show the state of each het component of your runs."""
         from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
 
+        if watch and as_json:
+            raise typer.BadParameter("--json prints the state once; leave out --watch", param_hint="--json")
         root = runs_root(runs_dir)
         chosen = [find_run(ref, root) for ref in runs] if runs else list_runs(root)
         if not runs and last > 0:
             chosen = chosen[-last:]
         if not chosen:
-            typer.echo(f"no runs under {root}")
+            typer.echo("[]" if as_json else f"no runs under {root}")
             return
         failures: list = []
 
         def query(runs: list) -> dict:
             return _query(runs, failures)
 
-        if watch and as_json:
-            raise typer.BadParameter("--json prints the state once; leave out --watch", param_hint="--json")
         if watch:
             import sys
 
