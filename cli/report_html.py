@@ -1,6 +1,6 @@
 """``hetrun report RUN --html FILE``: one self-contained HTML file with inline SVG, no scripts.
 
-Sections: summary, per-rank timeline (busy time per action type per slice),
+Sections: summary, placement (per range of attempts), per-rank timeline (busy time per action type per slice),
 busy actions over time (all ranks), throughput over time, utilization per
 component and node (resource samples), checkpoint sizes, restarts. Everything
 user-controlled is escaped; the page loads nothing from anywhere.

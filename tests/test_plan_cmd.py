@@ -169,7 +169,7 @@ components:
     gpus_per_node: 1
     mem: 200M
     placement: auto
-    partitions: [high, debug]
+    partitions: [debug]
     command: [sleep, "1"]
 slurm: {partition: high, time: "00:05:00"}
 """
@@ -193,9 +193,9 @@ def test_plan_without_a_controller_says_the_auto_blocks_are_unplaced(tmp_path: P
 
 @pytest.mark.slurm
 def test_plan_prints_the_placed_script_submit_would_send(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    """With a controller, plan renders submit's choice (the fit step of submit itself): on the shared
-    cluster debug and high cover the same nodes, equal scores, and the name decides: debug, not the
-    YAML's high. `submit --dry-run` renders the same het block."""
+    """With a controller, plan renders submit's choice (the fit step of submit itself): the component
+    may only go to debug, so its block says debug, not the YAML's job-wide high (which a plan that
+    ignored the placement would print). `submit --dry-run` renders the same het block."""
     from tests.cli_helpers import hetrun_cli
 
     (shared_tmp / "job.yaml").write_text(PLACED_JOB)
@@ -213,5 +213,9 @@ def test_plan_prints_the_placed_script_submit_would_send(slurm_cluster, shared_t
     block = sbatch_lines(script)
     assert "#SBATCH --partition=debug" in block and "#SBATCH --partition=high" not in block, script
     assert block == sbatch_lines(dry.stdout)
-    fit = hetrun_cli("plan", str(shared_tmp / "job.yaml"), "--json", "--fit", timeout=120)
-    assert json.loads(fit.stdout)["components"][0]["placement"]["partition"] == "debug", fit.stderr
+    # --fit places a fixed component too (against the job-wide partition: high)
+    (shared_tmp / "fixed.yaml").write_text(PLACED_JOB.replace("    placement: auto\n    partitions: [debug]\n", ""))
+    fit = hetrun_cli("plan", str(shared_tmp / "fixed.yaml"), "--json", "--fit", timeout=120)
+    assert json.loads(fit.stdout)["components"][0]["placement"]["partition"] == "high", fit.stderr
+    plain = hetrun_cli("plan", str(shared_tmp / "fixed.yaml"), "--json", timeout=120)
+    assert "placement" not in json.loads(plain.stdout)["components"][0], plain.stdout
