@@ -382,7 +382,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     out = {"raw": {"names": names, "runs": runs, "samples": sampler.samples}}  # metrics can be recomputed
     if hetrun.procs:
         try:
-            out["hetrun_jobs"] = hetrun.measure()
+            out["hetrun_jobs"] = hetrun.measure(runs)
         except Exception as exc:  # the replay's data are kept whatever went wrong here
             out["hetrun_jobs"] = {"error": repr(exc)}
     try:

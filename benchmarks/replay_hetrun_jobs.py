@@ -130,11 +130,22 @@ class Submitter:
         """Submissions that failed (the replay must not wait for their names in sacct)."""
         return sum(s["rc"] != 0 for s in self.submitted().values())
 
-    def measure(self) -> dict[str, Any]:
+    def measure(self, runs: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """Each job's run directory (:func:`measure_run`) and, from the replay's sacct records
+        (``runs``: name -> records, one per het component and run), its queue wait and states."""
         jobs = {}
         for name, sub in self.submitted().items():
-            jobs[name] = {**sub, **(measure_run(Path(sub["run_dir"])) if sub["run_dir"] else {})}
+            jobs[name] = {**sub, **sacct_view((runs or {}).get(name, [])),
+                          **(measure_run(Path(sub["run_dir"])) if sub["run_dir"] else {})}
         return {"jobs": jobs, "summary": summarize(jobs)}
+
+
+def sacct_view(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """First start - submit (the wait the replay's metrics count for it) and every record's state."""
+    starts = [r["start"] for r in records if r.get("start")]
+    submits = [r["submit"] for r in records if r.get("submit")]
+    return {"queue_wait_s": round(min(starts) - min(submits), 1) if starts and submits else None,
+            "sacct_states": [r["state"] for r in records]}
 
 
 @dataclass
@@ -244,10 +255,13 @@ def summary_lines(side: str, result: dict[str, Any]) -> list[str]:
              f"since the last checkpoint: {s['lost_since_checkpoint_iterations']} iteration(s), "
              f"{s['lost_since_checkpoint_s']} s"]
     for name, j in result["jobs"].items():
+        lines.append(f"  {name}: submit rc {j.get('rc')}, queue wait {j.get('queue_wait_s')} s, attempts "
+                     f"{j.get('attempts')}, preemptions {j.get('preemptions')}, outcome {j.get('outcome')}, "
+                     f"last iteration {j.get('last_iteration')}, sacct {j.get('sacct_states')}")
         for r in j.get("restarts_detail", []):
             per = ", ".join(f"{c} last {v['last_completed_iteration']} ckpt {v['newest_checkpoint_before']} "
                             f"restored {v['restored_step']}" for c, v in r["components"].items())
-            lines.append(f"  {name} restart {r['restart']} ({r['cause']}): {per}; beyond checkpoint "
+            lines.append(f"    {name} restart {r['restart']} ({r['cause']}): {per}; beyond checkpoint "
                          f"{r['lost_beyond_checkpoint']}, since {r['lost_since_checkpoint_iterations']} it "
                          f"/ {r['lost_since_checkpoint_s']} s")
     return lines
