@@ -59,6 +59,9 @@ class SecondCluster:
     directory = DIRECTORY
     ctld_port = CTLD_PORT
     first_node_port = FIRST_NODE_PORT
+    # False: start with the policy's slurm.conf and job_submit.lua only, and leave its
+    # QOS/accounts to a test's own `hetrun policy apply`.
+    apply_policy_at_start = True
 
     def __init__(self, nodes: int = 2, policy: Path | None = None, **shape: object) -> None:
         shape = {"cpus": 2, "gpus": 2, "mem_mb": 1000, **shape}
@@ -94,7 +97,7 @@ class SecondCluster:
         if self.name not in clusters:
             self.run("sacctmgr", "-i", "add", "cluster", self.name)
         self.start_daemons()
-        if self.cfg.policy:
+        if self.cfg.policy and self.apply_policy_at_start:
             self.policy_commands = apply_policy_objects(self.cfg)
 
     def start_daemons(self) -> None:

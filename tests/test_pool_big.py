@@ -1,7 +1,29 @@
-"""The 64-node pool (tests/big_cluster.py) comes up with two GPU types and its
-partitions, and `hetrun pool --json` run against it (SLURM_CONF) sees both types.
+"""The 64-node pool (tests/big_cluster.py) with the policy, on real slurmctld, slurmdbd +
+MariaDB, sacctmgr and the job_submit/lua plugin: issue 14's "Where it runs".
 
-Start-up time and memory of this pool are in benchmarks/pool.md, not asserted here.
+One pool start serves every test (start + stop cost about a minute). The pool comes
+up the way `hetrun cluster up --policy FILE` brings a cluster up (slurm.conf with the
+policy's settings, job_submit.lua), except that its QOS and accounts are left to the
+test's own `hetrun policy apply`. Then, in this order (the module's state carries on):
+
+- 64 idle nodes in their partitions; `hetrun pool --json` sees both GPU types;
+- after `hetrun policy apply`, `sacctmgr show qos/assoc` matches the YAML, and a
+  second apply changes nothing;
+- plain `sbatch`: the lua gives the default tier, refuses a job over its team's
+  quota with the policy's message, sends a short job naming no partition to the
+  time-sliced one; Slurm refuses a tier the team may not use;
+- short jobs time-slice on the policy's partition (the gang scheduler takes turns);
+- with the 24 a100 nodes filled by normal-tier sleeps: `hetrun submit` places a
+  `placement: auto` component on the idle v100 type; `hetrun pool --json` shows the
+  pending demand and `hetrun policy status` the tiers' jobs; a critical job preempts
+  and requeues one of the normal ones.
+
+cpu.isolation is ``none`` here: each emulated node claims 4 CPUs, and task/affinity
+maps them onto real ones, so numa-aware needs a host with at least 4 (the last test
+shows the refusal on a smaller one; tests/test_policy_isolation_live.py runs it on 2
+small nodes). Start-up time and memory of this pool are in benchmarks/pool.md; tests
+assert behaviour, never timings. Job ids restart at 1 in every life of the pool while
+the shared slurmdbd keeps earlier lives' records: jobs are looked up with squeue only.
 """
 
 from __future__ import annotations
@@ -11,21 +33,93 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from big_cluster import GPU_TYPES, BigPool
+from hetrun.dag.errors import SlurmError
+from hetrun.slurm_plugin.policy.isolation import detect_cgroup
+from hetrun.slurm_plugin.rundir import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
+TEAM, BIG = "hrpool_vision", "hrpool_research"  # the quota'd team; a team without quota
+TEAM_GPUS = 8
+# The issue's shape on this pool: 48 a100 + 48 v100 GPUs, 64 x 4 CPUs, 64 x 360 MB.
+POLICY = f"""\
+resources:
+  gpu:
+    type: ["V100", "A100"]
+    count: 96
+    scheduling:
+      priority: ["critical", "high", "normal"]
+      preemption: true
+  cpu:
+    cores: 256
+    memory: 22Gi
+    isolation: "none"
+naming: {{qos_prefix: hrpool_}}
+accounts:
+  {BIG}:
+    users: [root]
+  {TEAM}:
+    quota: {{gpu: {TEAM_GPUS}}}
+    tiers: [high, normal]
+    users: [root]
+time_slicing: {{partition: cpu, max_wall: "00:05:00", jobs_per_core: 2, slice_seconds: 5}}
+"""
+A100_NODES = {f"n{i}" for i in range(1, 25)}
+V100_NODES = {f"n{i}" for i in range(25, 49)}
+FILLERS, FILLER_NODES = 4, 6  # 4 jobs x 6 nodes = the 24 a100 nodes
+WHOLE_NODE = ("--ntasks-per-node=1", "-c4", "--mem-per-cpu=80M")
+
 
 @pytest.fixture(scope="module")
-def pool(slurm_cluster) -> Iterator[BigPool]:  # type: ignore[no-untyped-def]
-    p = BigPool()
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    path.write_text(POLICY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def pool(slurm_cluster, policy_file: Path) -> Iterator[BigPool]:  # type: ignore[no-untyped-def]
+    p = BigPool(policy=policy_file)
+    p.apply_policy_at_start = False  # the QOS and accounts come from test's `hetrun policy apply`
     try:
         p.start()
         yield p
     finally:
-        p.stop()
+        p.stop()  # also deletes the hrpool_* QOS from the shared slurmdbd
+
+
+def cli(pool: BigPool, *args: str) -> subprocess.CompletedProcess[str]:
+    """``hetrun ARGS`` as a user of the pool runs it (SLURM_CONF names the pool's slurm.conf)."""
+    env = {**os.environ, "SLURM_CONF": str(pool.cfg.slurm_conf), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                          timeout=180, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def applied(pool: BigPool, policy_file: Path) -> subprocess.CompletedProcess[str]:
+    """The first `hetrun policy apply` on the pool (slurm.conf already holds the settings)."""
+    proc = cli(pool, "policy", "apply", str(policy_file))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def sbatch(pool: BigPool, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return pool.run("sbatch", "--parsable", "-o", "/dev/null", *args, check=check)
+
+
+def job_id(proc: subprocess.CompletedProcess[str]) -> str:
+    return proc.stdout.strip().split(";")[0]
+
+
+def jobs(pool: BigPool) -> dict[str, dict[str, Any]]:
+    # Slurm 22.05's squeue --json lists every job whatever -j says.
+    data = json.loads(pool.run("squeue", "--json", check=False).stdout or "{}")
+    return {str(j["job_id"]): j for j in data.get("jobs") or []}
 
 
 def test_sixty_four_nodes_come_up_idle_in_their_partitions(pool: BigPool) -> None:
@@ -36,15 +130,13 @@ def test_sixty_four_nodes_come_up_idle_in_their_partitions(pool: BigPool) -> Non
         assert state == "idle", (node, state)
         by_partition.setdefault(partition.rstrip("*"), set()).add(node)
     assert len(by_partition["debug"]) == len(by_partition["high"]) == 64
-    assert len(by_partition["gpu-a100"]) == len(by_partition["gpu-v100"]) == 24
+    assert by_partition["gpu-a100"] == A100_NODES and by_partition["gpu-v100"] == V100_NODES
     assert len(by_partition["cpu"]) == 16
     assert not by_partition["cpu"] & (by_partition["gpu-a100"] | by_partition["gpu-v100"])
 
 
 def test_hetrun_pool_json_lists_both_gpu_types(pool: BigPool) -> None:
-    proc = subprocess.run([sys.executable, "-m", "hetrun.cli", "pool", "--json"], capture_output=True,
-                          text=True, timeout=120, check=False,
-                          env={**os.environ, "SLURM_CONF": str(pool.cfg.slurm_conf)})
+    proc = cli(pool, "pool", "--json")
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)["rows"]
     gres = {(r["partition"], r["gres"]): r for r in rows}
@@ -53,3 +145,183 @@ def test_hetrun_pool_json_lists_both_gpu_types(pool: BigPool) -> None:
         assert (row["node_total"], row["gpus_total"], row["gpus_alloc"]) == (24, 48, 0)
         assert gres[("debug", f"gpu:{gpu_type}")]["gpus_total"] == 48
     assert gres[("cpu", "-")]["cpus_total"] == 16 * 4
+
+
+def _sacctmgr(pool: BigPool, *args: str) -> list[list[str]]:
+    return [ln.split("|") for ln in pool.run("sacctmgr", "-n", "-P", *args).stdout.splitlines() if ln]
+
+
+def test_apply_makes_sacctmgr_match_the_yaml_and_a_second_apply_changes_nothing(
+        pool: BigPool, policy_file: Path, applied: subprocess.CompletedProcess[str]) -> None:
+    ran = [ln for ln in applied.stdout.splitlines() if ln.startswith("ran: sacctmgr")]
+    assert any("add qos hrpool_critical" in ln for ln in ran), applied.stdout
+    assert "not written" not in applied.stdout, "slurm.conf started with every setting the policy needs"
+    # Tier i of n: Priority (n-i)*1000, Preempt every lower tier, requeued (docs/POLICY.md).
+    qos = {row[0]: row[1:] for row in _sacctmgr(pool, "show", "qos", "format=Name,Priority,Preempt,PreemptMode,Flags")}
+    assert qos["hrpool_critical"] == ["3000", "hrpool_high,hrpool_normal", "requeue", "DenyOnLimit"]
+    assert qos["hrpool_high"] == ["2000", "hrpool_normal", "requeue", "DenyOnLimit"]
+    assert qos["hrpool_normal"] == ["1000", "", "requeue", "DenyOnLimit"]
+    assoc = {tuple(row[:2]): row[2:] for row in _sacctmgr(
+        pool, "show", "assoc", "cluster=hrpool", "format=Account,User,GrpTRES,QOS,DefaultQOS")}
+    assert assoc[(TEAM, "")] == [f"gres/gpu={TEAM_GPUS}", "hrpool_high,hrpool_normal", "hrpool_normal"]
+    assert assoc[(TEAM, "root")][1:] == ["hrpool_high,hrpool_normal", "hrpool_normal"]
+    every_tier = "hrpool_critical,hrpool_high,hrpool_normal"
+    assert assoc[(BIG, "")] == ["", every_tier, "hrpool_normal"]
+    assert assoc[(BIG, "root")][1:] == [every_tier, "hrpool_normal"]
+
+    again = cli(pool, "policy", "apply", str(policy_file))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "nothing to change", again.stdout
+    plan = cli(pool, "policy", "plan", str(policy_file), "--json")
+    assert json.loads(plan.stdout)["in_sync"] is True, plan.stdout
+
+
+@pytest.mark.usefixtures("applied")
+def test_plain_sbatch_gets_the_policy_from_the_lua(pool: BigPool) -> None:
+    held = job_id(sbatch(pool, "--hold", "-A", TEAM, "-p", "gpu-v100", "--gres=gpu:2", "--wrap", "sleep 1"))
+    short = job_id(sbatch(pool, "--hold", "-A", BIG, "-t", "2", "-n1", "--mem=50M", "--wrap", "sleep 1"))
+    try:
+        seen = jobs(pool)
+        assert seen[held]["qos"] == "hrpool_normal", "no tier named: the team's default tier"
+        assert seen[short]["partition"] == "cpu", "a 2-minute job naming no partition: the time-sliced one"
+    finally:
+        pool.run("scancel", held, short, check=False)
+    over = sbatch(pool, "-A", TEAM, "-p", "gpu-v100", "-N5", "--gres=gpu:2", "--wrap", "sleep 1", check=False)
+    assert over.returncode != 0
+    assert f"job asks for gres/gpu=10 but account {TEAM}'s quota is GrpTRES gres/gpu={TEAM_GPUS}" in over.stderr
+    # The lua maps `critical` onto its QOS; the team's association does not list it.
+    barred = sbatch(pool, "-A", TEAM, "--qos=critical", "-p", "gpu-v100", "--wrap", "sleep 1", check=False)
+    assert barred.returncode != 0 and "Invalid qos specification" in barred.stderr, barred.stderr
+
+
+@pytest.mark.usefixtures("applied")
+def test_short_jobs_time_slice_on_the_policys_partition(pool: BigPool) -> None:
+    """Two jobs that each want all of n49's CPUs share them (OverSubscribe=FORCE:2) and the
+    gang scheduler takes turns: each RUNNING while the other is SUSPENDED, both ways round."""
+    assert "OverSubscribe=FORCE:2" in pool.run("scontrol", "show", "partition", "cpu").stdout
+    ids = [job_id(sbatch(pool, "-A", BIG, "-p", "cpu", "-w", "n49", "-n1", "-c4", "--mem=150M", "-t", "3",
+                         "--wrap", "sleep 120")) for _ in range(2)]
+    seen: set[tuple[str, ...]] = set()
+
+    def both_took_turns() -> bool:
+        states = tuple(jobs(pool).get(i, {}).get("job_state", "") for i in ids)
+        if sorted(states) == ["RUNNING", "SUSPENDED"]:
+            seen.add(states)
+        return len(seen) == 2
+
+    try:
+        assert wait_for(both_took_turns, 90), seen
+    finally:
+        pool.run("scancel", *ids, check=False)
+
+
+@pytest.fixture(scope="module")
+def a100_full(pool: BigPool, applied: object) -> list[str]:
+    """The 24 a100 nodes held by normal-tier sleeps (no tier named: the lua's default)."""
+    ids = [job_id(sbatch(pool, "-A", BIG, "-p", "gpu-a100", f"-N{FILLER_NODES}", *WHOLE_NODE,
+                         "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", "fill-a100", "--wrap", "sleep 600"))
+           for _ in range(FILLERS)]
+    assert wait_for(lambda: all(jobs(pool).get(i, {}).get("job_state") == "RUNNING" for i in ids), 120), \
+        {i: jobs(pool).get(i, {}).get("state_reason") for i in ids}
+    assert {j["qos"] for i, j in jobs(pool).items() if i in ids} == {"hrpool_normal"}
+    return ids
+
+
+def _running(pool: BigPool, ids: list[str]) -> bool:
+    seen = jobs(pool)
+    return all(seen.get(i, {}).get("job_state") == "RUNNING" for i in ids)
+
+
+PLACED_JOB = """\
+name: fit-pool
+components:
+  trainer:
+    nodes: 1
+    gpus_per_node: 1
+    mem: 200M
+    placement: auto
+    command: [sleep, "60"]
+slurm: {time: "00:05:00"}
+"""
+
+
+def test_placement_auto_picks_the_idle_gpu_type(pool: BigPool, a100_full: list[str], shared_tmp: Path) -> None:
+    assert _running(pool, a100_full)
+    (shared_tmp / "job.yaml").write_text(PLACED_JOB)
+    sub = cli(pool, "submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"))
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    placed = next(ln for ln in sub.stderr.splitlines() if ln.startswith("hetrun: placed trainer on "))
+    partition, gres = placed.split()[4:6]
+    assert gres == "gpu:v100", placed
+    ident = next(ln for ln in sub.stdout.splitlines() if ln.startswith("submitted ")).split()[4].split(";")[0]
+    try:
+        assert wait_for(lambda: jobs(pool).get(ident, {}).get("job_state") == "RUNNING", 90), jobs(pool).get(ident)
+        job = jobs(pool)[ident]
+        assert job["nodes"] in V100_NODES and job["partition"] == partition, (job["nodes"], job["partition"])
+    finally:
+        pool.run("scancel", ident, check=False)
+
+
+def test_pool_json_shows_pending_demand_and_policy_status_the_tiers(
+        pool: BigPool, policy_file: Path, a100_full: list[str]) -> None:
+    assert _running(pool, a100_full)
+    waiting = job_id(sbatch(pool, "-A", BIG, "-p", "gpu-a100", "-N2", *WHOLE_NODE, "--gres=gpu:a100:2",
+                            "-t", "5", "--wrap", "sleep 1"))
+    try:
+        assert wait_for(lambda: jobs(pool).get(waiting, {}).get("state_reason") not in (None, "None"), 30)
+        snap = json.loads(cli(pool, "pool", "--json").stdout)
+        pending = {p["partition"]: p for p in snap["pending"]}
+        assert pending["gpu-a100"]["jobs"] == 1, snap["pending"]
+        assert pending["gpu-a100"]["tres"]["gres/gpu"] == 4 and pending["gpu-a100"]["tres"]["node"] == 2
+        row = next(r for r in snap["rows"] if (r["partition"], r["gres"]) == ("gpu-a100", "gpu:a100"))
+        assert (row["gpus_alloc"], row["nodes"].get("allocated")) == (48, 24), row
+        assert snap["running_jobs"] == FILLERS
+        assert {BIG, TEAM} <= {a["account"] for a in snap["accounts"]}
+
+        status = cli(pool, "policy", "status", str(policy_file))
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        assert lines[0] == "in sync", status.stdout
+        tiers = {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
+        assert tiers == {"critical": ["hrpool_critical", "0", "0"], "high": ["hrpool_high", "0", "0"],
+                         "normal": ["hrpool_normal", str(FILLERS), "1"]}, status.stdout
+    finally:
+        pool.run("scancel", waiting, check=False)
+
+
+def test_a_critical_job_preempts_and_requeues_a_normal_one(pool: BigPool, a100_full: list[str]) -> None:
+    assert _running(pool, a100_full)
+    critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", "gpu-a100", "-N1", *WHOLE_NODE,
+                             "--gres=gpu:a100:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+    seen: dict[str, dict[str, Any]] = {}
+
+    def preempted() -> bool:
+        # The preempted job passes through COMPLETING/REQUEUED before it pends again.
+        seen.update(jobs(pool))
+        back = [i for i in a100_full if seen[i]["restart_cnt"] >= 1 and seen[i]["job_state"] == "PENDING"]
+        return seen[critical]["job_state"] == "RUNNING" and bool(back)
+
+    try:
+        assert wait_for(preempted, 120), {i: (seen[i]["job_state"], seen[i]["restart_cnt"], seen[i]["state_reason"])
+                                          for i in [critical, *a100_full] if i in seen}
+        assert seen[critical]["qos"] == "hrpool_critical" and seen[critical]["nodes"] in A100_NODES
+        requeued = [i for i in a100_full if seen[i]["restart_cnt"] >= 1]
+        assert [seen[i]["restart_cnt"] for i in requeued] == [1] * len(requeued)
+        assert len(requeued) < FILLERS, "a 1-node job needs one 6-node job's nodes, not all of them"
+    finally:
+        pool.run("scancel", critical, *a100_full, check=False)
+
+
+def test_numa_aware_isolation_is_refused_where_the_pool_claims_more_cpus_than_the_host(
+        policy_file: Path, tmp_path: Path) -> None:
+    """Nothing starts: the pool's config is rendered with the policy's isolation and refused."""
+    cpus = os.cpu_count() or 0
+    if cpus >= 4 and detect_cgroup().usable:
+        pytest.skip(f"this host ({cpus} CPUs, cgroups usable) could run numa-aware on the pool; "
+                    "it is not started with it here (tests/test_policy_isolation_live.py runs isolation)")
+    numa = tmp_path / "numa.yaml"
+    numa.write_text(POLICY.replace('isolation: "none"', 'isolation: "numa-aware"'))
+    from hetrun.slurm_plugin.cluster_setup import slurm_conf_with_policy
+
+    with pytest.raises(SlurmError, match=r"cpu\.isolation: numa-aware"):
+        slurm_conf_with_policy(BigPool(policy=numa).cfg)
