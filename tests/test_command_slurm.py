@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
-from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
 from tests.api_helpers import (
@@ -26,6 +26,7 @@ from tests.api_helpers import (
     final_params,
     run_once,
 )
+from tests.preempt_helpers import preempt_at_and_wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -96,25 +97,19 @@ def test_api_script_as_command_component_preempted_three_times_resumes_bit_ident
     spec = _job("ddp-api-cmd", [sys.executable, str(EXAMPLE), "--steps", str(steps), "--out", str(out),
                                 "--step-time", "0.25"])
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs")
-    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
-    try:
-        for attempt in range(3):
-            target = 6 + attempt * 8
+    run_dir = Path(res.run.run_dir)
 
-            def past(target: int = target, attempt: int = attempt) -> bool:
-                # The API's step lines carry no restart count: count those after this attempt's restores.
-                evs = _events(run_dir)
-                restored = [i for i, e in enumerate(evs) if e["ev"] == "restore" and e.get("restart_count") == attempt]
-                if attempt and len(restored) < 2:
-                    return False
-                first = max(restored, default=-1)
-                return any(e.get("ev") == "action" and e.get("iteration", -1) >= target for e in evs[first + 1:])
+    def past(target: int, attempt: int) -> bool:
+        # The API's step lines carry no restart count: count those after this attempt's restores.
+        evs = _events(run_dir)
+        restored = [i for i, e in enumerate(evs) if e["ev"] == "restore" and e.get("restart_count") == attempt]
+        if attempt and len(restored) < 2:
+            return False
+        first = max(restored, default=-1)
+        return any(e.get("ev") == "action" and e.get("iteration", -1) >= target for e in evs[first + 1:])
 
-            assert wait_for(past, 240, 0.5), _events(run_dir)[-6:]
-            _preempt(_node(job), shared_tmp)
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
-    finally:
-        subprocess.run(["scancel", job], check=False, capture_output=True)
+    final = preempt_at_and_wait(res.run, shared_tmp, *(partial(past, 6 + a * 8, a) for a in range(3)),
+                                context=lambda: _events(run_dir)[-6:])
     evs = _events(run_dir)
     assert [c.state for c in final.components] == ["COMPLETED"], evs[-8:]
     assert [e["outcome"] for e in evs if e["ev"] == "attempt_end"] == ["preempted"] * 3 + ["done"]
@@ -132,20 +127,3 @@ def test_api_script_as_command_component_preempted_three_times_resumes_bit_ident
     reference = run_once(command(EXAMPLE, shared_tmp / "ref", steps, 2, 0.0), shared_tmp / "ref_run")
     assert reference.returncode == 0, reference.stdout
     assert_bit_identical(final_params(out), final_params(shared_tmp / "ref"))
-
-
-def _node(job: str) -> str:
-    from hetrun.runtime.api.env import first_host
-
-    out = subprocess.run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True).stdout
-    nodelist = next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeList=")), "")
-    node = first_host(nodelist)
-    assert node and node != "(null)", out
-    return node
-
-
-def _preempt(node: str, shared: Path) -> None:
-    """A job in ``high`` that wants the whole node: Slurm preempts (requeues) ours."""
-    subprocess.run(["sbatch", "--parsable", "-p", "high", "-w", node, "--exclusive", "-t", "00:02:00",
-                    "-J", "cmd-preemptor", f"--output={shared}/preemptor-%j.out", "--wrap", "sleep 2"],
-                   capture_output=True, text=True, check=True)

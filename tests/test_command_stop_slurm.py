@@ -21,7 +21,8 @@ from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
-from tests.test_command_slurm import _events, _job, _node, _preempt
+from tests.preempt_helpers import preempt_at_and_wait
+from tests.test_command_slurm import _events, _job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -58,16 +59,13 @@ def test_script_ignoring_slurm_preemption_is_ended_at_the_deadline_named_and_res
     spec = _job("ignores-term", [sys.executable, str(script), "400", "50", str(signals)], nodes=1,
                 env={"OMP_NUM_THREADS": "1", "HETRUN_PREEMPT_DEADLINE_S": "5"})
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs")
-    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
-    try:
-        def past_a_checkpoint() -> bool:
-            return any(e["ev"] == "checkpoint" for e in _events(run_dir))
+    run_dir = Path(res.run.run_dir)
 
-        assert wait_for(past_a_checkpoint, 240, 0.3), _events(run_dir)[-6:]
-        _preempt(_node(job), shared_tmp)
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
-    finally:
-        subprocess.run(["scancel", job], check=False, capture_output=True)
+    def past_a_checkpoint() -> bool:
+        return any(e["ev"] == "checkpoint" for e in _events(run_dir))
+
+    final = preempt_at_and_wait(res.run, shared_tmp, past_a_checkpoint, context=lambda: _events(run_dir)[-6:],
+                                poll_s=0.3)
     evs = _events(run_dir)
     assert [c.state for c in final.components] == ["COMPLETED"], evs[-8:]
     [ignored] = [e for e in evs if e["ev"] == "stop_ignored"]

@@ -169,26 +169,19 @@ def test_slurm_mixed_job_preempted_once_both_kinds_resume(slurm_cluster, shared_
     """Preempted through ``high`` once: the action components save their agreed iteration
     and resume from it, the evaluator stops, and after the requeue evaluates only what it
     had not (its own checkpoint says how far it got): every learner checkpoint once."""
-    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
-    from hetrun.slurm_plugin.rundir import wait_for
-
-    from tests.test_command_slurm import _node, _preempt
+    from tests.preempt_helpers import preempt_at_and_wait
 
     doc = _doc(slurm={"partition": "debug", "time": "00:10:00"})
     doc["workload_args"]["num_steps"] = 1024  # ~1 s iterations: time to preempt in the middle
     res = submit_spec(spec_from_dict(doc), backend="sbatch", runs_dir=shared_tmp / "runs")
-    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
-    try:
-        def both_working() -> bool:
-            evs = events(run_dir)
-            return (any(e.get("ev") == "checkpoint" and e.get("component") == "learner" for e in evs)
-                    and any(e.get("type") == "step" and e.get("component") == "evaluator" for e in evs))
+    run_dir = Path(res.run.run_dir)
 
-        assert wait_for(both_working, 240, 0.5), events(run_dir)[-6:]
-        _preempt(_node(job), shared_tmp)
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=400, poll_s=1)
-    finally:
-        subprocess.run(["scancel", job], check=False, capture_output=True)
+    def both_working() -> bool:
+        evs = events(run_dir)
+        return (any(e.get("ev") == "checkpoint" and e.get("component") == "learner" for e in evs)
+                and any(e.get("type") == "step" and e.get("component") == "evaluator" for e in evs))
+
+    final = preempt_at_and_wait(res.run, shared_tmp, both_working, context=lambda: events(run_dir)[-6:], end_s=400)
     evs = events(run_dir)
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((run_dir / "logs").glob("*")))
     assert [c.state for c in final.components] == ["COMPLETED"] * 3, logs
