@@ -1,10 +1,13 @@
 """Quota left for the submitting user, as Slurm holds it: the limits of placement.
 
 Limits are read from Slurm, not from a policy YAML, so they hold for a pool set
-up with plain ``sacctmgr`` too (one ``sacctmgr show assoc`` and one ``sacctmgr
-show qos``, the cluster's name from ``scontrol show config``; the account's default
-from ``sacctmgr show user`` only when the job names none). What is in use now comes from the pool snapshot's running jobs
-(``squeue --json``: each job's allocated TRES with its account, user and QOS).
+up with plain ``sacctmgr`` too: ``scontrol show config`` first (the cluster's
+name, and whether ``AccountingStorageEnforce`` enforces limits at all: if not,
+nothing is read or checked), then one ``sacctmgr show assoc`` and one ``sacctmgr
+show qos`` (at once), and the default account from slurmctld's ``scontrol show
+assoc_mgr`` only when the job names none. What is in use now comes from the pool
+snapshot's running jobs (``squeue --json``: each job's allocated TRES with its
+account, user and QOS).
 
 The limits that bind one job of user U in account A under QOS Q, as Slurm
 enforces them with ``AccountingStorageEnforce=limits``:
@@ -21,6 +24,7 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from hetrun.dag.errors import SlurmError
@@ -44,7 +48,8 @@ class QuotaLimit:
 
     scope: str  # "account physics", "user alice in account physics", "QOS normal", "QOS normal per user alice"
     limits: dict[str, int]  # TRES -> maximum (mem in MB), as sacctmgr prints GrpTRES / MaxTRESPU
-    used: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)  # by the running jobs
+    taken: dict[str, int] = field(default_factory=dict)  # by this job's components placed before
 
 
 @dataclass
@@ -59,7 +64,7 @@ class Quotas:
         """Count ``tres`` as in use under every limit (a sibling component placed before)."""
         for lim in self.limits:
             for key, n in tres.items():
-                lim.used[key] = lim.used.get(key, 0) + n
+                lim.taken[key] = lim.taken.get(key, 0) + n
 
 
 def label(key: str) -> str:
@@ -91,9 +96,11 @@ def check(quotas: Quotas | None, need: Mapping[str, int]) -> tuple[str | None, f
             want = need.get(key, 0)
             if not want:
                 continue
-            used = lim.used.get(key, 0)
+            mine = lim.taken.get(key, 0)
+            used = lim.used.get(key, 0) + mine
             if used + want > cap:
-                return (f"over quota: {lim.scope} has {used} of {cap} {label(key)} in use, this needs {want}",
+                ours = f" ({mine} by this job's other components)" if mine else ""
+                return (f"over quota: {lim.scope} has {used} of {cap} {label(key)} in use{ours}, this needs {want}",
                         (used + want) / max(cap, 1), [])
             share = (used + want) / max(cap, 1)
             if share > fullest:
@@ -169,24 +176,51 @@ def submitter() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+def default_account(assoc_mgr_text: str) -> str | None:
+    """The account of the association ``scontrol show assoc_mgr flags=assoc users=U`` marks
+    ``DefAssoc=Yes`` (slurmctld's own copy: no slurmdbd round trip)."""
+    account = None
+    for line in assoc_mgr_text.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "ClusterName" in fields:
+            account = fields.get("Account") or None
+        elif fields.get("DefAssoc") == "Yes":
+            return account
+    return None
+
+
+def enforced(config: Mapping[str, str]) -> bool:
+    """Whether slurmctld enforces association / QOS limits (``AccountingStorageEnforce``
+    with ``limits``, which ``safe`` implies); without it no limit holds a job back."""
+    words = set(config.get("AccountingStorageEnforce", "").lower().split(","))
+    return bool(words & {"limits", "safe"})
+
+
 def read_quotas(run: Runner, uses: Sequence[RunningUse], *, account: str | None = None, qos: str | None = None,
                 user: str | None = None) -> Quotas:
     """The submitter's limits and what counts against them now; ``run(argv) -> stdout``.
-    A cluster without accounting gives ``Quotas`` with ``unavailable`` set (nothing checked)."""
+    ``Quotas.unavailable`` says why nothing is checked: a cluster without accounting, or
+    one that does not enforce limits. The two sacctmgr calls (slurmdbd round trips) run at once."""
     user = user or submitter()
     try:
+        config = parse_config(run(["scontrol", "show", "config"]))
+        if not enforced(config):
+            why = f"Slurm does not enforce limits (AccountingStorageEnforce={config.get('AccountingStorageEnforce')})"
+            return Quotas(user, account, qos, unavailable=why)
         if account is None:
-            account = run(["sacctmgr", "-n", "-P", "show", "user", user, "format=DefaultAccount"]).strip() or None
+            account = default_account(run(["scontrol", "show", "assoc_mgr", "flags=assoc", f"users={user}"]))
         # One slurmdbd may serve several clusters: only this cluster's associations (as policy reads them).
-        cluster = parse_config(run(["scontrol", "show", "config"])).get("ClusterName")
+        cluster = config.get("ClusterName")
         where = ["where", f"cluster={cluster}"] if cluster else []
-        assoc_text = run(["sacctmgr", "-n", "-P", "show", "assoc", *where, f"format={ASSOC_FORMAT}"])
-        qos_text = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FORMAT}"])
+        with ThreadPoolExecutor(2) as pool:
+            assoc = pool.submit(run, ["sacctmgr", "-n", "-P", "show", "assoc", *where, f"format={ASSOC_FORMAT}"])
+            qos_text = run(["sacctmgr", "-n", "-P", "show", "qos", f"format={QOS_FORMAT}"])
+            assoc_text = assoc.result()
         limits, qos = limits_for(assoc_text, qos_text, uses, user, account, qos)
     except SlurmError as exc:
         return Quotas(user, account, qos, unavailable=str(exc).splitlines()[0])
     return Quotas(user, account, qos, limits)
 
 
-__all__ = ["QuotaLimit", "Quotas", "check", "job_tres", "label", "limits_for", "read_quotas",
-           "running_in", "submitter"]
+__all__ = ["QuotaLimit", "Quotas", "check", "default_account", "enforced", "job_tres", "label", "limits_for",
+           "read_quotas", "running_in", "submitter"]

@@ -101,14 +101,18 @@ def test_siblings_share_the_quota_and_choose_names_it(tmp_path: Path, monkeypatc
     fits = placement_fit.fit_components(component_needs(spec), snapshot(TYPES, busy=set()),
                                         starts_in({"debug": 0, "high": 0}), None, q)
     assert fits["trainer"].best is not None and fits["second"].best is None
-    assert any("user alice in account vision has 2 of 2 GPUs in use, this needs 2" in x
+    assert any("user alice in account vision has 2 of 2 GPUs in use (2 by this job's other components), "
+               "this needs 2" in x
                for x in fits["second"].excluded)
     sinfo = (DATA / "sinfo.json").read_text()
-    texts = {"sinfo": sinfo, "squeue": (DATA / "squeue.json").read_text(), "sacct": (DATA / "sacct.json").read_text()}
+    texts = {"sinfo": sinfo, "squeue": (DATA / "squeue.json").read_text(), "sacct": (DATA / "sacct.json").read_text(),
+             "scontrol": ENFORCING}
 
     def recorded_slurm(argv):  # the real 22.05 samples; sacctmgr as it printed the policy's limits
         if argv[0] == "sacctmgr":
-            return {"user": "vision\n", "assoc": LIVE_ASSOC, "qos": LIVE_QOS}[argv[4]]
+            return {"assoc": LIVE_ASSOC, "qos": LIVE_QOS}[argv[4]]
+        if argv[:3] == ["scontrol", "show", "assoc_mgr"]:
+            return ALICE_ASSOC_MGR
         return texts.get(argv[0], "")
 
     monkeypatch.setattr(quota, "submitter", lambda: "alice")  # the test runs as root; the sample's user is alice
@@ -118,22 +122,42 @@ def test_siblings_share_the_quota_and_choose_names_it(tmp_path: Path, monkeypatc
         placement_fit.choose(untyped, run=recorded_slurm, test_only=starts_in({"debug": 0, "high": 0}))
 
 
+# scontrol show config lines as Slurm 22.05 prints them; the shared test cluster's says "none".
+ENFORCING = "ClusterName             = hetrun\nAccountingStorageEnforce = associations,limits,qos,safe\n"
+# scontrol show assoc_mgr flags=assoc users=root as the shared cluster printed it, made alice's in vision.
+ALICE_ASSOC_MGR = (DATA / "assoc_mgr.txt").read_text().replace("Account=root UserName=root(0)",
+                                                               "Account=vision UserName=alice(1000)")
+
+
+def test_the_default_account_is_slurmctlds() -> None:
+    real = (DATA / "assoc_mgr.txt").read_text()
+    assert "DefAssoc=Yes" in real and quota.default_account(real) == "root"
+    assert quota.default_account(ALICE_ASSOC_MGR) == "vision"
+    assert quota.default_account(real.replace("DefAssoc=Yes", "DefAssoc=No")) is None
+
+
 def test_read_quotas_asks_slurm_and_says_when_it_cannot() -> None:
     calls = []
+    config = [ENFORCING]
 
     def recorded_slurm(argv):  # type: ignore[no-untyped-def]
         calls.append(argv)
         if argv[0] == "scontrol":
-            return "ClusterName             = hetrun\n"
-        return {"user": "vision\n", "assoc": LIVE_ASSOC, "qos": LIVE_QOS}[argv[4]]
+            return config[0] if argv[2] == "config" else ALICE_ASSOC_MGR
+        return {"assoc": LIVE_ASSOC, "qos": LIVE_QOS}[argv[4]]
 
     q = quota.read_quotas(recorded_slurm, [], user="alice")
     assert (q.account, q.qos, len(q.limits)) == ("vision", "pool_normal", 2)
-    assert calls[0] == ["sacctmgr", "-n", "-P", "show", "user", "alice", "format=DefaultAccount"]
-    assert calls[2][5:7] == ["where", "cluster=hetrun"]
+    assert calls[1] == ["scontrol", "show", "assoc_mgr", "flags=assoc", "users=alice"]
+    assert next(c for c in calls if "assoc" in c)[5:7] == ["where", "cluster=hetrun"]
     calls.clear()
     assert quota.read_quotas(recorded_slurm, [], user="alice", account="vision").account == "vision"
-    assert not any("user" in c for c in calls)  # the job named its account: no default asked
+    assert not any("assoc_mgr" in c for c in calls)  # the job named its account: no default asked
+    calls.clear()
+    config[0] = "ClusterName             = hetrun\nAccountingStorageEnforce = none\n"
+    off = quota.read_quotas(recorded_slurm, [], user="alice", account="vision")
+    assert off.unavailable == "Slurm does not enforce limits (AccountingStorageEnforce=none)" and not off.limits
+    assert len(calls) == 1  # nothing more is read where nothing is enforced
 
     def no_accounting(argv):  # type: ignore[no-untyped-def]
         raise SlurmError("sacctmgr: error: Problem talking to the database: Connection refused")
