@@ -38,13 +38,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ppo_cartpole.yaml"
-ITERATIONS = 150  # ~0.3 s each alone on the 2 cores (local backend): a minute or two of work under load
-CKPT_EVERY = 10
+ITERATIONS = 500  # ~0.08 s each on the pool (150 took ~12 s): 40-90 s of work, by the load
+CKPT_EVERY = 25
 # every checkpoint kept: the store's manifests (commit times) say which was durable before a preemption
 KEEP = 40
 PLACEMENT_AUTO_EVERY = 2
 NODES = 2  # learner 1 + rollout 1, whole nodes
-EST_SECONDS = 60  # the work a job stands for in the replay's ``work_node_s``
+EST_SECONDS = 45  # the work a job stands for in the replay's ``work_node_s``
 HETRUN_TIER = "normal"
 # The most contended partition of the trace (its scripts name a100 three times in four): where
 # critical/high jobs preempt normal ones. CPU work on a GPU node, as a learner without a GPU
@@ -220,13 +220,17 @@ def restart_loss(prev: Any, row: dict[str, Any], ckpts: list[_Ckpt]) -> dict[str
             "lost_beyond_checkpoint": None if restored is None else max(0, (newest or 0) - restored),
         }
     beyond = [c["lost_beyond_checkpoint"] for c in comps.values()]
+    no_actions = prev is not None and not prev.last_iteration  # cut before its first iteration
+    start = prev.start_t or prev.first_t if prev is not None else None
     return {
         "restart": row["restart"], "cause": row["cause"], "queue_wait_s": row["queue_wait_s"],
         "components": comps,
         "lost_beyond_checkpoint": None if None in beyond or not beyond else max(beyond),
         # hetrun report's own figures: iterations redone (from the actions) and their seconds
-        "lost_since_checkpoint_iterations": row["work_lost_from_actions"],
-        "lost_since_checkpoint_s": row["work_lost_s"],
+        "lost_since_checkpoint_iterations": 0 if no_actions else row["work_lost_from_actions"],
+        "lost_since_checkpoint_s": 0.0 if no_actions else row["work_lost_s"],
+        # the attempt the preemption cut, start to end (start-up included)
+        "previous_attempt_s": round(end_t - start, 1) if end_t is not None and start is not None else None,
     }
 
 
@@ -263,5 +267,5 @@ def summary_lines(side: str, result: dict[str, Any]) -> list[str]:
                             f"restored {v['restored_step']}" for c, v in r["components"].items())
             lines.append(f"    {name} restart {r['restart']} ({r['cause']}): {per}; beyond checkpoint "
                          f"{r['lost_beyond_checkpoint']}, since {r['lost_since_checkpoint_iterations']} it "
-                         f"/ {r['lost_since_checkpoint_s']} s")
+                         f"/ {r['lost_since_checkpoint_s']} s (attempt cut after {r['previous_attempt_s']} s)")
     return lines

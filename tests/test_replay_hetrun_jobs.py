@@ -2,9 +2,9 @@
 64-node trace replay (issue 14: "hetrun jobs must lose none beyond their last checkpoint").
 
 The run directory under tests/data/replay_hetrun/ was written by hetrun itself: the replay's
-job spec (examples/ppo_cartpole.yaml made small, ``job_spec``) run with
-``hetrun submit --backend local``, stopped with ``hetrun preempt RUN --wait`` after iteration
-45, requeued and run to the end. Kept: events.jsonl, plan.json, run.json and the checkpoint
+job spec (examples/ppo_cartpole.yaml made small, ``job_spec``; then 150 iterations, a
+checkpoint every 10, 1 CPU per rank) run with ``hetrun submit --backend local``, stopped with
+``hetrun preempt RUN --wait`` after iteration 45 (it stopped at 65), requeued and run to the end. Kept: events.jsonl, plan.json, run.json and the checkpoint
 store's manifests (what the store lists; the tensors are left out). The variants below edit
 copies of it the way a different preemption would have written them.
 """
@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import replay_hetrun_jobs as rh
 
 RUN = Path(__file__).parent / "data" / "replay_hetrun" / "ppo-preempted"
+# the recorded run: 150 iterations, a checkpoint every 10 (the replay's own job is longer)
+INTERVAL = json.loads((RUN / "plan.json").read_text())["checkpoint"]["interval"]
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
@@ -61,7 +63,7 @@ def test_the_recorded_preemption_lost_nothing_beyond_its_checkpoint() -> None:
     # the agreed stop checkpointed the step the ranks reached: hardly anything redone
     assert r["lost_since_checkpoint_iterations"] == max(
         c["last_completed_iteration"] + 1 - step for c in r["components"].values())
-    assert m["checkpoints_written"] >= 2 * (step // rh.CKPT_EVERY)
+    assert m["checkpoints_written"] >= 2 * (step // INTERVAL)
 
 
 def _as_if_killed_before_the_stop(run_dir: Path) -> tuple[int, int]:
@@ -94,7 +96,7 @@ def test_killed_before_the_stop_loses_the_iterations_since_the_interval_checkpoi
 def test_a_restart_behind_the_newest_checkpoint_is_counted_as_lost(run_copy: Path) -> None:
     """The figure can fail: a restore of an older step than the newest durable one."""
     step = _stop_step(run_copy)
-    older = step - rh.CKPT_EVERY
+    older = step - step % INTERVAL - INTERVAL  # an interval checkpoint before the stop
     _write_events(run_copy, [{**e, "step": older, "iteration": older} if e.get("ev") == "restore" else e
                              for e in _events(run_copy)])
     m = rh.measure_run(run_copy)
