@@ -119,7 +119,11 @@ class Submitter:
         for name, proc in self.procs.items():
             if name in self._done:
                 continue
-            text, _ = proc.communicate(timeout=300)
+            try:
+                text, _ = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:  # never hang the replay on one submission
+                proc.kill()
+                text = "hetrun submit did not return within 300 s\n" + (proc.communicate()[0] or "")
             run_dir = next((ln.split(": ", 1)[1].strip() for ln in text.splitlines()
                             if ln.startswith("run directory: ")), None)
             self._done[name] = {"run_dir": run_dir, "rc": proc.returncode,
