@@ -218,7 +218,8 @@ def submit(rp: ResumePlan) -> RunInfo:
     if run.job_id:
         run.extra["previous_jobs"] = [*run.extra.get("previous_jobs", []), run.job_id]
     run.backend = rp.backend
-    run.components = [c for c, _ in plan_components(rp.plan)]
+    # every component, command ones too, as submit records them (plan_components lists one kind)
+    run.components = [str(c["name"]) for c in rp.plan["components"]]
     run.pids = {}
     stale = run.path / STATE_FILE  # the old local supervisor's record: its final state is not the new job's
     if stale.exists():

@@ -186,3 +186,23 @@ def test_a_chosen_node_count_reads_as_chosen(tmp_path: Path) -> None:
     sec = build_report(run_dir, accounting=False).placement
     assert newest_by_component(sec)["trainer"].endswith("2 nodes (chosen)")
     assert newest_by_component(sec)["evaluator"] == "fixed (from the YAML)"
+
+
+def test_a_real_resume_keeps_the_replaced_plan_and_every_component_name(tmp_path: Path) -> None:
+    """`hetrun submit --wait` then `hetrun resume --wait` of a command job on the local backend: the
+    first attempt's plan is kept in logs/, the report shows both ranges, and run.json still names
+    both components (resume used to keep only action components' names: status showed group0)."""
+    (tmp_path / "job.yaml").write_text(JOB.replace('"30"', '"0"').replace("    gpus_per_node: 2\n", ""))
+    sub = subprocess.run([sys.executable, "-m", "hetrun.cli", "submit", str(tmp_path / "job.yaml"), "--backend",
+                          "local", "--runs-dir", str(tmp_path / "runs"), "--wait"], capture_output=True, text=True,
+                         timeout=120)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    run_dir = Path(next(ln.split(": ", 1)[1] for ln in sub.stdout.splitlines() if ln.startswith("run directory: ")))
+    res = subprocess.run([sys.executable, "-m", "hetrun.cli", "resume", str(run_dir), "--wait"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (run_dir / "logs" / "plan-before-attempt-1.json").is_file()
+    assert json.loads((run_dir / "run.json").read_text())["components"] == ["trainer", "evaluator"]
+    sec = build_report(run_dir, accounting=False).placement
+    assert [(a["first_restart"], a["last_restart"]) for a in sec["attempts"]] == [(0, 0), (1, None)]
+    assert [r["mode"] for r in sec["attempts"][-1]["components"]] == ["unplaced", "fixed"]  # local: one place
