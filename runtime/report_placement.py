@@ -186,9 +186,10 @@ def placement_lines(section: dict[str, Any]) -> list[str]:
         out.append(f"placement{label}:")
         out += [f"  {line}" for row in a["components"] for line in row_lines(row)]
     by_comp: dict[str, list[str]] = {}
+    first = ranges[-1]["first_restart"] if ranges else 0  # sacct counts the newest job's attempts from 0
     for r in section.get("ran_on") or []:
         by_comp.setdefault(str(r["component"]), []).append(
-            f"attempt {int(r['attempt'] or 0) + 1} on {r['partition']} ({r['nodes'] or '?'})")
+            f"attempt {first + int(r['attempt'] or 0) + 1} on {r['partition']} ({r['nodes'] or '?'})")
     out += [f"  Slurm ran {name} (sacct, job {section['ran_on'][0]['job_id']}): {', '.join(texts)}"
             for name, texts in by_comp.items()]
     if section.get("note"):

@@ -270,7 +270,8 @@ def record(plan_d: dict[str, Any], report: FitReport) -> None:
         best = fit.best
         choice = PlacementChoice(partition=best.partition, gres=best.gres, score=best.score,
                                  start_in_s=best.start_in_s, nodes=list(best.nodes), reasons=list(best.reasons),
-                                 others=[_summary(c) for c in fit.candidates[1:]] + fit.excluded,
+                                 others=[f"{_summary(c)}; lost because {why_lost(c, best)}"
+                                         for c in fit.candidates[1:]] + fit.excluded,
                                  pool_taken_at=report.pool_taken_at or time.time(),
                                  node_count=best.node_count or None)
         if best.node_count:

@@ -91,6 +91,7 @@ def test_report_shows_the_choice_why_the_losers_and_the_fixed_component(tmp_path
         "auto", "gpu:v100", 1, "debug")
     assert trainer["score"] is not None and trainer["reasons"]
     assert any("gpu:a100" in lost and "would wait" in lost for lost in trainer["lost"]), trainer["lost"]
+    assert all("; lost because it cannot start now" in lost for lost in trainer["lost"]), trainer["lost"]
     assert (evaluator["mode"], evaluator["partition"], evaluator["score"]) == ("fixed", "debug", None)
     text = _cli("report", str(run_dir))
     assert "placed trainer on debug gpu:v100 1 node (score " in text
