@@ -87,6 +87,29 @@ def check_fits_rank(graph: ActionGraph, spec: JobSpec) -> None:
                              key_path=f"actions.{a.action_type}.{field}" if asked else where)
 
 
+def _component_misfit(cname: str, comp: ComponentSpec, capacities: Sequence[NodeCapacity]) -> GraphError | None:
+    """Why no set of real nodes can hold ``comp`` as shaped (None: some can)."""
+    cpus = comp.cpus_per_task * comp.tasks_per_node
+    fitting = [c for c in capacities
+               if c.cpus >= cpus and c.gpus >= comp.gpus_per_node and c.mem_mb >= comp.mem_mb]
+    if not fitting:
+        reasons = []
+        if all(c.cpus < cpus for c in capacities):
+            reasons.append(f"{cpus} CPUs per node (max {max(c.cpus for c in capacities)})")
+        if all(c.gpus < comp.gpus_per_node for c in capacities):
+            reasons.append(f"{comp.gpus_per_node} GPUs per node (max {max(c.gpus for c in capacities)})")
+        if all(c.mem_mb < comp.mem_mb for c in capacities):
+            reasons.append(f"{comp.mem_mb} MB per node (max {max(c.mem_mb for c in capacities)})")
+        why = ", ".join(reasons) or "that combination of CPUs, GPUs and memory"
+        return GraphError(f"component {cname!r} needs {why}; no node can hold it",
+                          hint=f"lower components.{cname} tasks_per_node/cpus_per_task/gpus_per_node/mem")
+    if len(fitting) < comp.nodes:
+        return GraphError(f"component {cname!r} needs {comp.nodes} nodes with {cpus} CPUs, "
+                          f"{comp.gpus_per_node} GPUs, {comp.mem_mb} MB; only {len(fitting)} such nodes exist",
+                          hint=f"lower components.{cname}.nodes (or -N {cname}={len(fitting)})")
+    return None
+
+
 def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[NodeCapacity]) -> None:
     """Each component's per-node needs, and each action's per-rank needs, must fit real nodes."""
     if not capacities:
@@ -96,25 +119,14 @@ def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[Nod
     def describe(c: NodeCapacity) -> str:
         return f"{c.name}: {c.cpus} CPUs, {c.gpus} GPUs, {c.mem_mb} MB"
 
+    from hetrun.dag.needs import reshaped
+
     for cname, comp in spec.components.items():
-        cpus = comp.cpus_per_task * comp.tasks_per_node
-        fitting = [c for c in capacities
-                   if c.cpus >= cpus and c.gpus >= comp.gpus_per_node and c.mem_mb >= comp.mem_mb]
-        if not fitting:
-            reasons = []
-            if all(c.cpus < cpus for c in capacities):
-                reasons.append(f"{cpus} CPUs per node (max {max(c.cpus for c in capacities)})")
-            if all(c.gpus < comp.gpus_per_node for c in capacities):
-                reasons.append(f"{comp.gpus_per_node} GPUs per node (max {max(c.gpus for c in capacities)})")
-            if all(c.mem_mb < comp.mem_mb for c in capacities):
-                reasons.append(f"{comp.mem_mb} MB per node (max {max(c.mem_mb for c in capacities)})")
-            why = ", ".join(reasons) or "that combination of CPUs, GPUs and memory"
-            raise GraphError(f"component {cname!r} needs {why}; no node can hold it",
-                             hint=f"lower components.{cname} tasks_per_node/cpus_per_task/gpus_per_node/mem")
-        if len(fitting) < comp.nodes:
-            raise GraphError(f"component {cname!r} needs {comp.nodes} nodes with {cpus} CPUs, "
-                             f"{comp.gpus_per_node} GPUs, {comp.mem_mb} MB; only {len(fitting)} such nodes exist",
-                             hint=f"lower components.{cname}.nodes (or -N {cname}={len(fitting)})")
+        # node_counts: (placement: auto) placement picks a shape: the component fits if one of them does.
+        errors = [_component_misfit(cname, shape, capacities)
+                  for shape in ([reshaped(comp, n) for n in comp.node_counts] or [comp])]
+        if all(errors):
+            raise errors[0]  # type: ignore[misc]
     for a in graph:
         p = a.resource_profile
         if not any(c.cpus >= p.cpu and c.gpus >= p.gpu and c.mem_mb >= p.memory_mb for c in capacities):

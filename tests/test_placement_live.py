@@ -11,6 +11,7 @@ gpu:a100 (partition gpu-a100), n2 with gpu:v100 (gpu-v100), debug and high over 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +108,38 @@ def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) ->
     assert "hetrun: placed trainer on debug" in res.stderr, res.stderr
     assert "#SBATCH --partition=debug" in res.stdout and "#SBATCH --partition=high" not in res.stdout, res.stdout
 
+
+
+# Four ranks of one CPU: no node of the shared cluster (2 CPUs) holds them, two nodes of two ranks do.
+SPREAD_JOB = """\
+name: fit-spread
+components:
+  trainer:
+    nodes: 1
+    tasks_per_node: 4
+    mem: 200M
+    placement: auto
+    node_counts: [1, 2]
+    command: [sleep, "1"]
+slurm: {time: "00:05:00"}
+"""
+
+
+def test_node_count_chosen_at_submit_is_what_slurm_runs(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    from tests.cli_helpers import hetrun_cli
+
+    (shared_tmp / "job.yaml").write_text(SPREAD_JOB)
+    sub = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--wait",
+                     timeout=300)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    run_dir = Path(next(ln.split(": ", 1)[1] for ln in sub.stdout.splitlines() if ln.startswith("run directory: ")))
+    comp = json.loads((run_dir / "plan.json").read_text())["components"][0]
+    assert (comp["nodes"], comp["tasks_per_node"], comp["ntasks"], comp["mem_mb"]) == (2, 2, 4, 100), comp
+    assert comp["placement"]["node_count"] == 2
+    assert any("x1 nodes: nodes have 2 CPUs / 2 GPUs, 4 / 0 needed" in o for o in comp["placement"]["others"])
+    script = (run_dir / "hetjob.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script, script
+    job_id = json.loads((run_dir / "run.json").read_text())["job_id"].split(";")[0].split("+")[0]
+    acct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "--format=NNodes,NCPUS,State"],
+                          capture_output=True, text=True, timeout=60).stdout.split()
+    assert acct and acct[0].startswith("2|"), acct  # Slurm gave it two nodes

@@ -281,3 +281,18 @@ def test_node_counts_survive_job_yaml(tmp_path: Path) -> None:
     out = spec.to_yaml()
     assert load_spec(write(tmp_path, out)).components["trainer"].node_counts == [1, 2]
     assert out.count("node_counts") == 1  # the fixed watcher's job.yaml reads as before
+
+
+def test_the_node_check_accepts_a_component_one_of_whose_counts_fits(tmp_path: Path) -> None:
+    from hetrun.dag.action import NodeCapacity
+    from hetrun.dag.errors import GraphError
+    from hetrun.dag.schedule import check_fits_nodes
+
+    caps = [NodeCapacity(f"n{i}", cpus=2, gpus=2, mem_mb=4000) for i in range(1, 5)]
+    wide = NODE_COUNTS.replace("tasks_per_node: 2", "tasks_per_node: 4").replace("gpus_per_node: 2",
+                                                                                 "gpus_per_node: 4")
+    spec = load_spec(write(tmp_path, wide))  # 4 ranks: 1 node x 4 CPUs never fits, 2 nodes x 2 do
+    check_fits_nodes([], spec, caps)  # command components: no actions to check
+    one = load_spec(write(tmp_path, wide.replace("node_counts: [1, 2]", "node_counts: [1]")))
+    with pytest.raises(GraphError, match=r"needs 4 CPUs per node \(max 2\), 4 GPUs per node"):
+        check_fits_nodes([], one, caps)
