@@ -127,7 +127,7 @@ def _where(row: dict[str, Any]) -> str:
     parts = [row.get("partition") or "the default partition"]
     if row.get("gres") and row["gres"] != "-":
         parts.append(row["gres"])
-    if row.get("node_count"):  # placement chose it among the component's node_counts: (H3's key)
+    if row.get("node_count"):  # "(chosen)": placement picked it from the component's node_counts:
         parts.append(f"{row['node_count']} node{'' if row['node_count'] == 1 else 's'}"
                      + (" (chosen)" if row.get("node_count_chosen") else ""))
     return " ".join(parts)
