@@ -143,3 +143,6 @@ def test_node_count_chosen_at_submit_is_what_slurm_runs(slurm_cluster, shared_tm
     acct = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "--format=NNodes,NCPUS,State"],
                           capture_output=True, text=True, timeout=60).stdout.split()
     assert acct and acct[0].startswith("2|"), acct  # Slurm gave it two nodes
+    res = hetrun_cli("resume", str(run_dir), "--dry-run")  # re-placed from job.yaml's own shape, as at submit
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "#SBATCH --nodes=2" in res.stdout and "#SBATCH --ntasks-per-node=2" in res.stdout, res.stdout
