@@ -125,8 +125,8 @@ def check_fits_nodes(graph: ActionGraph, spec: JobSpec, capacities: Sequence[Nod
         # node_counts: (placement: auto) placement picks a shape: the component fits if one of them does.
         errors = [_component_misfit(cname, shape, capacities)
                   for shape in ([reshaped(comp, n) for n in comp.node_counts] or [comp])]
-        if all(errors):
-            raise errors[0]  # type: ignore[misc]
+        if all(errors) and errors[0] is not None:
+            raise errors[0]
     for a in graph:
         p = a.resource_profile
         if not any(c.cpus >= p.cpu and c.gpus >= p.gpu and c.mem_mb >= p.memory_mb for c in capacities):
