@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ from hetrun.slurm_plugin import placement, pool
 DATA = Path(__file__).parent / "data" / "pool"
 
 
-def snapshot(types: dict[str, str | None], busy: set[str], drained: set[str] = frozenset(),
-             pending_jobs: int = 0):
+def snapshot(types: Mapping[str, str | None], busy: Collection[str], drained: Collection[str] = frozenset(),
+             pending_jobs: int = 0) -> pool.PoolSnapshot:
     data = copy.deepcopy(json.loads((DATA / "sinfo.json").read_text()))
     for node in data["nodes"]:
         name = node["name"]
@@ -80,7 +81,7 @@ def test_need_from_a_plan_component() -> None:
 
 
 # sbatch --test-only's own lines, as Slurm 22.05 prints them on stderr.
-def _recorded_sbatch(starts: dict[str, str]):  # type: ignore[no-untyped-def]
+def _recorded_sbatch(starts: dict[str, str]):
     """Stands in for sbatch --test-only: the start line Slurm printed for each partition."""
     seen: list[list[str]] = []
 
@@ -116,7 +117,7 @@ def test_slurms_start_estimate_reorders_the_candidates() -> None:
 
 
 @pytest.mark.slurm
-def test_start_estimate_from_the_real_sbatch(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+def test_start_estimate_from_the_real_sbatch(slurm_cluster) -> None:
     snap = pool.collect(hours=1)
     need = placement.Need(1, 1, 0, 100)
     cands = placement.with_start_estimates(need, placement.score(need, snap), placement.slurm_test_only())

@@ -140,7 +140,7 @@ def test_read_quotas_asks_slurm_and_says_when_it_cannot() -> None:
     calls = []
     config = [ENFORCING]
 
-    def recorded_slurm(argv):  # type: ignore[no-untyped-def]
+    def recorded_slurm(argv: list[str]) -> str:
         calls.append(argv)
         if argv[0] == "scontrol":
             return config[0] if argv[2] == "config" else ALICE_ASSOC_MGR
@@ -159,7 +159,7 @@ def test_read_quotas_asks_slurm_and_says_when_it_cannot() -> None:
     assert off.unavailable == "Slurm does not enforce limits (AccountingStorageEnforce=none)" and not off.limits
     assert len(calls) == 1  # nothing more is read where nothing is enforced
 
-    def no_accounting(argv):  # type: ignore[no-untyped-def]
+    def no_accounting(argv: list[str]) -> str:
         raise SlurmError("sacctmgr: error: Problem talking to the database: Connection refused")
 
     off = quota.read_quotas(no_accounting, [], user="alice", account="vision")

@@ -129,7 +129,7 @@ def starts_in(seconds: dict[str, float]):
         at = datetime.fromtimestamp(datetime.now().timestamp() + seconds[part]).strftime("%Y-%m-%dT%H:%M:%S")
         return f"sbatch: Job 7 to start at {at} using 2 processors on nodes n1 in partition {part}"
 
-    test_only.calls = calls
+    test_only.calls = calls  # type: ignore[attr-defined]
     return test_only
 
 
