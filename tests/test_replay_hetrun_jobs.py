@@ -153,3 +153,28 @@ def test_the_job_spec_is_the_example_made_small_and_valid() -> None:
     assert spec.workload == "hetrun.examples.ppo:PPOWorkload"
     assert spec.checkpoint.interval == rh.CKPT_EVERY
     assert {c.nodes for c in spec.components.values()} == {1}
+
+
+def test_the_replay_counts_a_het_job_by_its_name_in_its_metrics() -> None:
+    """pool_trace_replay's own trace and metrics with hetrun rows: the sleeps keep their rows
+    (names), and a het job's two sacct records (one per component) both count."""
+    import pool_trace_replay as ptr
+
+    trace = ptr.make_trace(14, 60, 30)
+    mixed = rh.add_to_trace(trace, 14, 60, 2)
+    assert [j for j in mixed if not j.hetrun] == trace
+    job = next(j for j in mixed if j.hetrun)
+    name = f"trX-{job.i:03d}-normal"
+    base = "2026-12-02T01:00:"
+    dump = "\n".join([  # JobIDRaw|JobName|State|Submit|Eligible|Start|End|NNodes, as sacct -D -X -P prints
+        f"41|{name}|PREEMPTED|{base}00|{base}00|{base}01|{base}11|1",
+        f"42|{name}|PREEMPTED|{base}00|{base}00|{base}01|{base}11|1",
+        f"41|{name}|COMPLETED|{base}11|{base}41|{base}41|{base}59|1",
+        f"42|{name}|COMPLETED|{base}11|{base}41|{base}41|{base}59|1"])
+    runs = ptr.parse_sacct(dump, "trX-")
+    m = ptr.metrics([job], {job.i: name}, runs, [])
+    assert m["jobs_seen"] == 1 and m["jobs_preempted"] == 1
+    assert m["wait_s"]["normal"] == {"p50": 1.0, "p95": 1.0, "n": 1}
+    assert m["work_lost_node_s"] == 20.0  # two components x 10 s cut short
+    assert rh.sacct_view(runs[name]) == {"queue_wait_s": 1.0,
+                                         "sacct_states": ["PREEMPTED", "PREEMPTED", "COMPLETED", "COMPLETED"]}
