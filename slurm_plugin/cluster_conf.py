@@ -133,11 +133,12 @@ def _check_gpu_types(types: tuple[str, ...]) -> None:
         try:
             check_gpu_type(t)
         except ValueError as exc:
-            raise SlurmError(f"cluster config: gpu_types: {exc}", hint="e.g. --gpu-types a100,v100") from None
+            raise SlurmError(f"cluster config: gpu_types={list(types)!r}: {exc}",
+                             hint="e.g. --gpu-types a100,v100") from None
     lowered = [t.lower() for t in types]
     if len(set(lowered)) != len(lowered):
-        raise SlurmError(f"cluster config: gpu_types={list(types)!r} names one type twice (case is ignored)",
-                         hint="give each GRES type once, e.g. --gpu-types a100,v100")
+        raise SlurmError(f"cluster config: gpu_types={list(types)!r} is not a list of distinct names "
+                         "(case is ignored)", hint="give each GRES type once, e.g. --gpu-types a100,v100")
 
 
 def check_pool_shape(cfg: ClusterConfig) -> None:

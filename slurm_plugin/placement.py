@@ -120,7 +120,7 @@ def _why_out(row: PoolRow, need: Need, quotas: Quotas | None) -> str | None:
     """Why the (partition, GRES) group ``row`` can never hold ``need`` (None: it is a candidate).
     The one rule set of ``score`` and ``excluded``."""
     gtype = row.gres.partition(":")[2]
-    known_mb = GPU_MEMORY_MB.get(gtype)
+    known_mb = GPU_MEMORY_MB.get(gtype.lower())  # a job names types ignoring case; Slurm's spelling is kept
     gpus_each, cpus_each = row.gpus_total // max(1, row.node_total), row.cpus_total // max(1, row.node_total)
     if need.partitions and row.partition not in need.partitions:
         return "partition not allowed (partitions: / slurm.partition)"
@@ -128,7 +128,7 @@ def _why_out(row: PoolRow, need: Need, quotas: Quotas | None) -> str | None:
         return "no GPUs"
     if need.gpus_per_node and need.gpu_mem_mb and known_mb is not None and known_mb < need.gpu_mem_mb:
         return f"{gtype} has {known_mb} MB per GPU, {need.gpu_mem_mb} MB needed"
-    if need.gpu_types and gtype not in {t.lower() for t in need.gpu_types}:
+    if need.gpu_types and gtype.lower() not in {t.lower() for t in need.gpu_types}:
         return "GPU type not allowed (gpu_types:)"
     if row.node_total < need.nodes:
         return f"{row.node_total} nodes, {need.nodes} needed"

@@ -128,7 +128,9 @@ def parse_gres(text: str | None) -> dict[str, int]:
     for item in (text or "").split(","):
         m = _GRES_ITEM.match(item.strip())
         if m:
-            key = m.group("name") + (f":{m.group('type').lower()}" if m.group("type") else "")
+            # The type as Slurm spells it: its GRES type match is case-sensitive (gpu:a100 does not
+            # get a Type=A100 GPU, checked on Slurm 22.05), so the placed --gres must keep it.
+            key = m.group("name") + (f":{m.group('type')}" if m.group("type") else "")
             out[key] = out.get(key, 0) + int(m.group("n"))
     return out
 

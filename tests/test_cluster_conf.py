@@ -111,7 +111,7 @@ def test_gpu_type_names_follow_the_job_specs_one_rule(tmp_path: Path) -> None:
     for bad in ("a 100", "x" * 33, "a100;rm"):
         with pytest.raises(SlurmError, match="not a valid GPU type"):
             _cfg(tmp_path, nodes=2, gpus=1, gpu_types=(bad,))
-    with pytest.raises(SlurmError, match="names one type twice"):
+    with pytest.raises(SlurmError, match="not a list of distinct names"):
         _cfg(tmp_path, nodes=2, gpus=1, gpu_types=("a100", "A100"))
 
 

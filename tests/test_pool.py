@@ -87,7 +87,8 @@ def test_hostlists(text: str, nodes: list[str]) -> None:
 
 
 def test_gres_strings() -> None:
-    assert pool.parse_gres("gpu:A100:2(S:0-1),shard:8") == {"gpu:a100": 2, "shard": 8}
+    # Slurm's spelling kept: its GRES type match is case-sensitive (tests/test_gpu_type_case.py)
+    assert pool.parse_gres("gpu:A100:2(S:0-1),shard:8") == {"gpu:A100": 2, "shard": 8}
     assert pool.parse_gres("(null)") == {}
 
 

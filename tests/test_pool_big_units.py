@@ -63,7 +63,7 @@ def test_shape_survives_cluster_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kw", "words"), [
-    ({"gpu_types": ("A100",)}, "gpu_types=['A100']"),
+    ({"gpu_types": ("a 100",)}, "gpu_types=['a 100']"),  # A100 is a valid type (check_gpu_type's one rule)
     ({"gpu_types": ("a100", "a100")}, "distinct"),
     ({"gpu_types": ("a1;rm",)}, "gpu_types"),
     ({"cpu_nodes": 64}, "cpu_nodes=64 is out of range"),
