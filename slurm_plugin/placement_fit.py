@@ -38,6 +38,11 @@ from .placement import (
 )
 from .pool import PoolSnapshot, Runner, collect
 from .quota import Quotas, label, read_quotas
+from .quota import check as check_quota
+
+# A candidate over a quota with what runs now, where no candidate is inside the quotas:
+# below any candidate that fits now, so it wins only among candidates that all wait.
+QUOTA_WAIT_PENALTY = 150.0
 
 
 @dataclass
@@ -85,10 +90,26 @@ def _candidates(shapes: list[Need], snap: PoolSnapshot, quotas: Quotas | None,
     and the groups that can never hold a shape."""
     cands, out = [], []
     for need in shapes:
-        scored = score(need, snap, quotas)
+        scored, why_out = _within_quota(need, snap, quotas)
         cands += scored if test_only is None else with_start_estimates(need, scored, test_only)
-        out += excluded(need, snap, quotas)
+        out += why_out
     return sorted(cands, key=lambda c: (-c.score, c.partition, c.gres, c.node_count)), out
+
+
+def _within_quota(need: Need, snap: PoolSnapshot, quotas: Quotas | None) -> tuple[list[Candidate], list[str]]:
+    """``need``'s candidates inside the quotas. Where every one is over a quota only because of
+    what runs now, Slurm would queue the job until the quota frees (AssocGrpGRES and the like),
+    so those still go, last and waiting; a job over a limit on its own is out for good."""
+    scored = score(need, snap, quotas)
+    if scored or quotas is None or not quotas.limits:
+        return scored, excluded(need, snap, quotas)
+    alone = quotas.alone()
+    waiting = score(need, snap, alone)
+    for c in waiting:
+        why = check_quota(quotas, need_tres(need, c.gres))[0]
+        c.score, c.fits_now, c.nodes = round(c.score - QUOTA_WAIT_PENALTY, 2), False, []
+        c.reasons.append(f"{why}: Slurm holds it until the quota frees")
+    return waiting, excluded(need, snap, alone)
 
 
 def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,

@@ -60,6 +60,12 @@ class Quotas:
     limits: list[QuotaLimit] = field(default_factory=list)
     unavailable: str | None = None  # why no limit could be read (then nothing is checked)
 
+    def alone(self) -> Quotas:
+        """The same limits with nothing else running: what this job (its components placed
+        so far included) could ever get once the others' jobs end."""
+        return Quotas(self.user, self.account, self.qos,
+                      [QuotaLimit(lim.scope, lim.limits, {}, dict(lim.taken)) for lim in self.limits])
+
     def take(self, tres: Mapping[str, int]) -> None:
         """Count ``tres`` as in use under every limit (a sibling component placed before)."""
         for lim in self.limits:
@@ -100,8 +106,9 @@ def check(quotas: Quotas | None, need: Mapping[str, int]) -> tuple[str | None, f
             used = lim.used.get(key, 0) + mine
             if used + want > cap:
                 ours = f" ({mine} by this job's other components)" if mine else ""
-                return (f"over quota: {lim.scope} has {used} of {cap} {label(key)} in use{ours}, this needs {want}",
-                        (used + want) / max(cap, 1), [])
+                what = (f"has {used} of {cap} {label(key)} in use{ours}, this needs {want}" if used else
+                        f"allows {cap} {label(key)}, this needs {want}")
+                return f"over quota: {lim.scope} {what}", (used + want) / max(cap, 1), []
             share = (used + want) / max(cap, 1)
             if share > fullest:
                 fullest = share

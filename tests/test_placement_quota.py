@@ -80,6 +80,29 @@ def test_over_quota_is_out_and_close_to_quota_scores_lower() -> None:
     assert "debug gpu:a100: over quota: account vision has 4 of 4 GPUs in use, this needs 1" in out, out
 
 
+def test_over_quota_only_with_what_runs_waits_and_over_alone_is_refused(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
+    full = alice_quotas(running(("vision", "bob", "pool_normal", "cpu=2,node=1,gres/gpu=4")))  # vision 4 of 4
+    fits = placement_fit.fit_components(component_needs(spec), snapshot(TYPES, busy=set()),
+                                        starts_in({"debug": 0, "high": 0}), ["trainer"], full)
+    best = fits["trainer"].best
+    # Slurm would queue it until bob's GPUs are back (AssocGrpGRES): it still goes, waiting, last resort.
+    assert best is not None and not best.fits_now and best.nodes == []
+    assert "over quota: account vision has 4 of 4 GPUs in use, this needs 2: Slurm holds it until the quota " \
+           "frees" in best.reasons, best.reasons
+    assert all(c.score < placement.FITS_NOW_BONUS - placement_fit.QUOTA_WAIT_PENALTY + 50 for c in
+               fits["trainer"].candidates)
+    big = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {").replace(
+        "gpus_per_node: 2", "gpus_per_node: 2\n    node_counts: [1, 2]").replace("nodes: 1\n    tasks_per_node: 2",
+                                                                             "nodes: 2\n    tasks_per_node: 1")))
+    full = alice_quotas(running(("vision", "bob", "pool_normal", "cpu=2,node=1,gres/gpu=4")))  # not taken yet
+    fits = placement_fit.fit_components(component_needs(big), snapshot(TYPES, busy=set()),
+                                        starts_in({"debug": 0, "high": 0}), ["trainer"], full)
+    assert fits["trainer"].best is None  # 4 GPUs: over alice's own cap of 2 even with nothing else running
+    assert any("over quota: user alice in account vision allows 2 GPUs, this needs 4" in x
+               for x in fits["trainer"].excluded), fits["trainer"].excluded
+
+
 def test_a_typed_gpu_quota_sends_the_job_to_the_other_type(tmp_path: Path) -> None:
     spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
     assoc = LIVE_ASSOC.replace("cpu=6,gres/gpu=4,mem=8G", "gres/gpu:a100=2,gres/gpu=8")
