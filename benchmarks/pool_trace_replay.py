@@ -5,8 +5,11 @@
 (b) the policy: QOS tiers critical > high > normal with preemption (preempt/qos,
     PreemptMode=REQUEUE, the job_submit.lua mapping ``--qos=<tier>``), plus fitness
     placement: before each submission ``placement.score`` on a fresh pool snapshot
-    picks the partition / GPU type among those the job accepts (``--fit-mode single``),
-    or hands Slurm the ranked candidates as a multi-partition list (``ranked``).
+    hands Slurm the candidates it ranks among those the job accepts as a multi-partition
+    list (``--fit-mode ranked``, the default), or picks the best one (``single``).
+Both pools get the same scheduler cadence, compressed to the trace's time scale
+(``--scheduler-cadence``, CADENCES below), and every job the same kind of ``--time``
+(``--time-limits``): benchmarks/pool.md says why each is a time-scale correction.
 
 The trace (seeded): jobs of 1-16 whole nodes, 75% GPU (2 GPUs per node; some need
 a100, some v100, most accept either but their scripts name a100 three times in
@@ -25,7 +28,8 @@ job takes whole nodes, so CPU share = node share), makespan, jobs preempted and 
 work they lost (node-seconds of runs cut short; sleeps have no checkpoint).
 Pool start-up time and daemon memory are recorded too.
 
-    python3 benchmarks/pool_trace_replay.py [--seed 14] [--window 300] [--jobs 150] [--fit-mode single]
+    python3 benchmarks/pool_trace_replay.py [--seed 14] [--window 300] [--jobs 150] [--fit-mode ranked]
+        [--scheduler-cadence compressed] [--time-limits tight]
     python3 benchmarks/pool_trace_replay.py --only policy_fit ...   # one side, added to --out
     python3 benchmarks/pool_trace_replay.py --only policy_fit --from-sacct DUMP --prefix trNNNNNb-
         # a side's metrics from a saved `sacct -a -D -X -P -n --format=<SACCT_FORMAT>` dump
@@ -451,8 +455,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=150)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "pool_trace_replay.json")
     ap.add_argument("--only", choices=("default", "policy_fit"), help="one replay (to re-run one side)")
-    ap.add_argument("--fit-mode", choices=("single", "ranked"), default="single",
-                    help="policy side: submit to the best candidate only, or to Slurm's multi-partition list")
+    ap.add_argument("--fit-mode", choices=("single", "ranked"), default="ranked",
+                    help="policy side: Slurm's multi-partition list of the ranked candidates (default: the job "
+                         "starts in whichever frees up first), or the best candidate only")
     ap.add_argument("--scheduler-cadence", choices=tuple(CADENCES), default="compressed",
                     help="SchedulerParameters of BOTH pools: compressed to the trace's time scale (default), "
                          "as `hetrun cluster up` renders them, or Slurm's own defaults")
