@@ -50,7 +50,7 @@ HETRUN_TIER = "normal"
 # critical/high jobs preempt normal ones. CPU work on a GPU node, as a learner without a GPU
 # would be; a placement: auto rollout may go elsewhere.
 PARTITION = "gpu-a100"
-DEFAULT_JOBS = 0  # 4 once measured on the pool (benchmarks/pool.md)
+DEFAULT_JOBS = 4  # in the plain command: 4 jobs of 2 ranks, ~15-60 s of work each (benchmarks/pool.md)
 
 
 def job_spec(name: str, *, partition: str, cpus: int = 4, mem: str = "300M",
