@@ -127,6 +127,11 @@ def with_cadence(conf: str, cadence: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_backfill(policy: str, block: str | None) -> str:
+    """The replay's POLICY with a ``scheduling.backfill`` block (a YAML flow mapping)."""
+    return policy if not block else policy.replace("preemption: true", f"preemption: true\n      backfill: {block}")
+
+
 @dataclass
 class TraceJob:
     i: int
@@ -465,6 +470,9 @@ def main() -> None:
                     help="every job's --time, both sides: its run time + 15 s in whole minutes, or a fixed 5 min")
     ap.add_argument("--hetrun-jobs", type=int, default=replay_hetrun_jobs.DEFAULT_JOBS,
                     help="real hetrun jobs (examples/ppo_cartpole.yaml, small) in the trace, tier normal (0: none)")
+    ap.add_argument("--policy-backfill", metavar="YAML",
+                    help="the policy's resources.gpu.scheduling.backfill block, e.g. "
+                         "'{min_reserve_tier: high, busy_nodes: true}' (docs/POLICY.md; default: none)")
     ap.add_argument("--default-in-policy-pool", action="store_true",
                     help="the default side on the running policy pool, every job in one tier (no restart, no lock)")
     ap.add_argument("--policy-in-running-pool", action="store_true",
@@ -495,7 +503,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             policy_path = Path(tmp) / "policy.yaml"
-            policy_path.write_text(POLICY)
+            policy_path.write_text(with_backfill(POLICY, args.policy_backfill))
             for key, label, with_policy in sides:
                 if key == "default" and args.default_in_policy_pool and args.only == "default":
                     doc[key] = replay(BigPool(), trace, label, tag, policy=False, one_tier=True,
