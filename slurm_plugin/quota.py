@@ -86,7 +86,7 @@ def job_tres(nodes: int, cpus_per_node: int, gpus_per_node: int, mem_mb_per_node
         out["gres/gpu"] = nodes * gpus_per_node
         gtype = gres.partition(":")[2]
         if gtype:
-            out[f"gres/gpu:{gtype}"] = nodes * gpus_per_node
+            out[f"gres/gpu:{gtype.lower()}"] = nodes * gpus_per_node
     return out
 
 
@@ -127,9 +127,14 @@ def running_in(uses: Iterable[RunningUse], *, accounts: set[str] | None = None, 
         if (accounts is not None and u.account not in accounts) or (user is not None and u.user != user) \
                 or (qos is not None and u.qos != qos):
             continue
-        for key, n in u.tres.items():
+        for key, n in _lower(u.tres).items():
             out[key] = out.get(key, 0) + n
     return out
+
+
+def _lower(tres: Mapping[str, int]) -> dict[str, int]:
+    """TRES names compared ignoring case (Slurm keeps a GRES type's spelling: gres/gpu:A100)."""
+    return {k.lower(): n for k, n in tres.items()}
 
 
 def limits_for(assoc_text: str, qos_text: str, uses: Sequence[RunningUse], user: str, account: str | None,
@@ -147,7 +152,7 @@ def limits_for(assoc_text: str, qos_text: str, uses: Sequence[RunningUse], user:
             if not u and a.parent:
                 children.setdefault(a.parent, set()).add(acct)
         if own and own.grp_tres:
-            out.append(QuotaLimit(f"user {user} in account {account}", dict(own.grp_tres),
+            out.append(QuotaLimit(f"user {user} in account {account}", _lower(own.grp_tres),
                                   running_in(uses, accounts={account}, user=user)))
         acct, seen = account, set()
         while acct and acct not in seen:  # the account, then each parent: each GrpTRES counts its subtree
@@ -156,14 +161,14 @@ def limits_for(assoc_text: str, qos_text: str, uses: Sequence[RunningUse], user:
             if row is None:
                 break
             if row.grp_tres:
-                out.append(QuotaLimit(f"account {acct}", dict(row.grp_tres),
+                out.append(QuotaLimit(f"account {acct}", _lower(row.grp_tres),
                                       running_in(uses, accounts=_subtree(acct, children))))
             acct = row.parent
     q = qoses.get(qos or "")
     if q is not None and q.grp_tres:
-        out.append(QuotaLimit(f"QOS {q.name}", dict(q.grp_tres), running_in(uses, qos=q.name)))
+        out.append(QuotaLimit(f"QOS {q.name}", _lower(q.grp_tres), running_in(uses, qos=q.name)))
     if q is not None and q.max_tres_per_user:
-        out.append(QuotaLimit(f"QOS {q.name} per user {user}", dict(q.max_tres_per_user),
+        out.append(QuotaLimit(f"QOS {q.name} per user {user}", _lower(q.max_tres_per_user),
                               running_in(uses, user=user, qos=q.name)))
     return out, qos
 

@@ -319,3 +319,11 @@ def test_the_node_check_accepts_a_component_one_of_whose_counts_fits(tmp_path: P
     one = load_spec(write(tmp_path, wide.replace("node_counts: [1, 2]", "node_counts: [1]")))
     with pytest.raises(GraphError, match=r"needs 4 CPUs per node \(max 2\), 4 GPUs per node"):
         check_fits_nodes([], one, caps)
+
+
+def test_typed_tres_match_whatever_the_case_of_the_gres_type() -> None:
+    # Slurm keeps a GRES type's spelling (gpu:A100); a limit may be written gres/gpu:a100.
+    uses = running(("vision", "bob", "pool_normal", "gres/gpu=1,gres/gpu:A100=1"))
+    q = alice_quotas(uses, assoc=LIVE_ASSOC.replace("cpu=6,gres/gpu=4,mem=8G", "gres/gpu:a100=2"))
+    assert quota.check(q, quota.job_tres(1, 1, 2, 0, "gpu:A100"))[0] == \
+        "over quota: account vision has 1 of 2 a100 GPUs in use, this needs 2"
