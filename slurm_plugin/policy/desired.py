@@ -203,7 +203,7 @@ def _backfill_conf(policy: PolicySpec) -> list[ConfSetting]:
         items.append(f"bf_min_prio_reserve={min_reserve_priority(policy, backfill.min_reserve_tier)[0]}")
     if backfill.busy_nodes:
         items.append("bf_busy_nodes")
-    why = "scheduling.backfill: lower tiers hold no nodes idle for themselves"
+    why = "scheduling.backfill: fewer idle nodes held for pending jobs"
     return [ConfSetting("SchedulerParameters", ",".join(items), why, True)] if items else []
 
 
