@@ -88,14 +88,15 @@ def test_auto_component_lands_on_the_idle_gpu_type(cluster: SecondCluster, share
 
 # JOB, short, with the YAML's fixed partition (high) that an auto component must not keep.
 RESUMED_JOB = (JOB.replace("name: fit-live", "name: fit-resume").replace('[sleep, "30"]', '[sleep, "1"]')
-               .replace("    placement: auto\n", "    placement: auto\n    partitions: [high, debug]\n")
+               .replace("    placement: auto\n", "    placement: auto\n    partitions: [debug]\n")
                .replace("slurm: {time", "slurm: {partition: high, time"))
 
 
 def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
     """`hetrun resume` (and resubmit) re-plans the job from its YAML: an auto component is placed again against
-    the pool of now (shared cluster: debug and high over the same nodes, so equal scores and
-    the name decides: debug), not sent back to the YAML's fixed partition (high)."""
+    the pool of now (its only allowed partition, debug), not sent back to the YAML's fixed partition (high).
+    One allowed partition keeps it independent of queue pressure: with debug and high both
+    allowed, other jobs pending on debug make high win."""
     from tests.cli_helpers import hetrun_cli
 
     (shared_tmp / "job.yaml").write_text(RESUMED_JOB)
