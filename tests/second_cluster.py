@@ -13,8 +13,11 @@ from slurmdbd.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +30,7 @@ from hetrun.slurm_plugin.cluster_conf import (
 )
 from hetrun.slurm_plugin.cluster_daemons import (
     daemon_env,
+    slurm_daemon_pid,
     start_slurmctld,
     start_slurmd,
     stop_slurm_daemon,
@@ -126,13 +130,21 @@ class SecondCluster:
         raise AssertionError(f"second cluster nodes not idle after {timeout} s: {states}")
 
     def stop_daemons(self) -> None:
+        # TERM every slurmd first so they exit together (one by one, 64 took 5 s); the stops then reap them.
+        for node in self.cfg.node_names:
+            pid = slurm_daemon_pid(self.cfg, f"slurmd-{node}")
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         for node in self.cfg.node_names:
             stop_slurm_daemon(self.cfg, f"slurmd-{node}")
         stop_slurm_daemon(self.cfg, "slurmctld")
 
     def stop(self) -> None:
         if (self.cfg.directory / "run").exists():
-            self.run("scancel", "--full", "-u", "root", check=False)
+            # Against a controller that is gone, scancel retries for 18 s before it gives up.
+            if slurm_daemon_pid(self.cfg, "slurmctld") is not None:
+                self.run("scancel", "--full", "-u", "root", check=False)
             self.stop_daemons()
         self.run("sacctmgr", "-i", "delete", "cluster", self.name, check=False)
         shutil.rmtree(self.cfg.directory, ignore_errors=True)
