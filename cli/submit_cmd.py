@@ -116,7 +116,7 @@ def placement_lines(plan: Any) -> list[str]:
     """One line per placed component: where it goes and why (the words `hetrun report` uses)."""
     from hetrun.runtime.report_placement import component_row, row_lines
 
-    return [row_lines(component_row(comp, "auto", None))[0]
+    return [row_lines(component_row(comp, "ranked" if comp["placement"].get("ranked") else "auto", None))[0]
             for comp in (plan or {}).get("components", []) if comp.get("placement")]
 
 

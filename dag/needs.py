@@ -30,7 +30,7 @@ from hetrun.dag.spec import ComponentSpec, JobSpec
 @dataclass(frozen=True)
 class ComponentNeed:
     component: str
-    placement: str  # fixed | auto
+    placement: str  # fixed | auto | ranked
     nodes: int
     cpus_per_node: int
     gpus_per_node: int

@@ -102,6 +102,9 @@ class PlacementChoice(BaseModel):
     pool_taken_at: float = Field(0.0, description="epoch seconds of the pool snapshot it was scored against")
     node_count: int | None = Field(None, description="the node count it was spread over (node_counts:); the "
                                                      "component's nodes / tasks_per_node are that shape")
+    ranked: list[str] = Field(default_factory=list, description="placement: ranked: the kept candidates' "
+                                                                "partitions best first, handed to Slurm as one "
+                                                                "--partition=a,b (empty: one partition, partition)")
 
     @property
     def gpu_type(self) -> str | None:

@@ -53,6 +53,9 @@ Command = Annotated[list[str], WithJsonSchema({
     "description": "the program each rank runs: an argv list, or a string split as a shell would "
                    "(no variables, globs or pipes)"})]
 
+# Placements hetrun submit scores against the pool (partitions: / gpu_types: / node_counts: apply):
+# auto picks one candidate; ranked hands Slurm the kept candidates' partitions best first.
+PLACED_MODES = ("auto", "ranked")
 _MODEL_CONFIG = ConfigDict(extra="forbid", strict=True, frozen=False, validate_default=True)
 
 
@@ -74,9 +77,11 @@ class ComponentSpec(_Section):
                                       description="action types this component runs (not with command)")
     command: Command | None = Field(None, description="the user's program every rank of this component "
                                                       "runs instead of actions (torchrun variables per rank)")
-    placement: Literal["fixed", "auto"] = Field(
+    placement: Literal["fixed", "auto", "ranked"] = Field(
         "fixed", description="fixed: slurm.partition and gres gpu:N as written; auto: hetrun submit picks the "
-                             "partition and GPU type expected to start first (docs/CONTRACTS.md, placement)")
+                             "partition and GPU type expected to start first; ranked: it hands Slurm every "
+                             "candidate partition best first (--partition=a,b) and Slurm starts it in the one "
+                             "free first (docs/CONTRACTS.md, placement)")
     partitions: list[str] = Field(default_factory=list, max_length=64,
                                   description="placement: auto only: the partitions it may pick (default: "
                                               "slurm.partition if set, else any)")
@@ -171,10 +176,10 @@ def _checked_list(value: list[Any], check: Any) -> list[Any]:
 def _check_placement(cname: str, comp: ComponentSpec) -> None:
     """Lists of candidates mean nothing to a fixed component: refused rather than ignored."""
     for key in ("partitions", "gpu_types", "node_counts"):
-        if getattr(comp, key) and comp.placement != "auto":
-            raise SpecIssue(f"{key} lists candidates for placement: auto, but component {cname!r} has "
+        if getattr(comp, key) and comp.placement not in PLACED_MODES:
+            raise SpecIssue(f"{key} lists candidates for placement: auto / ranked, but component {cname!r} has "
                             f"placement: {comp.placement}", path=("components", cname, key),
-                            hint=f"add placement: auto to {cname}, or remove {key}:")
+                            hint=f"add placement: auto (or ranked) to {cname}, or remove {key}:")
     if comp.gpu_types and not comp.gpus_per_node:
         raise SpecIssue(f"gpu_types is set but component {cname!r} has gpus_per_node 0 (no GPU to choose a "
                         "type for)", path=("components", cname, "gpu_types"),

@@ -1,8 +1,9 @@
 """Where each component was placed, per attempt, for `hetrun report` and `hetrun status`.
 
 plan.json holds the placement of the run's newest job: a ``placement: auto``
-(or ``--fit``) component's ``placement`` record (partition, GRES, score,
-Slurm's start estimate, reasons, the candidates that lost), nothing for a
+/ ``ranked`` (or ``--fit``) component's ``placement`` record (partition, GRES, score,
+Slurm's start estimate, reasons, the candidates that lost; ranked: ``ranked``, the
+partitions handed to Slurm best first, and the GRES they share), nothing for a
 fixed one. ``hetrun resume`` / ``resubmit`` place auto components again and
 overwrite plan.json; the plan it replaces is kept as
 ``logs/plan-before-attempt-<N>.json`` (N: the restart count of the new job's
@@ -60,12 +61,13 @@ def component_row(comp: dict[str, Any], yaml_mode: str | None, job_partition: st
     choice = comp.get("placement") if isinstance(comp.get("placement"), dict) else None
     nodes = comp.get("nodes") if isinstance(comp.get("nodes"), int) else None
     if choice is None:
-        mode = "unplaced" if yaml_mode == "auto" else "fixed"
+        mode = "unplaced" if yaml_mode in ("auto", "ranked") else "fixed"
         return {"component": name, "mode": mode, "partition": job_partition, "gres": None, "node_count": nodes,
                 "score": None, "start_in_s": None, "reasons": [], "lost": [], "pool_taken_at": None}
     gres = choice.get("gres")
-    return {"component": name, "mode": "auto" if yaml_mode == "auto" else "fit",
-            "partition": choice.get("partition"), "gres": gres if isinstance(gres, str) else None,
+    ranked = [str(p) for p in choice.get("ranked") or []]  # placement: ranked: Slurm's list, best first
+    return {"component": name, "mode": yaml_mode if yaml_mode in ("auto", "ranked") else "fit",
+            "partition": choice.get("partition"), "gres": gres if isinstance(gres, str) else None, "ranked": ranked,
             "node_count": nodes, "node_count_chosen": isinstance(choice.get("node_count"), int),
             "score": _num(choice.get("score")), "start_in_s": _num(choice.get("start_in_s")),
             "reasons": [str(r) for r in choice.get("reasons") or []],
@@ -124,7 +126,7 @@ def placement_section(run_dir: Path, plan: dict[str, Any], resumed_at: list[int]
 
 
 def _where(row: dict[str, Any]) -> str:
-    parts = [row.get("partition") or "the default partition"]
+    parts = [",".join(row["ranked"]) if row.get("ranked") else row.get("partition") or "the default partition"]
     if row.get("gres") and row["gres"] != "-":
         parts.append(row["gres"])
     if row.get("node_count"):  # "(chosen)": placement picked it from the component's node_counts:
@@ -139,7 +141,7 @@ def short_text(row: dict[str, Any]) -> str:
         return "fixed (from the YAML)"
     if row["mode"] == "unplaced":
         return "auto: not placed (local backend)"
-    return f"{'auto' if row['mode'] == 'auto' else '--fit'}: {_where(row)}"
+    return f"{'--fit' if row['mode'] == 'fit' else row['mode']}: {_where(row)}"
 
 
 def row_lines(row: dict[str, Any]) -> list[str]:
@@ -149,7 +151,8 @@ def row_lines(row: dict[str, Any]) -> list[str]:
         return [f"{name}: fixed (from the YAML): {_where(row)}"]
     if row["mode"] == "unplaced":
         return [f"{name}: placement auto, not placed (no choice in the plan: the local backend has one place)"]
-    how = "" if row["mode"] == "auto" else " by --fit"
+    how = {"auto": "", "ranked": " (ranked: Slurm starts it in the first that lets it start)"}.get(row["mode"],
+                                                                                                  " by --fit")
     # "placed NAME on PARTITION GRES": the words `hetrun submit` has always printed (tests parse them)
     lines = [f"placed {name} on {_where(row)}{how} {why_text(row)}"]
     lines += [f"  lost: {other}" for other in row.get("lost") or []]
@@ -209,7 +212,7 @@ def newest_by_component(section: dict[str, Any]) -> dict[str, str]:
         text = short_text(row)
         old = before.get(name)
         if old is not None and short_text(old) != text:
-            was = _where(old) if old["mode"] in ("auto", "fit") else short_text(old)
+            was = _where(old) if old["mode"] in ("auto", "ranked", "fit") else short_text(old)
             text += f" (before attempt {ranges[-1]['first_restart'] + 1}: {was})"
         out[name] = text
     return out

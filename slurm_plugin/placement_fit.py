@@ -26,6 +26,7 @@ from typing import Any
 
 from hetrun.dag.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import ComponentNeed, component_needs
+from hetrun.dag.spec import PLACED_MODES
 
 from .placement import (
     Candidate,
@@ -119,7 +120,7 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
     components not among ``names`` are counted as taken first (the job's own siblings).
     ``test_only`` None: without Slurm's start estimate (the score alone)."""
     placed = [n for n in needs if names is None or n in names]
-    fixed = [n for n, c in needs.items() if c.placement != "auto" and n not in (names or ())]
+    fixed = [n for n, c in needs.items() if c.placement not in PLACED_MODES and n not in (names or ())]
     fits = {}
     for name in fixed + [n for n in placed if n not in fixed]:
         shapes = Need.shapes(needs[name])
@@ -175,7 +176,7 @@ def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[s
 
 
 def auto_components(spec: Any, fit_all: bool) -> list[str]:
-    return [n for n, c in spec.components.items() if fit_all or c.placement == "auto"]
+    return [n for n, c in spec.components.items() if fit_all or c.placement in PLACED_MODES]
 
 
 def choose(spec: Any, *, fit_all: bool = False, run: Runner | None = None,
@@ -280,21 +281,58 @@ def _spread(comp: dict[str, Any], count: int) -> None:
     comp.update(nodes=count, tasks_per_node=tpn, gpus_per_node=gpn, mem_mb=mem)
 
 
-def record(plan_d: dict[str, Any], report: FitReport) -> None:
-    """Each placed component's choice into ``plan_d`` (plan.json), for the script and for reports."""
+@dataclass(frozen=True)
+class RankedList:
+    """``placement: ranked``: what Slurm is handed for one component."""
+
+    partitions: list[str]  # best first, each once: --partition=a,b
+    gres: str  # the kept candidates' shared GRES group ("gpu:a100"), else untyped "gpu" ("-": no GPUs)
+    dropped: int  # candidates left out because they stand for another node count than the best
+
+
+def ranked_list(candidates: list[Candidate], gpus: bool) -> RankedList:
+    """The kept candidates (best first) as one multi-partition request. Slurm starts such a job in
+    whichever partition lets it start first, with one node count and one GRES for all, so only the
+    best candidate's node count stays; the GRES is typed only when every kept candidate has that type
+    (the untyped ``gpu`` is right because each one's type is one the component accepts)."""
+    best = candidates[0]
+    kept = [c for c in candidates if c.node_count == best.node_count]
+    groups = {c.gres for c in kept}
+    gres = groups.pop() if len(groups) == 1 else ("gpu" if gpus else "-")
+    return RankedList(list(dict.fromkeys(c.partition for c in kept)), gres, len(candidates) - len(kept))
+
+
+def _choice(comp: dict[str, Any], fit: ComponentFit, pool_taken_at: float) -> Any:
+    """The plan.json ``placement`` record of one placed component (``ranked``: its list too)."""
     from hetrun.dag.plan import PlacementChoice
 
+    best = fit.best
+    assert best is not None
+    gres, reasons, ranked = best.gres, list(best.reasons), None
+    others = [f"{_summary(c)}; lost because {why_lost(c, best)}" for c in fit.candidates[1:]]
+    if fit.need.placement == "ranked":
+        ranked = ranked_list(fit.candidates, bool(comp.get("gpus_per_node")))
+        gres = ranked.gres
+        reasons.append(f"ranked: Slurm is handed {','.join(ranked.partitions)} best first and starts it in the "
+                       "first that lets it start" + (f"; {ranked.dropped} candidate(s) of another node count left "
+                                                     "out (one node count per request)" if ranked.dropped else ""))
+        others = [f"{_summary(c)}; " + ("in the ranked list" if c.node_count == best.node_count
+                                        else "left out: another node count than the best")
+                  for c in fit.candidates[1:]]
+    return PlacementChoice(partition=best.partition, gres=gres, score=best.score, start_in_s=best.start_in_s,
+                           nodes=list(best.nodes), reasons=reasons, others=others + fit.excluded,
+                           pool_taken_at=pool_taken_at, node_count=best.node_count or None,
+                           ranked=ranked.partitions if ranked else [])
+
+
+def record(plan_d: dict[str, Any], report: FitReport) -> None:
+    """Each placed component's choice into ``plan_d`` (plan.json), for the script and for reports."""
     for comp in plan_d["components"]:
         fit = report.components.get(comp["name"])
         if fit is None or fit.best is None:
             continue
         best = fit.best
-        choice = PlacementChoice(partition=best.partition, gres=best.gres, score=best.score,
-                                 start_in_s=best.start_in_s, nodes=list(best.nodes), reasons=list(best.reasons),
-                                 others=[f"{_summary(c)}; lost because {why_lost(c, best)}"
-                                         for c in fit.candidates[1:]] + fit.excluded,
-                                 pool_taken_at=report.pool_taken_at or time.time(),
-                                 node_count=best.node_count or None)
+        choice = _choice(comp, fit, report.pool_taken_at or time.time())
         if best.node_count:
             _spread(comp, best.node_count)
         comp["placement"] = choice.model_dump(mode="json")
@@ -330,5 +368,5 @@ def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Calla
     return run, slurm_test_only(dict(env))
 
 
-__all__ = ["ComponentFit", "FitReport", "auto_components", "choose", "explain", "explain_lines", "fit_components",
-           "place", "quota_lines", "record", "with_runner_env"]
+__all__ = ["ComponentFit", "FitReport", "RankedList", "auto_components", "choose", "explain", "explain_lines",
+           "fit_components", "place", "quota_lines", "ranked_list", "record", "with_runner_env"]

@@ -72,6 +72,11 @@ def partition(value: object, key_path: str = "slurm.partition") -> str:
     return _checked(v.check_partition, value, key_path)
 
 
+def one_partition(value: object, key_path: str) -> str:
+    """One partition name, no list (an entry of a ``placement: ranked`` record)."""
+    return _checked(v.check_one_partition, value, key_path)
+
+
 def gpu_type(value: object, key_path: str) -> str:
     return _checked(v.check_gpu_type, value, key_path)
 

@@ -64,7 +64,7 @@ class ComponentLines:
     gpus_per_node: int
     mem_mb: int
     command: tuple[str, ...] | None = None  # a command component's argv (None: it runs actions)
-    # placement: auto (plan.json components[i].placement): its own partition and GPU type
+    # placement: auto / ranked (plan.json components[i].placement): its own partition (ranked: "a,b") and GPU type
     partition: str | None = None
     gpu_type: str | None = None
 
@@ -118,6 +118,10 @@ def _placement(choice: Any, key_path: str) -> dict[str, str | None]:
     gtype = str(_field(choice, "gres", "-")).partition(":")[2] or None
     if gtype is not None:
         gtype = quoting.gpu_type(gtype, f"{key_path}.gres")
+    ranked = _field(choice, "ranked", None) or []  # placement: ranked: every kept partition, best first
+    if ranked:
+        names = [quoting.one_partition(p, f"{key_path}.ranked[{i}]") for i, p in enumerate(ranked)]
+        return {"partition": ",".join(names), "gpu_type": gtype}
     return {"partition": quoting.partition(_field(choice, "partition"), f"{key_path}.partition"),
             "gpu_type": gtype}
 

@@ -1,0 +1,98 @@
+"""placement: ranked, off-line: the kept candidates' partitions handed to Slurm best first as one
+--partition=a,b, the GRES typed only when every kept candidate shares the type, one node count
+per request, the plan.json record and the words `hetrun submit` / `hetrun report` print.
+
+The live run on the shared cluster is tests/test_placement_ranked_live.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hetrun.dag.needs import component_needs
+from hetrun.dag.plan import Plan, build_plan
+from hetrun.dag.spec import load_spec
+from hetrun.runtime.report_placement import component_row, row_lines, short_text
+from hetrun.slurm_plugin import placement_fit
+from hetrun.slurm_plugin.render import render_sbatch
+from test_placement import TYPES, snapshot
+from test_placement_quota import NODE_COUNTS, half_busy
+from test_placement_spec import AUTO, spec_error, starts_in, write
+
+RANKED = AUTO.replace("placement: auto", "placement: ranked").replace("slurm: {partition: debug,", "slurm: {")
+
+
+def placed(tmp_path: Path, text: str, snap, seconds: dict[str, float]) -> tuple[dict, object]:
+    """plan.json's dict after submit's fit step against ``snap``, and the spec."""
+    spec = load_spec(write(tmp_path, text))
+    fits = placement_fit.fit_components(component_needs(spec), snap, starts_in(seconds), ["trainer"])
+    plan_d = json.loads(build_plan(spec).to_json())
+    placement_fit.record(plan_d, placement_fit.FitReport(fits, snap.taken_at))
+    return plan_d, spec
+
+
+def test_two_gpu_types_go_to_slurm_as_a_partition_list_with_untyped_gres(tmp_path: Path) -> None:
+    # Slurm expects debug to start an hour later: high first, then debug.
+    plan_d, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
+    choice = plan_d["components"][0]["placement"]
+    assert choice["ranked"] == ["high", "debug"] and choice["partition"] == "high", choice
+    assert choice["gres"] == "gpu"  # a100 and v100 both kept: the type is Slurm's to pick
+    assert any(r.startswith("ranked: Slurm is handed high,debug best first") for r in choice["reasons"])
+    assert all("; in the ranked list" in o for o in choice["others"]), choice["others"]
+    assert Plan.from_json(json.dumps(plan_d)).components[0].placement.ranked == ["high", "debug"]
+    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    trainer, watcher = script.split("#SBATCH hetjob")
+    assert "#SBATCH --partition=high,debug\n" in trainer and "#SBATCH --gres=gpu:2\n" in trainer, trainer
+    assert "--partition" not in watcher
+
+
+def test_one_allowed_type_keeps_the_gres_typed(tmp_path: Path) -> None:
+    text = RANKED.replace("gpu_types: [a100, v100]", "gpu_types: [v100]")
+    plan_d, spec = placed(tmp_path, text, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
+    choice = plan_d["components"][0]["placement"]
+    assert choice["gres"] == "gpu:v100" and sorted(choice["ranked"]) == ["debug", "high"], choice
+    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert f"#SBATCH --partition={','.join(choice['ranked'])}\n" in script and "--gres=gpu:v100:2" in script
+
+
+def test_candidates_of_another_node_count_are_left_out(tmp_path: Path) -> None:
+    text = NODE_COUNTS.replace("placement: auto", "placement: ranked").replace("slurm: {partition: debug,", "slurm: {")
+    # Every node half busy: the two-node shape starts now, so its count is the request's.
+    plan_d, _ = placed(tmp_path, text, half_busy({"n1", "n2", "n3", "n4"}), {"debug": 0, "high": 0})
+    comp = plan_d["components"][0]
+    assert (comp["nodes"], comp["placement"]["node_count"], comp["placement"]["gres"]) == (2, 2, "gpu")
+    assert any("of another node count left out" in r for r in comp["placement"]["reasons"])
+    assert any(" x1 nodes: score" in o and "left out: another node count" in o for o in comp["placement"]["others"])
+
+
+def test_report_and_submit_say_ranked(tmp_path: Path) -> None:
+    from hetrun.cli.submit_cmd import placement_lines
+
+    plan_d, _ = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
+    row = component_row(plan_d["components"][0], "ranked", None)
+    assert short_text(row) == "ranked: high,debug gpu 1 node"
+    assert row_lines(row)[0].startswith("placed trainer on high,debug gpu 1 node (ranked: Slurm starts it")
+    assert placement_lines(plan_d)[0] == row_lines(row)[0]
+
+
+def test_ranked_loads_survives_job_yaml_and_is_refused_where_auto_is(tmp_path: Path) -> None:
+    spec = load_spec(write(tmp_path, RANKED))
+    assert spec.components["trainer"].placement == "ranked"
+    assert load_spec(write(tmp_path, spec.to_yaml())).components["trainer"].placement == "ranked"
+    err = spec_error(tmp_path, RANKED.replace("    placement: ranked\n", ""))
+    assert err.key_path == "components.trainer.gpu_types" and "placement: auto / ranked" in str(err), str(err)
+    assert str(err).startswith(f"{err.file}:{err.line}:")
+    err = spec_error(tmp_path, RANKED.replace("placement: ranked", "placement: rank"))
+    assert err.key_path == "components.trainer.placement" and "ranked" in str(err), str(err)
+
+
+@pytest.mark.parametrize("bad", ["a;b", "a,b"])
+def test_a_bad_partition_in_the_record_is_refused_before_the_script(tmp_path: Path, bad: str) -> None:
+    from hetrun.dag.errors import SpecError
+
+    plan_d, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
+    plan_d["components"][0]["placement"]["ranked"] = ["debug", bad]
+    with pytest.raises(SpecError) as info:
+        render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert info.value.key_path == "components.trainer.placement.ranked[1]"
