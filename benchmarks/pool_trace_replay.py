@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import replay_hetrun_jobs  # noqa: E402
 from big_cluster import BigPool  # noqa: E402
 from hetrun.slurm_plugin import placement, pool  # noqa: E402
+from hetrun.slurm_plugin.placement_fit import ranked_list  # noqa: E402
 from pool_ideal import ideal_share, kinds_accepted, kinds_by_script  # noqa: E402
 
 TIERS = ("critical", "high", "normal")
@@ -190,7 +191,8 @@ def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None,
     """(partitions, GPU type, seconds spent) chosen by fitness placement on a fresh snapshot.
 
     Not ``ranked`` (``--fit-mode single``): the best candidate's partition and GPU type.
-    ``ranked``: the candidates ``placement.score`` ranks become Slurm's own multi-partition list,
+    ``ranked``: hetrun's ``placement: ranked`` (``placement_fit.ranked_list``): the candidates
+    ``placement.score`` ranks become Slurm's own multi-partition list,
     best first: Slurm then starts the job in the first of them that frees up, where a
     single choice made at submission would wait for that one partition. A GPU job
     accepting both types lists both partitions and asks for untyped ``gpu:2``; a CPU
@@ -207,11 +209,9 @@ def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None,
     if not ranked:
         best = cands[0]
         return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent
-    keep = [c for c in cands if c is cands[0] or (c.gres != pool.NO_GRES) == bool(job.gpu_types)]
-    partitions = list(dict.fromkeys(c.partition for c in keep))
-    types = {c.gres.split(":")[1] for c in keep if c.gres != pool.NO_GRES}
-    gpu_type = types.pop() if len(types) == 1 and job.gpu_types else None  # None: untyped gpu:2
-    return ",".join(partitions), gpu_type, spent
+    ranked = ranked_list(cands, bool(job.gpu_types))  # what hetrun's placement: ranked hands Slurm
+    gpu_type = ranked.gres.partition(":")[2] or None if job.gpu_types else None  # None: untyped gpu:2
+    return ",".join(ranked.partitions), gpu_type, spent
 
 
 class Sampler(threading.Thread):

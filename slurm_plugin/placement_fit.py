@@ -287,16 +287,25 @@ class RankedList:
 
     partitions: list[str]  # best first, each once: --partition=a,b
     gres: str  # the kept candidates' shared GRES group ("gpu:a100"), else untyped "gpu" ("-": no GPUs)
-    dropped: int  # candidates left out because they stand for another node count than the best
+    dropped: int  # candidates left out (``left_out`` says why)
+
+
+def left_out(c: Candidate, best: Candidate, gpus: bool) -> str | None:
+    """Why ranked leaves candidate ``c`` out of the list ``best`` heads (None: it is kept). One
+    request has one node count; CPU-only work lists GPU nodes only where they scored best, so
+    it does not queue up on GPU nodes behind GPU work."""
+    if c.node_count != best.node_count:
+        return f"another node count than the best ({best.node_count})"
+    if c is not best and not gpus and c.gres != "-":
+        return "GPU nodes for CPU-only work (listed only when they score best)"
+    return None
 
 
 def ranked_list(candidates: list[Candidate], gpus: bool) -> RankedList:
-    """The kept candidates (best first) as one multi-partition request. Slurm starts such a job in
-    whichever partition lets it start first, with one node count and one GRES for all, so only the
-    best candidate's node count stays; the GRES is typed only when every kept candidate has that type
-    (the untyped ``gpu`` is right because each one's type is one the component accepts)."""
-    best = candidates[0]
-    kept = [c for c in candidates if c.node_count == best.node_count]
+    """The kept candidates (best first) as one multi-partition request; Slurm starts such a job in
+    whichever partition lets it start first. The GRES is typed only when every kept candidate has
+    that type (the untyped ``gpu`` is right because each one's type is one the component accepts)."""
+    kept = [c for c in candidates if left_out(c, candidates[0], gpus) is None]
     groups = {c.gres for c in kept}
     gres = groups.pop() if len(groups) == 1 else ("gpu" if gpus else "-")
     return RankedList(list(dict.fromkeys(c.partition for c in kept)), gres, len(candidates) - len(kept))
@@ -311,14 +320,14 @@ def _choice(comp: dict[str, Any], fit: ComponentFit, pool_taken_at: float) -> An
     gres, reasons, ranked = best.gres, list(best.reasons), None
     others = [f"{_summary(c)}; lost because {why_lost(c, best)}" for c in fit.candidates[1:]]
     if fit.need.placement == "ranked":
-        ranked = ranked_list(fit.candidates, bool(comp.get("gpus_per_node")))
+        gpus = bool(comp.get("gpus_per_node"))
+        ranked = ranked_list(fit.candidates, gpus)
         gres = ranked.gres
         reasons.append(f"ranked: Slurm is handed {','.join(ranked.partitions)} best first and starts it in the "
-                       "first that lets it start" + (f"; {ranked.dropped} candidate(s) of another node count left "
-                                                     "out (one node count per request)" if ranked.dropped else ""))
-        others = [f"{_summary(c)}; " + ("in the ranked list" if c.node_count == best.node_count
-                                        else "left out: another node count than the best")
-                  for c in fit.candidates[1:]]
+                       "first that lets it start" + (f"; {ranked.dropped} candidate(s) left out" if ranked.dropped
+                                                     else ""))
+        others = [f"{_summary(c)}; " + (f"left out: {why}" if (why := left_out(c, best, gpus)) else
+                                        "in the ranked list") for c in fit.candidates[1:]]
     return PlacementChoice(partition=best.partition, gres=gres, score=best.score, start_in_s=best.start_in_s,
                            nodes=list(best.nodes), reasons=reasons, others=others + fit.excluded,
                            pool_taken_at=pool_taken_at, node_count=best.node_count or None,
@@ -369,4 +378,4 @@ def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Calla
 
 
 __all__ = ["ComponentFit", "FitReport", "RankedList", "auto_components", "choose", "explain", "explain_lines",
-           "fit_components", "place", "quota_lines", "ranked_list", "record", "with_runner_env"]
+           "fit_components", "left_out", "place", "quota_lines", "ranked_list", "record", "with_runner_env"]

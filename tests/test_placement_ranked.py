@@ -62,7 +62,7 @@ def test_candidates_of_another_node_count_are_left_out(tmp_path: Path) -> None:
     plan_d, _ = placed(tmp_path, text, half_busy({"n1", "n2", "n3", "n4"}), {"debug": 0, "high": 0})
     comp = plan_d["components"][0]
     assert (comp["nodes"], comp["placement"]["node_count"], comp["placement"]["gres"]) == (2, 2, "gpu")
-    assert any("of another node count left out" in r for r in comp["placement"]["reasons"])
+    assert any("candidate(s) left out" in r for r in comp["placement"]["reasons"])
     assert any(" x1 nodes: score" in o and "left out: another node count" in o for o in comp["placement"]["others"])
 
 
@@ -96,3 +96,14 @@ def test_a_bad_partition_in_the_record_is_refused_before_the_script(tmp_path: Pa
     with pytest.raises(SpecError) as info:
         render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
     assert info.value.key_path == "components.trainer.placement.ranked[1]"
+
+
+def test_cpu_only_work_lists_gpu_nodes_only_where_they_score_best() -> None:
+    from hetrun.slurm_plugin.placement import Candidate
+
+    cpu, gpu_first = Candidate("cpu", "-", 90.0, True), Candidate("gpu-a100", "gpu:a100", 120.0, True)
+    gpu_later = Candidate("gpu-v100", "gpu:v100", 80.0, False)
+    assert placement_fit.ranked_list([cpu, gpu_later], gpus=False) == placement_fit.RankedList(["cpu"], "-", 1)
+    assert placement_fit.ranked_list([gpu_first, cpu, gpu_later], gpus=False).partitions == ["gpu-a100", "cpu"]
+    assert placement_fit.ranked_list([gpu_first, gpu_later], gpus=True) == \
+        placement_fit.RankedList(["gpu-a100", "gpu-v100"], "gpu", 0)
