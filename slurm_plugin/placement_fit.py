@@ -253,6 +253,10 @@ def explain_lines(report: FitReport) -> list[str]:
             if i and best is not None:
                 out.append(f"       lost because {why_lost(c, best)}")
         out += [f"  out  {x}" for x in fit.excluded]
+        if n.placement == "ranked" and best is not None:
+            ranked = ranked_list(fit.candidates, bool(n.gpus_per_node))
+            out.append(f"  ranked: Slurm is handed --partition={','.join(ranked.partitions)}"
+                       + (f" --gres={ranked.gres}:{n.gpus_per_node}" if n.gpus_per_node else ""))
     return out
 
 

@@ -74,6 +74,11 @@ def test_report_and_submit_say_ranked(tmp_path: Path) -> None:
     assert short_text(row) == "ranked: high,debug gpu 1 node"
     assert row_lines(row)[0].startswith("placed trainer on high,debug gpu 1 node (ranked: Slurm starts it")
     assert placement_lines(plan_d)[0] == row_lines(row)[0]
+    spec = load_spec(write(tmp_path, RANKED))
+    fits = placement_fit.fit_components(component_needs(spec), snapshot(TYPES, busy={"n1", "n2"}),
+                                        starts_in({"high": 0, "debug": 3600}))
+    lines = placement_fit.explain_lines(placement_fit.FitReport(fits, 0.0))
+    assert "  ranked: Slurm is handed --partition=high,debug --gres=gpu:2" in lines, lines
 
 
 def test_ranked_loads_survives_job_yaml_and_is_refused_where_auto_is(tmp_path: Path) -> None:
