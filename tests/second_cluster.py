@@ -146,7 +146,10 @@ class SecondCluster:
             if slurm_daemon_pid(self.cfg, "slurmctld") is not None:
                 self.run("scancel", "--full", "-u", "root", check=False)
             self.stop_daemons()
-        self.run("sacctmgr", "-i", "delete", "cluster", self.name, check=False)
+        # slurmdbd is shared, so the default slurm.conf reaches it; with self.env before the first
+        # start (no slurm.conf of ours yet) sacctmgr spent 59 s failing to read it.
+        subprocess.run(["sacctmgr", "-i", "delete", "cluster", self.name], capture_output=True, check=False,
+                       timeout=60)
         shutil.rmtree(self.cfg.directory, ignore_errors=True)
         # QOS are global in slurmdbd; sacctmgr refuses to delete one while an
         # association still names it, so only now that the cluster is gone.
