@@ -111,6 +111,9 @@ def test_short_jobs_without_a_partition_go_to_the_time_sliced_one(script: Path) 
     assert submit(script, time_limit=60)[2] is None
     assert submit(script, time_limit=5, partition="debug")[2] == "debug"
     assert submit(script)[2] is None
+    # A short GPU job stays where Slurm routes it: the sliced partition may have no GPU node.
+    assert submit(script, time_limit=5, tres_per_node="gres:gpu:1", gres="gres:gpu:1")[2] is None
+    assert submit(script, time_limit=5, tres_per_node="gres:shard:1")[2] is None
 
 
 def test_names_are_escaped_in_the_lua_table(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ policy holds for plain Slurm users as well as for hetrun:
   * a job that by itself asks for more than its account's quota (GrpTRES)
     is refused with a message naming the quota (a job that fits the quota
     but not what is left of it pends: Slurm's own GrpTRES enforcement);
-  * with time slicing, a short job that names no partition goes to the
-    time-sliced partition.
+  * with time slicing, a short job that names no partition and asks for no
+    GRES (GPU, shard) goes to the time-sliced partition.
 
 Rendered from the policy file; edit the policy, not this file.
 --]]
@@ -80,6 +80,15 @@ local function over_quota(account, tres)
    return nil
 end
 
+-- Any GPU, shard or other GRES: such a job stays where Slurm routes it, since
+-- the time-sliced partition may have no node with that GRES (it would be refused).
+local function asks_gres(tres)
+   for key, n in pairs(tres) do
+      if string.sub(key, 1, 5) == "gres/" and n > 0 then return true end
+   end
+   return false
+end
+
 -- A tier name or a hetrun QoS class -> the tier's QOS; anything else unchanged.
 local function map_qos(qos)
    if qos == nil or qos == "" then return nil end
@@ -100,8 +109,9 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    if qos ~= nil and qos ~= job_desc.qos then
       job_desc.qos = qos
    end
+   local tres = job_tres(job_desc)
    if account ~= nil then
-      local msg = over_quota(account, job_tres(job_desc))
+      local msg = over_quota(account, tres)
       if msg ~= nil then
          slurm.log_user("%s", msg)
          slurm.log_info("%s (uid %s)", msg, tostring(submit_uid))
@@ -110,7 +120,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
    end
    local slicing = POLICY.slicing
    if slicing ~= nil and (job_desc.partition == nil or job_desc.partition == "")
-      and not unset(job_desc.time_limit) and job_desc.time_limit <= slicing.max_minutes then
+      and not unset(job_desc.time_limit) and job_desc.time_limit <= slicing.max_minutes
+      and not asks_gres(tres) then
       job_desc.partition = slicing.partition
    end
    return slurm.SUCCESS
