@@ -108,7 +108,12 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return f"{self.partition} {self.gres}" + (f" x{self.node_count} nodes" if self.node_count else "")
+        return group_label(self.partition, self.gres, self.node_count)
+
+
+def group_label(partition: str, gres: str, node_count: int = 0) -> str:
+    """A candidate's name in reasons and ``--explain`` ("debug gpu:a100 x2 nodes")."""
+    return f"{partition} {gres}" + (f" x{node_count} nodes" if node_count else "")
 
 
 def _fits_now(n: NodeFree, need: Need) -> bool:
@@ -143,13 +148,11 @@ def need_tres(need: Need, gres: str) -> dict[str, int]:
     return quota.job_tres(need.nodes, need.cpus_per_node, need.gpus_per_node, need.mem_mb_per_node, gres)
 
 
-def _label(row: PoolRow, need: Need) -> str:
-    return f"{row.partition} {row.gres}" + (f" x{need.nodes} nodes" if need.fewest_nodes else "")
-
-
 def excluded(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[str]:
     """Why each (partition, GRES) group of the pool that ``score`` leaves out cannot hold ``need``."""
-    return [f"{_label(row, need)}: {why}" for row in snap.rows if (why := _why_out(row, need, quotas))]
+    count = need.nodes if need.fewest_nodes else 0
+    return [f"{group_label(row.partition, row.gres, count)}: {why}" for row in snap.rows
+            if (why := _why_out(row, need, quotas))]
 
 
 def _shape_penalty(need: Need) -> tuple[float, list[str]]:
@@ -196,10 +199,10 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
         reasons += why + quota_why
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons,
                              node_count=need.nodes if need.fewest_nodes else 0))
-    return sorted(out, key=_rank)
+    return sorted(out, key=rank_key)
 
 
-def _rank(c: Candidate) -> tuple[float, str, str, int]:
+def rank_key(c: Candidate) -> tuple[float, str, str, int]:
     return (-c.score, c.partition, c.gres, c.node_count)
 
 
@@ -237,7 +240,7 @@ def with_start_estimates(need: Need, cands: Sequence[Candidate],
             continue
         c.score = round(c.score - min(WAIT_PENALTY_MAX, WAIT_PENALTY_PER_MIN * c.start_in_s / 60), 2)
         c.reasons.append(f"Slurm expects a start in {c.start_in_s:.0f} s")
-    return sorted(cands, key=_rank)
+    return sorted(cands, key=rank_key)
 
 
 def slurm_test_only(env: dict[str, str] | None = None) -> Callable[[list[str]], str]:

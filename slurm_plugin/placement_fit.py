@@ -33,6 +33,7 @@ from .placement import (
     Need,
     excluded,
     need_tres,
+    rank_key,
     score,
     slurm_test_only,
     with_start_estimates,
@@ -51,6 +52,9 @@ class ComponentFit:
     need: ComponentNeed
     candidates: list[Candidate] = field(default_factory=list)  # best first
     excluded: list[str] = field(default_factory=list)  # groups that can never hold it, and why
+    # Every GRES group of each partition in the pool ("gpu:a100", "-"): ranked's untyped gpu:N
+    # may land on any of them, so it checks them all (empty: not known, the candidates are trusted).
+    pool_gres: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def best(self) -> Candidate | None:
@@ -94,7 +98,7 @@ def _candidates(shapes: list[Need], snap: PoolSnapshot, quotas: Quotas | None,
         scored, why_out = _within_quota(need, snap, quotas)
         cands += scored if test_only is None else with_start_estimates(need, scored, test_only)
         out += why_out
-    return sorted(cands, key=lambda c: (-c.score, c.partition, c.gres, c.node_count)), out
+    return sorted(cands, key=rank_key), out
 
 
 def _within_quota(need: Need, snap: PoolSnapshot, quotas: Quotas | None) -> tuple[list[Candidate], list[str]]:
@@ -122,6 +126,9 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
     placed = [n for n in needs if names is None or n in names]
     fixed = [n for n, c in needs.items() if c.placement not in PLACED_MODES and n not in (names or ())]
     fits = {}
+    pool_gres: dict[str, set[str]] = {}
+    for row in snap.rows:
+        pool_gres.setdefault(row.partition, set()).add(row.gres)
     for name in fixed + [n for n in placed if n not in fixed]:
         shapes = Need.shapes(needs[name])
         if name in fixed:  # where Slurm would put it: its best group now, before any estimate
@@ -129,10 +136,10 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
             _take_best(snap, quotas, shapes, cands[0] if cands else None)
             if name in placed:  # explain shows it, with Slurm's estimates too
                 shown = cands if test_only is None else with_start_estimates(shapes[0], cands, test_only)
-                fits[name] = ComponentFit(needs[name], shown, out)
+                fits[name] = ComponentFit(needs[name], shown, out, pool_gres)
             continue
         cands, out = _candidates(shapes, snap, quotas, test_only)
-        fits[name] = ComponentFit(needs[name], cands, out)
+        fits[name] = ComponentFit(needs[name], cands, out, pool_gres)
         _take_best(snap, quotas, shapes, fits[name].best)
     return {n: fits[n] for n in placed}
 
@@ -254,9 +261,10 @@ def explain_lines(report: FitReport) -> list[str]:
                 out.append(f"       lost because {why_lost(c, best)}")
         out += [f"  out  {x}" for x in fit.excluded]
         if n.placement == "ranked" and best is not None:
-            ranked = ranked_list(fit.candidates, bool(n.gpus_per_node))
+            gpus = _best_shape(fit).gpus_per_node  # the chosen node count's shape, as the script asks
+            ranked = ranked_list(fit.candidates, bool(gpus), fit.pool_gres)
             out.append(f"  ranked: Slurm is handed --partition={','.join(ranked.partitions)}"
-                       + (f" --gres={ranked.gres}:{n.gpus_per_node}" if n.gpus_per_node else ""))
+                       + (f" --gres={ranked.gres}:{gpus}" if gpus else ""))
     return out
 
 
@@ -291,12 +299,13 @@ class RankedList:
 
     partitions: list[str]  # best first, each once: --partition=a,b
     gres: str  # the kept candidates' shared GRES group ("gpu:a100"), else untyped "gpu" ("-": no GPUs)
-    dropped: int  # candidates left out (``left_out`` says why)
+    dropped: int  # candidates left out (``left`` says why)
+    left: dict[str, str] = field(default_factory=dict, compare=False)  # candidate label -> why left out
 
 
 def left_out(c: Candidate, best: Candidate, gpus: bool) -> str | None:
     """Why ranked leaves candidate ``c`` out of the list ``best`` heads (None: it is kept). One
-    request has one node count; CPU-only work lists GPU nodes only where they scored best, so
+    request has one node count; CPU-only work lists GPU nodes only where they score best, so
     it does not queue up on GPU nodes behind GPU work."""
     if c.node_count != best.node_count:
         return f"another node count than the best ({best.node_count})"
@@ -305,17 +314,56 @@ def left_out(c: Candidate, best: Candidate, gpus: bool) -> str | None:
     return None
 
 
-def ranked_list(candidates: list[Candidate], gpus: bool) -> RankedList:
+def _unsafe_for_untyped(kept: list[Candidate], candidates: list[Candidate],
+                        pool_gres: Mapping[str, set[str]]) -> dict[str, str]:
+    """Kept partitions an untyped ``gpu:N`` is not safe on: the partition also holds a GPU group
+    that is no candidate for this shape (a type ``gpu_types:`` or GPU memory rules out), and
+    Slurm could start the job there. Partition -> why."""
+    ok = {(c.partition, c.gres) for c in candidates if c.node_count == kept[0].node_count}
+    out = {}
+    for part in dict.fromkeys(c.partition for c in kept):
+        bad = sorted(g for g in pool_gres.get(part, ()) if g != "-" and (part, g) not in ok)
+        if bad:
+            out[part] = (f"{part} also holds {', '.join(g.partition(':')[2] or g for g in bad)}, which the "
+                         "component does not accept (an untyped GRES could land there)")
+    return out
+
+
+def ranked_list(candidates: list[Candidate], gpus: bool,
+                pool_gres: Mapping[str, set[str]] | None = None) -> RankedList:
     """The kept candidates (best first) as one multi-partition request; Slurm starts such a job in
-    whichever partition lets it start first. The GRES is typed only when every kept candidate has
-    that type (the untyped ``gpu`` is right because each one's type is one the component accepts)."""
-    kept = [c for c in candidates if left_out(c, candidates[0], gpus) is None]
+    whichever partition lets it start first. The GRES is typed when every kept candidate has that
+    type; else untyped ``gpu``, only over partitions whose every GPU group (``pool_gres``, the
+    pool's GRES groups per partition; None: not known) the component accepts; where that leaves
+    one type, or the best's own partition is not safe, the best's typed GRES and its type's
+    candidates."""
+    best = candidates[0]
+    left = {c.label: why for c in candidates if (why := left_out(c, best, gpus))}
+    kept = [c for c in candidates if c.label not in left]
+    if gpus and len({c.gres for c in kept}) > 1 and pool_gres:
+        unsafe = _unsafe_for_untyped(kept, candidates, pool_gres)
+        safe = [c for c in kept if c.partition not in unsafe]
+        if best.partition in unsafe or len({c.gres for c in safe}) == 1:  # the best's type, typed
+            why = f"another GPU type than the best's {best.gres}, kept typed since " + "; ".join(unsafe.values())
+            left.update({c.label: why for c in kept if c.gres != best.gres})
+        else:
+            left.update({c.label: why for c in kept if (why := unsafe.get(c.partition))})
+        kept = [c for c in kept if c.label not in left]
     groups = {c.gres for c in kept}
     gres = groups.pop() if len(groups) == 1 else ("gpu" if gpus else "-")
-    return RankedList(list(dict.fromkeys(c.partition for c in kept)), gres, len(candidates) - len(kept))
+    return RankedList(list(dict.fromkeys(c.partition for c in kept)), gres, len(candidates) - len(kept), left)
 
 
-def _choice(comp: dict[str, Any], fit: ComponentFit, pool_taken_at: float) -> Any:
+def _best_shape(fit: ComponentFit) -> Need:
+    """The shape of the node count the best candidate stands for (the component's own without
+    ``node_counts:``): one GPU count for ``--explain`` and the plan.json record alike."""
+    shapes = Need.shapes(fit.need)
+    best = fit.best
+    return next((s for s in shapes if best is not None and best.node_count and s.nodes == best.node_count),
+                shapes[0])
+
+
+def _choice(fit: ComponentFit, pool_taken_at: float) -> Any:
     """The plan.json ``placement`` record of one placed component (``ranked``: its list too)."""
     from hetrun.dag.plan import PlacementChoice
 
@@ -324,13 +372,12 @@ def _choice(comp: dict[str, Any], fit: ComponentFit, pool_taken_at: float) -> An
     gres, reasons, ranked = best.gres, list(best.reasons), None
     others = [f"{_summary(c)}; lost because {why_lost(c, best)}" for c in fit.candidates[1:]]
     if fit.need.placement == "ranked":
-        gpus = bool(comp.get("gpus_per_node"))
-        ranked = ranked_list(fit.candidates, gpus)
+        ranked = ranked_list(fit.candidates, bool(_best_shape(fit).gpus_per_node), fit.pool_gres)
         gres = ranked.gres
         reasons.append(f"ranked: Slurm is handed {','.join(ranked.partitions)} best first and starts it in the "
                        "first that lets it start" + (f"; {ranked.dropped} candidate(s) left out" if ranked.dropped
                                                      else ""))
-        others = [f"{_summary(c)}; " + (f"left out: {why}" if (why := left_out(c, best, gpus)) else
+        others = [f"{_summary(c)}; " + (f"left out: {why}" if (why := ranked.left.get(c.label)) else
                                         "in the ranked list") for c in fit.candidates[1:]]
     return PlacementChoice(partition=best.partition, gres=gres, score=best.score, start_in_s=best.start_in_s,
                            nodes=list(best.nodes), reasons=reasons, others=others + fit.excluded,
@@ -345,7 +392,7 @@ def record(plan_d: dict[str, Any], report: FitReport) -> None:
         if fit is None or fit.best is None:
             continue
         best = fit.best
-        choice = _choice(comp, fit, report.pool_taken_at or time.time())
+        choice = _choice(fit, report.pool_taken_at or time.time())
         if best.node_count:
             _spread(comp, best.node_count)
         comp["placement"] = choice.model_dump(mode="json")
