@@ -131,7 +131,7 @@ def _placement_table(section: dict[str, Any]) -> str:
         first, last = a["first_restart"] + 1, a["last_restart"]
         span = f"{first}-" if last is None else f"{first}-{last + 1}"
         for r in a["components"]:
-            why = why_text(r) if r["mode"] in ("auto", "fit") else ""
+            why = why_text(r) if r["mode"] in ("auto", "ranked", "fit") else ""
             rows.append(f"<tr><td>{escape(span)}</td><td>{escape(r['component'])}</td><td>{escape(short_text(r))}"
                         f"</td><td>{escape(why)}</td><td>{'<br>'.join(escape(x) for x in r.get('lost') or [])}</td></tr>")
     if not rows:

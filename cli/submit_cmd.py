@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
         result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit)
-        print_placement(result.plan)
+        print_placement(result.plan, spec)
         if result.dry_run is not None:
             _print_dry_run(result)
             return
@@ -112,17 +112,21 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
     return load_job(job, overrides), Path(job).parent
 
 
-def placement_lines(plan: Any) -> list[str]:
-    """One line per placed component: where it goes and why (the words `hetrun report` uses)."""
+def placement_lines(plan: Any, spec: Any = None) -> list[str]:
+    """One line per placed component: where it goes and why (the words `hetrun report` uses).
+    With ``spec``, its ``placement:`` says the mode (a fixed one placed only because of ``--fit``
+    reads "by --fit"); without, a recorded ranked list says ranked, else auto."""
     from hetrun.runtime.report_placement import component_row, row_lines
 
-    return [row_lines(component_row(comp, "ranked" if comp["placement"].get("ranked") else "auto", None))[0]
+    modes = {n: c.placement for n, c in spec.components.items()} if spec is not None else {}
+    return [row_lines(component_row(comp, modes.get(comp.get("name"))
+                                    or ("ranked" if comp["placement"].get("ranked") else "auto"), None))[0]
             for comp in (plan or {}).get("components", []) if comp.get("placement")]
 
 
-def print_placement(plan: Any) -> None:
+def print_placement(plan: Any, spec: Any = None) -> None:
     """Where each placed component goes and why (stderr: a dry run's stdout is the script)."""
-    for line in placement_lines(plan):
+    for line in placement_lines(plan, spec):
         sys.stderr.write(f"hetrun: {line}\n")
 
 

@@ -83,13 +83,13 @@ class ComponentSpec(_Section):
                              "candidate partition best first (--partition=a,b) and Slurm starts it in the one "
                              "free first (docs/CONTRACTS.md, placement)")
     partitions: list[str] = Field(default_factory=list, max_length=64,
-                                  description="placement: auto only: the partitions it may pick (default: "
+                                  description="placement: auto / ranked only: the partitions it may pick (default: "
                                               "slurm.partition if set, else any)")
     gpu_types: list[str] = Field(default_factory=list, max_length=64,
-                                 description="placement: auto only: the GPU (GRES) types it may pick, e.g. "
+                                 description="placement: auto / ranked only: the GPU (GRES) types it may pick, e.g. "
                                              "[a100, v100] (default: any)")
     node_counts: list[int] = Field(default_factory=list, max_length=16,
-                                   description="placement: auto only: node counts it may be spread over, its "
+                                   description="placement: auto / ranked only: node counts it may be spread over, its "
                                                "ranks, GPUs and memory in total staying those of nodes: (e.g. "
                                                "[1, 2, 4]; default: nodes: only)")
 

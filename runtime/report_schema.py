@@ -63,8 +63,8 @@ _ACCT = {"type": "object", "required": ["component", "job_id", "attempt", "state
                         "nodes": _str}}
 
 _PLACED = {"type": "object", "required": ["component", "mode", "partition"],
-           "properties": {"component": _str, "mode": {"enum": ["auto", "fit", "fixed", "unplaced"]},
-                          "partition": _opt_str, "gres": _opt_str, "node_count": _opt_int,
+           "properties": {"component": _str, "mode": {"enum": ["auto", "ranked", "fit", "fixed", "unplaced"]},
+                          "partition": _opt_str, "gres": _opt_str, "ranked": {"type": "array", "items": _str}, "node_count": _opt_int,
                           "node_count_chosen": {"type": "boolean"}, "score": _opt_num,
                           "start_in_s": _opt_num, "reasons": {"type": "array", "items": _str},
                           "lost": {"type": "array", "items": _str}, "pool_taken_at": _opt_num}}

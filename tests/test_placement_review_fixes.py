@@ -85,3 +85,51 @@ def test_explain_ranked_line_uses_the_chosen_node_counts_gpus(tmp_path: Path) ->
     line = next(s for s in placement_fit.explain_lines(placement_fit.FitReport(fits, snap.taken_at))
                 if s.strip().startswith("ranked:"))
     assert line.endswith(" --gres=gpu:1"), line  # the two-node shape's GPUs per node, as the script asks
+
+
+def ranked_row(tmp_path: Path) -> dict:
+    from hetrun.runtime.report_placement import component_row
+
+    comp = ranked_choice(tmp_path, RANKED, split_pool({**LAYOUT, "n4": ("debug", "v100")}), {"high": 0, "debug": 60})
+    return component_row(comp, "ranked", None)
+
+
+def test_report_json_schema_takes_a_ranked_row(tmp_path: Path) -> None:
+    import jsonschema
+    import pytest
+    from hetrun.runtime.report_schema import REPORT_SCHEMA
+
+    section = REPORT_SCHEMA["properties"]["placement"]
+    row = ranked_row(tmp_path)
+    assert row["mode"] == "ranked" and row["ranked"] == ["high", "debug"], row
+    doc = {"note": None, "attempts": [{"first_restart": 0, "last_restart": None, "source": "plan.json",
+                                       "components": [row]}]}
+    jsonschema.validate(doc, section)
+    doc["attempts"][0]["components"][0] = {**row, "ranked": "high,debug"}  # the list is an array of names
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, section)
+
+
+def test_html_report_says_why_for_a_ranked_row(tmp_path: Path) -> None:
+    from hetrun.cli.report_html import _placement_table
+    from hetrun.runtime.report_placement import why_text
+
+    row = ranked_row(tmp_path)
+    page = _placement_table({"attempts": [{"first_restart": 0, "last_restart": None, "components": [row]}]})
+    assert why_text(row) and "score " in why_text(row)
+    assert "<td>(score " in page, page
+
+
+def test_submit_says_by_fit_for_a_fixed_component_placed_by_fit(tmp_path: Path) -> None:
+    from hetrun.cli.submit_cmd import placement_lines
+
+    fixed = AUTO.replace("    placement: auto\n", "").replace("    gpu_types: [a100, v100]\n", "") \
+        .replace("slurm: {partition: debug,", "slurm: {")
+    spec = load_spec(write(tmp_path, fixed))
+    snap = split_pool({**LAYOUT, "n4": ("debug", "v100")})
+    fits = placement_fit.fit_components(component_needs(spec), snap, starts_in({"debug": 0, "high": 0}), ["trainer"])
+    plan_d = json.loads(build_plan(spec).to_json())
+    placement_fit.record(plan_d, placement_fit.FitReport(fits, snap.taken_at))
+    line = placement_lines(plan_d, spec)[0]
+    assert line.startswith("placed trainer on ") and " by --fit (score " in line, line
+    assert " by --fit" not in placement_lines(plan_d)[0]  # without the spec: no way to tell (as before)
