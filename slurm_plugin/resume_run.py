@@ -195,11 +195,13 @@ def ensure_ended(run: RunInfo) -> None:
 
 def keep_replaced_plan(run_dir: Path, restart: int) -> None:
     """The plan the earlier attempts ran with, as ``logs/plan-before-attempt-<restart>.json``: its
-    placement may differ from the new one, and `hetrun report` shows each (runtime/report_placement)."""
-    old = run_dir / PLAN_JSON
-    if old.exists():
+    placement may differ from the new one, and `hetrun report` shows each (runtime/report_placement).
+    An archive already there stays: a previous resume whose submit failed wrote it, and plan.json
+    now holds that resume's plan, which no attempt ran with."""
+    old, kept = run_dir / PLAN_JSON, run_dir / LOGS / f"plan-before-attempt-{restart}.json"
+    if old.exists() and not kept.exists():
         (run_dir / LOGS).mkdir(exist_ok=True)
-        write_atomic(run_dir / LOGS / f"plan-before-attempt-{restart}.json", old.read_text())
+        write_atomic(kept, old.read_text())
 
 
 def submit(rp: ResumePlan) -> RunInfo:

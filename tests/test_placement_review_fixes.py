@@ -133,3 +133,16 @@ def test_submit_says_by_fit_for_a_fixed_component_placed_by_fit(tmp_path: Path) 
     line = placement_lines(plan_d, spec)[0]
     assert line.startswith("placed trainer on ") and " by --fit (score " in line, line
     assert " by --fit" not in placement_lines(plan_d)[0]  # without the spec: no way to tell (as before)
+
+
+def test_a_second_resume_keeps_the_plan_the_attempts_ran_with(tmp_path: Path) -> None:
+    from hetrun.slurm_plugin.resume_run import keep_replaced_plan
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text('{"ran": true}\n')
+    keep_replaced_plan(run_dir, 1)
+    # That resume's submit failed after writing its own plan.json; the next resume must not archive it.
+    (run_dir / "plan.json").write_text('{"ran": false}\n')
+    keep_replaced_plan(run_dir, 1)
+    assert json.loads((run_dir / "logs" / "plan-before-attempt-1.json").read_text()) == {"ran": True}
