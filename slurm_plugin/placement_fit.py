@@ -275,11 +275,12 @@ def quota_lines(quotas: Quotas | None) -> list[str]:
     who = f"quota: user {quotas.user}, account {quotas.account or '?'}, QOS {quotas.qos or '?'}"
     if quotas.unavailable:
         return [f"{who}: not read ({quotas.unavailable}); not checked"]
+    notes = [f"  {n}" for n in quotas.notes]
     if not quotas.limits:
-        return [f"{who}: no limits"]
+        return [f"{who}: no limits", *notes]
     return [f"{who}:"] + [f"  {lim.scope}: " + ", ".join(f"{lim.used.get(k, 0)} of {n} {label(k)}"
                                                         for k, n in sorted(lim.limits.items()))
-                          + " in use" for lim in quotas.limits]
+                          + " in use" for lim in quotas.limits] + notes
 
 
 def _spread(comp: dict[str, Any], count: int) -> None:

@@ -16,7 +16,9 @@ enforces them with ``AccountingStorageEnforce=limits``:
 - ``GrpTRES`` of U's association under A (the policy's per-user cap);
 - ``GrpTRES`` of Q (all jobs in the QOS) and ``MaxTRESPerUser`` of Q (U's jobs in it).
 
-Partition QOS and ``MaxTRESPerAccount`` are not read (not modelled).
+Partition QOS and ``MaxTRESPerAccount`` are not read (not modelled). A QOS name
+sacctmgr does not know (a policy tier or hetrun class, which job_submit.lua maps onto
+its QOS only at submission) is not checked, and ``Quotas.notes`` says so.
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ class Quotas:
     qos: str | None
     limits: list[QuotaLimit] = field(default_factory=list)
     unavailable: str | None = None  # why no limit could be read (then nothing is checked)
+    notes: list[str] = field(default_factory=list)  # limits read but not checked, and why (each candidate says so)
 
     def alone(self) -> Quotas:
         """The same limits with nothing else running: what this job (its components placed
         so far included) could ever get once the others' jobs end."""
         return Quotas(self.user, self.account, self.qos,
-                      [QuotaLimit(lim.scope, lim.limits, {}, dict(lim.taken)) for lim in self.limits])
+                      [QuotaLimit(lim.scope, lim.limits, {}, dict(lim.taken)) for lim in self.limits], notes=self.notes)
 
     def take(self, tres: Mapping[str, int]) -> None:
         """Count ``tres`` as in use under every limit (a sibling component placed before)."""
@@ -95,7 +98,7 @@ def check(quotas: Quotas | None, need: Mapping[str, int]) -> tuple[str | None, f
     Out: some limit would be exceeded ("over quota: ..."). The share is the largest
     (in use + need) / limit over every TRES a limit names (0.0 without limits)."""
     if quotas is None or not quotas.limits:
-        return None, 0.0, []
+        return None, 0.0, list(quotas.notes) if quotas else []
     fullest, reasons = 0.0, []
     for lim in quotas.limits:
         for key, cap in sorted(lim.limits.items()):
@@ -113,7 +116,7 @@ def check(quotas: Quotas | None, need: Mapping[str, int]) -> tuple[str | None, f
             if share > fullest:
                 fullest = share
                 reasons = [f"quota: {lim.scope} at {used + want} of {cap} {label(key)} with it ({100 * share:.0f}%)"]
-    return None, fullest, reasons
+    return None, fullest, reasons + quotas.notes
 
 
 # ------------------------------------------------------------------ reading Slurm
@@ -171,6 +174,16 @@ def limits_for(assoc_text: str, qos_text: str, uses: Sequence[RunningUse], user:
         out.append(QuotaLimit(f"QOS {q.name} per user {user}", _lower(q.max_tres_per_user),
                               running_in(uses, user=user, qos=q.name)))
     return out, qos
+
+
+def unknown_qos(qos_text: str, qos: str | None) -> str | None:
+    """The reason when the job's QOS is not one sacctmgr knows: no QOS limit of it is checked.
+    A tier or hetrun class name (``slurm.qos: high``) reads so: the policy's job_submit.lua maps
+    it onto the tier's QOS at submission, and that mapping is not known here."""
+    if not qos or qos in parse_qos(qos_text):
+        return None
+    return (f"QOS {qos} unknown to sacctmgr: its limits not checked (a tier or class name is mapped onto "
+            "its QOS only at submission, by the policy's job_submit.lua)")
 
 
 def _subtree(root: str, children: Mapping[str, set[str]]) -> set[str]:
@@ -231,8 +244,9 @@ def read_quotas(run: Runner, uses: Sequence[RunningUse], *, account: str | None 
         limits, qos = limits_for(assoc_text, qos_text, uses, user, account, qos)
     except SlurmError as exc:
         return Quotas(user, account, qos, unavailable=str(exc).splitlines()[0])
-    return Quotas(user, account, qos, limits)
+    note = unknown_qos(qos_text, qos)
+    return Quotas(user, account, qos, limits, notes=[note] if note else [])
 
 
 __all__ = ["QuotaLimit", "Quotas", "check", "default_account", "enforced", "job_tres", "label", "limits_for",
-           "read_quotas", "running_in", "submitter"]
+           "read_quotas", "running_in", "submitter", "unknown_qos"]

@@ -146,3 +146,27 @@ def test_a_second_resume_keeps_the_plan_the_attempts_ran_with(tmp_path: Path) ->
     (run_dir / "plan.json").write_text('{"ran": false}\n')
     keep_replaced_plan(run_dir, 1)
     assert json.loads((run_dir / "logs" / "plan-before-attempt-1.json").read_text()) == {"ran": True}
+
+
+def test_a_qos_sacctmgr_does_not_know_is_named_in_the_quota_reasons() -> None:
+    from hetrun.slurm_plugin import placement, quota
+    from test_placement import TYPES, snapshot
+    from test_placement_quota import ALICE_ASSOC_MGR, ENFORCING
+    from test_policy_plan import LIVE_ASSOC, LIVE_QOS
+
+    def recorded_slurm(argv: list[str]) -> str:
+        if argv[0] == "scontrol":
+            return ENFORCING if argv[2] == "config" else ALICE_ASSOC_MGR
+        return {"assoc": LIVE_ASSOC, "qos": LIVE_QOS}[argv[4]]
+
+    # slurm.qos: critical, a hetrun class: job_submit.lua maps it onto pool_critical (MaxTRESPerUser
+    # gres/gpu=4) at submission; that QOS's limits are not read here, and the reasons say so.
+    q = quota.read_quotas(recorded_slurm, [], user="alice", account="vision", qos="critical")
+    why = "QOS critical unknown to sacctmgr: its limits not checked"
+    assert q.qos == "critical" and q.notes and q.notes[0].startswith(why), q.notes
+    assert not any(lim.scope.startswith("QOS") for lim in q.limits)
+    assert any(line.strip().startswith(why) for line in placement_fit.quota_lines(q))
+    cands = placement.score(placement.Need(1, 1, 1, 500), snapshot(TYPES, busy=set()), q)
+    assert cands and all(any(r.startswith(why) for r in c.reasons) for c in cands)
+    known = quota.read_quotas(recorded_slurm, [], user="alice", account="vision", qos="pool_critical")
+    assert known.notes == [] and known.limits[-1].scope == "QOS pool_critical per user alice"
