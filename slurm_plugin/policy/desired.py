@@ -103,7 +103,7 @@ def _assocs(policy: PolicySpec) -> dict[tuple[str, str], AssocState]:
     return out
 
 
-def _conf(policy: PolicySpec) -> list[ConfSetting]:
+def _conf(policy: PolicySpec, reserve: int | None = None) -> list[ConfSetting]:
     conf: list[ConfSetting] = []
     if policy.tier_names or policy.accounts:
         w = policy.priority_weights
@@ -131,7 +131,7 @@ def _conf(policy: PolicySpec) -> list[ConfSetting]:
                                 "time_slicing.slice_seconds"))
     conf += _isolation_conf(policy)
     conf += _gres_conf(policy)
-    conf += _backfill_conf(policy)
+    conf += _backfill_conf(policy, reserve)
     if policy.power:
         conf += [
             ConfSetting("SuspendTime", str(v.time_seconds(str(policy.power.idle_after))), "power.idle_after"),
@@ -193,14 +193,15 @@ def min_reserve_priority(policy: PolicySpec, tier: str) -> tuple[int, str | None
                        f"{lowest_reserving}; raise priority_weights.qos or space the tiers' priorities further")
 
 
-def _backfill_conf(policy: PolicySpec) -> list[ConfSetting]:
+def _backfill_conf(policy: PolicySpec, reserve: int | None) -> list[ConfSetting]:
+    """``reserve``: bf_min_prio_reserve (``min_reserve_priority``, computed once by ``desired_state``)."""
     sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
     backfill = sched.backfill if sched else None
     if backfill is None:
         return []
     items = []
-    if backfill.min_reserve_tier is not None:
-        items.append(f"bf_min_prio_reserve={min_reserve_priority(policy, backfill.min_reserve_tier)[0]}")
+    if reserve is not None:
+        items.append(f"bf_min_prio_reserve={reserve}")
     if backfill.busy_nodes:
         items.append("bf_busy_nodes")
     why = "scheduling.backfill: fewer idle nodes held for pending jobs"
@@ -234,7 +235,9 @@ def desired_state(policy: PolicySpec, cgroup: CgroupSupport | None = None) -> De
             "OverSubscribe": f"FORCE:{policy.time_slicing.jobs_per_core}"}
     problems = [isolation_problem(isolation_of(policy), cgroup) if cgroup else None]
     sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
+    reserve = None
     if sched and sched.backfill and sched.backfill.min_reserve_tier is not None:
-        problems.append(min_reserve_priority(policy, sched.backfill.min_reserve_tier)[1])
-    return DesiredState(qos, _assocs(policy), _conf(policy), parts, _manual(policy, cgroup),
+        reserve, problem = min_reserve_priority(policy, sched.backfill.min_reserve_tier)
+        problems.append(problem)
+    return DesiredState(qos, _assocs(policy), _conf(policy, reserve), parts, _manual(policy, cgroup),
                         [p for p in problems if p])
