@@ -134,12 +134,11 @@ def _placement_section(run_dir: str) -> dict | None:
     return placement_section(Path(run_dir), plan)
 
 
-def _placements(run_dir: str) -> dict[str, str]:
-    """Component -> where it is placed (and where it was before a resume moved it); the details
-    (score, start estimate, the candidates that lost) are in `hetrun report`."""
+def _placements(section: dict | None) -> dict[str, str]:
+    """Component -> where it is placed (and where it was before a resume moved it), from a run's
+    placement section; the details (score, start estimate, the candidates that lost) are in `hetrun report`."""
     from hetrun.runtime.report_placement import newest_by_component
 
-    section = _placement_section(run_dir)
     return newest_by_component(section) if section else {}
 
 
@@ -149,7 +148,6 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
     from dataclasses import asdict
 
     from hetrun.runtime.report_attempts import counts_dict, status_details
-    from hetrun.runtime.report_placement import newest_by_component
 
     out = []
     for run in chosen:
@@ -157,7 +155,7 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
         counts, lost, failed = status_details(run.run_dir)
         section = _placement_section(run.run_dir)
         rows = {r["component"]: r for r in section["attempts"][-1]["components"]} if section else {}
-        cells = newest_by_component(section) if section else {}
+        cells = _placements(section)
         out.append({"run": Path(run.run_dir).name, "run_dir": run.run_dir, "backend": run.backend,
                     "job_id": run.job_id, "state": st.state, "counts": counts_dict(counts), "work_lost": lost,
                     "failure": failed.text if failed else None,
@@ -180,7 +178,7 @@ def _print_table(chosen: list, results: dict) -> None:
         # Whole-run figures on the run's first line, from the same functions as
         # `hetrun report` (report_attempts), so the two commands agree.
         counts, lost, failed = status_details(run.run_dir)
-        placed = _placements(run.run_dir)
+        placed = _placements(_placement_section(run.run_dir))
         for i, comp in enumerate(st.components):
             first = i == 0
             table.add_row(
