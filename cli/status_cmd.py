@@ -166,26 +166,32 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
 
 def _print_table(chosen: list, results: dict) -> None:
     from hetrun.runtime.report_attempts import status_details
+    from hetrun.runtime.report_placement import FIXED_TEXT
     from rich.console import Console
     from rich.table import Table
 
+    placed = {run.run_dir: _placements(_placement_section(run.run_dir)) for run in chosen}
+    # The column only where some component was placed by hetrun: "fixed (from the YAML)" on
+    # every row says nothing and takes the width the failure reasons need.
+    show_placement = any(text != FIXED_TEXT for cells in placed.values() for text in cells.values())
     table = Table(show_edge=False, pad_edge=False)
     for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "PLACEMENT", "ELAPSED", "RESTARTS",
                 "PREEMPT", "FAILED", "WORK LOST", "REASON"):
-        table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
+        if col != "PLACEMENT" or show_placement:
+            table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
     for run in chosen:
         st = results[run.run_dir]
         # Whole-run figures on the run's first line, from the same functions as
         # `hetrun report` (report_attempts), so the two commands agree.
         counts, lost, failed = status_details(run.run_dir)
-        placed = _placements(_placement_section(run.run_dir))
         for i, comp in enumerate(st.components):
             first = i == 0
+            where = [placed[run.run_dir].get(comp.name, "-")] if show_placement else []
             table.add_row(
                 Path(run.run_dir).name if first else "",
                 run.backend if first else "",
                 comp.job_id or run.job_id or "-",
-                comp.name, comp.state, comp.nodes or "-", placed.get(comp.name, "-"), _elapsed(comp.elapsed_s),
+                comp.name, comp.state, comp.nodes or "-", *where, _elapsed(comp.elapsed_s),
                 _restarts_text(counts.restarts, comp.restarts) if first else "",
                 str(counts.preemptions) if first else "",
                 str(counts.failures) if first else "",

@@ -135,10 +135,13 @@ def _where(row: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+FIXED_TEXT = "fixed (from the YAML)"
+
+
 def short_text(row: dict[str, Any]) -> str:
     """One cell of `hetrun status`: "auto: gpu-a100 gpu:a100 1 node", "fixed (from the YAML)"."""
     if row["mode"] == "fixed":
-        return "fixed (from the YAML)"
+        return FIXED_TEXT
     if row["mode"] == "unplaced":
         return "auto: not placed (local backend)"
     return f"{'--fit' if row['mode'] == 'fit' else row['mode']}: {_where(row)}"
