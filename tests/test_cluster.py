@@ -123,7 +123,13 @@ def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
         "#SBATCH --nodes=1 --ntasks=2 --cpus-per-task=1 --gres=gpu:2 --mem=400M\n"
         "#SBATCH hetjob\n"
         "#SBATCH --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1 --mem=400M\n"
-        f"srun --mpi=pmix --het-group=0,1 {sys.executable} {probe}\n"
+        # Slurm 22.05's srun sometimes outlives its finished het step (about 1 in 100, stuck in
+        # mpi/pmix; see test_stability_slurm.py): bounded here as hetrun's script bounds it. A
+        # real MPI hang still fails below, since every rank's line is checked.
+        f"timeout -k 5 120 srun --mpi=pmix --het-group=0,1 {sys.executable} {probe}\n"
+        "rc=$?\n"
+        'if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then echo "srun outlived its step: ended" >&2; rc=0; fi\n'
+        "exit $rc\n"
     )
     env = {k: v for k, v in cluster.slurm_env().items() if not k.startswith(("OMPI_", "SLURM_JOB"))}
     proc = subprocess.run(
