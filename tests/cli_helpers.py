@@ -21,3 +21,19 @@ def write_job(job_dir: Path, doc: dict[str, Any]) -> Path:
     path = job_dir / "job.yaml"
     path.write_text(json.dumps(doc))
     return path
+
+
+def run_dir_of(proc: subprocess.CompletedProcess[str]) -> Path:
+    """The run directory `hetrun submit` printed ("run directory: PATH")."""
+    return Path(next(line.split(": ", 1)[1] for line in proc.stdout.splitlines()
+                     if line.startswith("run directory: ")))
+
+
+def submit_yaml_and_wait(job_dir: Path, text: str, timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Write ``job_dir/job.yaml``, `hetrun submit --wait` it (runs under job_dir/runs), require
+    success; the finished submit and its run directory."""
+    (job_dir / "job.yaml").write_text(text)
+    proc = hetrun_cli("submit", str(job_dir / "job.yaml"), "--runs-dir", str(job_dir / "runs"), "--wait",
+                      timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, run_dir_of(proc)

@@ -97,14 +97,11 @@ def test_resume_places_auto_components_again(slurm_cluster, shared_tmp: Path) ->
     the pool of now (its only allowed partition, debug), not sent back to the YAML's fixed partition (high).
     One allowed partition keeps it independent of queue pressure: with debug and high both
     allowed, other jobs pending on debug make high win."""
-    from tests.cli_helpers import hetrun_cli
+    from tests.cli_helpers import hetrun_cli, submit_yaml_and_wait
 
-    (shared_tmp / "job.yaml").write_text(RESUMED_JOB)
-    sub = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--wait")
-    assert sub.returncode == 0, sub.stdout + sub.stderr
+    sub, run_dir = submit_yaml_and_wait(shared_tmp, RESUMED_JOB)
     assert "hetrun: placed trainer on debug" in sub.stderr, sub.stderr
-    run_dir = next(line.split(": ", 1)[1] for line in sub.stdout.splitlines() if line.startswith("run directory: "))
-    res = hetrun_cli("resume", run_dir, "--dry-run")
+    res = hetrun_cli("resume", str(run_dir), "--dry-run")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "hetrun: placed trainer on debug" in res.stderr, res.stderr
     assert "#SBATCH --partition=debug" in res.stdout and "#SBATCH --partition=high" not in res.stdout, res.stdout
@@ -127,13 +124,9 @@ slurm: {time: "00:05:00"}
 
 
 def test_node_count_chosen_at_submit_is_what_slurm_runs(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.cli_helpers import hetrun_cli
+    from tests.cli_helpers import hetrun_cli, submit_yaml_and_wait
 
-    (shared_tmp / "job.yaml").write_text(SPREAD_JOB)
-    sub = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--wait",
-                     timeout=300)
-    assert sub.returncode == 0, sub.stdout + sub.stderr
-    run_dir = Path(next(ln.split(": ", 1)[1] for ln in sub.stdout.splitlines() if ln.startswith("run directory: ")))
+    _sub, run_dir = submit_yaml_and_wait(shared_tmp, SPREAD_JOB)
     comp = json.loads((run_dir / "plan.json").read_text())["components"][0]
     assert (comp["nodes"], comp["tasks_per_node"], comp["ntasks"], comp["mem_mb"]) == (2, 2, 4, 100), comp
     assert comp["placement"]["node_count"] == 2

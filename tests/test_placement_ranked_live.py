@@ -29,13 +29,9 @@ slurm: {time: "00:05:00"}
 
 
 def test_a_ranked_component_runs_from_a_partition_list(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    from tests.cli_helpers import hetrun_cli
+    from tests.cli_helpers import hetrun_cli, submit_yaml_and_wait
 
-    (shared_tmp / "job.yaml").write_text(RANKED_JOB)
-    sub = hetrun_cli("submit", str(shared_tmp / "job.yaml"), "--runs-dir", str(shared_tmp / "runs"), "--wait",
-                     timeout=300)
-    assert sub.returncode == 0, sub.stdout + sub.stderr
-    run_dir = Path(next(ln.split(": ", 1)[1] for ln in sub.stdout.splitlines() if ln.startswith("run directory: ")))
+    sub, run_dir = submit_yaml_and_wait(shared_tmp, RANKED_JOB)
     choice = json.loads((run_dir / "plan.json").read_text())["components"][0]["placement"]
     ranked = choice["ranked"]
     assert sorted(ranked) == ["debug", "high"] and ranked[0] == choice["partition"], choice

@@ -28,6 +28,8 @@ from hetrun.slurm_plugin.placement_fit import ComponentFit, FitReport, record
 from hetrun.slurm_plugin.resume_run import keep_replaced_plan
 from test_placement import TYPES, snapshot
 
+from tests.cli_helpers import run_dir_of
+
 JOB = """\
 name: placed
 components:
@@ -198,7 +200,7 @@ def test_a_real_resume_keeps_the_replaced_plan_and_every_component_name(tmp_path
                           "local", "--runs-dir", str(tmp_path / "runs"), "--wait"], capture_output=True, text=True,
                          timeout=120)
     assert sub.returncode == 0, sub.stdout + sub.stderr
-    run_dir = Path(next(ln.split(": ", 1)[1] for ln in sub.stdout.splitlines() if ln.startswith("run directory: ")))
+    run_dir = run_dir_of(sub)
     res = subprocess.run([sys.executable, "-m", "hetrun.cli", "resume", str(run_dir), "--wait"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
