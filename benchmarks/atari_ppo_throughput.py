@@ -54,7 +54,7 @@ def hyper(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.dag.overrides import Overrides
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end

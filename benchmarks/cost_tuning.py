@@ -9,11 +9,11 @@ side on the same cores through the local backend:
     (``training.mode: coarse``);
 (2) the same sizes, pipelined (rollouts up to one policy version stale);
 (3) (2) resized: ``hetrun tune``'s proposal for run (2)
-    (hetrun.runtime.demand.sizing.propose, ``--max-cores`` = this machine's
+    (hetrun.reports.demand.sizing.propose, ``--max-cores`` = this machine's
     cores) applied to the spec with its own ``--set`` overrides, pipelined.
 
 Cost = allocated core-hours x the report's price table
-(hetrun.runtime.report_cost.DEFAULT_PRICES, core_hour 0.05 USD, unless
+(hetrun.reports.cost.DEFAULT_PRICES, core_hour 0.05 USD, unless
 ``--prices``): per million env steps from the steady window of a throughput
 run (cores x seconds per update / env steps per update), and to the fixed
 return from a run that evaluates every ``--eval-interval`` updates (cores x
@@ -100,7 +100,7 @@ def measure(label: str, job: dict[str, Any], args: argparse.Namespace, workdir: 
 
 def tuned_job(pipelined_run: str, base: dict[str, Any], prices: dict[str, Any],
               max_cores: int) -> tuple[dict[str, Any], Any]:
-    from hetrun.runtime.demand.sizing import propose
+    from hetrun.reports.demand.sizing import propose
 
     proposal = propose(pipelined_run, prices, max_cores=max_cores)
     job = apply_overrides(base, proposal.overrides())
@@ -145,7 +145,7 @@ def main() -> None:
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    from hetrun.runtime.report_cost import load_prices, prices_path
+    from hetrun.reports.cost import load_prices, prices_path
 
     prices = load_prices(prices_path(args.prices))
     core_hour = float(prices.get("core_hour", 0.0))

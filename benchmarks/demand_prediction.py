@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime.demand.lstm import LSTMPredictor, save_chooser
-from hetrun.runtime.demand.predictors import (
+from hetrun.reports.demand.lstm import LSTMPredictor, save_chooser
+from hetrun.reports.demand.predictors import (
     EWMA,
     Chooser,
     ErrorStats,
@@ -35,7 +35,7 @@ from hetrun.runtime.demand.predictors import (
     Predictor,
     evaluate,
 )
-from hetrun.runtime.demand.series import METRICS, DemandSeries, read_demand
+from hetrun.reports.demand.series import METRICS, DemandSeries, read_demand
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -56,7 +56,7 @@ ROLES = ("train", "choose", "held_out")
 
 
 def record(workload: str, seed: int, runs: Path, timeout: float) -> Path:
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.dag.overrides import Overrides
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
 

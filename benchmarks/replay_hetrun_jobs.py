@@ -166,7 +166,7 @@ def durable_checkpoints(run_dir: Path, events: list[dict[str, Any]],
     ``hetrun report``'s checkpoint history) and those a ``checkpoint`` line says were saved
     with ``ok: true`` (a waited-for save: the end of a run, the stop on preemption). A step
     only in the events without ``ok`` (pruned by ``keep``, or cut short) is not counted."""
-    from hetrun.runtime.report_ckpt import checkpoint_history
+    from hetrun.reports.ckpt import checkpoint_history
 
     plan = json.loads((run_dir / "plan.json").read_text())
     out: dict[tuple[str, int], float] = {}
@@ -184,8 +184,8 @@ def durable_checkpoints(run_dir: Path, events: list[dict[str, Any]],
 
 def measure_run(run_dir: Path) -> dict[str, Any]:
     """Attempts, preemptions and the work each preemption lost, from a run directory."""
-    from hetrun.runtime.report_attempts import AttemptTracker
-    from hetrun.runtime.report_reader import EventStream
+    from hetrun.reports.attempts import AttemptTracker
+    from hetrun.reports.reader import EventStream
 
     tracker, events = AttemptTracker(), []
     for e in EventStream(run_dir):

@@ -66,7 +66,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 mode, run_dir = sys.argv[1], sys.argv[2]
 if mode == "report":
-    from hetrun.runtime.report import build_report
+    from hetrun.reports.run_report import build_report
     rep = build_report(run_dir)
     extra = {"actions": rep.actions, "restarts": rep.restarts}
 elif mode == "readlines":

@@ -16,7 +16,7 @@ import os
 import sys
 
 import typer
-from hetrun.dag.errors import HetrunError
+from hetrun.errors import HetrunError
 
 app = typer.Typer(
     name="hetrun",

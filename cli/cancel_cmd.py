@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         runs_dir: RunsDirOpt = None,
     ) -> None:
         """Cancel a run (all of its het components)."""
-        from hetrun.dag.errors import RunDirError
+        from hetrun.errors import RunDirError
         from hetrun.slurm_plugin.rundir import find_run, runs_root
         from hetrun.slurm_plugin.submit import backend_for
 

@@ -39,7 +39,7 @@ def _is_store(path: Path) -> bool:
 
 def store_dirs(ref: str, runs_dir: str | None, component: str | None = None) -> list[tuple[str, Path]]:
     """(label, store directory) for every store ``ref`` names."""
-    from hetrun.dag.errors import RunDirError, closest
+    from hetrun.errors import RunDirError, closest
 
     root = store_root(ref, runs_dir)
     if _is_store(root):
@@ -116,7 +116,7 @@ def ls_cmd(run: RunArg, component: Component = None, runs_dir: RunsDir = None, l
 def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step (default: newest).")] = None,
              component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Show one checkpoint's manifest: ranks, shard stats, metadata."""
-    from hetrun.dag.errors import CheckpointError
+    from hetrun.errors import CheckpointError
 
     stores = _open(run, runs_dir, local_dir, component)
     for label, store in stores:
@@ -147,7 +147,7 @@ def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step
 def verify_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Only this step.")] = None,
                component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Decode every chunk of every rank and check its hash; exit 5 if any checkpoint is invalid."""
-    from hetrun.dag.errors import CheckpointError
+    from hetrun.errors import CheckpointError
 
     stores = _open(run, runs_dir, local_dir, component)
     bad = total = 0
@@ -193,7 +193,7 @@ def export_cmd(run: RunArg,
                rank: Annotated[Optional[int], typer.Option(help="Only this rank's state.")] = None,
                component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Export a checkpoint to a plain torch.save state dict or to DCP format."""
-    from hetrun.dag.errors import CheckpointError
+    from hetrun.errors import CheckpointError
     from hetrun.runtime.ckpt.export import export
 
     stores = _open(run, runs_dir, local_dir, component)
@@ -247,7 +247,7 @@ def import_cmd(
     run.restore({...}) loads (e.g. {"model": ..., "optim": ...}). A DCP directory
     needs --trust-pickle (its metadata is a pickle).
     """
-    from hetrun.dag.errors import CheckpointError
+    from hetrun.errors import CheckpointError
     from hetrun.runtime.api.importer import import_into
     from hetrun.runtime.api.reader import store_dir
     from hetrun.runtime.plan_view import checkpoint_root

@@ -75,7 +75,7 @@ def up_cmd(
 @cluster_app.command("status")
 def status_cmd() -> None:
     """Nodes (sinfo) and each daemon with its pid; exit 3 when the cluster is not healthy."""
-    from hetrun.dag.errors import SlurmError
+    from hetrun.errors import SlurmError
     from hetrun.slurm_plugin import cluster
 
     st = cluster.status()

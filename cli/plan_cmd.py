@@ -52,7 +52,7 @@ def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, st
     caps = node_capacities(spec.slurm.partition)
     if caps is None:
         if mode == "cluster":
-            from hetrun.dag.errors import SlurmError
+            from hetrun.errors import SlurmError
 
             raise SlurmError("--capacity cluster: no Slurm cluster answered sinfo",
                              hint="start one (hetrun cluster up) or use --capacity auto")
@@ -71,7 +71,7 @@ def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[dict[str, 
     names = auto_components(spec, fit)
     if not names:
         return plan_d, []
-    from hetrun.dag.errors import SlurmError
+    from hetrun.errors import SlurmError
     from hetrun.slurm_plugin.backends import choose_auto, get_backend
 
     probe = choose_auto()
@@ -232,7 +232,7 @@ def register(app: typer.Typer) -> None:
                           "are always placed when a Slurm controller answers).")] = False,
     ) -> None:
         """Show the action DAG, priorities, het components and the exact sbatch script of a job."""
-        from hetrun.dag.errors import SpecError
+        from hetrun.errors import SpecError
         from hetrun.dag.plan import build_plan_explained
 
         if capacity not in ("auto", "cluster", "spec"):

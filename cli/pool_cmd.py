@@ -87,7 +87,7 @@ def pool(
 ) -> None:
     """The pool: nodes, CPUs, GPUs and memory per partition and GRES type, pending demand,
     fair share, allocated share and troubled nodes (sinfo/squeue/sacct --json, sshare)."""
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin.pool import collect
 
     if hours <= 0 or hours > 24 * 90:

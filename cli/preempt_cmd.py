@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         local run. Every rank stops after the same step, saves, exits 85, and the run is
         requeued (local: the next attempt starts at once) and resumes from that checkpoint.
         """
-        from hetrun.dag.errors import HetrunError
+        from hetrun.errors import HetrunError
         from hetrun.slurm_plugin.rundir import events_of, find_run, runs_root
         from hetrun.slurm_plugin.submit import backend_for
 

@@ -1,6 +1,6 @@
 """`hetrun report RUN`: what ran where, busy time, throughput, checkpoints, cost.
 
-Reads only the run directory (hetrun.runtime.report imports neither torch nor
+Reads only the run directory (hetrun.reports.run_report imports neither torch nor
 mpi4py); rich is imported inside the command.
 """
 
@@ -242,7 +242,7 @@ def _print_components(console, rep) -> None:
 
 
 def _print_gantt(console, rep) -> None:
-    from hetrun.cli.report_timeline_view import timeline_rows
+    from hetrun.reports.timeline_view import timeline_rows
 
     labels = {r.rank: f"{r.rank} {r.component}" for r in rep.ranks}
     for line in timeline_rows(rep.timeline, labels, console.width):
@@ -278,14 +278,14 @@ def _print_metrics(console, rep) -> None:
 
 
 def _print_placement(console, rep) -> None:
-    from hetrun.runtime.report_placement import placement_lines
+    from hetrun.reports.placement import placement_lines
 
     for line in placement_lines(rep.placement):
         console.print(line, markup=False, highlight=False)
 
 
 def _print_demand(console, rep) -> None:
-    from hetrun.runtime.report_demand import demand_lines
+    from hetrun.reports.demand_section import demand_lines
 
     for line in demand_lines(rep.demand):
         console.print(line, markup=False, highlight=False)
@@ -293,20 +293,20 @@ def _print_demand(console, rep) -> None:
 
 def _write_exports(rep, html: Path | None, png: Path | None) -> None:
     """--html FILE and --png DIR: the same page; the PNGs are its plots drawn by chromium."""
-    from hetrun.cli.report_html import render_html
+    from hetrun.reports.html import render_html
 
     page = render_html(rep)
     if html is not None:
         html.write_text(page)
     if png is not None:
-        from hetrun.cli.report_png import write_pngs
+        from hetrun.reports.png import write_pngs
 
         files = write_pngs(page, png)
         typer.echo(f"wrote {len(files)} PNG(s) to {png}: {', '.join(f.name for f in files)}", err=True)
 
 
 def _print_vs(a, b, as_json: bool) -> None:
-    from hetrun.runtime.report_compare import compare
+    from hetrun.reports.compare import compare
 
     rows = compare(a, b)
     if as_json:
@@ -360,16 +360,16 @@ def register(app: typer.Typer) -> None:
         """What ran where: per component, rank and node; throughput; restarts; checkpoints; cost."""
         # Over 60 lines only by its signature (the options Typer reads); the body delegates.
         if schema:
-            from hetrun.runtime.report_schema import REPORT_SCHEMA
+            from hetrun.reports.schema import REPORT_SCHEMA
 
             typer.echo(json.dumps(REPORT_SCHEMA, indent=2))
             return
         if run is None:
-            from hetrun.dag.errors import RunDirError
+            from hetrun.errors import RunDirError
 
             raise RunDirError("hetrun report needs a RUN", hint="give a run directory, run name or Slurm job id")
-        from hetrun.runtime.report import build_report
-        from hetrun.runtime.report_cost import load_prices, prices_path
+        from hetrun.reports.run_report import build_report
+        from hetrun.reports.cost import load_prices, prices_path
 
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)

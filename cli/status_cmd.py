@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
 
 def _query(runs: list, failures: list) -> dict:
     """One status call per backend for all its runs (one squeue for every Slurm run)."""
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin.backends import get_backend, resolve_name
     from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
 
@@ -122,10 +122,10 @@ def _query(runs: list, failures: list) -> dict:
 
 
 def _placement_section(run_dir: str) -> dict | None:
-    """The report's placement section (runtime/report_placement.py) without sacct; None: no plan.json."""
-    from hetrun.dag.errors import RunDirError
+    """The report's placement section (reports/placement.py) without sacct; None: no plan.json."""
+    from hetrun.errors import RunDirError
     from hetrun.runtime.plan_view import load_plan
-    from hetrun.runtime.report_placement import placement_section
+    from hetrun.reports.placement import placement_section
 
     try:
         plan = load_plan(run_dir, validate=False).raw
@@ -137,7 +137,7 @@ def _placement_section(run_dir: str) -> dict | None:
 def _placements(section: dict | None) -> dict[str, str]:
     """Component -> where it is placed (and where it was before a resume moved it), from a run's
     placement section; the details (score, start estimate, the candidates that lost) are in `hetrun report`."""
-    from hetrun.runtime.report_placement import newest_by_component
+    from hetrun.reports.placement import newest_by_component
 
     return newest_by_component(section) if section else {}
 
@@ -147,7 +147,7 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
     newest placement (a row of `hetrun report --json`'s placement section, or null)."""
     from dataclasses import asdict
 
-    from hetrun.runtime.report_attempts import counts_dict, status_details
+    from hetrun.reports.attempts import counts_dict, status_details
 
     out = []
     for run in chosen:
@@ -165,8 +165,8 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
 
 
 def _print_table(chosen: list, results: dict) -> None:
-    from hetrun.runtime.report_attempts import status_details
-    from hetrun.runtime.report_placement import FIXED_TEXT
+    from hetrun.reports.attempts import status_details
+    from hetrun.reports.placement import FIXED_TEXT
     from rich.console import Console
     from rich.table import Table
 

@@ -2,7 +2,7 @@
 
 Each refresh makes ONE scheduler query per backend for every watched run
 (the backends' ``status`` batch them: one squeue for all Slurm runs) and
-reads only what each run appended to events.jsonl (runtime/report_live.py).
+reads only what each run appended to events.jsonl (reports/live.py).
 On a terminal: a rich Live table with a progress bar per run; otherwise one
 plain line per run whenever it changes.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.cli.report_cmd import _bytes
-from hetrun.runtime.report_live import LiveRun
+from hetrun.reports.live import LiveRun
 
 
 def _dur(s: float | None) -> str:

@@ -103,7 +103,7 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
         spec = script_spec(job, script_args or [], python=sys.executable, tasks_per_node=tasks_per_node,
                            overrides=overrides)
         return spec, Path.cwd()  # the program runs where you submitted it, as sbatch does
-    from hetrun.dag.errors import SpecError
+    from hetrun.errors import SpecError
 
     if script_args or tasks_per_node is not None:
         what = "--ntasks-per-node" if tasks_per_node is not None else f"arguments {script_args}"
@@ -116,7 +116,7 @@ def placement_lines(plan: Any, spec: Any = None) -> list[str]:
     """One line per placed component: where it goes and why (the words `hetrun report` uses).
     With ``spec``, its ``placement:`` says the mode (a fixed one placed only because of ``--fit``
     reads "by --fit"); without, a recorded ranked list says ranked, else auto."""
-    from hetrun.runtime.report_placement import component_row, row_lines
+    from hetrun.reports.placement import component_row, row_lines
 
     modes = {n: c.placement for n, c in spec.components.items()} if spec is not None else {}
     return [row_lines(component_row(comp, modes.get(comp.get("name"))
@@ -152,7 +152,7 @@ def _wait(run: Any, wait_timeout: float | None) -> None:
 
     final = wait_for_end(run, backend_for(run), timeout_s=wait_timeout, on_change=show)
     if any(c.state != "COMPLETED" for c in final.components):
-        from hetrun.runtime.report_attempts import status_details
+        from hetrun.reports.attempts import status_details
 
         failure = status_details(run.run_dir)[2]
         why = failure.text if failure else f"no rank failure recorded; see `hetrun report {run.run_dir}`"

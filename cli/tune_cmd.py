@@ -35,13 +35,13 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
-        from hetrun.runtime.demand.sizing import propose
-        from hetrun.runtime.report_cost import load_prices, prices_path
+        from hetrun.reports.demand.sizing import propose
+        from hetrun.reports.cost import load_prices, prices_path
 
         run_dir = _resolve(run, runs_dir)
         predictor = None
         if model is not None:
-            from hetrun.runtime.demand.lstm import load_chooser
+            from hetrun.reports.demand.lstm import load_chooser
 
             predictor = load_chooser(model)
         result = propose(run_dir, load_prices(prices_path(prices)), predictor=predictor, margin=margin,
@@ -62,7 +62,7 @@ def _resolve(ref: str, runs_dir: Path | None) -> Path:
 
 
 def _print(p: object) -> None:
-    from hetrun.runtime.demand.sizing import Proposal
+    from hetrun.reports.demand.sizing import Proposal
     from rich.console import Console
     from rich.table import Table
 

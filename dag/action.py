@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from hetrun.dag.errors import GraphError
+from hetrun.errors import GraphError
 
 ACTION_TYPES = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")
 

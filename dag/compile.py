@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetrun.dag.action import ActionGraph, Dep, TrainingAction
-from hetrun.dag.errors import GraphError
+from hetrun.errors import GraphError
 from hetrun.dag.spec import JobSpec
 
 SPLIT_TYPES = ("forward", "backward")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 
 from hetrun.dag.action import ActionGraph, Dep, ResourceProfile, TrainingAction
-from hetrun.dag.errors import GraphError
+from hetrun.errors import GraphError
 from hetrun.dag.spec import ActionOverride, ComponentSpec, JobSpec
 from hetrun.dag.validators import mem_to_mb
 

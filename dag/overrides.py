@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrun.dag.errors import SpecError, closest
+from hetrun.errors import SpecError, closest
 from hetrun.dag.yaml_source import KeyPath, parse_yaml_text
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -22,7 +22,7 @@ from hetrun.dag.action import (
     split_id,
 )
 from hetrun.dag.compile import MemoryEstimate, PassReport, compile_template, describe
-from hetrun.dag.errors import GraphError, RunDirError
+from hetrun.errors import GraphError, RunDirError
 from hetrun.dag.expand import expand
 from hetrun.dag.schedule import (
     Weights,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from hetrun.dag.errors import closest
+from hetrun.errors import closest
 
 # option -> whether it takes a value (True), must not (False), or may (None).
 SBATCH_OPTIONS: dict[str, bool | None] = {

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from hetrun.dag import validators as v
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
 from hetrun.dag.spec_errors import SpecIssue, attach_source, translate_validation_error

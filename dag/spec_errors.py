@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from hetrun.dag.errors import GraphError, SpecError, closest
+from hetrun.errors import GraphError, SpecError, closest
 from hetrun.dag.yaml_source import KeyPath, SourceDoc, format_path
 from pydantic import BaseModel, ValidationError
 

@@ -29,7 +29,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetrun.dag.errors import GraphError
+from hetrun.errors import GraphError
 from hetrun.dag.plan import Plan
 from hetrun.dag.routing import enforced_lag, fed_ranks
 

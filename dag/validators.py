@@ -138,7 +138,7 @@ def check_signal(value: Any) -> str:
 
 
 def check_codec(value: Any) -> str:
-    from hetrun.dag.errors import closest
+    from hetrun.errors import closest
 
     if _text(value, "a codec name") not in CODEC_NAMES:
         near = closest(value, CODEC_NAMES)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.spec_errors import translate_validation_error
 from hetrun.dag.yaml_source import KeyPath, SourceDoc
 from pydantic import BaseModel, ValidationError

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 
 # Bounds that keep a hostile or broken file from eating memory or the stack.
 MAX_FILE_BYTES = 4 * 1024 * 1024

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 import torch
-from hetrun.dag.errors import CheckpointError, HetrunError
+from hetrun.errors import CheckpointError, HetrunError
 from hetrun.examples.moe_data import ByteCorpus
 from hetrun.examples.moe_lm_args import MoELMWorkloadArgs
 from hetrun.examples.moe_model import MoEConfig, MoELM, expert_slice

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from hetrun.dag.errors import HetrunError
+from hetrun.errors import HetrunError
 from hetrun.runtime.comms.alltoall import AllToAllComm, all_to_all, exact_all_to_all
 from torch import nn
 

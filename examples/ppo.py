@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn

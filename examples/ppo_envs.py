@@ -14,7 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
-from hetrun.dag.errors import CheckpointError, SpecError
+from hetrun.errors import CheckpointError, SpecError
 
 
 def env_facts(env_id: str) -> tuple[int, int, float | None, int | None]:

@@ -2,7 +2,7 @@
 
 They live here, beside the import-light ``hetrun`` facade, so that ``kernels``
 and ``runtime`` can raise them without depending on the planning layer
-(``hetrun.dag.errors`` re-exports them for older imports). This module
+(``hetrun.errors`` re-exports them for older imports). This module
 imports only the standard library.
 
 Library code raises these; only ``hetrun.cli`` turns them into a message and

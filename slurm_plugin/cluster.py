@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import CLUSTER_NAME, DEFAULT_DIR, ClusterConfig
 from hetrun.slurm_plugin.cluster_daemons import (
     MARIADBD,

@@ -14,7 +14,7 @@ import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 DEFAULT_DIR = Path("/var/lib/hetrun-cluster")
 CLUSTER_NAME = "hetrun"

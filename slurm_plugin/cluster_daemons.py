@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import CLUSTER_NAME, ClusterConfig
 from hetrun.slurm_plugin.cluster_procs import (
     find_pids,

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 
 def read_pid(pid_file: Path) -> int | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin import quota
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.pool import NodeFree, PoolRow, PoolSnapshot

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrun.dag.errors import HetrunError, SlurmError, SpecError
+from hetrun.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import ComponentNeed, component_needs
 from hetrun.dag.spec import PLACED_MODES
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 Runner = Callable[[Sequence[str]], str]
 NO_GRES = "-"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag import validators as v
-from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.sbatch_options import check_extra_option
 
 # An absolute path that can go into a #SBATCH line verbatim: `%` would be a

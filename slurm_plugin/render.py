@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.budgets import Budgets
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 
 from . import quoting
 from .postmortem import KILL_MARK

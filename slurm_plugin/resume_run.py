@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.errors import RunDirError, SpecError
 
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError
+from hetrun.errors import RunDirError
 
 from hetrun.backoff import Backoff, poll_until
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import HetrunError, RunDirError, SpecError
+from hetrun.errors import HetrunError, RunDirError, SpecError
 
 from hetrun.backoff import Backoff, poll_until
 

@@ -85,7 +85,7 @@ def slurm_cluster() -> ClusterStatus:
     shape). Outside CI, skips with the reason when Slurm cannot be started
     here; in CI, fails.
     """
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin import cluster
 
     try:

@@ -58,7 +58,7 @@ def _reference(size: int, case: int, shape: tuple[int, ...], dtype, requires_gra
 
 def _body(backend: str, out_dir: str) -> None:
     import torch
-    from hetrun.dag.errors import HetrunError, RuntimeFailure
+    from hetrun.errors import HetrunError, RuntimeFailure
     from hetrun.runtime.comms.alltoall import (
         AllToAllComm,
         all_to_all,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError, RunDirError
+from hetrun.errors import CheckpointError, RunDirError
 from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api import rundir
 from hetrun.runtime.api.run import StateObjects

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.examples.atari_envs import AtariSettings, AtariVector, make_atari_env, num_actions
 from hetrun.examples.atari_ppo import AtariPPOWorkload
 from hetrun.runtime.context import RankContext

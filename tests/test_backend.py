@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.backends import get_backend, resolve_name
 from hetrun.slurm_plugin.backends.pyslurm_backend import PyslurmBackend, pyslurm_problem
 from hetrun.slurm_plugin.backends.sbatch import (

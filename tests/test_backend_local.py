@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_runtime_jobs import fake_runtime, two_component_spec
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend, launch_commands, proc_start_ticks
 from hetrun.slurm_plugin.rundir import events_of, read_run, wait_for

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError, HetrunError
+from hetrun.errors import CheckpointError, HetrunError
 from hetrun.runtime import resume
 from hetrun.runtime.ckpt import lossy, open_store
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 from hetrun.runtime.ckpt import open_store, tiers_for
 from hetrun.runtime.ckpt.objects import Tier
 from hetrun.runtime.ckpt.writer import CheckpointWriter

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 from hetrun.runtime.ckpt import gc, open_store, tiers_for
 from hetrun.runtime.ckpt.objects import Tier, parse_object
 from hetrun.runtime.ckpt.state import capture_rng, restore_rng

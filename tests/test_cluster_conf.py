@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin import cluster
 from hetrun.slurm_plugin.cluster_conf import (
     TASK_ENV,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.kernels.codecs import cpu as codec_cpu
 from hetrun.kernels.codecs import native as codec_native
 from hetrun.kernels.codecs import reference as codec_reference

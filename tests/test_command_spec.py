@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.script_job import is_script, script_spec

@@ -187,7 +187,7 @@ def _body(backend: str, out_dir: str) -> None:
 
 
 def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.runtime.comms.compressed import DIRECTION_DEFAULTS, _block_size
 
     for knob in ("HETRUN_A2A_BLOCK", "HETRUN_A2A_BLOCK_BACKWARD", "HETRUN_A2A_BLOCK_FORWARD"):
@@ -207,7 +207,7 @@ def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_scale_knob_and_default_volume(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-direction scale format, and the defaults' MoE-step volume: >= 85% below fp32
     (scales counted), for the row widths of the MoE LM and the netemu benchmark."""
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.kernels.codecs.registry import get_codec
     from hetrun.runtime.comms.compressed import (
         DIRECTION_DEFAULTS,

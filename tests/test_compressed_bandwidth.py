@@ -23,7 +23,7 @@ def test_break_even_model() -> None:
 
 
 def test_torch_backend_is_a_clear_error() -> None:
-    from hetrun.dag.errors import HetrunError
+    from hetrun.errors import HetrunError
     from hetrun.runtime.comms.bandwidth import calibrate
 
     class TorchComm:

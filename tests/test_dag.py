@@ -16,7 +16,7 @@ from hetrun.dag.action import (
     TrainingAction,
     split_id,
 )
-from hetrun.dag.errors import GraphError, RunDirError
+from hetrun.errors import GraphError, RunDirError
 from hetrun.dag.expand import expand
 from hetrun.dag.plan import Plan, build_plan, build_plan_explained
 from hetrun.dag.schedule import Weights, check_fits_nodes

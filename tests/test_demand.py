@@ -14,15 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
-from hetrun.runtime.demand.predictors import EWMA, Chooser, LastValue, evaluate
-from hetrun.runtime.demand.series import DemandSeries, read_demand
-from hetrun.runtime.demand.sizing import propose
+from hetrun.reports.demand.predictors import EWMA, Chooser, LastValue, evaluate
+from hetrun.reports.demand.series import DemandSeries, read_demand
+from hetrun.reports.demand.sizing import propose
 from hetrun.runtime.inprocess import run_inprocess
-from hetrun.runtime.report_cost import DEFAULT_PRICES
+from hetrun.reports.cost import DEFAULT_PRICES
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -95,7 +95,7 @@ def test_last_value_and_ewma_errors_are_exact() -> None:
 
 
 def test_lstm_learns_a_pattern_ewma_cannot_and_survives_json(tmp_path: Path) -> None:
-    from hetrun.runtime.demand.lstm import LSTMPredictor, load_chooser, save_chooser
+    from hetrun.reports.demand.lstm import LSTMPredictor, load_chooser, save_chooser
 
     def periodic(phase: int) -> DemandSeries:  # e.g. an action that is heavy every third iteration
         return series([3.0 if (i + phase) % 3 == 0 else 1.0 for i in range(30)])
@@ -118,7 +118,7 @@ def test_lstm_learns_a_pattern_ewma_cannot_and_survives_json(tmp_path: Path) -> 
 
 
 def test_a_broken_model_file_is_a_spec_error(tmp_path: Path) -> None:
-    from hetrun.runtime.demand.lstm import load_chooser
+    from hetrun.reports.demand.lstm import load_chooser
 
     bad = tmp_path / "model.json"
     bad.write_text('{"lstm": {"kind": "something else"}, "alpha": 0.3, "use_lstm": []}')
@@ -175,7 +175,7 @@ def test_tune_without_a_plan_names_the_file(tmp_path: Path) -> None:
 
 
 def test_large_budgets_are_searched_by_growing_the_bottleneck() -> None:
-    from hetrun.runtime.demand.sizing import _search
+    from hetrun.reports.demand.sizing import _search
 
     # 600 cores, 3 components: 216M mixes is too many to try; the greedy path balances 3:1:2.
     assert _search([0.03, 0.01, 0.02], [0.05] * 3, [1, 1, 1], max_cores=600, max_ranks=600) == (300, 100, 200)
@@ -186,7 +186,7 @@ def test_large_budgets_are_searched_by_growing_the_bottleneck() -> None:
 
 
 def test_overrides_keep_the_jobs_tasks_per_node_where_it_divides_the_ranks() -> None:
-    from hetrun.runtime.demand.sizing import ComponentSize, Proposal
+    from hetrun.reports.demand.sizing import ComponentSize, Proposal
 
     sizes = [ComponentSize("learner", 4, 1, 0.0, 832, tasks_per_node=2),
              ComponentSize("rollout", 3, 1, 0.0, 448, tasks_per_node=2)]

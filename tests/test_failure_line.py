@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.runtime.report_attempts import status_details
+from hetrun.reports.attempts import status_details
 from hetrun.slurm_plugin.postmortem import finish_attempt, last_log_line
 from hetrun.slurm_plugin.rundir import append_event, events_of
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetrun.dag.errors import HetrunError
+from hetrun.errors import HetrunError
 from hetrun.kernels import fused_native
 from hetrun.kernels.fused_ln_linear import (
     FusedLayerNormLinear,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.dag.errors import HetrunError, RunDirError, SpecError
+from hetrun.errors import HetrunError, RunDirError, SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch

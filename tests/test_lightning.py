@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("pytorch_lightning", reason="pip install -e .[lightning]")
 
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 from hetrun.runtime.api.lightning import HetrunCheckpointIO, hpc_resume_path, read_pointer
 
 from tests.api_helpers import EXIT_REQUEUE, assert_bit_identical, events, run_once

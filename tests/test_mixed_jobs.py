@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import spec_from_dict
 from hetrun.runtime.command_rank import component_env

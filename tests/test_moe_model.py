@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError, HetrunError
+from hetrun.errors import CheckpointError, HetrunError
 from hetrun.examples.moe_data import ByteCorpus, stdlib_files
 from hetrun.examples.moe_lm import MoELMWorkload
 from hetrun.examples.moe_model import (

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SlurmError, SpecError
+from hetrun.errors import SlurmError, SpecError
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec
@@ -308,7 +308,7 @@ def test_node_counts_survive_job_yaml(tmp_path: Path) -> None:
 
 def test_the_node_check_accepts_a_component_one_of_whose_counts_fits(tmp_path: Path) -> None:
     from hetrun.dag.action import NodeCapacity
-    from hetrun.dag.errors import GraphError
+    from hetrun.errors import GraphError
     from hetrun.dag.schedule import check_fits_nodes
 
     caps = [NodeCapacity(f"n{i}", cpus=2, gpus=2, mem_mb=4000) for i in range(1, 5)]

@@ -13,7 +13,7 @@ import pytest
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec
-from hetrun.runtime.report_placement import component_row, row_lines, short_text
+from hetrun.reports.placement import component_row, row_lines, short_text
 from hetrun.slurm_plugin import placement_fit
 from hetrun.slurm_plugin.render import render_sbatch
 from test_placement import TYPES, snapshot
@@ -94,7 +94,7 @@ def test_ranked_loads_survives_job_yaml_and_is_refused_where_auto_is(tmp_path: P
 
 @pytest.mark.parametrize("bad", ["a;b", "a,b"])
 def test_a_bad_partition_in_the_record_is_refused_before_the_script(tmp_path: Path, bad: str) -> None:
-    from hetrun.dag.errors import SpecError
+    from hetrun.errors import SpecError
 
     plan_d, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
     plan_d["components"][0]["placement"]["ranked"] = ["debug", bad]

@@ -88,7 +88,7 @@ def test_explain_ranked_line_uses_the_chosen_node_counts_gpus(tmp_path: Path) ->
 
 
 def ranked_row(tmp_path: Path) -> dict:
-    from hetrun.runtime.report_placement import component_row
+    from hetrun.reports.placement import component_row
 
     comp = ranked_choice(tmp_path, RANKED, split_pool({**LAYOUT, "n4": ("debug", "v100")}), {"high": 0, "debug": 60})
     return component_row(comp, "ranked", None)
@@ -97,7 +97,7 @@ def ranked_row(tmp_path: Path) -> dict:
 def test_report_json_schema_takes_a_ranked_row(tmp_path: Path) -> None:
     import jsonschema
     import pytest
-    from hetrun.runtime.report_schema import REPORT_SCHEMA
+    from hetrun.reports.schema import REPORT_SCHEMA
 
     section = REPORT_SCHEMA["properties"]["placement"]
     row = ranked_row(tmp_path)
@@ -111,8 +111,8 @@ def test_report_json_schema_takes_a_ranked_row(tmp_path: Path) -> None:
 
 
 def test_html_report_says_why_for_a_ranked_row(tmp_path: Path) -> None:
-    from hetrun.cli.report_html import _placement_table
-    from hetrun.runtime.report_placement import why_text
+    from hetrun.reports.html import _placement_table
+    from hetrun.reports.placement import why_text
 
     row = ranked_row(tmp_path)
     page = _placement_table({"attempts": [{"first_restart": 0, "last_restart": None, "components": [row]}]})

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import HetrunError, SlurmError, SpecError
+from hetrun.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec

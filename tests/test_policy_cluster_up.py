@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import ClusterConfig
 from hetrun.slurm_plugin.cluster_setup import write_configs
 from hetrun.slurm_plugin.policy.apply import PolicyApplyError

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import (
     FAKE_GPU_MAJOR,
     ClusterConfig,

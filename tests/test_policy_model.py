@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.slurm_plugin.policy.model import load_policy, size_mb
 
 ISSUE_SHAPE = """\

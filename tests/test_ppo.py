@@ -8,7 +8,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError, SpecError
+from hetrun.errors import CheckpointError, SpecError
 from hetrun.examples.ppo import PPOConfig, PPOWorkload
 from hetrun.runtime.context import RankContext
 

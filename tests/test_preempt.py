@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.context import RankContext
 

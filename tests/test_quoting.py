@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.errors import RunDirError, SpecError
 from hetrun.slurm_plugin import quoting
 from hypothesis import given, settings
 from hypothesis import strategies as st

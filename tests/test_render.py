@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch

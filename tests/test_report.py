@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError
-from hetrun.runtime.report import build_report
+from hetrun.errors import RunDirError
+from hetrun.reports.run_report import build_report
 from runtime_toy import toy_plan, write_run_dir
 
 
@@ -91,7 +91,7 @@ def test_cli_report_table_and_json(tmp_path: Path) -> None:
 
 
 def test_report_of_a_real_run_names_the_failure(tmp_path: Path) -> None:
-    from hetrun.dag.errors import RuntimeFailure
+    from hetrun.errors import RuntimeFailure
     from hetrun.runtime.inprocess import run_inprocess
 
     run_dir = write_run_dir(tmp_path / "run", toy_plan(
@@ -117,7 +117,7 @@ def test_missing_events_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_report_reader_imports_no_torch_or_mpi() -> None:
-    code = ("import sys, hetrun.runtime.report, hetrun.cli.report_cmd; "
+    code = ("import sys, hetrun.reports.run_report, hetrun.cli.report_cmd; "
             "bad = [m for m in ('torch', 'mpi4py', 'numpy') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -157,7 +157,7 @@ def test_no_restart_means_no_work_lost(tmp_path: Path) -> None:
 def test_status_reads_restarts_and_work_lost_from_restore_lines_only(tmp_path: Path) -> None:
     """`hetrun status` shows work lost per run from the restore events alone."""
     from hetrun.runtime.events import read_events
-    from hetrun.runtime.report import restart_summary
+    from hetrun.reports.run_report import restart_summary
 
     run_dir = tmp_path / "run"
     _synthetic(run_dir)

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SpecError
-from hetrun.runtime.report import ComponentRow
-from hetrun.runtime.report_cost import DEFAULT_PRICES, load_prices, run_cost
-from hetrun.runtime.report_sacct import accounting_rows
+from hetrun.errors import SpecError
+from hetrun.reports.run_report import ComponentRow
+from hetrun.reports.cost import DEFAULT_PRICES, load_prices, run_cost
+from hetrun.reports.sacct import accounting_rows
 
 SAMPLE = Path(__file__).parent / "data" / "report" / "sacct_het_5.json"
 

@@ -1,5 +1,5 @@
 """`hetrun report` and `hetrun status` show where each component was placed, why, what lost,
-and where a resume re-placed it (runtime/report_placement.py).
+and where a resume re-placed it (reports/placement.py).
 
 The run directories hold a real plan.json (the planner's) with real placement records
 (placement.score over a pool snapshot from Slurm's own sinfo sample, recorded by
@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import jsonschema
-from hetrun.cli.report_html import render_html
+from hetrun.reports.html import render_html
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
-from hetrun.runtime.report import build_report
-from hetrun.runtime.report_placement import newest_by_component, placement_lines
-from hetrun.runtime.report_schema import REPORT_SCHEMA
+from hetrun.reports.run_report import build_report
+from hetrun.reports.placement import newest_by_component, placement_lines
+from hetrun.reports.schema import REPORT_SCHEMA
 from hetrun.slurm_plugin import placement
 from hetrun.slurm_plugin.placement_fit import ComponentFit, FitReport, record
 from hetrun.slurm_plugin.resume_run import keep_replaced_plan
@@ -165,8 +165,8 @@ def test_html_report_has_the_placement_table_escaped(tmp_path: Path) -> None:
 
 def test_where_slurm_ran_each_attempt_comes_from_sacct(tmp_path: Path) -> None:
     """Slurm's own record (a real `sacct --json -D` of a het job) beside the placement."""
-    from hetrun.runtime.report_placement import placement_section
-    from hetrun.runtime.report_sacct import accounting_rows
+    from hetrun.reports.placement import placement_section
+    from hetrun.reports.sacct import accounting_rows
 
     run_dir = _run_dir(tmp_path, busy={"n1", "n2"})
     doc = json.loads((Path(__file__).parent / "data" / "report" / "sacct_het_5.json").read_text())

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hetrun.cli.report_timeline_view import timeline_rows
+from hetrun.reports.timeline_view import timeline_rows
 from test_report_restarts import RunWriter, _resumed
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "report_restarted.txt"

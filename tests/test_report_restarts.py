@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from hetrun.runtime.attempts import attempt_counts
-from hetrun.runtime.report import build_report
-from hetrun.runtime.report_attempts import (
+from hetrun.reports.run_report import build_report
+from hetrun.reports.attempts import (
     count_attempts,
     counts_dict,
     counts_of_run,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.runtime.report_sacct import accounting_rows, slurm_accounting
+from hetrun.reports.sacct import accounting_rows, slurm_accounting
 
 SAMPLE = Path(__file__).parent / "data" / "report" / "sacct_het_5.json"  # het job 5: 2 components
 

@@ -7,10 +7,10 @@ import random
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.report import build_report
-from hetrun.runtime.report_intervals import IntervalSet
-from hetrun.runtime.report_reader import EventStream
-from hetrun.runtime.report_timeline import BUCKETS, Timeline
+from hetrun.reports.run_report import build_report
+from hetrun.reports.intervals import IntervalSet
+from hetrun.reports.reader import EventStream
+from hetrun.reports.timeline import BUCKETS, Timeline
 
 
 def test_reader_skips_corrupt_and_torn_lines_and_filters_kinds(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.dag.errors import CheckpointError
+from hetrun.errors import CheckpointError
 from hetrun.examples.ppo import PPOWorkload
 from hetrun.runtime import resize
 from hetrun.runtime.ckpt import open_store, tiers_for

@@ -1,4 +1,4 @@
-"""runtime/report_demand.py: predicted vs actual demand in `hetrun report`, on a hand-written
+"""reports/demand_section.py: predicted vs actual demand in `hetrun report`, on a hand-written
 events.jsonl whose demand steps from 1 s to 2 s per iteration halfway."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.demand.predictors import EWMA, LastValue
-from hetrun.runtime.report_demand import demand_lines, demand_section
+from hetrun.reports.demand.predictors import EWMA, LastValue
+from hetrun.reports.demand_section import demand_lines, demand_section
 
 
 def write_run(run_dir: Path, iterations: int) -> None:
@@ -50,8 +50,8 @@ def test_a_short_run_says_how_much_history_it_needs(tmp_path: Path) -> None:
 
 def test_the_report_json_carries_the_section_and_fits_the_schema(tmp_path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    from hetrun.runtime.report import build_report
-    from hetrun.runtime.report_schema import REPORT_SCHEMA
+    from hetrun.reports.run_report import build_report
+    from hetrun.reports.schema import REPORT_SCHEMA
 
     write_run(tmp_path, 24)
     (tmp_path / "run.json").write_text(json.dumps({"name": "probe", "backend": "local", "run_dir": str(tmp_path)}))

@@ -170,7 +170,7 @@ def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path) -> N
     restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
     assert len(restores) == 3 and all(e["restored_state"] and e["work_lost"] is not None for e in restores)
     assert_same_checkpoints(whole, run_dir, {"learner": 1, "rollout": 2}, ITERATIONS)
-    from hetrun.runtime.report_attempts import status_summary
+    from hetrun.reports.attempts import status_summary
 
     counts, lost = status_summary(run_dir)
     assert counts.restarts == 1 and lost is not None
@@ -199,7 +199,7 @@ def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path) 
 def test_a_run_still_running_is_refused(tmp_path: Path) -> None:
     import os
 
-    from hetrun.dag.errors import RunDirError
+    from hetrun.errors import RunDirError
     from hetrun.slurm_plugin import resume_run
     from hetrun.slurm_plugin.backends.local import proc_start_ticks
     from hetrun.slurm_plugin.rundir import read_run

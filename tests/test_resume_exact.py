@@ -192,7 +192,7 @@ def assert_agreed_stops(run_dir: Path, world: int, stops: int, after: list[int])
         # Resumed exactly where it stopped: nothing lost, on every rank.
         assert e["max_restarts"] == 3 and e["step"] in by_stop and e["work_lost"] == 0, e
 
-    from hetrun.runtime.report import build_report
+    from hetrun.reports.run_report import build_report
 
     rep = build_report(run_dir)
     assert rep.restarts == stops and rep.work_lost == 0

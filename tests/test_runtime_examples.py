@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hetrun.runtime.events import read_events
-from hetrun.runtime.report import build_report
+from hetrun.reports.run_report import build_report
 from runtime_toy import toy_job_yaml
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError, RuntimeFailure
+from hetrun.errors import RunDirError, RuntimeFailure
 from hetrun.runtime.events import read_events
 from hetrun.runtime.inprocess import run_inprocess
 from runtime_toy import toy_plan, write_run_dir

@@ -17,7 +17,7 @@ PROBE = r'''
 import json, sys, torch
 from mpi4py import MPI
 from hetrun.runtime.shared_weights import SharedWeights
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 
 comm = MPI.COMM_WORLD
 node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
@@ -70,7 +70,7 @@ def test_ranks_share_one_copy(tmp_path: Path) -> None:
 
 def test_cuda_tensors_are_refused_clearly() -> None:
     import torch
-    from hetrun.dag.errors import RuntimeFailure
+    from hetrun.errors import RuntimeFailure
     from hetrun.runtime.shared_weights import SharedWeights
 
     if not torch.cuda.is_available():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetrun.dag.errors import RuntimeFailure
+from hetrun.errors import RuntimeFailure
 from hetrun.runtime.state_history import StateHistory, pick_for
 
 

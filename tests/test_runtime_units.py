@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.dag.errors import RunDirError, RuntimeFailure
+from hetrun.errors import RunDirError, RuntimeFailure
 from hetrun.runtime.comms.p2p import pack, unpack
 from hetrun.runtime.executor import effective_lag, fed_ranks, feeding_ranks, sub_actions
 from hetrun.runtime.plan_view import load_plan, plan_from_dict
@@ -124,7 +124,7 @@ def test_plan_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_workload_reference_is_checked() -> None:
-    from hetrun.dag.errors import SpecError
+    from hetrun.errors import SpecError
     from hetrun.runtime.workload import load_workload_class
 
     with pytest.raises(SpecError, match="is not module:Class"):

@@ -8,8 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from hetrun.runtime.events import EventLog
-from hetrun.runtime.report import build_report
-from hetrun.runtime.report_reader import EventStream
+from hetrun.reports.run_report import build_report
+from hetrun.reports.reader import EventStream
 from hetrun.runtime.sampler import Sampler, open_nvml
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.spec import JobSpec, job_json_schema, load_spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hetrun.dag.errors import HetrunError, SpecError
+from hetrun.errors import HetrunError, SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import JobSpec, load_spec

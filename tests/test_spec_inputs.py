@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import GraphError, SpecError
+from hetrun.errors import GraphError, SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec

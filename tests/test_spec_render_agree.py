@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from hetrun.dag import validators as v
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin.render import render_sbatch

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import SpecError
+from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.spec import load_spec
 from hetrun.dag.workload_args import args_model_ref, find_args_model

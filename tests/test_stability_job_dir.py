@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError
+from hetrun.errors import RunDirError
 from hetrun.slurm_plugin.submit import resolve_job_dir, submit_file, submit_spec, wait_for_end
 
 HERE = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from hetrun.dag.spec import spec_from_dict
-from hetrun.runtime.report_live import LiveRun
+from hetrun.reports.live import LiveRun
 from hetrun.slurm_plugin.backends.local import LocalBackend
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 

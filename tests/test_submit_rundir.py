@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from hetrun.dag.errors import RunDirError, SpecError
+from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin.rundir import (
     RunInfo,

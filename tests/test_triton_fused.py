@@ -14,7 +14,7 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from hetrun.dag.errors import HetrunError
+from hetrun.errors import HetrunError
 from hetrun.kernels import triton_fused as tf
 from hetrun.kernels.fused_ln_linear import ln_linear_gelu, ln_linear_gelu_reference
 

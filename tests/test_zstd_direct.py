@@ -73,7 +73,7 @@ def test_refuses_a_damaged_frame(damage: str) -> None:
 
 
 def test_codec_decode_plane_uses_it_and_checks_the_length() -> None:
-    from hetrun.dag.errors import CheckpointError
+    from hetrun.errors import CheckpointError
 
     src = _plane(50_000)
     z = codec.new_compressor().compress(src.data)

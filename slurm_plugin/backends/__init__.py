@@ -11,7 +11,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from hetrun.dag.errors import SlurmError, closest
+from hetrun.errors import SlurmError, closest
 
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 

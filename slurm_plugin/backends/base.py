@@ -96,7 +96,7 @@ class Backend(ABC):
         """Send the run's stop signal (plan.json ``preemption.signal``) the way the scheduler's
         warning would reach it; return where it went. The runtime agrees a stop step,
         checkpoints and exits 85, and the run is requeued (``hetrun preempt``)."""
-        from hetrun.dag.errors import SlurmError
+        from hetrun.errors import SlurmError
 
         raise SlurmError(f"the {self.name} backend cannot preempt {run.run_dir}",
                          hint="use the sbatch or local backend, or `hetrun cancel`")

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import RunDirError, SlurmError
+from hetrun.errors import RunDirError, SlurmError
 
 from ..postmortem import REQUEUE_EXIT_CODE, TERM_EXIT_CODE, finish_attempt
 from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, restart_base, utc_now_iso, write_atomic

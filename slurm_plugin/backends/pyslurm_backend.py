@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 from ..rundir import RunInfo
 from .base import DryRun

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 from ..rundir import SCRIPT, RunInfo
 from .base import Backend, ComponentStatus, DryRun, RunStatus

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 
 from hetrun.backoff import Backoff
 

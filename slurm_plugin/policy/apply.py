@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetrun.dag.errors import HetrunError, SlurmError
+from hetrun.errors import HetrunError, SlurmError
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.policy.desired import desired_state
 from hetrun.slurm_plugin.policy.isolation import detect_cgroup

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetrun.dag import validators as v
-from hetrun.dag.errors import SpecError, closest
+from hetrun.errors import SpecError, closest
 from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator

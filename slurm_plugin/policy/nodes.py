@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.desired import isolation_of
 from hetrun.slurm_plugin.policy.isolation import (
     CgroupSupport,

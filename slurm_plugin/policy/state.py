@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetrun.dag import validators as v
-from hetrun.dag.errors import SlurmError
+from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.model import size_mb
 
 Runner = Callable[[Sequence[str]], str]

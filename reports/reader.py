@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .events import EVENTS_FILE
+from hetrun.runtime.events import EVENTS_FILE
 
 try:  # ~4x json's speed on event lines; the stdlib parser reads the same lines
     from orjson import loads as parse_line

@@ -28,7 +28,7 @@ from typing import Any
 from hetrun.dag import budgets
 from hetrun.dag.budgets import UNKNOWN_CAUSE, AttemptCounts
 
-from .report_reader import EventStream, event_time
+from .reader import EventStream, event_time
 
 # Event kinds the attempt history needs; ``hetrun status`` reads only these.
 COUNT_KINDS = ("start", "restore", "attempt_end", "rank_failure")

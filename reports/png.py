@@ -1,6 +1,6 @@
 """``hetrun report RUN --png DIR``: each plot of the HTML report as a PNG, drawn by headless chromium.
 
-The plots are the same inline SVGs as ``--html`` (cli/report_html.py); each is
+The plots are the same inline SVGs as ``--html`` (reports/html.py); each is
 put alone on a white page and screenshotted at its own size, so the PNGs match
 the HTML exactly and hetrun needs no plotting library. Without chromium the
 option stops with an error naming what to install.

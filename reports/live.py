@@ -17,11 +17,11 @@ from typing import Any
 
 from hetrun.errors import HetrunError
 
-from .events import EVENTS_FILE
-from .plan_view import load_plan
-from .report_attempts import AttemptCounts, count_attempts
-from .report_ckpt import store_root
-from .report_reader import event_time, parse_line
+from hetrun.runtime.events import EVENTS_FILE
+from hetrun.runtime.plan_view import load_plan
+from .attempts import AttemptCounts, count_attempts
+from .ckpt import store_root
+from .reader import event_time, parse_line
 
 
 @dataclass

@@ -115,7 +115,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                                                                "gpu_util": _opt_num, "gpu_mem_max": _opt_num,
                                                                "gpu_power_w": _opt_num}}}}},
         "skipped_lines": {"type": "integer"},
-        # runtime/report_demand.py: predicted against measured demand per window
+        # reports/demand_section.py: predicted against measured demand per window
         "demand": {"type": "object", "required": ["predictor", "window", "rows", "note"], "properties": {
             "predictor": _str, "window": {"type": "integer", "minimum": 1}, "note": _opt_str,
             "rows": {"type": "array", "items": {
@@ -126,7 +126,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                                    "type": "object", "required": ["first", "last", "predicted", "actual", "error"],
                                    "properties": {"first": {"type": "integer"}, "last": {"type": "integer"},
                                                   "predicted": _num, "actual": _num, "error": _num}}}}}}}},
-        # runtime/report_placement.py: per range of attempts (a resume starts a new one), each component
+        # reports/placement.py: per range of attempts (a resume starts a new one), each component
         "placement": {"type": "object", "required": ["attempts", "note"], "properties": {
             "note": _opt_str,
             "ran_on": {"type": "array", "items": {"type": "object", "properties": {

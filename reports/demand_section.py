@@ -1,7 +1,7 @@
 """Predicted against actual demand, for `hetrun report` (issue 15).
 
 For each component and action type, the run's per-iteration demand series
-(``hetrun.runtime.demand.series``: busy seconds summed over the component's
+(``hetrun.reports.demand.series``: busy seconds summed over the component's
 ranks, bytes moved, peak memory) is cut into windows of ``window``
 iterations. Before each window, the predictor `hetrun tune` uses sees only the
 iterations before it and predicts the per-iteration value; the row shows that
@@ -16,8 +16,8 @@ import math
 import os
 from typing import Any
 
-from hetrun.runtime.demand.predictors import EWMA, ErrorStats, Predictor
-from hetrun.runtime.demand.series import DemandSeries, read_demand
+from hetrun.reports.demand.predictors import EWMA, ErrorStats, Predictor
+from hetrun.reports.demand.series import DemandSeries, read_demand
 
 MIN_WINDOWS = 2
 _UNITS = {"busy_s": "s", "bytes": "B", "peak_mem": "B"}

@@ -23,18 +23,18 @@ from typing import Any
 
 from hetrun.errors import RunDirError
 
-from .events import EVENTS_FILE
-from .report_attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
-from .report_ckpt import checkpoint_history
-from .report_cost import DEFAULT_PRICES, run_cost
-from .report_demand import demand_section
-from .report_intervals import IntervalSet
-from .report_placement import placement_section
-from .report_reader import EventStream, event_time
-from .report_sacct import slurm_accounting
-from .report_samples import SampleStats
-from .report_schema import SCHEMA_ID
-from .report_timeline import Timeline
+from hetrun.runtime.events import EVENTS_FILE
+from .attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
+from .ckpt import checkpoint_history
+from .cost import DEFAULT_PRICES, run_cost
+from .demand_section import demand_section
+from .intervals import IntervalSet
+from .placement import placement_section
+from .reader import EventStream, event_time
+from .sacct import slurm_accounting
+from .samples import SampleStats
+from .schema import SCHEMA_ID
+from .timeline import Timeline
 
 
 @dataclass
@@ -167,7 +167,7 @@ class RunReport:
         return sum(c.gpu_hours for c in self.components)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` document (runtime/report_schema.py: REPORT_SCHEMA)."""
+        """The ``--json`` document (reports/schema.py: REPORT_SCHEMA)."""
         d = {"schema": SCHEMA_ID, **asdict(self)}
         d.update(wall_s=self.wall_s, steps_per_s=self.steps_per_s, samples_per_s=self.samples_per_s,
                  actions_per_s=self.actions_per_s, node_hours=self.node_hours,
@@ -257,7 +257,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _spec_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from .plan_view import load_plan
+    from hetrun.runtime.plan_view import load_plan
 
     try:  # plan.json through the runtime's one reader; a missing or damaged one degrades the sections
         plan = load_plan(run_dir, validate=False).raw

@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from hetrun.cli.report_timeline_view import COLOURS
+from hetrun.reports.timeline_view import COLOURS
 
 _CSS = {"green": "#2ca02c", "blue": "#1f77b4", "magenta": "#c837ab", "cyan": "#17becf", "yellow": "#d6a700",
         "white": "#7f7f7f", "bright_blue": "#6baed6"}
@@ -124,7 +124,7 @@ def _restored(comps: dict[str, Any]) -> str:
 
 def _placement_table(section: dict[str, Any]) -> str:
     """Per range of attempts and component: where it was placed, why, and what lost."""
-    from hetrun.runtime.report_placement import short_text, why_text
+    from hetrun.reports.placement import short_text, why_text
 
     rows = []
     for a in section.get("attempts") or []:

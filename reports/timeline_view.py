@@ -3,7 +3,7 @@
 A cell shows the action type that kept the rank busiest in its slice (█ busy
 at least half of it, ▄ less, · idle), coloured by type; marks override:
 | start of an attempt, C checkpoint, R restore, X error. Reads the timeline
-section of the report (runtime/report_timeline.py); imports rich only.
+section of the report (reports/timeline.py); imports rich only.
 """
 
 from __future__ import annotations
