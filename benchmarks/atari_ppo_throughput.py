@@ -54,10 +54,11 @@ def hyper(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    from hetrun.errors import HetrunError
     from hetrun.dag.overrides import Overrides
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+    from hetrun.errors import HetrunError
 
     wl = ", ".join(f"{k}: {v}" for k, v in hyper(args).items())
     sets = [f"training.mode={mode}", f"training.iterations={args.updates}", "training.eval_interval=0",

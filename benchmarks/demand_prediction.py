@@ -56,9 +56,10 @@ ROLES = ("train", "choose", "held_out")
 
 
 def record(workload: str, seed: int, runs: Path, timeout: float) -> Path:
-    from hetrun.errors import HetrunError
     from hetrun.dag.overrides import Overrides
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+    from hetrun.errors import HetrunError
 
     job, sets = WORKLOADS[workload]
     sets = [*sets, f"training.seed={seed}"]

@@ -94,9 +94,10 @@ def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, work
 
     ``cores``: cores per component (ranks x cpus_per_task), for the busy fractions.
     """
-    from hetrun.errors import HetrunError
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+    from hetrun.errors import HetrunError
 
     path = workdir / f"{job['name']}-e{job['training']['eval_interval']}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))

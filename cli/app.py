@@ -16,6 +16,7 @@ import os
 import sys
 
 import typer
+
 from hetrun.errors import HetrunError
 
 app = typer.Typer(

@@ -20,9 +20,10 @@ def register(app: typer.Typer) -> None:
         runs_dir: RunsDirOpt = None,
     ) -> None:
         """Cancel a run (all of its het components)."""
-        from hetrun.errors import RunDirError
         from hetrun.slurm_plugin.rundir import find_run, runs_root
         from hetrun.slurm_plugin.submit import backend_for
+
+        from hetrun.errors import RunDirError
 
         root = runs_root(runs_dir)
         try:

@@ -193,8 +193,9 @@ def export_cmd(run: RunArg,
                rank: Annotated[Optional[int], typer.Option(help="Only this rank's state.")] = None,
                component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
     """Export a checkpoint to a plain torch.save state dict or to DCP format."""
-    from hetrun.errors import CheckpointError
     from hetrun.runtime.ckpt.export import export
+
+    from hetrun.errors import CheckpointError
 
     stores = _open(run, runs_dir, local_dir, component)
     if len(stores) > 1:
@@ -247,10 +248,11 @@ def import_cmd(
     run.restore({...}) loads (e.g. {"model": ..., "optim": ...}). A DCP directory
     needs --trust-pickle (its metadata is a pickle).
     """
-    from hetrun.errors import CheckpointError
     from hetrun.runtime.api.importer import import_into
     from hetrun.runtime.api.reader import store_dir
     from hetrun.runtime.plan_view import checkpoint_root
+
+    from hetrun.errors import CheckpointError
 
     run_dir = _import_target(into, runs_dir)
     target = checkpoint_root(run_dir, None) / component  # where the run API (and so the import) writes

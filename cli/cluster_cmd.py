@@ -75,8 +75,9 @@ def up_cmd(
 @cluster_app.command("status")
 def status_cmd() -> None:
     """Nodes (sinfo) and each daemon with its pid; exit 3 when the cluster is not healthy."""
-    from hetrun.errors import SlurmError
     from hetrun.slurm_plugin import cluster
+
+    from hetrun.errors import SlurmError
 
     st = cluster.status()
     _print_status(st)

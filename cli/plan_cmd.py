@@ -71,8 +71,9 @@ def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[dict[str, 
     names = auto_components(spec, fit)
     if not names:
         return plan_d, []
-    from hetrun.errors import SlurmError
     from hetrun.slurm_plugin.backends import choose_auto, get_backend
+
+    from hetrun.errors import SlurmError
 
     probe = choose_auto()
     why = probe.reason
@@ -232,8 +233,9 @@ def register(app: typer.Typer) -> None:
                           "are always placed when a Slurm controller answers).")] = False,
     ) -> None:
         """Show the action DAG, priorities, het components and the exact sbatch script of a job."""
-        from hetrun.errors import SpecError
         from hetrun.dag.plan import build_plan_explained
+
+        from hetrun.errors import SpecError
 
         if capacity not in ("auto", "cluster", "spec"):
             raise SpecError(f"--capacity {capacity!r}: expected auto, cluster or spec")

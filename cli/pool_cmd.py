@@ -87,8 +87,9 @@ def pool(
 ) -> None:
     """The pool: nodes, CPUs, GPUs and memory per partition and GRES type, pending demand,
     fair share, allocated share and troubled nodes (sinfo/squeue/sacct --json, sshare)."""
-    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin.pool import collect
+
+    from hetrun.errors import HetrunError
 
     if hours <= 0 or hours > 24 * 90:
         raise HetrunError(f"--hours {hours:g} is out of range", hint="give 0 < hours <= 2160")

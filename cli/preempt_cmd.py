@@ -61,9 +61,10 @@ def register(app: typer.Typer) -> None:
         local run. Every rank stops after the same step, saves, exits 85, and the run is
         requeued (local: the next attempt starts at once) and resumes from that checkpoint.
         """
-        from hetrun.errors import HetrunError
         from hetrun.slurm_plugin.rundir import events_of, find_run, runs_root
         from hetrun.slurm_plugin.submit import backend_for
+
+        from hetrun.errors import HetrunError
 
         run = find_run(ref, runs_root(runs_dir))
         run_dir = Path(run.run_dir)

@@ -368,8 +368,8 @@ def register(app: typer.Typer) -> None:
             from hetrun.errors import RunDirError
 
             raise RunDirError("hetrun report needs a RUN", hint="give a run directory, run name or Slurm job id")
-        from hetrun.reports.run_report import build_report
         from hetrun.reports.cost import load_prices, prices_path
+        from hetrun.reports.run_report import build_report
 
         table = load_prices(prices_path(prices))
         rep = build_report(_resolve(run, runs_dir), verify_checkpoints=verify, prices=table)

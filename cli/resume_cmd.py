@@ -74,8 +74,8 @@ def _find(ref: str, runs_dir: Path | None) -> Any:
 def _auto_sizes(run_dir: Path) -> tuple[dict[str, int], list[str]]:
     """`hetrun tune RUN`'s proposal (its defaults): ranks per component, and the
     ``--set`` lines giving each component the proposed memory."""
-    from hetrun.reports.demand.sizing import propose
     from hetrun.reports.cost import load_prices, prices_path
+    from hetrun.reports.demand.sizing import propose
 
     proposal = propose(run_dir, load_prices(prices_path(None)))
     sys.stderr.write("hetrun: tune proposes " + ", ".join(

@@ -100,9 +100,10 @@ def register(app: typer.Typer) -> None:
 
 def _query(runs: list, failures: list) -> dict:
     """One status call per backend for all its runs (one squeue for every Slurm run)."""
-    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin.backends import get_backend, resolve_name
     from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+
+    from hetrun.errors import HetrunError
 
     by_backend: dict[str, list] = {}
     for run in runs:
@@ -123,9 +124,10 @@ def _query(runs: list, failures: list) -> dict:
 
 def _placement_section(run_dir: str) -> dict | None:
     """The report's placement section (reports/placement.py) without sacct; None: no plan.json."""
-    from hetrun.errors import RunDirError
-    from hetrun.runtime.plan_view import load_plan
     from hetrun.reports.placement import placement_section
+    from hetrun.runtime.plan_view import load_plan
+
+    from hetrun.errors import RunDirError
 
     try:
         plan = load_plan(run_dir, validate=False).raw

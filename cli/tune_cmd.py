@@ -35,8 +35,8 @@ def register(app: typer.Typer) -> None:
         """
         import json
 
-        from hetrun.reports.demand.sizing import propose
         from hetrun.reports.cost import load_prices, prices_path
+        from hetrun.reports.demand.sizing import propose
 
         run_dir = _resolve(run, runs_dir)
         predictor = None

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hetrun.dag.action import ActionGraph, Dep, TrainingAction
-from hetrun.errors import GraphError
 from hetrun.dag.spec import JobSpec
+
+from hetrun.errors import GraphError
 
 SPLIT_TYPES = ("forward", "backward")
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import itertools
 
 from hetrun.dag.action import ActionGraph, Dep, ResourceProfile, TrainingAction
-from hetrun.errors import GraphError
 from hetrun.dag.spec import ActionOverride, ComponentSpec, JobSpec
 from hetrun.dag.validators import mem_to_mb
+
+from hetrun.errors import GraphError
 
 # Defaults a spec's `actions:` section overrides.
 DEFAULT_QOS = {"checkpoint": "high", "eval": "low"}

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrun.errors import SpecError, closest
 from hetrun.dag.yaml_source import KeyPath, parse_yaml_text
+
+from hetrun.errors import SpecError, closest
 
 _KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GRES_RE = re.compile(r"^gpu:([0-9]{1,3})$")

@@ -22,7 +22,6 @@ from hetrun.dag.action import (
     split_id,
 )
 from hetrun.dag.compile import MemoryEstimate, PassReport, compile_template, describe
-from hetrun.errors import GraphError, RunDirError
 from hetrun.dag.expand import expand
 from hetrun.dag.schedule import (
     Weights,
@@ -42,6 +41,8 @@ from hetrun.dag.spec import (
 )
 from hetrun.dag.spec_errors import locate_graph_error
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+
+from hetrun.errors import GraphError, RunDirError
 
 PLAN_VERSION = 1
 

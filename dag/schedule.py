@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetrun.dag.action import ActionGraph, NodeCapacity, TrainingAction
-from hetrun.errors import GraphError
 from hetrun.dag.spec import ComponentSpec, JobSpec
+
+from hetrun.errors import GraphError
 
 QOS_SCORE = {"low": 0.25, "normal": 0.5, "high": 0.75, "critical": 1.0}
 

@@ -14,9 +14,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.spec import JobSpec, validate_spec_data
+
+from hetrun.errors import SpecError
 
 SCRIPT_COMPONENT = "main"
 YAML_SUFFIXES = (".yaml", ".yml")

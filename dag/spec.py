@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from hetrun.dag import validators as v
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
 from hetrun.dag.spec_errors import SpecIssue, attach_source, translate_validation_error
@@ -30,6 +29,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from hetrun.errors import SpecError
 
 ActionType = Literal["forward", "backward", "optimize", "sync", "rollout", "checkpoint", "eval"]
 ACTION_TYPES: tuple[str, ...] = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")

@@ -13,9 +13,10 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from hetrun.errors import GraphError, SpecError, closest
 from hetrun.dag.yaml_source import KeyPath, SourceDoc, format_path
 from pydantic import BaseModel, ValidationError
+
+from hetrun.errors import GraphError, SpecError, closest
 
 _NUMBER_RE = re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9]*)?([eE][-+]?[0-9]+)?$")
 

@@ -29,9 +29,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hetrun.errors import GraphError
 from hetrun.dag.plan import Plan
 from hetrun.dag.routing import enforced_lag, fed_ranks
+
+from hetrun.errors import GraphError
 
 _IDENTITY = 0  # rank r -> rank r (same width)
 _SPREAD = 1  # block mapping between components of different sizes

@@ -21,10 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hetrun.errors import SpecError
 from hetrun.dag.spec_errors import translate_validation_error
 from hetrun.dag.yaml_source import KeyPath, SourceDoc
 from pydantic import BaseModel, ValidationError
+
+from hetrun.errors import SpecError
 
 ArgsModel = TypeVar("ArgsModel", bound=BaseModel)
 

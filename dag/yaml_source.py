@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from hetrun.errors import SpecError
 
 # Bounds that keep a hostile or broken file from eating memory or the stack.

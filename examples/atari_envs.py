@@ -25,6 +25,7 @@ import ale_py
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
 from hetrun.errors import SpecError
 
 gym.register_envs(ale_py)

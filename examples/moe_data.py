@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from hetrun.errors import HetrunError
 
 # Files this big are mostly generated tables; they would dominate a small budget.

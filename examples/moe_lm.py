@@ -31,7 +31,6 @@ import time
 from typing import Any
 
 import torch
-from hetrun.errors import CheckpointError, HetrunError
 from hetrun.examples.moe_data import ByteCorpus
 from hetrun.examples.moe_lm_args import MoELMWorkloadArgs
 from hetrun.examples.moe_model import MoEConfig, MoELM, expert_slice
@@ -39,6 +38,8 @@ from hetrun.runtime import mpi_wait
 from hetrun.runtime.comms.alltoall import AllToAllComm
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
+
+from hetrun.errors import CheckpointError, HetrunError
 
 _EVAL_WINDOWS = 64  # divisible by every expert-parallel degree 16 experts allow
 

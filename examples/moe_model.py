@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from hetrun.errors import HetrunError
 from hetrun.runtime.comms.alltoall import AllToAllComm, all_to_all, exact_all_to_all
 from torch import nn
+
+from hetrun.errors import HetrunError
 
 VOCAB = 256  # bytes
 

@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from hetrun.errors import CheckpointError
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
+
+from hetrun.errors import CheckpointError
 
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import capture_env_state, env_facts, make_vector_env, restore_env_state

@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
 from hetrun.errors import CheckpointError, SpecError
 
 

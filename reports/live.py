@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.errors import HetrunError
-
 from hetrun.runtime.events import EVENTS_FILE
 from hetrun.runtime.plan_view import load_plan
+
+from hetrun.errors import HetrunError
+
 from .attempts import AttemptCounts, count_attempts
 from .ckpt import store_root
 from .reader import event_time, parse_line

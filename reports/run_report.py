@@ -21,9 +21,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hetrun.runtime.events import EVENTS_FILE
+
 from hetrun.errors import RunDirError
 
-from hetrun.runtime.events import EVENTS_FILE
 from .attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
 from .ckpt import checkpoint_history
 from .cost import DEFAULT_PRICES, run_cost

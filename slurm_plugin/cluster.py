@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import CLUSTER_NAME, DEFAULT_DIR, ClusterConfig
 from hetrun.slurm_plugin.cluster_daemons import (
     MARIADBD,
@@ -62,6 +61,8 @@ from hetrun.slurm_plugin.cluster_setup import (
     started_daemons,
     write_configs,
 )
+
+from hetrun.errors import SlurmError
 
 __all__ = [
     "CLUSTER_NAME",

@@ -13,7 +13,6 @@ import subprocess
 import time
 from pathlib import Path
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import CLUSTER_NAME, ClusterConfig
 from hetrun.slurm_plugin.cluster_procs import (
     find_pids,
@@ -25,6 +24,8 @@ from hetrun.slurm_plugin.cluster_procs import (
     wait_for,
 )
 from hetrun.slurm_plugin.cluster_setup import db_password, record_started
+
+from hetrun.errors import SlurmError
 
 MUNGED = "/usr/sbin/munged"
 MARIADBD = "/usr/sbin/mariadbd"

@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import (
     FAKE_GPU_MAJOR,
     ClusterConfig,
@@ -26,6 +25,8 @@ from hetrun.slurm_plugin.cluster_conf import (
     render_task_prolog,
 )
 from hetrun.slurm_plugin.cluster_procs import run_checked
+
+from hetrun.errors import SlurmError
 
 if TYPE_CHECKING:
     from hetrun.slurm_plugin.policy.model import PolicySpec

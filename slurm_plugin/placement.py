@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin import quota
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.pool import NodeFree, PoolRow, PoolSnapshot
 from hetrun.slurm_plugin.quota import Quotas
+
+from hetrun.errors import SlurmError
 
 if TYPE_CHECKING:
     from hetrun.dag.needs import ComponentNeed

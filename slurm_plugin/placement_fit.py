@@ -24,9 +24,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrun.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import ComponentNeed, component_needs
 from hetrun.dag.spec import PLACED_MODES
+
+from hetrun.errors import HetrunError, SlurmError, SpecError
 
 from .placement import (
     Candidate,

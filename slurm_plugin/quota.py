@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.state import (
     ASSOC_FORMAT,
     QOS_FORMAT,
@@ -38,6 +37,8 @@ from hetrun.slurm_plugin.policy.state import (
     parse_qos,
 )
 from hetrun.slurm_plugin.pool import RunningUse
+
+from hetrun.errors import SlurmError
 
 Runner = Callable[[Sequence[str]], str]
 NEAR_FROM = 0.5  # a candidate that would bring a limit past this share of it starts to lose points

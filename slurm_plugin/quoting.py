@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag import validators as v
-from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.sbatch_options import check_extra_option
+
+from hetrun.errors import RunDirError, SpecError
 
 # An absolute path that can go into a #SBATCH line verbatim: `%` would be a
 # Slurm filename pattern, `#`, spaces and quotes confuse sbatch's scanner.

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.budgets import Budgets
+
 from hetrun.errors import SpecError
 
 from . import quoting

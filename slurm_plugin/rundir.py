@@ -20,9 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hetrun.errors import RunDirError
-
 from hetrun.backoff import Backoff, poll_until
+from hetrun.errors import RunDirError
 
 from . import quoting
 

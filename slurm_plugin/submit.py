@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hetrun.errors import HetrunError, RunDirError, SpecError
-
 from hetrun.backoff import Backoff, poll_until
+from hetrun.errors import HetrunError, RunDirError, SpecError
 
 from . import quoting
 from .backends import get_backend, resolve_name

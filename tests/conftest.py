@@ -85,8 +85,9 @@ def slurm_cluster() -> ClusterStatus:
     shape). Outside CI, skips with the reason when Slurm cannot be started
     here; in CI, fails.
     """
-    from hetrun.errors import HetrunError
     from hetrun.slurm_plugin import cluster
+
+    from hetrun.errors import HetrunError
 
     try:
         st = cluster.up(install=in_ci())

@@ -58,7 +58,6 @@ def _reference(size: int, case: int, shape: tuple[int, ...], dtype, requires_gra
 
 def _body(backend: str, out_dir: str) -> None:
     import torch
-    from hetrun.errors import HetrunError, RuntimeFailure
     from hetrun.runtime.comms.alltoall import (
         AllToAllComm,
         all_to_all,
@@ -66,6 +65,8 @@ def _body(backend: str, out_dir: str) -> None:
         exchange_splits,
     )
     from mpi4py import MPI
+
+    from hetrun.errors import HetrunError, RuntimeFailure
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()

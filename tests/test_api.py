@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetrun.errors import CheckpointError, RunDirError
 from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api import rundir
 from hetrun.runtime.api.run import StateObjects
 from hetrun.runtime.ckpt import open_store
 
+from hetrun.errors import CheckpointError, RunDirError
 from tests.api_helpers import (
     EXAMPLE,
     EXIT_REQUEUE,

@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.errors import SpecError
 from hetrun.examples.atari_envs import AtariSettings, AtariVector, make_atari_env, num_actions
 from hetrun.examples.atari_ppo import AtariPPOWorkload
 from hetrun.runtime.context import RankContext
+
+from hetrun.errors import SpecError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_atari.yaml"
 SMALL = {"env_id": "ALE/Breakout-v5", "num_envs": 2, "num_steps": 16, "impala_width": 4, "hidden": 32,

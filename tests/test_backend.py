@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.backends import get_backend, resolve_name
 from hetrun.slurm_plugin.backends.pyslurm_backend import PyslurmBackend, pyslurm_problem
 from hetrun.slurm_plugin.backends.sbatch import (
@@ -20,6 +19,8 @@ from hetrun.slurm_plugin.backends.sbatch import (
 )
 from hetrun.slurm_plugin.backends.slurm_cli import RetryPolicy, is_transient, run_slurm
 from hetrun.slurm_plugin.rundir import RunInfo
+
+from hetrun.errors import SlurmError
 
 
 def test_unknown_backend_names_the_choices() -> None:

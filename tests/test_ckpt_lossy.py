@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.errors import CheckpointError, HetrunError
 from hetrun.runtime import resume
 from hetrun.runtime.ckpt import lossy, open_store
+
+from hetrun.errors import CheckpointError, HetrunError
 
 # -- encodings -----------------------------------------------------------------------
 

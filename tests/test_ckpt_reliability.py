@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.errors import CheckpointError
 from hetrun.runtime.ckpt import open_store, tiers_for
 from hetrun.runtime.ckpt.objects import Tier
 from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+from hetrun.errors import CheckpointError
 
 N = 1 << 16  # floats per tensor
 

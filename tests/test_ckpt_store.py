@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.errors import CheckpointError
 from hetrun.runtime.ckpt import gc, open_store, tiers_for
 from hetrun.runtime.ckpt.objects import Tier, parse_object
 from hetrun.runtime.ckpt.state import capture_rng, restore_rng
 from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+from hetrun.errors import CheckpointError
 
 
 def exact(a: object, b: object) -> bool:

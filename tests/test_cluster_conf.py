@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin import cluster
 from hetrun.slurm_plugin.cluster_conf import (
     TASK_ENV,
@@ -21,6 +20,8 @@ from hetrun.slurm_plugin.cluster_conf import (
     render_task_prolog,
 )
 from hetrun.slurm_plugin.cluster_procs import find_pids, process_matches, read_pid
+
+from hetrun.errors import SlurmError
 
 
 def _cfg(tmp_path: Path, **kw: Any) -> ClusterConfig:

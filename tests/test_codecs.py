@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hetrun.errors import SpecError
 from hetrun.kernels.codecs import cpu as codec_cpu
 from hetrun.kernels.codecs import native as codec_native
 from hetrun.kernels.codecs import reference as codec_reference
 from hetrun.kernels.codecs.base import CodecError
 from hetrun.kernels.codecs.registry import codec_names, get_codec
+
+from hetrun.errors import SpecError
 
 
 @pytest.fixture(params=["native", "numpy"], autouse=True)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.script_job import is_script, script_spec
@@ -19,6 +18,8 @@ from hetrun.runtime.command_rank import command_port, component_env
 from hetrun.runtime.plan_view import plan_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec
+
+from hetrun.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_DIR = Path("/shared/runs/cmd-1")

@@ -187,8 +187,9 @@ def _body(backend: str, out_dir: str) -> None:
 
 
 def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hetrun.errors import HetrunError
     from hetrun.runtime.comms.compressed import DIRECTION_DEFAULTS, _block_size
+
+    from hetrun.errors import HetrunError
 
     for knob in ("HETRUN_A2A_BLOCK", "HETRUN_A2A_BLOCK_BACKWARD", "HETRUN_A2A_BLOCK_FORWARD"):
         monkeypatch.delenv(knob, raising=False)
@@ -207,7 +208,6 @@ def test_block_size_knob(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_scale_knob_and_default_volume(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-direction scale format, and the defaults' MoE-step volume: >= 85% below fp32
     (scales counted), for the row widths of the MoE LM and the netemu benchmark."""
-    from hetrun.errors import HetrunError
     from hetrun.kernels.codecs.registry import get_codec
     from hetrun.runtime.comms.compressed import (
         DIRECTION_DEFAULTS,
@@ -216,6 +216,8 @@ def test_scale_knob_and_default_volume(monkeypatch: pytest.MonkeyPatch) -> None:
         _scale_dtype,
         wire_bytes_per_peer,
     )
+
+    from hetrun.errors import HetrunError
 
     for knob in ("HETRUN_A2A_SCALE", "HETRUN_A2A_SCALE_FORWARD", "HETRUN_A2A_SCALE_BACKWARD",
                  "HETRUN_A2A_BLOCK", "HETRUN_A2A_BLOCK_FORWARD", "HETRUN_A2A_BLOCK_BACKWARD"):

@@ -23,8 +23,9 @@ def test_break_even_model() -> None:
 
 
 def test_torch_backend_is_a_clear_error() -> None:
-    from hetrun.errors import HetrunError
     from hetrun.runtime.comms.bandwidth import calibrate
+
+    from hetrun.errors import HetrunError
 
     class TorchComm:
         backend, rank, size, mpi_comm = "torch", 0, 1, None

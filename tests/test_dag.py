@@ -16,7 +16,6 @@ from hetrun.dag.action import (
     TrainingAction,
     split_id,
 )
-from hetrun.errors import GraphError, RunDirError
 from hetrun.dag.expand import expand
 from hetrun.dag.plan import Plan, build_plan, build_plan_explained
 from hetrun.dag.schedule import Weights, check_fits_nodes
@@ -24,6 +23,8 @@ from hetrun.dag.spec import JobSpec, spec_from_dict
 from hetrun.dag.unroll import schedule_order, unroll
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from hetrun.errors import GraphError, RunDirError
 
 RL: dict[str, Any] = {
     "name": "rl",

@@ -14,15 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
+from hetrun.reports.cost import DEFAULT_PRICES
 from hetrun.reports.demand.predictors import EWMA, Chooser, LastValue, evaluate
 from hetrun.reports.demand.series import DemandSeries, read_demand
 from hetrun.reports.demand.sizing import propose
 from hetrun.runtime.inprocess import run_inprocess
-from hetrun.reports.cost import DEFAULT_PRICES
+
+from hetrun.errors import SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

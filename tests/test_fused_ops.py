@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetrun.errors import HetrunError
 from hetrun.kernels import fused_native
 from hetrun.kernels.fused_ln_linear import (
     FusedLayerNormLinear,
@@ -18,6 +17,8 @@ from hetrun.kernels.moe_dispatch import (
     unpermute_combine,
     unpermute_combine_reference,
 )
+
+from hetrun.errors import HetrunError
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

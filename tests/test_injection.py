@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.errors import HetrunError, RunDirError, SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec
+
+from hetrun.errors import HetrunError, RunDirError, SpecError
 
 FAKE_SRUN = """#!/bin/bash
 # fake srun for tests: records argv and env, exits with $FAKE_SRUN_RC

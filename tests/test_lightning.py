@@ -17,9 +17,9 @@ import pytest
 
 pytest.importorskip("pytorch_lightning", reason="pip install -e .[lightning]")
 
-from hetrun.errors import CheckpointError
 from hetrun.runtime.api.lightning import HetrunCheckpointIO, hpc_resume_path, read_pointer
 
+from hetrun.errors import CheckpointError
 from tests.api_helpers import EXIT_REQUEUE, assert_bit_identical, events, run_once
 
 pytestmark = [pytest.mark.slow]

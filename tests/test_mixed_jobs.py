@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-from hetrun.errors import RuntimeFailure
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import spec_from_dict
 from hetrun.runtime.command_rank import component_env
@@ -27,6 +26,7 @@ from hetrun.runtime.world import detect_component
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
+from hetrun.errors import RuntimeFailure
 from tests.api_helpers import events
 from tests.cli_helpers import hetrun_cli
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hetrun.errors import CheckpointError, HetrunError
 from hetrun.examples.moe_data import ByteCorpus, stdlib_files
 from hetrun.examples.moe_lm import MoELMWorkload
 from hetrun.examples.moe_model import (
@@ -21,6 +20,8 @@ from hetrun.examples.moe_model import (
 )
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.plan_view import plan_from_dict
+
+from hetrun.errors import CheckpointError, HetrunError
 
 SMALL = {"corpus_bytes": 300_000, "batch_size": 4, "seq_len": 32}
 

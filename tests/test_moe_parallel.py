@@ -174,10 +174,11 @@ def _train(out_dir: Path, steps: int = 60) -> dict[str, object]:
 def _publish(out_dir: Path) -> dict[str, object]:
     """Learners publish the whole model to an evaluator component (executor's protocol)."""
     import torch
-    from hetrun.errors import HetrunError
     from hetrun.examples.moe_lm import MoELMWorkload
     from hetrun.runtime.plan_view import plan_from_dict
     from mpi4py import MPI
+
+    from hetrun.errors import HetrunError
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SlurmError, SpecError
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec
@@ -20,6 +19,8 @@ from hetrun.slurm_plugin.render import render_sbatch
 from test_placement import DATA, TYPES, snapshot
 from test_placement_spec import AUTO, spec_error, starts_in, write
 from test_policy_plan import LIVE_ASSOC, LIVE_QOS
+
+from hetrun.errors import SlurmError, SpecError
 
 
 def running(*jobs: tuple[str, str, str, str]) -> list[pool.RunningUse]:
@@ -308,8 +309,9 @@ def test_node_counts_survive_job_yaml(tmp_path: Path) -> None:
 
 def test_the_node_check_accepts_a_component_one_of_whose_counts_fits(tmp_path: Path) -> None:
     from hetrun.dag.action import NodeCapacity
-    from hetrun.errors import GraphError
     from hetrun.dag.schedule import check_fits_nodes
+
+    from hetrun.errors import GraphError
 
     caps = [NodeCapacity(f"n{i}", cpus=2, gpus=2, mem_mb=4000) for i in range(1, 5)]
     wide = NODE_COUNTS.replace("tasks_per_node: 2", "tasks_per_node: 4").replace("gpus_per_node: 2",

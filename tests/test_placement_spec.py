@@ -14,13 +14,14 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from hetrun.errors import HetrunError, SlurmError, SpecError
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin import placement_fit
 from hetrun.slurm_plugin.render import render_sbatch
 from test_placement import TYPES, snapshot
+
+from hetrun.errors import HetrunError, SlurmError, SpecError
 
 AUTO = """\
 name: fit-demo

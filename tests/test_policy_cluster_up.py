@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import ClusterConfig
 from hetrun.slurm_plugin.cluster_setup import write_configs
 from hetrun.slurm_plugin.policy.apply import PolicyApplyError
@@ -20,6 +19,8 @@ from hetrun.slurm_plugin.policy.lua import render_job_submit_lua
 from hetrun.slurm_plugin.policy.model import load_policy
 from hetrun.slurm_plugin.policy.plan import make_plan
 from hetrun.slurm_plugin.policy.state import LiveState
+
+from hetrun.errors import SlurmError
 
 POLICY = """\
 resources:

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.cluster_conf import (
     FAKE_GPU_MAJOR,
     ClusterConfig,
@@ -30,6 +29,8 @@ from hetrun.slurm_plugin.policy.model import PolicySpec, validate_policy_data
 from hetrun.slurm_plugin.policy.nodes import node_setup
 from hetrun.slurm_plugin.policy.plan import make_plan
 from hetrun.slurm_plugin.policy.state import LiveState
+
+from hetrun.errors import SlurmError
 
 V1 = CgroupSupport("v1", (), "cgroup v1")
 NONE = CgroupSupport(None, (), "neither cgroup2 nor cgroup v1 controllers are mounted at /sys/fs/cgroup")

@@ -9,8 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SpecError
 from hetrun.slurm_plugin.policy.model import load_policy, size_mb
+
+from hetrun.errors import SpecError
 
 ISSUE_SHAPE = """\
 resources:

@@ -38,9 +38,10 @@ from typing import Any
 
 import pytest
 from big_cluster import GPU_TYPES, BigPool
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.isolation import detect_cgroup
 from hetrun.slurm_plugin.rundir import wait_for
+
+from hetrun.errors import SlurmError
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin import pool
 from hetrun.slurm_plugin.cluster_conf import (
     ClusterConfig,
@@ -16,6 +15,8 @@ from hetrun.slurm_plugin.cluster_conf import (
     render_gres_conf,
     render_slurm_conf,
 )
+
+from hetrun.errors import SlurmError
 
 DATA = Path(__file__).parent / "data" / "pool"
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from hetrun.errors import CheckpointError, SpecError
 from hetrun.examples.ppo import PPOConfig, PPOWorkload
 from hetrun.runtime.context import RankContext
+
+from hetrun.errors import CheckpointError, SpecError
 
 SMALL = {"num_envs": 4, "num_steps": 32, "update_epochs": 2, "num_minibatches": 2, "eval_episodes": 3}
 

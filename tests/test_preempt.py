@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.errors import RuntimeFailure
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.context import RankContext
+
+from hetrun.errors import RuntimeFailure
 
 
 def make_ctx(tmp_path: Path, checkpoint: dict[str, Any] | None = None, **preemption: Any) -> RankContext:

@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError, SpecError
 from hetrun.slurm_plugin import quoting
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from hetrun.errors import RunDirError, SpecError
 
 
 @pytest.mark.parametrize("value", ["00:30:00", "30", "1-00", "1-00:00", "2-12:30:00", "10:00", "UNLIMITED"])

@@ -12,10 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
+
+from hetrun.errors import RunDirError, SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

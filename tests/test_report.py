@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError
 from hetrun.reports.run_report import build_report
 from runtime_toy import toy_plan, write_run_dir
+
+from hetrun.errors import RunDirError
 
 
 def _ev(path: Path, **e: object) -> None:
@@ -91,8 +92,9 @@ def test_cli_report_table_and_json(tmp_path: Path) -> None:
 
 
 def test_report_of_a_real_run_names_the_failure(tmp_path: Path) -> None:
-    from hetrun.errors import RuntimeFailure
     from hetrun.runtime.inprocess import run_inprocess
+
+    from hetrun.errors import RuntimeFailure
 
     run_dir = write_run_dir(tmp_path / "run", toy_plan(
         iterations=6, workload_args={"fail_at": 4, "fail_component": "learner"}))
@@ -156,8 +158,8 @@ def test_no_restart_means_no_work_lost(tmp_path: Path) -> None:
 
 def test_status_reads_restarts_and_work_lost_from_restore_lines_only(tmp_path: Path) -> None:
     """`hetrun status` shows work lost per run from the restore events alone."""
-    from hetrun.runtime.events import read_events
     from hetrun.reports.run_report import restart_summary
+    from hetrun.runtime.events import read_events
 
     run_dir = tmp_path / "run"
     _synthetic(run_dir)

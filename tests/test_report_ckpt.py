@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import torch
+from hetrun.reports.run_report import build_report
 from hetrun.runtime.ckpt import tiers_for
 from hetrun.runtime.ckpt.writer import CheckpointWriter
-from hetrun.reports.run_report import build_report
 
 
 def _ev(run_dir: Path, **e: object) -> None:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SpecError
-from hetrun.reports.run_report import ComponentRow
 from hetrun.reports.cost import DEFAULT_PRICES, load_prices, run_cost
+from hetrun.reports.run_report import ComponentRow
 from hetrun.reports.sacct import accounting_rows
+
+from hetrun.errors import SpecError
 
 SAMPLE = Path(__file__).parent / "data" / "report" / "sacct_het_5.json"
 

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import jsonschema
-from hetrun.reports.html import render_html
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
-from hetrun.reports.run_report import build_report
+from hetrun.reports.html import render_html
 from hetrun.reports.placement import newest_by_component, placement_lines
+from hetrun.reports.run_report import build_report
 from hetrun.reports.schema import REPORT_SCHEMA
 from hetrun.slurm_plugin import placement
 from hetrun.slurm_plugin.placement_fit import ComponentFit, FitReport, record

@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hetrun.runtime.attempts import attempt_counts
-from hetrun.reports.run_report import build_report
 from hetrun.reports.attempts import (
     count_attempts,
     counts_dict,
     counts_of_run,
     status_summary,
 )
+from hetrun.reports.run_report import build_report
+from hetrun.runtime.attempts import attempt_counts
 
 COMPS = (("learner", 0, "n1"), ("rollout", 1, "n2"), ("rollout", 2, "n3"))
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from hetrun.dag.spec import spec_from_dict
-from hetrun.reports.run_report import build_report
 from hetrun.reports.attempts import status_summary
+from hetrun.reports.run_report import build_report
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.rundir import events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end

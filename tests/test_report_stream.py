@@ -7,9 +7,9 @@ import random
 from pathlib import Path
 
 import pytest
-from hetrun.reports.run_report import build_report
 from hetrun.reports.intervals import IntervalSet
 from hetrun.reports.reader import EventStream
+from hetrun.reports.run_report import build_report
 from hetrun.reports.timeline import BUCKETS, Timeline
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from hetrun.errors import CheckpointError
 from hetrun.examples.ppo import PPOWorkload
 from hetrun.runtime import resize
 from hetrun.runtime.ckpt import open_store, tiers_for
@@ -18,6 +17,7 @@ from hetrun.runtime.ckpt.state import capture_rng
 from hetrun.runtime.ckpt.writer import CheckpointWriter
 from hetrun.runtime.context import RankContext
 
+from hetrun.errors import CheckpointError
 from tests.resume_compare import differences, flat
 
 SMALL = {"num_envs": 4, "num_steps": 16, "update_epochs": 1, "num_minibatches": 2, "eval_episodes": 1}

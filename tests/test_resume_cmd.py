@@ -199,10 +199,11 @@ def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path) 
 def test_a_run_still_running_is_refused(tmp_path: Path) -> None:
     import os
 
-    from hetrun.errors import RunDirError
     from hetrun.slurm_plugin import resume_run
     from hetrun.slurm_plugin.backends.local import proc_start_ticks
     from hetrun.slurm_plugin.rundir import read_run
+
+    from hetrun.errors import RunDirError
 
     run_dir = hand_made_run(tmp_path)
     (run_dir / "local.json").write_text(json.dumps({"state": "RUNNING"}))

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 from hetrun.dag.spec import spec_from_dict
-from hetrun.runtime.ckpt import open_store
 from hetrun.reports.run_report import build_report
+from hetrun.runtime.ckpt import open_store
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.runtime.events import read_events
 from hetrun.reports.run_report import build_report
+from hetrun.runtime.events import read_events
 from runtime_toy import toy_job_yaml
 
 REPO = Path(__file__).resolve().parent.parent

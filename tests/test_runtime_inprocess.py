@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError, RuntimeFailure
 from hetrun.runtime.events import read_events
 from hetrun.runtime.inprocess import run_inprocess
 from runtime_toy import toy_plan, write_run_dir
+
+from hetrun.errors import RunDirError, RuntimeFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -70,8 +70,9 @@ def test_ranks_share_one_copy(tmp_path: Path) -> None:
 
 def test_cuda_tensors_are_refused_clearly() -> None:
     import torch
-    from hetrun.errors import RuntimeFailure
     from hetrun.runtime.shared_weights import SharedWeights
+
+    from hetrun.errors import RuntimeFailure
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device: the CUDA-IPC refusal needs a CUDA tensor")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hetrun.errors import RuntimeFailure
 from hetrun.runtime.state_history import StateHistory, pick_for
+
+from hetrun.errors import RuntimeFailure
 
 
 def test_pick_is_the_newest_label_at_or_before_the_source_iteration() -> None:

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hetrun.errors import RunDirError, RuntimeFailure
 from hetrun.runtime.comms.p2p import pack, unpack
 from hetrun.runtime.executor import effective_lag, fed_ranks, feeding_ranks, sub_actions
 from hetrun.runtime.plan_view import load_plan, plan_from_dict
 from hetrun.runtime.world import collective_timeout_s, detect_component
 from runtime_toy import toy_plan
+
+from hetrun.errors import RunDirError, RuntimeFailure
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +125,9 @@ def test_plan_errors_name_the_file(tmp_path: Path) -> None:
 
 
 def test_workload_reference_is_checked() -> None:
-    from hetrun.errors import SpecError
     from hetrun.runtime.workload import load_workload_class
+
+    from hetrun.errors import SpecError
 
     with pytest.raises(SpecError, match="is not module:Class"):
         load_workload_class("os.system('x'):Y")

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from hetrun.runtime.events import EventLog
-from hetrun.reports.run_report import build_report
 from hetrun.reports.reader import EventStream
+from hetrun.reports.run_report import build_report
+from hetrun.runtime.events import EventLog
 from hetrun.runtime.sampler import Sampler, open_nvml
 
 

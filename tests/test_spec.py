@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.spec import JobSpec, job_json_schema, load_spec
+
+from hetrun.errors import SpecError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

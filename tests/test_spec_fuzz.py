@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hetrun.errors import HetrunError, SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import JobSpec, load_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from hetrun.errors import HetrunError, SpecError
 
 _DIR = Path(tempfile.mkdtemp(prefix="hetrun-spec-fuzz-"))
 atexit.register(shutil.rmtree, _DIR, ignore_errors=True)

@@ -11,10 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.errors import GraphError, SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
+
+from hetrun.errors import GraphError, SpecError
 
 MERGE = """\
 name: merge

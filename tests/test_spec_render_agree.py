@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from hetrun.dag import validators as v
-from hetrun.errors import SpecError
 from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin.render import render_sbatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from hetrun.errors import SpecError
 
 RUN_DIR = Path("/var/tmp/hetrun-agree/RUN")
 

@@ -10,10 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from hetrun.errors import SpecError
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.spec import load_spec
 from hetrun.dag.workload_args import args_model_ref, find_args_model
+
+from hetrun.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 PPO_YAML = REPO / "examples" / "ppo_cartpole.yaml"

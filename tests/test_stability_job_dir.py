@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError
 from hetrun.slurm_plugin.submit import resolve_job_dir, submit_file, submit_spec, wait_for_end
+
+from hetrun.errors import RunDirError
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

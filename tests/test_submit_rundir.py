@@ -9,7 +9,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from hetrun.errors import RunDirError, SpecError
 from hetrun.dag.spec import load_spec
 from hetrun.slurm_plugin.rundir import (
     RunInfo,
@@ -22,6 +21,8 @@ from hetrun.slurm_plugin.rundir import (
     write_atomic,
     write_run,
 )
+
+from hetrun.errors import RunDirError, SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,9 +14,10 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if __import__("torch").cuda.is_ava
 
 import pytest
 import torch
-from hetrun.errors import HetrunError
 from hetrun.kernels import triton_fused as tf
 from hetrun.kernels.fused_ln_linear import ln_linear_gelu, ln_linear_gelu_reference
+
+from hetrun.errors import HetrunError
 
 pytestmark = pytest.mark.skipif(
     not tf.available(), reason="triton not installed (pip install triton) or nothing to run it on"

@@ -15,9 +15,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from hetrun.errors import SlurmError
-
 from hetrun.backoff import Backoff
+from hetrun.errors import SlurmError
 
 # Substrings of Slurm client errors that mean the controller was not reachable.
 _TRANSIENT = (

@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetrun.errors import HetrunError, SlurmError
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 from hetrun.slurm_plugin.policy.desired import desired_state
 from hetrun.slurm_plugin.policy.isolation import detect_cgroup
@@ -32,6 +31,8 @@ from hetrun.slurm_plugin.policy.lua import render_job_submit_lua
 from hetrun.slurm_plugin.policy.model import PolicySpec
 from hetrun.slurm_plugin.policy.plan import PolicyPlan, conf_value, make_plan
 from hetrun.slurm_plugin.policy.state import Runner, read_live
+
+from hetrun.errors import HetrunError, SlurmError
 
 HETRUN_CONF_HEADER = "# Written by `hetrun cluster up`"
 BLOCK_START = "# --- hetrun policy (hetrun policy apply) ---"

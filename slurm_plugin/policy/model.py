@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from hetrun.dag import validators as v
-from hetrun.errors import SpecError, closest
 from hetrun.dag.spec_errors import SpecIssue, translate_validation_error
 from hetrun.dag.yaml_source import SourceDoc, read_yaml_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hetrun.errors import SpecError, closest
 
 # sacctmgr lower-cases QOS/account/user names; lower-case only, so the
 # policy, the live cluster and the lua table agree without case folding.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.desired import isolation_of
 from hetrun.slurm_plugin.policy.isolation import (
     CgroupSupport,
@@ -18,6 +17,8 @@ from hetrun.slurm_plugin.policy.isolation import (
     render_cgroup_conf,
 )
 from hetrun.slurm_plugin.policy.model import PolicySpec
+
+from hetrun.errors import SlurmError
 
 
 @dataclass(frozen=True)

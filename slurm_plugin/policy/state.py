@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from hetrun.dag import validators as v
-from hetrun.errors import SlurmError
 from hetrun.slurm_plugin.policy.model import size_mb
+
+from hetrun.errors import SlurmError
 
 Runner = Callable[[Sequence[str]], str]
 
