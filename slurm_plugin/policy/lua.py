@@ -3,8 +3,9 @@
 The template holds the logic; the policy becomes one Lua table literal
 (``POLICY``) spliced into it: tier -> QOS, hetrun QoS class -> QOS, the
 default QOS, per-account quotas (GrpTRES the filter can check for one job:
-cpu, node, gres/*; memory is left to Slurm's own enforcement) and time
-slicing. Every string in the table went through the policy's name checks;
+cpu, node, mem in MB, gres/*) and time slicing. How the script reads a request
+(Slurm's unset markers, partition and slurm.conf defaults, het components) is
+documented in the template and docs/POLICY.md. Every string in the table went through the policy's name checks;
 ``_lua_str`` still escapes, so the rendering never depends on that.
 """
 
@@ -17,7 +18,7 @@ from hetrun.slurm_plugin.policy.model import PolicySpec
 
 PLACEHOLDER = "--@POLICY@--"
 HETRUN_CLASSES = ("low", "normal", "high", "critical")  # hetrun.dag.spec.QosClass
-LUA_QUOTA_KEYS = ("cpu", "node")  # plus every gres/...
+LUA_QUOTA_KEYS = ("cpu", "node", "mem")  # plus every gres/...
 
 
 def _lua_str(text: str) -> str:
