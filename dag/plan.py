@@ -127,6 +127,7 @@ class ComponentPlan(BaseModel):
         default=None, description="argv every rank runs (a command component; no actions)")
     placement: PlacementChoice | None = Field(
         default=None, description="set by hetrun submit for a placement: auto (or --fit) component")
+    spare_nodes: int = Field(default=0, description="idle nodes held for an in-allocation restart")
 
     @model_serializer(mode="wrap")
     def _without_null_command(self, handler: Any) -> dict[str, Any]:
@@ -135,6 +136,8 @@ class ComponentPlan(BaseModel):
         for key in ("command", "placement"):
             if data.get(key) is None:
                 data.pop(key, None)
+        if not data.get("spare_nodes"):
+            data.pop("spare_nodes", None)
         return data
 
 
@@ -276,7 +279,7 @@ def _components(spec: JobSpec, graph: ActionGraph) -> list[ComponentPlan]:
         out.append(ComponentPlan(
             name=name, index=index, nodes=comp.nodes, tasks_per_node=comp.tasks_per_node,
             ntasks=comp.ntasks, cpus_per_task=comp.cpus_per_task, gpus_per_node=comp.gpus_per_node,
-            mem_mb=comp.mem_mb, actions=listed, command=comp.command,
+            mem_mb=comp.mem_mb, actions=listed, command=comp.command, spare_nodes=comp.spare_nodes,
         ))
     return out
 

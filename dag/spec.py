@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from hetrun.dag import validators as v
+from hetrun.dag.object_store_spec import ObjectStoreSpec
 from hetrun.dag.overrides import Overrides, apply_overrides
 from hetrun.dag.sbatch_options import check_extra_option
 from hetrun.dag.spec_errors import SpecIssue, attach_source, translate_validation_error
@@ -89,6 +90,11 @@ class ComponentSpec(_Section):
     gpu_types: list[str] = Field(default_factory=list, max_length=64,
                                  description="placement: auto / ranked only: the GPU (GRES) types it may pick, e.g. "
                                              "[a100, v100] (default: any)")
+    spare_nodes: int = Field(
+        0, ge=0, le=1000,
+        description="extra nodes allocated with the component and left idle; when a rank or node dies the "
+                    "job's batch script restarts the step on the survivors plus a spare, inside the allocation "
+                    "(action components only; docs/PREEMPTION.md, node failure)")
     node_counts: list[int] = Field(default_factory=list, max_length=16,
                                    description="placement: auto / ranked only: node counts it may be spread over, its "
                                                "ranks, GPUs and memory in total staying those of nodes: (e.g. "
@@ -281,6 +287,16 @@ class CheckpointSpec(_Section):
                     "standalone). Longer: fewer bytes; shorter: faster restore (benchmarks/ckpt.md)",
     )
 
+    memory_every: int | None = Field(
+        None, ge=0, le=1_000_000_000,
+        description="snapshot every rank's state into node-local memory (and replicate it to another node) "
+                    "every N iterations; 0 = off; default: 1 when a component has spare_nodes, else off")
+    memory_replicas: int = Field(1, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
+
+    object_store: ObjectStoreSpec | None = Field(
+        None, description="S3-compatible cold tier after the file tiers: {url: s3://BUCKET/PREFIX, "
+                          "endpoint: ...}; credentials only from AWS_* variables / ~/.aws (docs/OBJECT_STORE.md)")
+
     @field_validator("directory")
     @classmethod
     def _directory(cls, value: str | None) -> str | None:
@@ -412,6 +428,11 @@ class JobSpec(_Section):
                                     hint="each action type runs in exactly one component")
                 owner[act] = cname
             _check_placement(cname, comp)
+            if comp.spare_nodes and comp.is_command:
+                raise SpecIssue(f"spare_nodes {comp.spare_nodes} on command component {cname!r}: in-allocation "
+                                "restart is supported for action components only",
+                                path=("components", cname, "spare_nodes"),
+                                hint="remove spare_nodes (use preemption.max_failures to requeue a failed command)")
             if comp.mem_mb < comp.tasks_per_node:
                 raise SpecIssue(f"mem {comp.mem} is less than 1M per task for {comp.tasks_per_node} tasks",
                                 path=("components", cname, "mem"))

@@ -58,7 +58,7 @@ from hetrun.dag.routing import enforced_lag, fed_ranks, feeding_ranks
 
 from hetrun.errors import HetrunError, RuntimeFailure
 
-from . import mpi_wait
+from . import mpi_wait, recovery
 from .api.collectives import MPIMaxReduce
 from .api.run import save_state
 from .api.stop import IterationAgreement
@@ -175,6 +175,7 @@ class Executor:
         self.stop_level = 0  # this rank's local preemption request (0 none, 1 requeue, 2 TERM)
         self._told_hooks = False
         self.agreement: IterationAgreement | None = None
+        self.memory: Any = None  # runtime/memory_tier.MemorySnapshots when the memory tier is on
         self.workload: Any = None
         self.num_micro = micro_batches_of(plan, self.me)
         self.overlap: Any = None  # grad sync armed for the last backward of this iteration
@@ -310,6 +311,9 @@ class Executor:
             self._prune_histories(it)
             if it > start and checkpoint_boundary(self.plan, it):
                 self._save_boundary(it)
+            if self.memory is not None and it > start and self.memory.due(it):
+                # The state an interval checkpoint at `it` would hold, into peer memory.
+                self.memory.snapshot(it, recovery.snapshot_tree(self.workload, it, self._pipeline_state()))
             self._run_iteration(it)
             last_done = it
         self._wind_down()
@@ -327,8 +331,12 @@ class Executor:
             raise
         except Exception as exc:
             raise RankFailed("workload.__init__", None, exc) from exc
-        # resume.restore_if_any writes the restore event (restarts, work lost).
-        start = self.hooks.restore(self.ctx, self.workload)
+        # resume.restore_if_any writes the restore event (restarts, work lost); with the
+        # memory tier on, runtime/recovery.py first tries peer-memory snapshots.
+        if recovery.enabled(self.ctx):
+            start, self.memory = recovery.restore(self.ctx, self.workload, self.hooks.restore)
+        else:
+            start = self.hooks.restore(self.ctx, self.workload)
         if start:
             self.version = start
         self._restore_pipeline(self.hooks.restored_pipeline(self.ctx))
@@ -368,6 +376,10 @@ class Executor:
             code = self.hooks.stop_exit_code(self.ctx)
         elif last_done + 1 == self.plan.iterations and checkpoint_boundary(self.plan, last_done + 1):
             self._save_boundary(last_done + 1)
+        if self.memory is not None:
+            self.memory.close()  # collective: every replica in flight delivered
+            self.log.emit("memory_tier", snapshots=self.memory.taken, seconds=round(self.memory.seconds, 4),
+                          bytes=self.memory.bytes, every=self.memory.every, partners=self.memory.partners)
         flushed = self.hooks.flush_checkpoints(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.log.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")

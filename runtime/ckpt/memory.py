@@ -1,0 +1,211 @@
+"""The memory tier: one rank's state at one step as a self-checking blob in node-local memory.
+
+Why a blob and not the store's objects: a snapshot must be usable alone, on
+whichever node still holds it. The store's incremental encoding (XOR delta +
+zstd against the previous checkpoint's chunk) would tie each replica to a base
+that has to survive on the same node; here each snapshot is the raw bytes of
+the state tree, so any one copy restores it. What is shared with the store:
+the tree's pickle-free form (``state.flatten``: a JSON skeleton plus raw
+tensors) and its chunk checksum (``store.fast_digest``, xxh3-128), one per
+tensor, plus one over the header.
+
+Blob: ``MAGIC`` + 4-byte little-endian header length + the header's digest
+(32 ASCII hex) + JSON header + the tensors' bytes back to back. The header
+holds the step, the owner (global rank), the skeleton, the leaves and their
+digests. ``verify`` checks every digest without building tensors; ``decode``
+checks them too, so a flipped byte anywhere is a ``CheckpointError``, never a
+silently wrong state.
+
+Where blobs live (``MemoryTier``): ``<root>/hetrun-mem/<run key>/rank-<owner>/
+<step>.snap``, ``root`` a node-local tmpfs (``$HETRUN_MEMORY_DIR``, default
+``/dev/shm``): it outlives the rank's process (a new job step restarts every
+rank) but not the node. A node holds its own ranks' snapshots and the replicas
+its ranks received from partners on other nodes (runtime/memory_tier.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetrun.errors import CheckpointError
+
+from . import state
+from .store import fast_digest
+
+MAGIC = b"HRMEMSN1"
+FORMAT = "hetrun-memsnap/1"
+ENV_DIR = "HETRUN_MEMORY_DIR"
+DEFAULT_ROOT = "/dev/shm"
+_DIGEST_LEN = 32  # xxh3-128 hex
+_PREFIX = len(MAGIC) + 4 + _DIGEST_LEN
+_HEADER_MAX = 64 << 20
+_SNAP_RE = re.compile(r"([0-9]{12})\.snap")
+_OWNER_RE = re.compile(r"rank-([0-9]{6})")
+
+
+def _raw_bytes(t: Any) -> np.ndarray:
+    """A uint8 view (or copy, for a device tensor) of one flattened tensor's bytes."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return np.empty(0, np.uint8)
+    import torch
+
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def encode(step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None) -> bytearray:
+    """The blob of ``tree`` (a state tree ``state.flatten`` accepts) at ``step`` of rank ``owner``."""
+    skeleton, tensors, leaves = state.flatten(tree)
+    raws = [_raw_bytes(t) for t in tensors]
+    header = {"format": FORMAT, "step": int(step), "owner": int(owner), "meta": meta or {},
+              "skeleton": skeleton, "leaves": [asdict(leaf) for leaf in leaves],
+              "digests": [fast_digest(r) for r in raws]}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    total = _PREFIX + len(head) + sum(r.nbytes for r in raws)
+    out = bytearray(total)
+    out[:len(MAGIC)] = MAGIC
+    struct.pack_into("<I", out, len(MAGIC), len(head))
+    out[len(MAGIC) + 4:_PREFIX] = fast_digest(head).encode()
+    pos = _PREFIX
+    out[pos:pos + len(head)] = head
+    pos += len(head)
+    view = memoryview(out)
+    for r in raws:
+        view[pos:pos + r.nbytes] = r.data if r.nbytes else b""
+        pos += r.nbytes
+    return out
+
+
+def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
+    """The verified header and where the payload starts."""
+    view = memoryview(blob)
+    if len(view) < _PREFIX or bytes(view[:len(MAGIC)]) != MAGIC:
+        raise CheckpointError(f"{where}: not a memory snapshot (bad magic); corrupt")
+    (n,) = struct.unpack_from("<I", view, len(MAGIC))
+    if n > _HEADER_MAX or _PREFIX + n > len(view):
+        raise CheckpointError(f"{where}: header length {n} out of range; corrupt")
+    head = view[_PREFIX:_PREFIX + n]
+    if fast_digest(head).encode() != bytes(view[len(MAGIC) + 4:_PREFIX]):
+        raise CheckpointError(f"{where}: header checksum mismatch; corrupt")
+    try:
+        doc = json.loads(bytes(head))
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: header is not JSON; corrupt") from exc
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+    return doc, _PREFIX + n
+
+
+def _spans(doc: dict[str, Any], start: int, size: int, where: str) -> list[tuple[state.Leaf, int, str]]:
+    leaves = [state.leaf_from_doc(d, f"{where}: leaves[{i}]") for i, d in enumerate(doc.get("leaves") or [])]
+    digests = doc.get("digests") or []
+    if len(digests) != len(leaves):
+        raise CheckpointError(f"{where}: {len(digests)} digests for {len(leaves)} tensors; corrupt")
+    out, pos = [], start
+    for leaf, d in zip(leaves, digests, strict=True):
+        out.append((leaf, pos, str(d)))
+        pos += leaf.nbytes
+    if pos != size:
+        raise CheckpointError(f"{where}: payload is {size - start} bytes, the header says {pos - start}; corrupt")
+    return out
+
+
+def verify(blob: Any, where: str = "memory snapshot") -> dict[str, Any]:
+    """Check every checksum of ``blob``; return its header (step, owner, meta). Raises CheckpointError."""
+    doc, start = _header(blob, where)
+    view = memoryview(blob)
+    for i, (leaf, pos, d) in enumerate(_spans(doc, start, len(view), where)):
+        if fast_digest(view[pos:pos + leaf.nbytes]) != d:
+            raise CheckpointError(f"{where}: tensor {i} checksum mismatch; corrupt")
+    return {k: doc[k] for k in ("step", "owner", "meta")}
+
+
+def decode(blob: Any, where: str = "memory snapshot") -> tuple[dict[str, Any], Any]:
+    """(header, the state tree) of a verified ``blob``; fresh tensors (never unpickles)."""
+    doc, start = _header(blob, where)
+    view = memoryview(blob)
+    values = []
+    for i, (leaf, pos, d) in enumerate(_spans(doc, start, len(view), where)):
+        piece = view[pos:pos + leaf.nbytes]
+        if fast_digest(piece) != d:
+            raise CheckpointError(f"{where}: tensor {i} checksum mismatch; corrupt")
+        value, raw = state.empty_for(leaf)
+        if leaf.nbytes:
+            raw[:] = np.frombuffer(piece, np.uint8)
+        values.append(value)
+    return {k: doc[k] for k in ("step", "owner", "meta")}, state.unflatten(doc["skeleton"], values)
+
+
+def run_key(run_dir: str | os.PathLike[str]) -> str:
+    """A directory name for one run: its run directory's name and a hash of its full path."""
+    p = Path(run_dir).resolve()
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", p.name)[:64] or "run"
+    return f"{safe}-{hashlib.sha256(str(p).encode()).hexdigest()[:12]}"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get(ENV_DIR) or DEFAULT_ROOT)
+
+
+class MemoryTier:
+    """This node's snapshots of one run (its own ranks' and the replicas it holds)."""
+
+    def __init__(self, run_dir: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
+                 keep: int = 4) -> None:
+        self.dir = Path(root if root is not None else default_root()) / "hetrun-mem" / run_key(run_dir)
+        self.keep = max(1, int(keep))
+
+    def path(self, owner: int, step: int) -> Path:
+        return self.dir / f"rank-{int(owner):06d}" / f"{int(step):012d}.snap"
+
+    def write(self, owner: int, step: int, blob: Any) -> Path:
+        """Write atomically (a reader sees a whole blob or none), then keep the newest ``keep``."""
+        target = self.path(owner, step)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+        os.replace(tmp, target)
+        for old in self.steps(owner)[:-self.keep]:
+            with contextlib.suppress(OSError):
+                self.path(owner, old).unlink()
+        return target
+
+    def read(self, owner: int, step: int) -> bytes:
+        try:
+            return self.path(owner, step).read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"memory snapshot of rank {owner} step {step}: {exc}") from exc
+
+    def steps(self, owner: int) -> list[int]:
+        try:
+            names = os.listdir(self.dir / f"rank-{int(owner):06d}")
+        except OSError:
+            return []
+        return sorted(int(m.group(1)) for n in names if (m := _SNAP_RE.fullmatch(n)))
+
+    def held(self) -> dict[int, list[int]]:
+        """owner rank -> the steps this node holds of it."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return {}
+        out = {}
+        for n in names:
+            m = _OWNER_RE.fullmatch(n)
+            if m and (steps := self.steps(int(m.group(1)))):
+                out[int(m.group(1))] = steps
+        return out

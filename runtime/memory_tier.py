@@ -1,0 +1,215 @@
+"""Peer-memory snapshots over MPI: every rank's state each N iterations, on its node
+and on partners' nodes, and the restore that agrees on the freshest step every rank holds.
+
+Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
+point and the same tree as an interval checkpoint: workload state, RNG,
+iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
+into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
+ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
+rank at the same place on the next node(s) in the sorted node list, so one
+dead node never takes a rank's own copy and its replica together (with at
+least two nodes). Received replicas are written whenever a rank passes a
+snapshot point (``progress``); ``close`` drains every send with a
+non-blocking barrier (no rank leaves while a peer still sends to it).
+
+Restore (``restore``, collective over the world, at a step's start): each
+node's lowest rank lists what the node holds; the candidate steps are those
+of which every rank has a copy somewhere; for the newest, each rank's copy is
+read and its checksums verified by its holder (the rank itself first, then
+replicas), a copy that fails is named and the next holder tried; a verified
+copy moves to its owner over MPI. If some rank has no verified copy of the
+step, the step is dropped and the caller falls back to the store (the shared
+checkpoint). The outcome says, per rank, where the state came from.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetrun.errors import CheckpointError
+
+from .ckpt import memory
+
+TAG_REPLICA = 0x4D54  # "MT": a replica blob
+TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
+
+
+def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
+    """The ranks that hold ``rank``'s replicas: the same place on the next ``replicas`` nodes.
+
+    ``nodes[r]`` is rank r's node. Never a rank on ``rank``'s own node; fewer
+    than ``replicas`` when there are fewer other nodes."""
+    order = sorted(set(nodes))
+    on = {n: [r for r, m in enumerate(nodes) if m == n] for n in order}
+    mine = order.index(nodes[rank])
+    place = on[nodes[rank]].index(rank)
+    out = []
+    for k in range(1, min(replicas, len(order) - 1) + 1):
+        ranks = on[order[(mine + k) % len(order)]]
+        out.append(ranks[place % len(ranks)])
+    return out
+
+
+@dataclass
+class RestoreOutcome:
+    """What the memory tier found at a restart."""
+
+    step: int | None = None  # the step restored (None: memory had none every rank holds)
+    tree: Any = None  # this rank's state tree at that step
+    source: dict[str, Any] = field(default_factory=dict)  # this rank's: node, holder rank, kind
+    sources: list[dict[str, Any]] = field(default_factory=list)  # every rank's (rank order)
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # copies that failed verification
+    reason: str = ""  # why no step, when step is None
+    seconds: float = 0.0
+
+
+class MemorySnapshots:
+    """One rank's end of the memory tier. Create it on every rank at the same point
+    (its constructor is collective: node names and a communicator of its own)."""
+
+    def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int = 1, replicas: int = 1,
+                 keep: int = 4, root: Any = None) -> None:
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.node = node
+        self.nodes: list[str] = list(self.comm.allgather(node))
+        self.every = max(1, int(every))
+        self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
+        self.tier = memory.MemoryTier(run_dir, root, keep=keep)
+        self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
+        self.taken = 0
+        self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
+        self.bytes = 0
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def snapshot(self, step: int, tree: Any) -> None:
+        """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners."""
+        t0 = time.perf_counter()
+        self.progress()
+        blob = memory.encode(step, self.rank, tree)
+        self.tier.write(self.rank, step, blob)
+        for p in self.partners:
+            self._sends.append((self.comm.Isend([blob, _byte()], dest=p, tag=TAG_REPLICA), blob))
+        self.taken += 1
+        self.bytes = len(blob)
+        self.seconds += time.perf_counter() - t0
+
+    def progress(self) -> None:
+        """Write the replicas that have arrived; forget the sends that completed."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPLICA, status=status):
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_REPLICA)
+            try:
+                head = memory.verify(buf, "received replica")  # a torn message is never written
+            except CheckpointError:
+                continue
+            self.tier.write(int(head["owner"]), int(head["step"]), buf)
+        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+
+    def close(self) -> None:
+        """Collective: every send delivered and written before any rank leaves."""
+        barrier = None
+        while True:
+            self.progress()
+            if barrier is None and not self._sends:
+                barrier = self.comm.Ibarrier()
+            if barrier is not None and barrier.Test():
+                break
+            time.sleep(0.002)
+        self.progress()
+
+    # ------------------------------------------------------------ restore
+    def restore(self) -> RestoreOutcome:
+        """Collective. The newest step every rank holds a verified copy of, loaded on its owner."""
+        t0 = time.perf_counter()
+        out = RestoreOutcome()
+        lead = min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank
+        held = self.comm.allgather(self.tier.held() if lead else None)
+        holders: dict[int, dict[int, list[int]]] = {}  # owner -> step -> holder ranks
+        for r, h in enumerate(held):
+            for owner, steps in (h or {}).items():
+                if 0 <= owner < self.size:
+                    # A copy on the owner's own node is read by the owner (no transfer).
+                    holder = owner if self.nodes[owner] == self.nodes[r] else r
+                    for s in steps:
+                        holders.setdefault(owner, {}).setdefault(s, []).append(holder)
+        common = set.intersection(*(set(holders.get(o, {})) for o in range(self.size))) if self.size else set()
+        if not common:
+            missing = [o for o in range(self.size) if not holders.get(o)]
+            out.reason = (f"no step every rank holds in memory (ranks with no copy on a live node: {missing})"
+                          if missing else "no step every rank holds in memory")
+            out.seconds = time.perf_counter() - t0
+            return out
+        for step in sorted(common, reverse=True):
+            got = self._load_step(step, holders, out)
+            if got is not None:
+                out.step, out.tree = step, got
+                break
+        else:
+            out.reason = "every memory copy of the candidate steps failed verification"
+        out.seconds = time.perf_counter() - t0
+        return out
+
+    def _load_step(self, step: int, holders: dict[int, dict[int, list[int]]], out: RestoreOutcome) -> Any:
+        """This rank's tree at ``step`` when every owner got a verified copy; else None (all ranks agree)."""
+        # Holder order per owner: the owner itself (no transfer), then the others by rank.
+        order = {o: sorted(holders[o][step], key=lambda h: (h != o, h)) for o in range(self.size)}
+        pick = dict.fromkeys(range(self.size), 0)
+        mine: dict[int, bytes] = {}  # owner -> a verified blob this rank holds for it
+        while True:
+            problems = []
+            for owner in range(self.size):
+                if order[owner][pick[owner]] == self.rank and owner not in mine:
+                    where = f"rank {owner} step {step} held on {self.node}"
+                    try:
+                        blob = self.tier.read(owner, step)
+                        head = memory.verify(blob, where)
+                        if head["owner"] != owner or head["step"] != step:
+                            raise CheckpointError(f"{where}: blob says rank {head['owner']} step {head['step']}")
+                        mine[owner] = blob
+                    except CheckpointError as exc:
+                        problems.append({"owner": owner, "holder": self.rank, "node": self.node,
+                                         "step": step, "error": str(exc)})
+            bad = [p for ps in self.comm.allgather(problems) for p in ps]
+            out.rejected += bad
+            if not bad:
+                break
+            for p in bad:
+                pick[p["owner"]] += 1
+            if any(pick[o] >= len(order[o]) for o in range(self.size)):
+                return None  # some rank has no verified copy: every rank drops this step
+        holder_of = {o: order[o][pick[o]] for o in range(self.size)}
+        out.sources = [{"rank": o, "holder": h, "node": self.nodes[h],
+                        "kind": "own" if h == o else "replica"} for o, h in holder_of.items()]
+        out.source = out.sources[self.rank]
+        reqs = [self.comm.Isend([mine[o], _byte()], dest=o, tag=TAG_RESTORE)
+                for o, h in holder_of.items() if h == self.rank and o != self.rank]
+        if holder_of[self.rank] == self.rank:
+            blob: Any = mine[self.rank]
+        else:
+            from mpi4py import MPI
+
+            status = MPI.Status()
+            self.comm.Probe(source=holder_of[self.rank], tag=TAG_RESTORE, status=status)
+            blob = bytearray(status.Get_count(MPI.BYTE))
+            self.comm.Recv([blob, MPI.BYTE], source=holder_of[self.rank], tag=TAG_RESTORE)
+        for r in reqs:
+            r.Wait()
+        _head, tree = memory.decode(blob, f"rank {self.rank} step {step} from {self.nodes[holder_of[self.rank]]}")
+        # The copy arrived intact everywhere (a failure here raised on its owner: the world aborts).
+        self.comm.Barrier()
+        return tree
+
+
+def _byte() -> Any:
+    from mpi4py import MPI
+
+    return MPI.BYTE

@@ -1,0 +1,108 @@
+"""The executor's memory tier: when it is on, the snapshot it takes each N iterations,
+and the restore that prefers a peer-memory snapshot to the shared store.
+
+On (``checkpoint.memory_every`` N > 0; by default 1 when a component has
+``spare_nodes``), for the MPI executor only. ``restore`` is what the executor
+calls instead of ``resume.restore_if_any``: every rank asks the memory tier
+(runtime/memory_tier.py) for the newest step every rank holds a verified copy
+of, and the store for its newest complete step; the newer wins (memory on a
+tie: no shared-filesystem read). Memory's outcome is written as a
+``memory_restore`` event on every rank (used or not, why not, each rank's
+source node and kind, every copy that failed its checksum); a memory restore
+writes the ``restore`` event itself with ``source: "memory"``, the store path
+writes it as before (``resume.restore_if_any``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hetrun.runtime import preempt, resume
+from hetrun.runtime.memory_tier import MemorySnapshots
+
+# Snapshots each node keeps per rank: ranks of a pipelined job run up to a few
+# iterations apart, and the restore needs a step every rank still holds.
+KEEP = 8
+
+
+def memory_every(plan: Any) -> int:
+    """N of ``checkpoint.memory_every`` (0: off); unset: 1 when a component has spare_nodes."""
+    cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
+    value = cfg.get("memory_every")
+    if value is None:
+        spares = any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
+        return 1 if spares else 0
+    return int(value)
+
+
+def enabled(ctx: Any) -> bool:
+    comm = getattr(ctx, "world_comm", None)
+    return (comm is not None and getattr(ctx, "world_collective", None) is None
+            and memory_every(getattr(ctx, "plan", None)) > 0)
+
+
+def _store_newest(ctx: Any, slot: Any) -> int | None:
+    """The newest store step every component can offer (the one the store path would try first)."""
+    steps = slot.store.steps()
+    mine = {"component": ctx.component, "required": resume._has_checkpoint_action(ctx, ctx.component),
+            "steps": steps, "every": bool(steps) and resume._saves_every_component(slot.store)}
+    everyone = resume._world_allgather(ctx, mine)
+    return max(resume._candidate_steps(resume._required(everyone)), default=None)
+
+
+def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int]) -> tuple[int, MemorySnapshots]:
+    """Collective. (the iteration to start at, this rank's memory tier)."""
+    plan = ctx.plan
+    cfg = plan.checkpoint or {}
+    t0 = time.perf_counter()
+    world = ctx.world_comm
+    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=memory_every(plan),
+                          replicas=int(cfg.get("memory_replicas") or 1), keep=KEEP,
+                          root=_root(world.Get_size()))
+    found = mem.restore()
+    slot = resume._slot(ctx)
+    newest = _store_newest(ctx, slot)
+    use = found.step is not None and (newest is None or found.step >= newest)
+    log = resume._events(ctx)
+    why = ("" if use else found.reason or f"the store's step {newest} is newer than memory's {found.step}")
+    log.emit("memory_restore", used=use, step=found.step, store_step=newest, reason=why or None,
+             source=found.source or None, sources=found.sources, rejected=found.rejected,
+             seconds=round(found.seconds, 4), every=mem.every, partners=mem.partners)
+    if not use:
+        log.close()
+        return store_restore(ctx, workload), mem
+    restarts = resume.restart_count()
+    preempt.install(ctx)
+    resume._arm_deadline_event(ctx)
+    resume._check_preemption_budget(ctx, restarts)
+    lost_before = resume._last_iteration_done(ctx)
+    agreed = time.time()
+    iteration, loaded = resume._load_chosen(ctx, slot, workload, found.step, found.tree)
+    log.emit("restore", step=found.step, iteration=iteration, restart_count=restarts,
+             max_restarts=resume.max_restarts(ctx), restored_state=True, source="memory",
+             from_node=found.source.get("node"), from_kind=found.source.get("kind"),
+             seconds=round(time.perf_counter() - t0, 4), agreed=agreed, loaded=loaded,
+             cpu_s=round(time.process_time(), 3), skipped=[],
+             work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
+    log.close()
+    slot.writer.prepare(workload.state_dict())
+    return iteration, mem
+
+
+def _root(world_size: int) -> str:
+    """The tier's root on this node; the world size in the path, so a resized run never
+    takes another shape's snapshots for its own."""
+    from hetrun.runtime.ckpt.memory import default_root
+
+    return os.path.join(default_root(), f"w{world_size}")
+
+
+def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:
+    """The tree an interval checkpoint at ``iteration`` would store (resume.save_checkpoint's)."""
+    from hetrun.runtime.ckpt.state import capture_rng
+
+    extra = {"pipeline": pipeline} if pipeline is not None else {}
+    return {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration, **extra}

@@ -1,0 +1,171 @@
+"""The memory tier (runtime/ckpt/memory.py, runtime/memory_tier.py): blobs that check
+themselves, a node's directory, partners on other nodes, and the restore that never
+takes an unverified copy (real Open MPI ranks; two emulated nodes, a directory each).
+
+Run as a script, this file is the rank body of test_restore_falls_back_over_mpi.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+
+def _tree(step: int, rank: int) -> dict:
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return {"workload": {"w": torch.randn(64, 8, generator=g), "n": np.arange(5) + step,
+                         "steps": step, "name": f"r{rank}", "pair": (1, 2.5)},
+            "iteration": step, "empty": torch.empty(0)}
+
+
+def test_encode_decode_round_trip_exact() -> None:
+    from hetrun.runtime.ckpt import memory
+
+    tree = _tree(3, 1)
+    blob = memory.encode(3, 1, tree, {"k": 1})
+    head = memory.verify(blob)
+    assert head == {"step": 3, "owner": 1, "meta": {"k": 1}}
+    _, back = memory.decode(bytes(blob))
+    assert torch.equal(back["workload"]["w"], tree["workload"]["w"])
+    assert np.array_equal(back["workload"]["n"], tree["workload"]["n"])
+    assert back["workload"]["pair"] == (1, 2.5) and back["workload"]["name"] == "r1"
+    assert back["empty"].numel() == 0
+
+
+@pytest.mark.parametrize("where", ["magic", "header", "payload", "truncated"])
+def test_flipped_byte_is_detected(where: str) -> None:
+    from hetrun.runtime.ckpt import memory
+
+    from hetrun.errors import CheckpointError
+
+    blob = memory.encode(2, 0, _tree(2, 0))
+    if where == "magic":
+        blob[0] ^= 1
+    elif where == "header":
+        blob[memory._PREFIX + 10] ^= 1
+    elif where == "payload":
+        blob[-7] ^= 0x40
+    else:
+        blob = blob[:-1]
+    with pytest.raises(CheckpointError, match=r"corrupt|mismatch|magic"):
+        memory.verify(blob)
+    with pytest.raises(CheckpointError):
+        memory.decode(blob)
+
+
+def test_tier_keeps_newest_and_lists_holdings(tmp_path: Path) -> None:
+    from hetrun.runtime.ckpt import memory
+
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=2)
+    for step in (1, 2, 3):
+        tier.write(0, step, memory.encode(step, 0, _tree(step, 0)))
+    tier.write(5, 2, memory.encode(2, 5, _tree(2, 5)))
+    assert tier.held() == {0: [2, 3], 5: [2]}
+    assert memory.verify(tier.read(0, 3))["step"] == 3
+    # Another run directory (same name, other path) never sees these.
+    other = memory.MemoryTier(tmp_path / "x" / "run", tmp_path / "shm")
+    assert other.held() == {}
+
+
+def test_partners_are_on_other_nodes() -> None:
+    from hetrun.runtime.memory_tier import partners
+
+    nodes = ["n1", "n1", "n2", "n2", "n3"]
+    assert partners(nodes, 0, 1) == [2]
+    assert partners(nodes, 1, 1) == [3]
+    assert partners(nodes, 4, 2) == [0, 2]
+    assert partners(nodes, 3, 5) == [4, 1]  # only as many as there are other nodes
+    assert partners(["n1", "n1"], 0, 1) == []  # one node: no replica possible
+
+
+def test_spare_nodes_spec_key() -> None:
+    from hetrun.dag.spec import JobSpec
+
+    from hetrun.errors import SpecError
+
+    base = {"name": "j", "components": {"tr": {"command": ["python3", "t.py"], "spare_nodes": 1}}}
+    with pytest.raises((SpecError, ValueError), match="spare_nodes"):
+        JobSpec.model_validate(base)
+    base["components"]["tr"]["spare_nodes"] = -1
+    with pytest.raises((SpecError, ValueError), match="spare_nodes"):
+        JobSpec.model_validate(base)
+
+
+@pytest.mark.timeout(120)
+def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
+    from mpi_helpers import run_ranks
+
+    out = tmp_path / "out.json"
+    run_ranks(4, __file__, str(tmp_path), str(out), timeout=110)
+    got = json.loads(out.read_text())
+    # 1. every copy intact: the newest step, each rank from its own node.
+    assert got["intact"]["step"] == 3
+    assert [s["kind"] for s in got["intact"]["sources"]] == ["own"] * 4
+    # 2. rank 1's own copy has a flipped byte: detected, its replica on the other node used.
+    flipped = got["flipped"]
+    assert flipped["step"] == 3 and flipped["tree_ok"]
+    assert flipped["sources"][1] == {"rank": 1, "holder": 2, "node": "b", "kind": "replica"}  # node b's reader
+    assert [(r["owner"], r["node"]) for r in flipped["rejected"]] == [(1, "a")]
+    # 3. node b's memory gone too: step 3 has no verified copy of rank 1 -> step 2, from node a.
+    lost = got["node_lost"]
+    assert lost["step"] == 2 and lost["tree_ok"]
+    assert {s["node"] for s in lost["sources"]} == {"a"}
+    # 4. every copy of rank 0 corrupt: no step -> the caller's store.
+    assert got["none"]["step"] is None and "failed verification" in got["none"]["reason"]
+
+
+def _rank_main(base: Path, out: Path) -> None:
+    from hetrun.runtime.memory_tier import MemorySnapshots
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    node = "a" if rank < 2 else "b"  # two emulated nodes, each its own tmpfs directory
+    root = base / f"node-{node}"
+    mem = MemorySnapshots(comm, base / "run", node=node, every=1, replicas=1, root=root)
+    for step in (1, 2, 3):
+        mem.snapshot(step, _tree(step, rank))
+    mem.close()
+    results = {}
+
+    def phase(name: str) -> None:
+        got = mem.restore()
+        ok = got.tree is not None and torch.equal(got.tree["workload"]["w"], _tree(got.step, rank)["workload"]["w"])
+        oks = comm.allgather(ok)
+        results[name] = {"step": got.step, "sources": got.sources, "rejected": got.rejected,
+                         "reason": got.reason, "tree_ok": all(oks)}
+
+    phase("intact")
+    if rank == 0:
+        p = mem.tier.path(1, 3)
+        data = bytearray(p.read_bytes())
+        data[-3] ^= 0xFF
+        p.write_bytes(bytes(data))
+    comm.Barrier()
+    phase("flipped")
+    if rank == 2:
+        import shutil
+
+        shutil.rmtree(root)
+    comm.Barrier()
+    phase("node_lost")
+    if rank == 0:
+        for s in mem.tier.steps(0):
+            p = mem.tier.path(0, s)
+            data = bytearray(p.read_bytes())
+            data[-1] ^= 1
+            p.write_bytes(bytes(data))
+    comm.Barrier()
+    phase("none")
+    if rank == 0:
+        out.write_text(json.dumps(results))
+    comm.Barrier()
+
+
+if __name__ == "__main__":
+    _rank_main(Path(sys.argv[1]), Path(sys.argv[2]))
