@@ -43,21 +43,33 @@ _MAX_UNROLL_ROWS = 400
 _MAX_SCALE_ACTIONS = 5_000_000
 
 
-def _capacities(spec: JobSpec, mode: str) -> tuple[list[NodeCapacity] | None, str]:
-    """Node capacities to check against and where they came from."""
-    if mode == "spec":
-        return None, "the job spec (--capacity spec)"
-    from hetrun.slurm_plugin.inventory import node_capacities
+def _capacities(spec: JobSpec, mode: str, job: Path) -> tuple[list[NodeCapacity] | None, str]:
+    """Node capacities to check against and where they came from; first the mistakes
+    ``hetrun submit`` would refuse before the queue (``slurm_plugin.prequeue``): a partition
+    the cluster does not have (when a controller answers), a command's missing program or
+    script (and, when the job is bound for a cluster, one under a node-private /tmp)."""
+    from hetrun.slurm_plugin.prequeue import check_commands, check_partitions
 
-    caps = node_capacities(spec.slurm.partition)
-    if caps is None:
+    if mode == "spec":
+        check_commands(spec, job.parent, to_slurm=False, search_path=False, file=str(job))
+        return None, "the job spec (--capacity spec)"
+    from hetrun.slurm_plugin.inventory import capacities_of, node_inventory
+
+    nodes = node_inventory()
+    check_partitions(spec, nodes, file=str(job))
+    bound = nodes is not None  # a controller answered: the job goes to it, with this PATH
+    check_commands(spec, job.parent, to_slurm=bound, search_path=bound, file=str(job))
+    if nodes is None:
         if mode == "cluster":
             from hetrun.errors import SlurmError
 
             raise SlurmError("--capacity cluster: no Slurm cluster answered sinfo",
                              hint="start one (hetrun cluster up) or use --capacity auto")
-        return None, "the job spec (no cluster answered sinfo)"
+        return None, "the job spec (no cluster answered sinfo; partitions not checked)"
     part = spec.slurm.partition or "the default partition"
+    caps = capacities_of(nodes, spec.slurm.partition)
+    if caps is None:  # every named partition exists (checked above) but holds no node
+        return None, f"the job spec (sinfo lists no node in {part})"
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
@@ -240,7 +252,7 @@ def register(app: typer.Typer) -> None:
         if capacity not in ("auto", "cluster", "spec"):
             raise SpecError(f"--capacity {capacity!r}: expected auto, cluster or spec")
         spec = load_job(job, overrides_from(partition, time_limit, account, qos, nodes, gres, constraint, sets))
-        caps, cap_source = _capacities(spec, capacity)
+        caps, cap_source = _capacities(spec, capacity, job)
         build = build_plan_explained(spec, capacities=caps)
         plan_d, unplaced = _placed_plan(build, spec, fit)
         if as_json:  # plan.json as submit writes it (the placement choices in it)

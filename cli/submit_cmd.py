@@ -82,7 +82,8 @@ def register(app: typer.Typer) -> None:
             choice = choose_auto()
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
-        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit)
+        result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit,
+                             job_file=str(job))
         print_placement(result.plan, spec)
         if result.dry_run is not None:
             _print_dry_run(result)

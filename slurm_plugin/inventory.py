@@ -84,11 +84,14 @@ def partition_nodes(nodes: list[SlurmNode], partition: str | None) -> list[Slurm
     return [n for n in nodes if wanted.intersection(n.partitions)]
 
 
+def capacities_of(nodes: list[SlurmNode], partition: str | None) -> list[NodeCapacity] | None:
+    """The nodes of ``partition`` (sinfo's ``nodes``) in the dag's terms; None when it has none."""
+    chosen = partition_nodes(nodes, partition)
+    return [NodeCapacity(n.name, n.cpus, n.gpus, n.mem_mb) for n in chosen] or None
+
+
 def node_capacities(partition: str | None = None, timeout_s: float = 5.0) -> list[NodeCapacity] | None:
     """Capacities of the nodes a job in ``partition`` can get, in the dag's terms;
     None when no cluster answers (the dag then checks against the spec)."""
     nodes = node_inventory(timeout_s)
-    if nodes is None:
-        return None
-    chosen = partition_nodes(nodes, partition)
-    return [NodeCapacity(n.name, n.cpus, n.gpus, n.mem_mb) for n in chosen] or None
+    return None if nodes is None else capacities_of(nodes, partition)

@@ -9,6 +9,7 @@ dry run writes nothing at all: it returns the script and the command that
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from . import quoting
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES, Backend, DryRun, RunStatus
 from .backends.sbatch import SbatchBackend
+from .prequeue import check_commands, node_local_root
 from .render import render_sbatch
 from .rundir import (
     JOB_YAML,
@@ -57,17 +59,6 @@ def _check_checkpoint_dir(spec: Any, run_dir: Path) -> None:
         quoting.safe_join(run_dir, directory, "checkpoint.directory")
 
 
-# Directories every compute node has its own copy of: what the submitting host
-# writes there, the ranks cannot see (the local cluster's slurmd run with a
-# private /tmp exactly like real nodes).
-NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/run")
-
-
-def _node_local_root(path: Path) -> str | None:
-    resolved = path.expanduser().resolve()
-    return next((r for r in NODE_LOCAL_ROOTS if resolved == Path(r) or Path(r) in resolved.parents), None)
-
-
 def _workload_in_job_dir(workload: str, job_dir: Path) -> bool:
     """Whether ``module:Class`` is imported from the job YAML's directory (found by its
     first module name, as sys.path order would: job_dir comes first on the ranks)."""
@@ -85,7 +76,7 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
         problems.append((f"the workload module of {spec.workload} (next to the job YAML)", Path(job_dir),
                          "move the job YAML and its workload module to a shared directory"))
     for what, path, fix in problems:
-        root = _node_local_root(path)
+        root = node_local_root(path)
         if root is not None:
             raise RunDirError(f"{what} is {path}, under {root}, which is private to each Slurm node: "
                               "the job's ranks would not find it", hint=fix + " (or use --backend local)")
@@ -93,15 +84,10 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
 
 def check_command_settings(spec: Any) -> None:
     """Settings a command component would silently not get are refused, not ignored: the
-    run API inside a command saves under ``<run>/ckpt/<component>`` and stops on USR1
-    (or SIGTERM), whatever the job's ``checkpoint.directory`` and ``preemption.signal`` say."""
+    run API inside a command stops on USR1 (or SIGTERM), whatever the job's
+    ``preemption.signal`` says. (It applies the checkpoint section and the budgets.)"""
     if not list(spec.command_components):
         return
-    if spec.checkpoint.directory:
-        raise SpecError(f"checkpoint.directory={spec.checkpoint.directory!r} is not applied to command "
-                        "components: the run API in the command saves under <run directory>/ckpt",
-                        key_path="checkpoint.directory",
-                        hint="leave checkpoint.directory out for a command job")
     if spec.preemption.signal.upper().removeprefix("SIG") != "USR1":
         raise SpecError(f"preemption.signal={spec.preemption.signal!r}: the run API in a command "
                         "component stops on USR1 (and SIGTERM) only",
@@ -117,15 +103,19 @@ def resolve_job_dir(job_dir: str | Path) -> str:
     return str(path)
 
 
-def plan_for(spec: Any, backend: str) -> Any:
-    """Build the plan; against the cluster's real nodes when submitting to Slurm."""
+def plan_for(spec: Any, backend: str, job_file: str | None = None) -> Any:
+    """Build the plan; against the cluster's real nodes when submitting to Slurm, after
+    refusing a partition the cluster does not have (``prequeue.check_partitions``)."""
     from hetrun.dag.plan import build_plan
 
     capacities = None
     if backend in ("sbatch", "pyslurm"):
-        from .inventory import node_capacities
+        from .inventory import capacities_of, node_inventory
+        from .prequeue import check_partitions
 
-        capacities = node_capacities(spec.slurm.partition)
+        nodes = node_inventory()
+        check_partitions(spec, nodes, file=job_file)
+        capacities = None if nodes is None else capacities_of(nodes, spec.slurm.partition)
     return build_plan(spec, capacities=capacities)
 
 
@@ -139,6 +129,7 @@ def submit_spec(
     plan: Any = None,
     job_dir: str | Path | None = None,
     fit: bool = False,
+    job_file: str | None = None,
 ) -> SubmitResult:
     """Submit a validated ``JobSpec``. ``plan`` defaults to ``plan_for(spec, backend)``.
 
@@ -147,10 +138,13 @@ def submit_spec(
 
     ``job_dir`` (the directory of the job YAML) goes into plan.json as ``job_dir``:
     every rank, on any node, imports workload modules kept next to the YAML from it.
+    ``job_file`` (the job YAML's path) only names the file in an error.
     """
     check_command_settings(spec)
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
-    plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name))
+    check_commands(spec, Path(job_dir) if job_dir is not None else None, to_slurm=backend_obj.name != "local",
+                   file=job_file)
+    plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name, job_file))
     if job_dir is not None:
         plan_d["job_dir"] = resolve_job_dir(job_dir)
     from .placement_fit import place
@@ -189,7 +183,15 @@ def submit_spec(
     (run_dir / SCRIPT).chmod(0o755)
     write_run(run)
 
-    job_id = backend_obj.submit(run)
+    try:
+        job_id = backend_obj.submit(run)
+    except BaseException as exc:
+        # A refused submit leaves nothing behind: `hetrun status` would list a run that never
+        # queued. The directory is the one made just above (mkdir without exist_ok).
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if isinstance(exc, HetrunError):
+            exc.message += f" (nothing was queued; {run_dir.name} was removed)"
+        raise
     run.job_id = job_id
     run.submitted_at = utc_now_iso()
     if ";" in job_id:
@@ -212,6 +214,7 @@ def submit_file(
 
     spec = load_spec(path, overrides)
     kwargs.setdefault("job_dir", Path(path).parent)
+    kwargs.setdefault("job_file", str(path))
     return submit_spec(spec, **kwargs)
 
 

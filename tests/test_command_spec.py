@@ -123,8 +123,15 @@ def test_mixed_jobs_are_accepted_at_submit(tmp_path: Path) -> None:
     assert res.dry_run is not None and "hetrun.runtime.command_rank" in res.script
 
 
+def test_a_command_job_takes_a_checkpoint_directory(tmp_path: Path) -> None:
+    # The run API in a command applies the job file's checkpoint section (tests/test_command_job_file.py).
+    spec = spec_from_dict({"name": "c", "components": {"main": {"command": ["true"]}},
+                           "checkpoint": {"directory": "/var/tmp/elsewhere"}})
+    res = submit_spec(spec, backend="local", runs_dir=tmp_path, dry_run=True)
+    assert res.dry_run is not None
+
+
 @pytest.mark.parametrize(("section", "value", "key"), [
-    ("checkpoint", {"directory": "/var/tmp/elsewhere"}, "checkpoint.directory"),
     ("preemption", {"signal": "XCPU"}, "preemption.signal"),
 ])
 def test_a_command_job_refuses_settings_its_commands_would_not_get(
@@ -198,6 +205,12 @@ def test_local_backend_runs_the_unchanged_ddp_script_and_names_a_failing_rank(tm
 
     bad = spec_from_dict({"name": "ddp-bad", "components": {"trainer": {"nodes": 1, "tasks_per_node": 2,
         "command": ["no-such-program-h4", "--x"]}}})
+    with pytest.raises(SpecError, match="program 'no-such-program-h4' is not on PATH"):  # refused before the queue
+        submit_spec(bad, backend="local", runs_dir=tmp_path / "runs")
+    # One the submit cannot check (relative, no job directory: resolved in the run directory) is
+    # still found missing on the rank, named with its rank.
+    bad = spec_from_dict({"name": "ddp-bad", "components": {"trainer": {"nodes": 1, "tasks_per_node": 2,
+        "command": ["./no-such-program-h4", "--x"]}}})
     res = submit_spec(bad, backend="local", runs_dir=tmp_path / "runs")
     final = wait_for_end(res.run, LocalBackend(), timeout_s=120, poll_s=0.5)
     assert [c.state for c in final.components] == ["FAILED"]

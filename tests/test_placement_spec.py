@@ -228,6 +228,8 @@ def test_plan_explain_without_a_cluster_shows_the_needs(tmp_path: Path, monkeypa
     from cli_helpers import hetrun_cli
 
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))  # no controller to ask
+    for script in ("train.py", "watch.py"):  # plan refuses a command whose script is missing
+        (tmp_path / script).write_text("")
     proc = hetrun_cli("plan", str(write(tmp_path, AUTO)), "--explain", timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
