@@ -21,6 +21,8 @@ CLUSTER_NAME = "hetrun"
 FIRST_SLURMD_PORT = 17001
 SLURMCTLD_PORT = 6817
 SLURMDBD_PORT = 6819
+# AuthInfo=cred_expire: also what Slurm holds a requeued job for (+1 s); see render_slurm_conf.
+CRED_EXPIRE_S = 15
 
 # Environment every task on this cluster gets from the TaskProlog. Open MPI as
 # root refuses to start without the first two; the emulated nodes share one
@@ -219,10 +221,14 @@ def render_slurm_conf(cfg: ClusterConfig, shards_per_gpu: int = 0) -> str:
         f"SlurmctldHost={cfg.hostname}(127.0.0.1)",
         f"SlurmctldPort={SLURMCTLD_PORT}",
         "AuthType=auth/munge",
-        # A requeued job may not start again until its old step credentials
-        # expire (default 120 s). 30 s still covers a slow step launch on a
-        # loaded 2-core host and lets a preempted job come back in seconds.
-        "AuthInfo=cred_expire=30",
+        # The job credential lifetime. Slurm 22.05 also holds a requeued job
+        # for cred_expire + 1 s after it has ended (batch_requeue_fini in
+        # job_mgr.c; default 120 s). It must outlive a step launch (credential
+        # made by slurmctld, checked by slurmd): one RPC, bounded by
+        # MessageTimeout=10, and no prolog here. docs/PREEMPTION.md has the
+        # trade-off; hetrun shortens the hold of its own requeued jobs anyway
+        # (slurm_plugin/requeue_hold.py).
+        f"AuthInfo=cred_expire={CRED_EXPIRE_S}",
         "CryptoType=crypto/munge",
         "SlurmUser=root",
         "SlurmdUser=root",

@@ -331,6 +331,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"hetrun: post-mortem of {args.run_dir} failed: {exc}\n")
         return 1
     sys.stderr.write(f"hetrun: attempt {args.restart} ended: {rec['outcome']}: {rec['reason']}\n")
+    if requeue and args.launcher == "srun" and args.signal == "TERM":
+        # Preempted (PreemptMode=REQUEUE): Slurm requeued this job itself; start it again
+        # seconds after it ends rather than after Slurm's credential hold (requeue_hold.py).
+        from .requeue_hold import shorten_own_hold
+
+        done = shorten_own_hold(os.environ.get("SLURM_JOB_ID", ""), args.run_dir.resolve(), restart=args.restart)
+        if done:
+            sys.stderr.write(f"hetrun: {done['message']}\n")
     print("requeue" if requeue else "end")
     return 0
 
