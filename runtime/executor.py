@@ -69,6 +69,7 @@ from .dispatch import (
     micro_batches_of,
     peak_memory_bytes,
     run_dispatch,
+    saves_at_end,
     sends_state_across,
     sub_actions,
 )
@@ -333,6 +334,8 @@ class Executor:
             raise RankFailed("workload.__init__", None, exc) from exc
         # resume.restore_if_any writes the restore event (restarts, work lost); with the
         # memory tier on, runtime/recovery.py first tries peer-memory snapshots.
+        if recovery.spares_in(self.plan) and self.world.node_rank == 0:
+            recovery.start_heartbeat(self.run_dir, self.world.node)
         if recovery.enabled(self.ctx):
             start, self.memory = recovery.restore(self.ctx, self.workload, self.hooks.restore)
         else:
@@ -374,8 +377,9 @@ class Executor:
                           window=self.agreement.window, signalled=bool(self.stop_level))
             self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
-        elif last_done + 1 == self.plan.iterations and checkpoint_boundary(self.plan, last_done + 1):
-            self._save_boundary(last_done + 1)
+        elif last_done + 1 == self.plan.iterations and saves_at_end(self.plan, last_done + 1):
+            end = last_done + 1
+            self._checkpoint(end, reason="interval" if checkpoint_boundary(self.plan, end) else "final")
         if self.memory is not None:
             self.memory.close()  # collective: every replica in flight delivered
             self.log.emit("memory_tier", snapshots=self.memory.taken, seconds=round(self.memory.seconds, 4),

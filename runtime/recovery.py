@@ -16,6 +16,7 @@ writes it as before (``resume.restore_if_any``).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,36 @@ def _root(world_size: int) -> str:
     from hetrun.runtime.ckpt.memory import default_root
 
     return os.path.join(default_root(), f"w{world_size}")
+
+
+HEARTBEAT_DIR = "logs/alive"  # <run_dir>/logs/alive/<node>: touched by the node's lowest rank
+HEARTBEAT_S = 0.5
+
+
+def spares_in(plan: Any) -> bool:
+    return plan is not None and any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
+
+
+def start_heartbeat(run_dir: Any, node: str) -> threading.Thread:
+    """Touch ``logs/alive/<node>`` every HEARTBEAT_S from a daemon thread, as long as this
+    process lives: the batch script's monitor (slurm_plugin/render.py) takes a node whose
+    file is older than ``$HETRUN_NODE_TIMEOUT`` for dead (a killed node, whose processes
+    all died with it; Slurm itself notices only after SlurmdTimeout)."""
+    path = os.path.join(str(run_dir), HEARTBEAT_DIR, node)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+    def beat() -> None:
+        while True:
+            try:
+                with open(path, "a"):
+                    os.utime(path)
+            except OSError:
+                pass  # the run directory is shared: a slow moment must not end the rank
+            time.sleep(HEARTBEAT_S)
+
+    t = threading.Thread(target=beat, name="hetrun-heartbeat", daemon=True)
+    t.start()
+    return t
 
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:

@@ -29,6 +29,9 @@ from .postmortem import KILL_MARK
 from .rundir import restart_base
 
 REQUEUE_EXIT_CODE = 85
+# Spare nodes: a node whose heartbeat file is older than this (seconds; $HETRUN_NODE_TIMEOUT
+# overrides) is presumed dead by the batch script's monitor (docs/PREEMPTION.md).
+NODE_TIMEOUT_S = 4
 
 
 def _field(obj: Any, key: str, default: Any = None) -> Any:
@@ -68,6 +71,7 @@ class ComponentLines:
     # placement: auto / ranked (plan.json components[i].placement): its own partition (ranked: "a,b") and GPU type
     partition: str | None = None
     gpu_type: str | None = None
+    spare_nodes: int = 0  # allocated beside ``nodes``, idle until a node dies (in-allocation restart)
 
 
 def _command(value: Any, key_path: str) -> tuple[str, ...] | None:
@@ -106,6 +110,7 @@ def _components(plan: Mapping[str, Any]) -> list[ComponentLines]:
                 gpus_per_node=_positive_int(c.get("gpus_per_node", 0), f"{kp}.gpus_per_node", minimum=0),
                 mem_mb=_positive_int(c.get("mem_mb", 0), f"{kp}.mem_mb", minimum=0),
                 command=_command(c.get("command"), f"{kp}.command"),
+                spare_nodes=_positive_int(c.get("spare_nodes", 0), f"{kp}.spare_nodes", minimum=0),
                 **_placement(c.get("placement"), f"{kp}.placement"),
             )
         )
@@ -198,7 +203,7 @@ def _env(spec: Any, plan: Mapping[str, Any]) -> list[tuple[str, str]]:
 def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[str]:
     lines = [
         f"--job-name={name}",
-        f"--nodes={c.nodes}",
+        f"--nodes={c.nodes + c.spare_nodes}",
         f"--ntasks-per-node={c.tasks_per_node}",
         f"--cpus-per-task={c.cpus_per_task}",
     ]
@@ -440,9 +445,108 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     sig = opts.signal
     traps = [sig] if sig == "TERM" else [sig, "TERM"]
     lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, restart_base(plan_d))
+    if any(c.spare_nodes for c in comps):
+        return "\n".join(lines + _recovery_body(comps, run_dir, py, hetrun_py, opts, traps))
     lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
     lines += _postmortem_lines(opts, hetrun_py)
     return "\n".join(lines)
+
+
+def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetrun_py: str,
+                   opts: SlurmOptions, traps: Sequence[str]) -> list[str]:
+    """Spare nodes: the step and its post-mortem in a loop. Each step runs on the first
+    ``nodes`` live nodes of each het group; a failed step the post-mortem would requeue
+    (a failure within max_failures, not a preemption) restarts at once, inside the
+    allocation, on the survivors plus a spare, the dead nodes excluded
+    (``hetrun.slurm_plugin.node_recovery``); with no spare left it requeues as before."""
+    if any(c.command is not None for c in comps):
+        bad = next(c.name for c in comps if c.command is not None)
+        raise SpecError("spare_nodes in a job with a command component: the in-allocation restart runs "
+                        "action components only", key_path=f"components.{bad}.command",
+                        hint="remove spare_nodes, or run the command in a job of its own")
+    need = [str(c.nodes) for c in comps]
+    tool = [hetrun_py, "-m", "hetrun.slurm_plugin.node_recovery"]
+    step = quoting.sh_join(srun_command([c.name for c in comps], run_dir, py))
+    # Each het group's part of the one srun: its node count, task count and live node list.
+    parts = step.split(" : ") if len(comps) > 1 else [step]
+    for g, c in enumerate(comps):
+        where = f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[{g}]}}"'
+        parts[g] = parts[g].replace("srun ", f"srun {where} ", 1) if g == 0 else f"{where} {parts[g]}"
+    step = " : ".join(parts)
+    run = _run_steps([["__STEP__"]], traps, len(comps))
+    run = [line.replace(quoting.sh_join(["__STEP__"]), step) for line in run]
+    # The heartbeat monitor runs beside the step, as the watchdog does.
+    at = next(i for i, line in enumerate(run) if line.startswith("_hetrun_watchdog "))
+    jobs = _het_job_ids(len(comps))
+    run[at + 2:at + 2] = ['rm -f "$HETRUN_RUN_DIR"/logs/alive/* 2>/dev/null',
+                          "IFS=' ' read -r -a _hetrun_step_nodes <<< \"${_hetrun_nl[*]//,/ }\"",
+                          f'_hetrun_heartbeats {jobs} "${{_hetrun_step_nodes[@]}}" &', "_hetrun_beat=$!"]
+    at = next(i for i, line in enumerate(run) if line.startswith('kill "$_hetrun_watch"'))
+    run.insert(at + 1, 'kill "$_hetrun_beat" 2>/dev/null')
+    pm = _postmortem_lines(opts, hetrun_py)
+    decide, finish = pm[:4], pm[4:]
+    body = [
+        "",
+        "# Spare nodes (in-allocation restart, docs/PREEMPTION.md): nodes found dead in this job",
+        "# are never used again; attempts restarted inside the allocation count on in the run.",
+        '_hetrun_dead_file="$HETRUN_RUN_DIR/logs/.dead-nodes-${SLURM_JOB_ID}"',
+        '_hetrun_inalloc="$HETRUN_RUN_DIR/logs/in-allocation-restarts"',
+        f"_hetrun_node_timeout=${{HETRUN_NODE_TIMEOUT:-{NODE_TIMEOUT_S}}}",
+        "_hetrun_heartbeats() {",
+        "    # $1: the job ids; then the step's nodes. Each node's lowest rank touches",
+        "    # logs/alive/<node> every 0.5 s (runtime/recovery.py); a node silent for longer than",
+        "    # HETRUN_NODE_TIMEOUT s is presumed dead: its ranks are named and the step SIGKILLed",
+        "    # (Slurm itself notices a dead node only after SlurmdTimeout).",
+        "    trap '' TERM INT",
+        "    local jobs=$1 n t age steps; shift",
+        '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
+        "        sleep 0.5",
+        '        for n in "$@"; do',
+        '            t=$(stat -c %Y "$HETRUN_RUN_DIR/logs/alive/$n" 2>/dev/null) || continue',
+        "            age=$(( EPOCHSECONDS - t ))",
+        '            if [ "$age" -le "$_hetrun_node_timeout" ]; then continue; fi',
+        f'            {quoting.sh_join([*tool, "stale"])} "$HETRUN_RUN_DIR" --dead-file "$_hetrun_dead_file" \\',
+        '                --restart "${SLURM_RESTART_COUNT:-0}" --need 1 --node "$n" --age "$age" \\',
+        '                --timeout "$_hetrun_node_timeout"',
+        '            printf \'%s\\n\' "$_hetrun_kill_mark" >> "$_hetrun_srun_log"',
+        "            steps=$(squeue -h -s -j \"$jobs\" -o %i 2>/dev/null | grep '[.][0-9][0-9]*$' | tr '\\n' ' ')",
+        '            echo "hetrun: node $n silent for ${age}s: SIGKILL to the step:" $steps >&2',
+        "            scancel -s KILL $steps 2>/dev/null",
+        "            # srun may wait for the dead node's slurmstepd until Slurm marks it down: end it.",
+        '            sleep 2; kill -s KILL "$_hetrun_pid" 2>/dev/null',
+        "            return",
+        "        done",
+        "    done",
+        "}",
+        'if [ -f "$_hetrun_inalloc" ]; then',
+        '    export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + $(wc -l < "$_hetrun_inalloc") ))',
+        "fi",
+        "while :; do",
+        '    rm -f "$_hetrun_stuck"',
+        f'    mapfile -t _hetrun_nl < <({quoting.sh_join([*tool, "nodes"])} "$HETRUN_RUN_DIR" \\',
+        f'        --dead-file "$_hetrun_dead_file" --need {" ".join(need)})',
+        f'    if [ "${{#_hetrun_nl[@]}}" -ne {len(comps)} ]; then',
+        '        echo "hetrun: not enough live nodes left in the allocation" >&2',
+        "        _hetrun_rc=1; _hetrun_next=requeue; break",
+        "    fi",
+        *["    " + line if line else line for line in run],
+        *["    " + line for line in decide],
+        '    if [ "$_hetrun_next" = requeue ] && [ -z "$_hetrun_sig" ] \\',
+        f'        && [ "$_hetrun_rc" -ne {REQUEUE_EXIT_CODE} ] && [ "$_hetrun_rc" -ne 143 ]; then',
+        f'        _hetrun_again=$({quoting.sh_join([*tool, "failed"])} "$HETRUN_RUN_DIR" \\',
+        '            --dead-file "$_hetrun_dead_file" --restart "${SLURM_RESTART_COUNT:-0}" \\',
+        f'            --need {" ".join(need)} --used "${{_hetrun_nl[@]}}")',
+        '        if [ "$_hetrun_again" = restart ]; then',
+        '            echo "${SLURM_JOB_ID} ${SLURM_RESTART_COUNT:-0}" >> "$_hetrun_inalloc"',
+        "            export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
+        '            echo "hetrun: restarting inside the allocation (attempt $SLURM_RESTART_COUNT)" >&2',
+        "            continue",
+        "        fi",
+        "    fi",
+        "    break",
+        "done",
+    ]
+    return body + finish
 
 
 def _header(name: str, comps: Sequence[ComponentLines], opts: SlurmOptions, run_dir: Path) -> list[str]:
@@ -467,6 +571,10 @@ def _header(name: str, comps: Sequence[ComponentLines], opts: SlurmOptions, run_
             out.append("#SBATCH hetjob")
         out.append(f"# component {i}: {comp.name}")
         out += _component_block(comp, name, opts)
+        if any(c.spare_nodes for c in comps):
+            # Per component (each is a job record of its own): a dead node of any component
+            # leaves the allocation alive, and the spares take over.
+            out.append("#SBATCH --no-kill")
     return out
 
 

@@ -1,0 +1,86 @@
+"""A throw-away 4-node cluster beside the shared test cluster whose nodes may be killed:
+issue 25's node-death test and benchmarks/node_death_bench.py kill every process of one
+emulated node (its slurmd, slurmstepd and tasks: its private /tmp goes with them) or set
+it DOWN, which the shared cluster's other users must never see.
+
+It is tests/second_cluster.py's SecondCluster with its own ClusterName (``hrnode``),
+directory and ports (slurmctld 16877, slurmd 23001-23004). ``revive(node)`` brings a
+killed node back (a new slurmd, state resume): it can be a spare again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from hetrun.slurm_plugin.cluster_daemons import slurm_daemon_pid, start_slurmd
+from second_cluster import SecondCluster
+
+
+class NodeCluster(SecondCluster):
+    name = "hrnode"
+    directory = Path("/var/lib/hetrun-hrnode")
+    ctld_port = 16877
+    first_node_port = 23001
+
+    def __init__(self, nodes: int = 4, **shape: object) -> None:
+        super().__init__(nodes, None, **{"gpus": 0, "mem_mb": 2000, **shape})
+
+    def slurmd_pid(self, node: str) -> int | None:
+        return slurm_daemon_pid(self.cfg, f"slurmd-{node}")
+
+    def kill_node(self, node: str) -> list[int]:
+        """SIGKILL every process of the node: all those in its slurmd's mount namespace
+        (slurmd, slurmstepd and the ranks: the daemons double-fork, so not a process tree).
+        The namespace and its tmpfs /tmp go with the last of them."""
+        root = self.slurmd_pid(node)
+        if root is None:
+            return []
+        pids = node_processes(root)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def revive(self, node: str, timeout: float = 90) -> None:
+        """A new slurmd for a killed node, and state resume once the controller sees it."""
+        if self.slurmd_pid(node) is None:
+            with contextlib.suppress(OSError):
+                (self.cfg.directory / "run" / f"slurmd-{node}.pid").unlink()
+            start_slurmd(self.cfg, node)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
+            if state.rstrip("*") in ("idle", "mixed", "allocated"):
+                return
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+            time.sleep(1)
+        raise AssertionError(f"{node} not back after {timeout} s: {state}")
+
+
+def node_processes(slurmd: int) -> list[int]:
+    """Every process sharing ``slurmd``'s mount namespace: one emulated node's."""
+    ns = os.readlink(f"/proc/{slurmd}/ns/mnt")
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "mnt") == ns:
+                    out.append(int(entry.name))
+    return out
+
+
+if __name__ == "__main__":  # python tests/node_cluster.py up|down: by hand, for the benchmark
+    import sys
+
+    c = NodeCluster()
+    if sys.argv[1:] == ["down"]:
+        c.stop()
+    else:
+        c.start()
+        print(" ".join(f"{k}={v}" for k, v in c.env.items() if k == "SLURM_CONF"))
+    subprocess.run(["true"], check=False)
