@@ -15,6 +15,14 @@ stage carries up to 1 s of rounding), the batch script's $EPOCHREALTIME
 exports, and the runtime's ``startup``/``restore``/``action`` events. A stage
 ends when its slowest rank reached it (the critical path). Prints a markdown
 table; writes every timestamp to benchmarks/results/requeue.json.
+
+What the user waits through is measured too, from accounting (1 s
+resolution): Slurm's preemption of the job (End of its PREEMPTED attempt),
+the preemptor's own run (its Start/End: it frees the nodes at its End),
+Slurm's requeue hold (the requeued attempt's Submit -> Eligible) and whether
+hetrun shortened the hold (``requeue_hold_shortened``). ``--keep-hold`` runs
+the job with HETRUN_KEEP_REQUEUE_HOLD=1 (Slurm's own hold, as without
+hetrun's post-mortem), the side-by-side peer.
 """
 
 from __future__ import annotations
@@ -84,8 +92,9 @@ def is_step(e: dict[str, Any]) -> bool:
 
 
 def submit(example: str, args: argparse.Namespace, runs_dir: Path) -> tuple[str, Path]:
+    keep = ["--set", "env.HETRUN_KEEP_REQUEUE_HOLD=1"] if getattr(args, "keep_hold", False) else []
     out = sh([sys.executable, "-m", "hetrun.cli", "submit", str(ROOT / "examples" / f"{example}.yaml"),
-              "--runs-dir", str(runs_dir),
+              "--runs-dir", str(runs_dir), *keep,
               "--set", f"training.iterations={args.iterations}",
               "--set", f"checkpoint.interval={args.interval}",
               "--set", f"preemption.max_restarts={args.restarts + 1}",
@@ -126,6 +135,63 @@ def slurm_start(job_id: str, not_before: float = 0.0) -> float:
     if not current:
         raise SystemExit(f"requeue_bench: sacct has no Start after the preemption for job {job_id}")
     return min(current)
+
+
+def _epoch(value: str) -> float | None:
+    try:
+        return datetime.fromisoformat(value).timestamp()  # local time, as sacct prints it
+    except ValueError:
+        return None
+
+
+def sacct_attempts(job_id: str) -> list[dict[str, Any]]:
+    """Every attempt of ``job_id`` (each het component's row), times as epoch seconds or None."""
+    keys = ("JobID", "State", "Submit", "Eligible", "Start", "End")
+    rows = []
+    for line in sh(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", ",".join(keys)]).splitlines():
+        parts = line.split("|")
+        if len(parts) == len(keys):
+            row: dict[str, Any] = dict(zip(keys, parts, strict=True))
+            for k in keys[2:]:
+                row[k] = _epoch(row[k])
+            rows.append(row)
+    return rows
+
+
+def user_wait(job_id: str, preemptor: str, not_before: float) -> dict[str, float]:
+    """What the user waits through, from accounting (1 s resolution; waits for slurmdbd):
+    ``preempted`` (End of the attempt Slurm preempted), the preemptor's ``preemptor_start`` and
+    ``preemptor_end`` (it frees the nodes then), and the requeued attempt's ``requeued`` (its
+    Submit: Slurm resets it when the requeue completes) and ``eligible`` (end of the hold)."""
+    def ready() -> dict[str, float] | None:
+        mine = [r for r in sacct_attempts(job_id) if r["End"] and r["End"] >= not_before - 2
+                and r["State"].startswith("PREEMPTED")]
+        nxt = [r for r in sacct_attempts(job_id) if r["Submit"] and r["Submit"] >= not_before - 2
+               and r["Eligible"] and not r["State"].startswith("PREEMPTED")]
+        pre = [r for r in sacct_attempts(preemptor) if r["Start"] and r["End"]]
+        if not mine or not nxt or not pre:
+            return None
+        return {"preempted": min(r["End"] for r in mine), "preemptor_start": pre[0]["Start"],
+                "preemptor_end": pre[0]["End"], "requeued": min(r["Submit"] for r in nxt),
+                "eligible": max(r["Eligible"] for r in nxt)}
+    return wait_for(ready, 120, f"accounting of job {job_id}'s preemption and preemptor {preemptor}", poll=1)
+
+
+def wait_rows(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The user's side of each restart, one table row each (first step: the critical path's)."""
+    def col(f: Any) -> list[str]:
+        return [f(r["critical"]["first_step"], r["user_wait"], r) for r in rows]
+    return [
+        ("**Slurm preempts the job -> first resumed step**",
+         col(lambda s, w, r: f"**{s - w['preempted']:.1f}**")),
+        ("(the preemptor's own run: its Start -> End)",
+         col(lambda s, w, r: f"{w['preemptor_end'] - w['preemptor_start']:.0f}")),
+        ("**preemptor frees the nodes -> first resumed step**",
+         col(lambda s, w, r: f"**{s - w['preemptor_end']:.1f}**")),
+        ("Slurm's requeue hold (requeued -> eligible)",
+         col(lambda s, w, r: f"{w['eligible'] - w['requeued']:.0f}"
+             + (" (shortened by hetrun)" if r.get("hold_shortened") else " (Slurm's)"))),
+    ]
 
 
 def restart_breakdown(evs: list[dict[str, Any]], restart: int, nranks: int) -> dict[str, Any] | None:
@@ -179,13 +245,16 @@ def run_example(example: str, args: argparse.Namespace, runs_dir: Path) -> list[
             wait_for(lambda t=target: any(is_step(e) and e.get("iteration", -1) >= t for e in events(run_dir)),
                      600, f"{example} to pass iteration {target}")
             preempted_at = time.time()
-            preempt(learner_node(job_id))
+            preemptor = preempt(learner_node(job_id))
             got = wait_for(lambda r=restart: restart_breakdown(events(run_dir), r, nranks), 600,
                            f"{example} restart {restart} to take its first step")
             start = slurm_start(job_id, preempted_at)
             got["critical"]["slurm_start"] = start
             got.update(example=example, restart=restart, job_id=job_id, ranks=nranks,
-                       preempted_at=preempted_at, run_dir=str(run_dir))
+                       preempted_at=preempted_at, run_dir=str(run_dir),
+                       user_wait=user_wait(job_id, preemptor, preempted_at),
+                       hold_shortened=any(e.get("ev") == "requeue_hold_shortened"
+                                          and e.get("restart_count") == restart - 1 for e in events(run_dir)))
             resumed_at = int(got["restored_step"] or 0)
             rows.append(got)
             total = got["critical"]["first_step"] - start
@@ -217,7 +286,23 @@ def stage_table(rows: list[dict[str, Any]], heads: list[str], cols: list[list[fl
     lines.append("| (not counted) preempted -> Slurm StartTime of the requeued job | "
                  + " | ".join(f"{r['critical']['slurm_start'] - r['preempted_at']:.1f}" for r in rows) + " |")
     lines.append(f"| work lost ({lost_unit}) | " + " | ".join(str(r["work_lost"]) for r in rows) + " |")
+    if all("user_wait" in r for r in rows):
+        lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in wait_rows(rows)]
     return "\n".join(lines)
+
+
+def wait_summary(rows: list[dict[str, Any]]) -> str:
+    """Medians of what the user waits, per example."""
+    out = []
+    for ex in sorted({r["example"] for r in rows}):
+        mine = [r for r in rows if r["example"] == ex]
+        pre = [r["critical"]["first_step"] - r["user_wait"]["preempted"] for r in mine]
+        free = [r["critical"]["first_step"] - r["user_wait"]["preemptor_end"] for r in mine]
+        own = [r["user_wait"]["preemptor_end"] - r["user_wait"]["preemptor_start"] for r in mine]
+        out.append(f"{ex}: preempted -> first resumed step median {statistics.median(pre):.1f} s "
+                   f"(preemptor's own run {statistics.median(own):.0f} s); nodes free -> first resumed step "
+                   f"median {statistics.median(free):.1f} s, max {max(free):.1f} s (target <= 10 s)")
+    return "\n".join(out)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -235,6 +320,8 @@ def main() -> None:
     ap.add_argument("--runs-dir", type=Path, default=Path("/var/tmp/hetrun-requeue-bench"),
                     help="outside /tmp: slurmd runs jobs with a private /tmp")
     ap.add_argument("--json", type=Path, default=RESULTS)
+    ap.add_argument("--keep-hold", action="store_true",
+                    help="HETRUN_KEEP_REQUEUE_HOLD=1 in the job: Slurm's own requeue hold, the peer")
     args = ap.parse_args()
     args.restarts = args.restarts or (1 if args.quick else 2)
     if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
@@ -248,6 +335,7 @@ def main() -> None:
     print(f"\nmedian total {statistics.median(totals):.2f} s, max {max(totals):.2f} s "
           f"(target < 10 s); Slurm StartTime has 1 s resolution. "
           f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}")
+    print(wait_summary(rows))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"stages": STAGES, "rows": rows,
                                      "command": " ".join(sys.argv)}, indent=1, default=str))

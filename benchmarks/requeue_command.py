@@ -21,7 +21,10 @@ critical path (each stage ends when its slowest rank reaches it):
     -> first resumed step            (end of the first ``step`` line after the restore)
 
 ``--peer EXAMPLE`` also runs benchmarks/requeue_bench.py's breakdown for an
-action-executor example in the same invocation (same machine state).
+action-executor example in the same invocation (same machine state). As there,
+what the user waits through is shown too (Slurm's preemption and the
+preemptor's end -> first resumed step, the preemptor's own run, Slurm's
+requeue hold); ``--keep-hold`` keeps Slurm's hold (HETRUN_KEEP_REQUEUE_HOLD=1).
 Raw timestamps: benchmarks/results/requeue_command.json.
 """
 
@@ -36,7 +39,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from requeue_bench import events, learner_node, preempt, slurm_start, stage_table, wait_for
+from requeue_bench import (
+    events,
+    learner_node,
+    preempt,
+    slurm_start,
+    stage_table,
+    user_wait,
+    wait_for,
+    wait_summary,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "ddp_train_hetrun.py"
@@ -62,7 +74,8 @@ def submit(args: argparse.Namespace, runs_dir: Path) -> tuple[str, Path]:
         "components": {"trainer": {"nodes": 2, "tasks_per_node": 1, "mem": "1G", "command": [
             sys.executable, str(EXAMPLE), "--steps", "100000", "--out", str(runs_dir / "out"),
             "--step-time", str(args.step_time), "--save-every", str(args.save_every)]}},
-        "slurm": {"partition": "debug", "time": "00:30:00"}, "env": {"OMP_NUM_THREADS": "1"}})
+        "slurm": {"partition": "debug", "time": "00:30:00"},
+        "env": {"OMP_NUM_THREADS": "1", **({"HETRUN_KEEP_REQUEUE_HOLD": "1"} if args.keep_hold else {})}})
     res = submit_spec(spec, backend="sbatch", runs_dir=runs_dir)
     return str(res.run.job_id), Path(res.run.run_dir)
 
@@ -108,12 +121,15 @@ def run(args: argparse.Namespace, runs_dir: Path) -> list[dict[str, Any]]:
             wait_for(ready, 600, f"attempt {restart - 1} to checkpoint")
             time.sleep(args.save_every * args.step_time / 2)
             preempted_at = time.time()
-            preempt(learner_node(job))
+            preemptor = preempt(learner_node(job))
             got = wait_for(lambda r=restart: breakdown(events(run_dir), r, 2), 600,
                            f"restart {restart} to take its first step")
             got["critical"]["slurm_start"] = slurm_start(job, preempted_at)
             got.update(example="ddp_train_hetrun (command)", restart=restart, job_id=job, ranks=2,
-                       preempted_at=preempted_at, run_dir=str(run_dir))
+                       preempted_at=preempted_at, run_dir=str(run_dir),
+                       user_wait=user_wait(job, preemptor, preempted_at),
+                       hold_shortened=any(e.get("ev") == "requeue_hold_shortened"
+                                          and e.get("restart_count") == restart - 1 for e in events(run_dir)))
             rows.append(got)
             total = got["critical"]["first_step"] - got["critical"]["slurm_start"]
             print(f"restart {restart}: {total:.2f} s from Slurm start to first resumed step", file=sys.stderr)
@@ -144,6 +160,8 @@ def main() -> None:
     ap.add_argument("--runs-dir", type=Path, default=Path("/var/tmp/hetrun-requeue-command"),
                     help="outside /tmp: slurmd runs jobs with a private /tmp")
     ap.add_argument("--json", type=Path, default=RESULTS)
+    ap.add_argument("--keep-hold", action="store_true",
+                    help="HETRUN_KEEP_REQUEUE_HOLD=1 in the job: Slurm's own requeue hold, the peer")
     args = ap.parse_args()
     if subprocess.run(["sinfo", "-h"], capture_output=True).returncode != 0:
         raise SystemExit("requeue_command: Slurm does not answer (sinfo); start it with `hetrun cluster up`")
@@ -153,13 +171,16 @@ def main() -> None:
     totals = [sum(durations(r)) for r in rows]
     print(f"\nmedian total {statistics.median(totals):.2f} s, max {max(totals):.2f} s (target < 10 s); "
           f"load average at the end: {Path('/proc/loadavg').read_text().split()[0]}")
+    print(wait_summary(rows))
     peer: list[dict[str, Any]] = []
     if args.peer:
         import requeue_bench
 
-        peer_args = argparse.Namespace(iterations=100000, interval=10, restarts=args.restarts)
+        peer_args = argparse.Namespace(iterations=100000, interval=10, restarts=args.restarts,
+                                       keep_hold=args.keep_hold)
         peer = requeue_bench.run_example(args.peer, peer_args, args.runs_dir)
         print(f"\npeer, {args.peer} (action executor), same invocation:\n{requeue_bench.table(peer)}")
+        print(wait_summary(peer))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"stages": STAGES, "rows": rows, "peer": peer, "command": " ".join(sys.argv),
                                      "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},

@@ -21,27 +21,39 @@ exited — sets its own job's begin time ``SHORTEN_TO_S`` seconds ahead; Slurm
 then keeps that time instead of adding the hold. The new start is still dated
 after the old credential's revocation (the post-mortem runs after it) and
 Slurm still starts nothing before every process of the old attempt has ended.
-If completing takes longer than ``SHORTEN_TO_S``, Slurm's own hold applies, as
-without hetrun. hetrun does this only for the job it runs in, only when Slurm
+When completing ends after that begin time, Slurm's own hold applies, as
+without hetrun; so the begin time also waits for slurmd's next check that the
+killed job's processes are gone (``begin_delay_s``). hetrun does this only for the job it runs in, only when Slurm
 requeued it (an update of a job that is not pending is refused), and says so:
-a ``requeue_hold_shortened`` event and a line in the batch log.
+a ``requeue_hold_shortened`` event and a line in the batch log. A job whose
+environment sets ``HETRUN_KEEP_REQUEUE_HOLD=1`` keeps Slurm's hold (the
+benchmark's side-by-side peer; a site that wants its hold kept).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from .rundir import append_event
 
-# Seconds from the post-mortem to the requeued job's begin time: enough for the
-# batch shell to exit and every node to report the job complete (under 1 s on
-# the idle local cluster; more under load and with many nodes), so that Slurm
-# keeps this time rather than adding its own hold.
-SHORTEN_TO_S = 5
+# Seconds from the post-mortem to the requeued job's begin time, at least: enough
+# for the batch shell to exit and every node to report the job complete (under
+# 1 s on the idle local cluster), so that Slurm keeps this time rather than
+# adding its own hold.
+SHORTEN_TO_S = 4
+# When slurmd looks whether a killed job's processes are gone, in seconds after
+# the kill (Slurm 22.05 src/slurmd/slurmd/req.c, _pause_for_job_completion with
+# KillWait 30): every second for the first ~11 s, then at ~21 s and at KillWait.
+# Ranks that need longer than ~10 s to save and exit complete only at ~21 s.
+SLURMD_COMPLETION_CHECKS_S = (*range(1, 12), 21, 30)
+KEEP_ENV = "HETRUN_KEEP_REQUEUE_HOLD"
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -53,10 +65,11 @@ def shorten_own_hold(job_id: str, run_dir: Path | None, *, restart: int, delay_s
     Call it only from inside ``job_id`` itself, after Slurm requeued it (preemption,
     PreemptMode=REQUEUE) or after its own ``scontrol requeue``. Returns the event
     written (``requeue_hold_shortened``), or None when Slurm refused (the job was
-    not requeued, e.g. cancelled) or scontrol is missing."""
-    if not job_id.isdigit():
+    not requeued, e.g. cancelled), scontrol is missing or ``HETRUN_KEEP_REQUEUE_HOLD`` is set."""
+    if not job_id.isdigit() or os.environ.get(KEEP_ENV, "") not in ("", "0"):
         return None
     asked = time.time()
+    delay_s = begin_delay_s(asked, killed_at(job_id, run), delay_s)
     try:
         proc = run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"],
                    capture_output=True, text=True, check=False, timeout=30)
@@ -75,6 +88,36 @@ def shorten_own_hold(job_id: str, run_dir: Path | None, *, restart: int, delay_s
         except OSError:
             pass
     return {"ev": "requeue_hold_shortened", **fields}
+
+
+def begin_delay_s(now: float, killed: float | None, least: int = SHORTEN_TO_S) -> int:
+    """Seconds from ``now`` (the post-mortem) to a begin time Slurm will keep: after slurmd's
+    first completion check once the batch shell has ended (~1 s from now), + 2 s; ``least`` at
+    least. ``killed``: when Slurm killed the attempt (None: unknown, ``least``)."""
+    if killed is None:
+        return least
+    gone = now + 1 - killed
+    check = next((c for c in SLURMD_COMPLETION_CHECKS_S if c >= gone), gone)
+    return max(least, math.ceil(killed + check + 2 - now))
+
+
+def killed_at(job_id: str, run: Runner = subprocess.run) -> float | None:
+    """When Slurm ended ``job_id``'s newest requeued or preempted attempt (accounting's End,
+    1 s resolution), or None when accounting does not have it (yet)."""
+    try:
+        out = run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "State,End"],
+                  capture_output=True, text=True, check=False, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    ends = []
+    for line in out.splitlines():
+        state, _, end = line.partition("|")
+        if state.startswith(("REQUEUED", "PREEMPTED")):
+            try:
+                ends.append(datetime.fromisoformat(end.strip()).timestamp())  # local time, as sacct prints
+            except ValueError:
+                continue
+    return max(ends, default=None)
 
 
 def parse_show_job(text: str) -> dict[str, str]:
