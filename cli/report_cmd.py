@@ -210,9 +210,14 @@ def _print_summary(console, rep) -> None:
     console.print(head)
     console.print(
         f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
-        f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps} ({rep.steps_per_s:.1f}/s)"
-        + (f"  samples {rep.samples} ({rep.samples_per_s:.1f}/s)" if rep.samples else "")
+        f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps}"
+        + (f"  samples {rep.samples}" if rep.samples else "")
     )
+    # reports/throughput.py: the one definition (steady per attempt, whole run with its gaps)
+    from hetrun.reports.throughput import throughput_lines
+
+    for line in throughput_lines(rep.throughput):
+        console.print(line, markup=False, highlight=False)
 
 
 def _print_components(console, rep) -> None:

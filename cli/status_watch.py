@@ -43,11 +43,23 @@ def _ckpt(p: dict[str, Any]) -> str:
     return f"{p['checkpoint_step']} ({_dur(p['checkpoint_age_s'])} ago{size})"
 
 
+def _rate(p: dict[str, Any], short: bool) -> str:
+    """The steady rate (reports/throughput.py: the definition `hetrun report` and `tune` use), labelled,
+    with the attempt and its sizes once a restart or resize started another; it/s before it is steady."""
+    unit = "st" if short and p.get("throughput_unit") == "env steps" else (
+        "samples" if p.get("throughput_unit") == "samples" else "steps")
+    if p.get("steps_per_s"):
+        out = f"{p['steps_per_s']:.1f} {unit}/s steady"
+        if p.get("attempt"):
+            out += f" (attempt {p['attempt']}: " + " ".join(f"{c}={n}" for c, n in p["sizes"].items()) + ")"
+        return out
+    return f"{p['iterations_per_s']:.2f} it/s" if p.get("iterations_per_s") else ("-" if short else "- it/s")
+
+
 def run_line(name: str, state: str, comps: str, p: dict[str, Any]) -> str:
     """One plain line per run (also the non-TTY output)."""
     total = p["total"] or "?"
-    rate = f"{p['steps_per_s']:.1f} steps/s" if p["steps_per_s"] else (
-        f"{p['iterations_per_s']:.2f} it/s" if p["iterations_per_s"] else "- it/s")
+    rate = _rate(p, short=False)
     ck = f"ckpt {_ckpt(p)}" if p["checkpoint_step"] is not None else "no ckpt"
     return (f"{name} {state} [{comps}] it {p['iterations_done']}/{total} {rate} ETA {_dur(p['eta_s'])} "
             f"{ck} restarts {p['restarts']} {_metrics(p['metrics'])}").rstrip()
@@ -62,8 +74,7 @@ def _table(rows: list[tuple[str, str, str, dict[str, Any]]]) -> Any:
                 "METRICS"):
         t.add_column(col, no_wrap=True)
     for name, state, comps, p in rows:
-        rate = f"{p['steps_per_s']:.1f} st/s" if p["steps_per_s"] else (
-            f"{p['iterations_per_s']:.2f} it/s" if p["iterations_per_s"] else "-")
+        rate = _rate(p, short=True)
         ck = _ckpt(p) if p["checkpoint_step"] is not None else "-"
         cells = (name, state, comps, _bar(p["fraction"]), f"{p['iterations_done']}/{p['total'] or '?'}", rate,
                  _dur(p["eta_s"]), ck, str(p["restarts"]), _metrics(p["metrics"]))

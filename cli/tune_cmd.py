@@ -76,11 +76,34 @@ def _print(p: object) -> None:
                       f"{now.utilization:.0%} -> {new.utilization:.0%}")
     console = Console()
     console.print(table)
-    console.print(f"env steps (or samples)/s: measured {p.measured_steps_per_s:,.0f}; model {p.current_steps_per_s:,.0f} "
-                  f"-> {p.proposed_steps_per_s:,.0f} proposed")
-    console.print(f"cost per 1M env steps (or samples): {p.current_cost_per_m:.4f} -> {p.proposed_cost_per_m:.4f} "
-                  f"{p.currency} ({p.cost_cut:+.1%} cut)")
-    for note in p.notes:
-        console.print(f"note: {note}")
-    console.print(f"resume this run with these sizes: hetrun resubmit {p.run_dir} --resize auto")
-    console.print("or a new run: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))
+    for line in proposal_lines(p):
+        console.print(line, highlight=False)
+    if p.decision == "resize":
+        console.print(f"resume this run with these sizes: hetrun resubmit {p.run_dir} --resize auto")
+        console.print("or a new run: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))
+
+
+def proposal_lines(p: object) -> list[str]:
+    """What tune measured, what its model predicts and how sure it is; a cut printed as a cut."""
+    from hetrun.reports.demand.sizing import Proposal
+
+    assert isinstance(p, Proposal)
+    u = p.unit
+    sizes = " ".join(f"{c.name}={c.ranks}" for c in p.current)
+    spread = (f" (windows {p.measured_spread[0]:,.0f}-{p.measured_spread[1]:,.0f}, +/-{p.relative_spread:.1%})"
+              if p.measured_spread and p.relative_spread is not None else "")
+    whole = (f"; whole run {p.whole_run_steps_per_s:,.0f} (start-up and queue gaps included, not modelled)"
+             if p.whole_run_steps_per_s else "")
+    out = [f"measured, attempt {p.attempt} [{sizes}]: steady {p.measured_steps_per_s:,.0f} {u}/s{spread}{whole}"]
+    if p.model_error is not None:
+        out.append(f"model for these sizes: {p.current_steps_per_s:,.0f} {u}/s ({p.model_error:+.1%} vs measured "
+                   f"steady); predictions below are scaled by {p.calibration:.2f}")
+    else:
+        out.append(f"model for these sizes: {p.current_steps_per_s:,.0f} {u}/s (no steady measurement to check it)")
+    verb = "keep" if p.decision == "keep" else "resize"
+    out.append(f"proposal: {verb}" + (f": {p.reason}" if p.reason else ""))
+    out.append(f"  {u}/s: {p.measured_steps_per_s:,.0f} measured -> {p.predicted_steps_per_s:,.0f} predicted")
+    out.append(f"  cost per 1M {u}: {p.current_cost_per_m:.4f} -> {p.proposed_cost_per_m:.4f} {p.currency} "
+               f"({p.cost_change:+.1%} cost)")
+    out += [f"note: {n}" for n in p.notes]
+    return out

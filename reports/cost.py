@@ -11,6 +11,7 @@ keeps (``--prices FILE``, else ``$HETRUN_PRICES``, else
     node_hour: 0.0          # per allocated node and hour
     core_hour: 0.05         # per allocated CPU and hour
     gpu_hour: 2.50          # per GPU and hour; or per GRES type: {default: 2.5, a100: 3.0}
+    mem_gb_hour: 0.0        # per allocated GiB of memory and hour (cloud prices charge it apart)
     partitions:             # any of the three above, per partition
       high: {core_hour: 0.10, gpu_hour: {default: 5.0}}
 
@@ -29,8 +30,8 @@ from typing import Any
 from hetrun.errors import SpecError, closest
 
 DEFAULT_PRICES: dict[str, Any] = {"currency": "USD", "node_hour": 0.0, "core_hour": 0.05, "gpu_hour": 2.50,
-                                  "partitions": {}}
-_RATES = ("node_hour", "core_hour", "gpu_hour")
+                                  "mem_gb_hour": 0.0, "partitions": {}}
+_RATES = ("node_hour", "core_hour", "gpu_hour", "mem_gb_hour")
 PRICES_ENV = "HETRUN_PRICES"
 
 
@@ -107,6 +108,7 @@ def _hours_from_accounting(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         typed = {k.split(":", 1)[1]: v for k, v in gpus.items() if ":" in k}
         out.append({"component": r["component"], "partition": r.get("partition"),
                     "node_h": h * tres.get("node", 0), "core_h": h * tres.get("cpu", 0),
+                    "mem_gb_h": h * tres.get("mem", 0) / 1024,
                     "gpu_h": {t: h * n for t, n in (typed or {"default": gpus.get("gpu", 0)}).items()}})
     return out
 
@@ -130,6 +132,7 @@ def run_cost(prices: Mapping[str, Any], accounting_rows: list[dict[str, Any]], c
         row["core_h"] += u["core_h"]
         row["gpu_h"] += gpu_h
         row["cost"] += (u["node_h"] * _rate(prices, part, "node_hour") + u["core_h"] * _rate(prices, part, "core_hour")
+                        + u.get("mem_gb_h", 0.0) * _rate(prices, part, "mem_gb_hour")
                         + sum(h * _rate(prices, part, "gpu_hour", t) for t, h in u["gpu_h"].items()))
     total = sum(r["cost"] for r in per.values())
     busy = sum(c.busy_s for c in components)

@@ -3,7 +3,10 @@
 Each refresh reads only the bytes appended since the last one (complete
 lines; a line being written waits for the next refresh), so watching a long
 run costs what it writes, not its length. Restart counts use the same
-function as ``hetrun report`` (report_attempts.count_attempts).
+function as ``hetrun report`` (report_attempts.count_attempts); throughput the
+same definition as `hetrun report` and `hetrun tune` (reports/throughput.py:
+the newest attempt's steady figure, with that attempt's sizes, and the whole
+run's, fed the same events).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from hetrun.errors import HetrunError
 from .attempts import AttemptCounts, count_attempts
 from .ckpt import store_root
 from .reader import event_time, parse_line
+from .throughput import ThroughputMeter
 
 
 @dataclass
@@ -43,6 +47,7 @@ class LiveRun:
     outcome: str | None = None
     plan: dict[str, Any] = field(default_factory=dict)
     checkpoint_bytes: dict[tuple[str, int], int] = field(default_factory=dict)  # found in the store
+    meter: ThroughputMeter = field(default_factory=ThroughputMeter)
 
     @classmethod
     def open(cls, run_dir: str | os.PathLike[str]) -> LiveRun:
@@ -78,6 +83,7 @@ class LiveRun:
         return True
 
     def _feed(self, e: dict[str, Any]) -> None:
+        self.meter.feed(e)
         ev = e.get("ev")
         rc = e.get("restart_count")
         if isinstance(rc, int) and not isinstance(rc, bool):
@@ -140,10 +146,19 @@ class LiveRun:
         left = (self.total_iterations - done) if self.total_iterations else None
         ck = self.last_checkpoint
         info = (ck or {}).get("info") if isinstance((ck or {}).get("info"), dict) else {}
+        tp = self.meter.result()
+        steady = tp.steady_attempt()
+        newest = tp.newest()
         return {
             "iterations_done": done, "total": self.total_iterations,
             "fraction": done / self.total_iterations if self.total_iterations else None,
-            "iterations_per_s": it_rate, "steps_per_s": self.env_steps / span if span > 0 else None,
+            "iterations_per_s": it_rate,
+            # reports/throughput.py: the newest attempt's steady rate (median window after warm-up),
+            # None until it has enough iterations; the whole run's beside it, gaps included
+            "steps_per_s": steady.steady if steady is not None else None,
+            "throughput_unit": tp.unit, "whole_run_per_s": tp.whole_run,
+            "attempt": steady.attempt if steady is not None else (newest.attempt if newest else None),
+            "sizes": (steady or newest).sizes if (steady or newest) is not None else {},
             "eta_s": left / it_rate if it_rate and left is not None and left > 0 else None,
             "checkpoint_step": (info or {}).get("step", (ck or {}).get("iteration")) if ck else None,
             "checkpoint_age_s": now - (event_time(ck) or now) if ck else None,

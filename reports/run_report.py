@@ -35,6 +35,7 @@ from .reader import EventStream, event_time
 from .sacct import slurm_accounting
 from .samples import SampleStats
 from .schema import SCHEMA_ID
+from .throughput import ThroughputMeter
 from .timeline import Timeline
 
 
@@ -128,6 +129,9 @@ class RunReport:
     demand: dict[str, Any] = field(default_factory=dict)
     # report_placement: where each component was placed (and why), per range of attempts
     placement: dict[str, Any] = field(default_factory=dict)
+    # reports/throughput.py: steady and whole-run throughput per attempt (the one definition
+    # `hetrun status --watch` and `hetrun tune` use too)
+    throughput: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -484,9 +488,11 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
     run, plan = _spec_of(run_dir)
     comp_spec = {str(c.get("name")): c for c in plan.get("components", []) if isinstance(c, dict)}
     col = _Collector()
+    meter = ThroughputMeter()
     stream = EventStream(run_dir)
     for e in stream:
         col.feed(e)
+        meter.feed(e)
     comps = _components(col, comp_spec)
     names = list(comps)
     overlap = {f"{a}+{b}": col.spans[a].intersection(col.spans[b])
@@ -506,6 +512,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         overlap_s=overlap, resumes=summarize_resumes(col.rare["restore"], col.rare["startup"]),
         counts=counts_dict(counts), restart_history=history, outcome=col.tracker.outcome(),
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
+        throughput=meter.result().to_dict(),
         **_sections(run_dir, run, plan, col, comps, history, verify_checkpoints=verify_checkpoints,
                     accounting=accounting, prices=prices),
     )

@@ -126,6 +126,16 @@ REPORT_SCHEMA: dict[str, Any] = {
                                    "type": "object", "required": ["first", "last", "predicted", "actual", "error"],
                                    "properties": {"first": {"type": "integer"}, "last": {"type": "integer"},
                                                   "predicted": _num, "actual": _num, "error": _num}}}}}}}},
+        # reports/throughput.py: steady (median window) and whole-run throughput, per attempt
+        "throughput": {"type": "object", "properties": {
+            "unit": _str, "useful_work": {"type": "integer"}, "whole_run": _opt_num, "wall_s": _num,
+            "startup_s": _num, "queue_gaps_s": _num,
+            "attempts": {"type": "array", "items": {
+                "type": "object", "required": ["attempt", "sizes", "iterations", "work", "steady", "spread"],
+                "properties": {"attempt": {"type": "integer"}, "iterations": {"type": "integer"},
+                               "work": {"type": "integer"}, "steady": _opt_num, "active": _opt_num,
+                               "startup_s": _opt_num, "queue_gap_s": _opt_num, "relative_spread": _opt_num,
+                               "sizes": {"type": "object", "additionalProperties": {"type": "integer"}}}}}}},
         # reports/placement.py: per range of attempts (a resume starts a new one), each component
         "placement": {"type": "object", "required": ["attempts", "note"], "properties": {
             "note": _opt_str,

@@ -6,7 +6,9 @@ Read from ``events.jsonl`` (runtime/events.py ``read_events``) action lines:
 - ``bytes``: bytes those actions moved (summed);
 - ``peak_mem``: the largest ``peak_mem`` a rank reported (bytes).
 The type is the event's ``type`` (a fused dispatch counts as its first member's).
-Iterations a restart ran twice keep the last attempt's events.
+Iterations a restart ran twice keep the last attempt's events. ``attempt``
+keeps one attempt's events and ranks only (after a resize each attempt has
+its own rank counts; tune sizes from the attempt it measures).
 """
 
 from __future__ import annotations
@@ -45,20 +47,14 @@ class RunDemand:
     wall_s: float = 0.0  # first action start to last action end
     spans: dict[int, tuple[float, float]] = field(default_factory=dict)  # iteration -> (first start, last end)
 
-    def steps_per_s(self, skip: int = 0) -> float:
-        """Env steps (or samples) per second over iterations >= ``skip`` (start-up left out)."""
-        its = [i for i in sorted(self.spans) if i >= skip] or sorted(self.spans)
-        if not its:
-            return 0.0
-        wall = max(self.spans[i][1] for i in its) - min(self.spans[i][0] for i in its)
-        return sum(self.steps_per_iteration.get(i, 0) for i in its) / wall if wall > 0 else 0.0
-
     def get(self, component: str, action_type: str, metric: str) -> DemandSeries | None:
         return self.series.get((component, action_type, metric))
 
 
-def _action_events(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]], dict[str, set[int]]]:
-    """Action events with start/end, a redone iteration's earlier attempts dropped; ranks per component."""
+def _action_events(run_dir: str | os.PathLike[str], only_attempt: int | None = None
+                   ) -> tuple[list[dict[str, Any]], dict[str, set[int]]]:
+    """Action events with start/end, a redone iteration's earlier attempts dropped; ranks per component
+    (of ``only_attempt`` alone when given)."""
     ranks: dict[str, set[int]] = defaultdict(set)
     attempt: dict[int, int] = defaultdict(int)  # rank -> attempt its lines belong to (start lines say)
     tagged: list[tuple[int, dict[str, Any]]] = []
@@ -70,9 +66,12 @@ def _action_events(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]
         except (TypeError, ValueError):
             continue
         if e.get("ev") == "start":
-            ranks[str(e.get("component"))].add(rank)
+            if only_attempt is None or restarts == only_attempt:
+                ranks[str(e.get("component"))].add(rank)
             attempt[rank] = restarts
         elif e.get("ev") == "action" and "start" in e and "end" in e:
+            if only_attempt is not None and attempt[rank] != only_attempt:
+                continue
             key = (rank, it)
             newest[key] = max(newest.get(key, 0), attempt[rank])
             tagged.append((attempt[rank], e))
@@ -80,14 +79,15 @@ def _action_events(run_dir: str | os.PathLike[str]) -> tuple[list[dict[str, Any]
     return kept, ranks
 
 
-def read_demand(run_dir: str | os.PathLike[str]) -> RunDemand:
-    """The demand series of ``run_dir`` (empty when it has no action events yet)."""
+def read_demand(run_dir: str | os.PathLike[str], attempt: int | None = None) -> RunDemand:
+    """The demand series of ``run_dir`` (empty when it has no action events yet); of one attempt
+    (restart count) when ``attempt`` is given."""
     acc: dict[tuple[str, str, int], dict[str, float]] = defaultdict(
         lambda: {"busy_s": 0.0, "bytes": 0.0, "peak_mem": 0.0})
     steps: dict[int, int] = defaultdict(int)
     first, last = float("inf"), 0.0
     spans: dict[int, tuple[float, float]] = {}
-    events, ranks = _action_events(run_dir)
+    events, ranks = _action_events(run_dir, attempt)
     for e in events:
         try:  # a line with a field of the wrong type is skipped, as the report skips it
             it = int(e.get("iteration", 0))

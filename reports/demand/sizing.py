@@ -16,7 +16,20 @@ all-reduces it does not price.
 
 Memory: the largest peak a rank of the component reported, plus ``margin``,
 rounded up to 64 MiB. cpus_per_task stays as measured: events do not say how
-an action would scale with more threads.
+an action would scale with more threads. A rank's price includes its memory
+where the price table has ``mem_gb_hour``.
+
+What it is fitted on, and how sure it is: the newest attempt with a steady
+throughput (hetrun.reports.throughput: after a resize each attempt has its own
+rank counts; the queue gap between attempts is no throughput). The model's
+pace for the measured sizes is compared with that attempt's measured steady
+throughput; the ratio (measured / model: the pipeline's efficiency the model
+leaves out, communication and waiting) calibrates the proposal's predicted
+throughput and cost, and the spread of the measured windows is shown with it.
+
+Never a change the model predicts to cost more: when the cheapest mix within
+the budget costs at least what the measured sizes cost per step, the proposal
+is to keep them (``decision`` "keep", ``reason`` says why).
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from typing import Any
 
 from hetrun.errors import SpecError
 
+from ..throughput import run_throughput
 from .predictors import EWMA, Predictor
 from .series import RunDemand, read_demand
 
@@ -54,20 +68,48 @@ class ComponentSize:
 class Proposal:
     run_dir: str
     steps_per_iteration: float
-    measured_steps_per_s: float
+    measured_steps_per_s: float  # the fitted attempt's steady throughput (median window)
     current: list[ComponentSize]
     proposed: list[ComponentSize]
-    current_steps_per_s: float  # the model's figure for the measured sizes
-    proposed_steps_per_s: float
-    current_cost_per_m: float  # currency per million env steps
-    proposed_cost_per_m: float
+    current_steps_per_s: float  # the model's pace for the measured sizes (uncalibrated)
+    proposed_steps_per_s: float  # the model's pace for the proposed sizes (uncalibrated)
+    current_cost_per_m: float  # currency per million env steps, at the measured steady throughput
+    proposed_cost_per_m: float  # predicted, at the calibrated throughput
     currency: str
     predictor: str
     notes: list[str] = field(default_factory=list)
+    attempt: int = 0  # the attempt the model was fitted on
+    unit: str = "env steps"
+    measured_spread: tuple[float, float] | None = None  # lowest and highest window
+    whole_run_steps_per_s: float | None = None  # start-up and queue gaps included (not the model's)
+    calibration: float = 1.0  # measured steady / model pace for the measured sizes
+    decision: str = "resize"  # or "keep"
+    reason: str = ""
+
+    @property
+    def predicted_steps_per_s(self) -> float:
+        """The proposal's throughput as the model predicts it, calibrated on the measured attempt."""
+        return self.proposed_steps_per_s * self.calibration
 
     @property
     def cost_cut(self) -> float:
+        """Share of the cost per step saved (positive: cheaper); 0 when kept."""
         return 1.0 - self.proposed_cost_per_m / self.current_cost_per_m if self.current_cost_per_m else 0.0
+
+    @property
+    def cost_change(self) -> float:
+        """Predicted change of the cost per step (negative: a cut), as printed ("-25.0% cost")."""
+        return self.proposed_cost_per_m / self.current_cost_per_m - 1.0 if self.current_cost_per_m else 0.0
+
+    @property
+    def model_error(self) -> float | None:
+        """Model pace for the measured sizes against the measured steady throughput (+: model too fast)."""
+        return self.current_steps_per_s / self.measured_steps_per_s - 1 if self.measured_steps_per_s else None
+
+    @property
+    def relative_spread(self) -> float | None:
+        s = self.measured_spread
+        return (s[1] - s[0]) / 2 / self.measured_steps_per_s if s and self.measured_steps_per_s else None
 
     def overrides(self) -> list[str]:
         """``--set`` arguments that give a new submit the proposed sizes."""
@@ -79,7 +121,9 @@ class Proposal:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "cost_cut": self.cost_cut, "overrides": self.overrides()}
+        return {**asdict(self), "cost_cut": self.cost_cut, "cost_change": self.cost_change,
+                "predicted_steps_per_s": self.predicted_steps_per_s, "model_error": self.model_error,
+                "relative_spread": self.relative_spread, "overrides": self.overrides()}
 
 
 def _plan(run_dir: Path) -> dict[str, Any]:
@@ -114,16 +158,20 @@ def peak_memory_mb(demand: RunDemand, component: str) -> float:
     return max(peaks) / _MIB if peaks else 0.0
 
 
-def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | None) -> tuple[float, float]:
-    """(price per rank-hour, gpus per rank) from the price table (partition rates override)."""
-    rates = {**prices, **(prices.get("partitions", {}).get(partition or "", {}))}
+def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | None,
+                mem_mb: float | None = None) -> tuple[float, float]:
+    """(price per rank-hour, gpus per rank) from the price table (partition rates override);
+    ``mem_mb``: the rank's memory (default: the component's)."""
+    rates = {**prices, **((prices.get("partitions") or {}).get(partition or "", {}))}
     gpu_rate = rates.get("gpu_hour", 0.0)
     if isinstance(gpu_rate, dict):
         gpu_rate = gpu_rate.get("default", 0.0)
     ntasks = max(1, int(comp.get("ntasks", 1)))
     gpus = float(comp.get("gpus_per_node", 0)) * int(comp.get("nodes", 1)) / ntasks
     cpu_rate = float(rates.get("core_hour", 0.0))
-    return int(comp.get("cpus_per_task", 1)) * cpu_rate + gpus * float(gpu_rate), gpus
+    mem_gb = (float(comp.get("mem_mb", 0)) if mem_mb is None else mem_mb) / 1024
+    return (int(comp.get("cpus_per_task", 1)) * cpu_rate + gpus * float(gpu_rate)
+            + mem_gb * float(rates.get("mem_gb_hour", 0.0))), gpus
 
 
 def _pace(ranks: tuple[int, ...], per_step: list[float]) -> float:
@@ -171,7 +219,10 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
     """The sizing proposal for ``run_dir`` (module docstring: the model and its limits)."""
     run = Path(run_dir)
     plan = _plan(run)
-    demand = read_demand(run)
+    tp = run_throughput(run)
+    fitted = tp.steady_attempt() or tp.newest()
+    attempt = fitted.attempt if fitted is not None else None
+    demand = read_demand(run, attempt if len(tp.attempts) > 1 else None)
     comps = plan.get("components", [])
     if not demand.series:
         raise SpecError("the run has no action events yet", file=str(run / "events.jsonl"),
@@ -183,22 +234,28 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
         raise SpecError("the run's events count no env steps or samples per iteration",
                         file=str(run / "events.jsonl"), hint="tune runs whose rollouts report `steps`")
     partition = (plan.get("slurm") or {}).get("partition")
-    current, per_step, price, cpus = [], [], [], []
+    current, per_step, price, price_new, cpus = [], [], [], [], []
     for comp in comps:
         name = comp["name"]
         work = predicted_busy(demand, name, predictor, skip)
         rank_price, gpus = _rank_price(comp, prices, partition)
-        ranks_run = demand.ranks.get(name, int(comp["ntasks"]))  # in-process: one per component
+        sizes = fitted.sizes if fitted is not None and fitted.sizes else demand.ranks
+        ranks_run = sizes.get(name, int(comp["ntasks"]))  # in-process: one per component
         current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus,
                                      int(comp["mem_mb"]), work / steps,
                                      tasks_per_node=int(comp.get("tasks_per_node", 1))))
         per_step.append(work / steps)
         price.append(rank_price)
         cpus.append(int(comp["cpus_per_task"]))
+        mem = peak_memory_mb(demand, name) * (1 + margin)
+        new_mem = max(64, math.ceil(mem / 64) * 64) if mem else int(comp["mem_mb"])
+        price_new.append(_rank_price(comp, prices, partition, new_mem)[0])
     now = tuple(c.ranks for c in current)
     budget = max_cores or sum(n * c for n, c in zip(now, cpus, strict=True))
-    best = _search(per_step, price, cpus, budget, max_ranks=max(budget, 1))
+    best = _search(per_step, price_new, cpus, budget, max_ranks=max(budget, 1))
     pace_now, pace_new = _pace(now, per_step), _pace(best, per_step)
+    measured = fitted.steady if fitted is not None and fitted.steady else 0.0
+    calibration = measured / pace_now if measured and pace_now > 0 else 1.0
     proposed = []
     for c, n in zip(current, best, strict=True):
         mem = peak_memory_mb(demand, c.name) * (1 + margin)
@@ -207,12 +264,35 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
                                       tasks_per_node=c.tasks_per_node,
                                       utilization=c.busy_s_per_step * pace_new / n))
         c.utilization = c.busy_s_per_step * pace_now / c.ranks
-    measured = demand.steps_per_s(skip)
+    cost_now = _cost_per_m(now, price, pace_now * calibration)
+    cost_new = _cost_per_m(best, price_new, pace_new * calibration)
     notes = ["cpus_per_task kept: events do not say how an action scales with threads",
              "gradient all-reduce between added learner ranks is not priced"]
     if len(comps) == 1:
         notes.append("one component: nothing to balance; only memory is resized")
-    return Proposal(str(run), steps, measured, current, proposed, pace_now, pace_new,
-                    _cost_per_m(now, price, pace_now), _cost_per_m(best, price, pace_new),
-                    str(prices.get("currency", "USD")), getattr(predictor, "name", "?"), notes)
-
+    if fitted is None or fitted.steady is None:
+        notes.append("no steady throughput measured yet (too few iterations): the prediction is the "
+                     "uncalibrated model's")
+    decision, reason = "resize", ""
+    if not cost_new < cost_now:
+        decision = "keep"
+        if best == now:
+            reason = "the measured rank counts are already the cheapest mix the model finds"
+        else:
+            mix = ", ".join(f"{p.name}={p.ranks}" for p in proposed)
+            reason = (f"the cheapest mix within {budget} cores ({mix}) would cost "
+                      f"{cost_new / cost_now - 1:+.1%} per step by the model"
+                      + ("" if max_cores is None else "; allow more cores with --max-cores"))
+        for p, c in zip(proposed, current, strict=True):
+            p.ranks, p.mem_mb, p.utilization = c.ranks, c.mem_mb, c.utilization
+        pace_new, cost_new = pace_now, cost_now
+    spread = fitted.relative_spread if fitted is not None else None
+    if decision == "resize" and spread is not None and 1 - cost_new / cost_now < spread:
+        notes.append(f"the predicted cut ({1 - cost_new / cost_now:.1%}) is within the measured windows' "
+                     f"spread (+/-{spread:.1%}): it may not show in one run")
+    return Proposal(str(run), steps, measured, current, proposed, pace_now, pace_new, cost_now, cost_new,
+                    str(prices.get("currency", "USD")), getattr(predictor, "name", "?"), notes,
+                    attempt=attempt or 0, unit=tp.unit,
+                    measured_spread=fitted.spread if fitted is not None else None,
+                    whole_run_steps_per_s=tp.whole_run, calibration=calibration, decision=decision,
+                    reason=reason)
