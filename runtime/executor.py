@@ -381,12 +381,14 @@ class Executor:
             end = last_done + 1
             self._checkpoint(end, reason="interval" if checkpoint_boundary(self.plan, end) else "final")
         if self.memory is not None:
-            self.memory.close()  # collective: every replica in flight delivered
+            # Collective: every replica in flight delivered; a finished run frees the node's memory.
+            self.memory.close(remove=code == EXIT_OK and last_done + 1 == self.plan.iterations)
             self.log.emit("memory_tier", snapshots=self.memory.taken, seconds=round(self.memory.seconds, 4),
                           bytes=self.memory.bytes, every=self.memory.every, partners=self.memory.partners)
         flushed = self.hooks.flush_checkpoints(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.log.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
+        recovery.stop_heartbeat()
         return code
 
     def _search_dirs(self) -> list[Path]:

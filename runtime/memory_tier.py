@@ -114,8 +114,9 @@ class MemorySnapshots:
             self.tier.write(int(head["owner"]), int(head["step"]), buf)
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
 
-    def close(self) -> None:
-        """Collective: every send delivered and written before any rank leaves."""
+    def close(self, remove: bool = False) -> None:
+        """Collective: every send delivered and written before any rank leaves.
+        ``remove``: the run is over; each node's lowest rank deletes the node's snapshots."""
         barrier = None
         while True:
             self.progress()
@@ -125,6 +126,12 @@ class MemorySnapshots:
                 break
             time.sleep(0.002)
         self.progress()
+        if remove:
+            self.comm.Barrier()  # every rank is past its last write
+            if min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank:
+                import shutil
+
+                shutil.rmtree(self.tier.dir, ignore_errors=True)
 
     # ------------------------------------------------------------ restore
     def restore(self) -> RestoreOutcome:

@@ -15,6 +15,7 @@ writes it as before (``resume.restore_if_any``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -118,17 +119,32 @@ def start_heartbeat(run_dir: Any, node: str) -> threading.Thread:
     os.makedirs(os.path.dirname(path), exist_ok=True)
 
     def beat() -> None:
-        while True:
+        while not _STOP.is_set():
             try:
                 with open(path, "a"):
                     os.utime(path)
             except OSError:
                 pass  # the run directory is shared: a slow moment must not end the rank
-            time.sleep(HEARTBEAT_S)
+            _STOP.wait(HEARTBEAT_S)
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # ended on purpose: the monitor must not take the exit for a death
 
+    _STOP.clear()
     t = threading.Thread(target=beat, name="hetrun-heartbeat", daemon=True)
     t.start()
+    _BEATING.append(t)
     return t
+
+
+_STOP = threading.Event()
+_BEATING: list[threading.Thread] = []
+
+
+def stop_heartbeat() -> None:
+    """The rank ends normally (done, or an agreed stop): remove its node's heartbeat file."""
+    _STOP.set()
+    while _BEATING:
+        _BEATING.pop().join(timeout=2)
 
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:

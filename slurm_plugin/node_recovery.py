@@ -19,13 +19,13 @@ batch shell between steps). CLI:
     python -m hetrun.slurm_plugin.node_recovery nodes RUN_DIR --dead-file F --need N0 [N1 ...]
     python -m hetrun.slurm_plugin.node_recovery failed RUN_DIR --dead-file F --restart R \\
         --need N0 [N1 ...] --used LIST0 [LIST1 ...]
-    python -m hetrun.slurm_plugin.node_recovery stale RUN_DIR --dead-file F --restart R --need N0 \\
-        --node X --age S --timeout T
+        [--silent X ...]
 
-``stale``: the batch script's heartbeat monitor found node X silent (every
-rank's node touches ``logs/alive/<node>`` each 0.5 s, runtime/recovery.py):
-its ranks get ``rank_failure`` lines (``detected_by: heartbeat``) and X goes into
-the dead-node file; the script then SIGKILLs the step.
+Which node died (``dead_after``): the step's nodes are probed with a one-task
+step each (a dead node's slurmd never answers; Slurm marks it down only after
+SlurmdTimeout), and Slurm's node states are read; ``--silent`` names the nodes
+whose heartbeat (``logs/alive/<node>``, runtime/recovery.py) the script's
+monitor saw stop.
 """
 
 from __future__ import annotations
@@ -96,30 +96,69 @@ def node_states(nodes: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def dead_after(run_dir: Path, restart: int, allocated: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """(nodes to exclude after attempt ``restart``, why each)."""
+def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: bool,
+               silent: Sequence[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """(nodes to exclude after attempt ``restart``, why each).
+
+    First the nodes that are gone: those Slurm reports down, those whose heartbeat the
+    script's monitor saw stop while the step ran (``silent``), and, with neither, those
+    that fail a probe step. A dead node takes its peers' MPI connections with it, so
+    survivors fail too (their rank_failure lines name their own, healthy node): with a
+    node gone, only it is excluded. With none gone, where srun saw a rank die, else
+    where a rank raised."""
+    flat = [n for nodes in used for n in nodes]
     why: dict[str, str] = {}
-    for f in events_of(run_dir, ("rank_failure",)):
-        node = f.get("node")
-        if f.get("restart_count") == restart and isinstance(node, str) and node in allocated:
-            why.setdefault(node, f"rank {f.get('rank')} ({f.get('component') or '?'}) died there")
-    for node, state in node_states(allocated).items():
+    for node, state in node_states(flat).items():
         if any(s in state.split("+") or state.startswith(s) for s in DEAD_STATES):
-            why.setdefault(node, f"Slurm reports it {state}")
+            why[node] = f"Slurm reports it {state}"
+    for node in silent:
+        if node in flat:
+            # The monitor saw it stop first, while the step still ran: no probe needed (it
+            # would wait out its timeout on a dead node).
+            why.setdefault(node, "its heartbeat stopped while the step ran")
+    if not why:
+        why.update(probe(used, het))
+    if why:
+        return list(why), why
+    failures = [f for f in events_of(run_dir, ("rank_failure",)) if f.get("restart_count") == restart
+                and isinstance(f.get("node"), str) and f["node"] in flat]
+    for detected in ("srun", "runtime"):
+        if why:
+            break
+        for f in failures:
+            if f.get("detected_by") == detected:
+                why.setdefault(f["node"], f"rank {f.get('rank')} ({f.get('component') or '?'}) "
+                                          f"{'died' if detected == 'srun' else 'failed'} there")
     return list(why), why
 
 
-def name_stale(run_dir: Path, restart: int, node: str, age: float, timeout: float) -> list[dict[str, object]]:
-    """``rank_failure`` lines (``detected_by: heartbeat``) for every rank of this attempt on
-    ``node``, whose heartbeat stopped: the node (or every rank on it) is presumed dead."""
-    message = (f"node {node} silent for {age:.0f} s (no heartbeat within HETRUN_NODE_TIMEOUT={timeout:g} s): "
-               "presumed dead")
-    out = []
-    for rec in events_of(run_dir, ("start",)):
-        if rec.get("restart_count", 0) == restart and rec.get("node") == node:
-            out.append(append_event(run_dir, "rank_failure", rank=rec.get("rank"), component=rec.get("component"),
-                                    node=node, signal=None, exit_code=None, message=message,
-                                    detected_by="heartbeat", restart_count=restart))
+PROBE_TIMEOUT_S = 5.0  # a live node answers a one-task step in well under a second
+
+
+def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str]:
+    """The nodes that do not run a one-task step (``srun --overlap ... true``) within
+    ``timeout`` s, and why: a dead node's slurmd never answers, while Slurm itself marks
+    it down only after SlurmdTimeout. All probes run at once."""
+    import time
+
+    procs = []
+    for g, nodes in enumerate(nodes_by_group):
+        for node in nodes:
+            argv = ["srun", "--overlap", "--mpi=none", "-N1", "-n1", f"--nodelist={node}", "--quiet",
+                    *([f"--het-group={g}"] if het else []), "true"]
+            procs.append((node, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, text=True)))
+    deadline = time.monotonic() + timeout
+    out: dict[str, str] = {}
+    for node, proc in procs:
+        try:
+            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            if proc.returncode != 0:
+                out[node] = f"a probe step failed there (exit {proc.returncode}: {err.strip()[-200:]})"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out[node] = f"did not answer a probe step within {timeout:g} s"
     return out
 
 
@@ -135,26 +174,14 @@ def _components(run_dir: Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hetrun.slurm_plugin.node_recovery", description=__doc__)
-    p.add_argument("mode", choices=("nodes", "failed", "stale"))
+    p.add_argument("mode", choices=("nodes", "failed"))
     p.add_argument("run_dir", type=Path)
     p.add_argument("--dead-file", type=Path, required=True)
     p.add_argument("--need", type=int, nargs="+", required=True, help="nodes each het group's step runs on")
     p.add_argument("--restart", type=int, default=0, help="the attempt that failed (failed)")
     p.add_argument("--used", nargs="*", default=[], help="the node list each group's failed step ran on")
-    p.add_argument("--node", default="", help="stale: the node whose heartbeat stopped")
-    p.add_argument("--age", type=float, default=0.0, help="stale: seconds since its last heartbeat")
-    p.add_argument("--timeout", type=float, default=0.0, help="stale: HETRUN_NODE_TIMEOUT")
+    p.add_argument("--silent", nargs="*", default=[], help="failed: nodes whose heartbeat stopped")
     args = p.parse_args(argv)
-    if args.mode == "stale":
-        if not _NODE_RE.fullmatch(args.node):
-            sys.stderr.write(f"hetrun: node_recovery stale: bad node name {args.node!r}\n")
-            return 2
-        named = name_stale(args.run_dir.resolve(), args.restart, args.node, args.age, args.timeout)
-        with args.dead_file.open("a") as fh:
-            fh.write(f"{args.node}\n")
-        sys.stderr.write(f"hetrun: node {args.node} silent for {args.age:.0f} s: presumed dead "
-                         f"(ranks {', '.join(str(r['rank']) for r in named) or 'none started'})\n")
-        return 0
     allocated = group_nodes(os.environ, len(args.need))
     dead = read_dead(args.dead_file)
     if args.mode == "nodes":
@@ -164,8 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print("\n".join(",".join(nodes) for nodes in chosen))
         return 0
-    flat = [n for nodes in allocated for n in nodes]
-    new_dead, why = dead_after(args.run_dir.resolve(), args.restart, flat)
+    used_lists = [u.split(",") for u in args.used]
+    het = bool(os.environ.get("SLURM_JOB_NODELIST_HET_GROUP_0"))
+    silent = [n for n in args.silent if _NODE_RE.fullmatch(n)]
+    new_dead, why = dead_after(args.run_dir.resolve(), args.restart, used_lists, het, silent)
     dead = list(dict.fromkeys([*dead, *new_dead]))
     args.dead_file.parent.mkdir(parents=True, exist_ok=True)
     args.dead_file.write_text("".join(f"{n}\n" for n in dead))

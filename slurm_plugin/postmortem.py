@@ -46,10 +46,6 @@ _SRUN_TASK = re.compile(r"srun: error: (?P<node>\S+): tasks? (?P<tasks>[0-9,\-]+
 # The batch script's srun reader writes KILL_MARK into the log right before it
 # SIGKILLs the step on the first death: the deaths after it are its own doing.
 KILL_MARK = "hetrun: first task death seen, SIGKILL to the other tasks of the step"
-# rank_failure lines written while the step ran, which name the rank better than srun's
-# exit lines: the runtime's own (an exception) and the spare-node heartbeat monitor's
-# (a silent node, slurm_plugin/node_recovery.py).
-REPORTED_BY = ("runtime", "heartbeat")
 _SRUN_ABORTING = ("_step_signal: Terminating", "CANCELLED AT", "Job step aborted", KILL_MARK)
 _MPIRUN_SIGNAL = re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<node>\S+) "
                             r"exited on signal (?P<sig>\d+)")
@@ -119,7 +115,7 @@ class Attempt:
     preemption: dict[str, Any]
     starts: dict[int, dict[str, Any]]
     exits: dict[int, int]
-    runtime_failures: list[dict[str, Any]]  # rank_failure lines written before srun ended (REPORTED_BY)
+    runtime_failures: list[dict[str, Any]]  # the runtime's own rank_failure lines (an exception)
     groups: list[int] | None = None  # each component's het group (plan index); None: its position
 
     @classmethod
@@ -141,7 +137,7 @@ class Attempt:
             elif rec["ev"] == "exit" and rec.get("restart_count") == restart and isinstance(rec.get("code"), int):
                 exits[int(rec["rank"])] = rec["code"]
             elif rec["ev"] == "rank_failure" and rec.get("restart_count") == restart \
-                    and rec.get("detected_by") in REPORTED_BY:
+                    and rec.get("detected_by") == "runtime":
                 failures.append(rec)
         return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures,
                    [i for i, _ in ordered])
