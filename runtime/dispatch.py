@@ -67,6 +67,18 @@ def checkpoint_boundary(plan: PlanView, boundary: int) -> bool:
         for a in plan.actions for _, kind, _ in sub_actions(plan, a))
 
 
+def checkpoints_at_all(plan: PlanView) -> bool:
+    """The plan has a ``checkpoint`` action (``checkpoint.interval`` above 0)."""
+    return any(kind == "checkpoint" for a in plan.actions for _, kind, _ in sub_actions(plan, a))
+
+
+def saves_at_end(plan: PlanView, boundary: int) -> bool:
+    """A checkpoint is written after the iteration before ``boundary``: at every checkpoint
+    boundary, and when the run completes (``boundary == plan.iterations``) whatever the interval,
+    so a finished run extended with more iterations continues from its last one, none redone."""
+    return checkpoint_boundary(plan, boundary) or (boundary == plan.iterations and checkpoints_at_all(plan))
+
+
 def sends_state_across(plan: PlanView, action: ActionSpec) -> bool:
     """A weight producer: a non-rollout action another component depends on.
 

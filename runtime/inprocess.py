@@ -34,6 +34,7 @@ from .dispatch import (
     checkpoint_boundary,
     micro_batches_of,
     run_dispatch,
+    saves_at_end,
     sends_state_across,
 )
 from .events import EventLog
@@ -148,8 +149,8 @@ class _InProcess:
                 self.logs[name].emit("preempt", iteration=it + 1)
                 self._checkpoint(name, wl, it + 1, "preempt")
             result.exit_code = self.hooks.stop_exit_code(next(iter(self.ctxs.values())))
-        elif not stop and iterations == self.plan.iterations and checkpoint_boundary(self.plan, iterations):
-            self._save_all(iterations)
+        elif not stop and iterations == self.plan.iterations and saves_at_end(self.plan, iterations):
+            self._save_all(iterations, "interval" if checkpoint_boundary(self.plan, iterations) else "final")
         for ctx in self.ctxs.values():
             self.hooks.flush_checkpoints(ctx)
         result.wall_s = time.time() - t_start
@@ -228,9 +229,9 @@ class _InProcess:
         for pid, history in self.states.items():
             history.prune(it - self.keep[pid])
 
-    def _save_all(self, boundary: int) -> None:
+    def _save_all(self, boundary: int, reason: str = "interval") -> None:
         for name, wl in self.workloads.items():
-            self._checkpoint(name, wl, boundary, "interval")
+            self._checkpoint(name, wl, boundary, reason)
             self.hooks.flush_checkpoints(self.ctxs[name])
 
     def _pipeline_of(self, comp: str) -> dict[str, Any] | None:

@@ -121,6 +121,12 @@ class Run:
         self._agreement: Any = None
         self._last_log = time.time()
         self._closed = False
+        # For the checkpoint a completed run writes at close(): the live objects the script
+        # restores into / saves (trained in place), the newest step every rank agreed on
+        # (should_stop / save are collective), and the step the newest save was after.
+        self._objs: dict[str, Any] | None = None
+        self._last_step: int | None = None
+        self._saved_step: int | None = None
         atexit.register(self._unclosed)
         preempt.install(self.ctx)  # now: USR1's default action would kill the process
         self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
@@ -181,6 +187,7 @@ class Run:
         """Load the newest checkpoint every rank can verify into ``objs`` (in place),
         restore the RNG states; returns the step to start from (0: none)."""
         self._connect()
+        self._objs = objs
         self.start_step = resume.restore_if_any(self.ctx, StateObjects(objs))
         self._agreement = None  # numbered from the restored step
         return self.start_step
@@ -189,6 +196,8 @@ class Run:
         """Checkpoint the state after ``step`` (collective: every rank, same step).
         Training waits only for a copy unless ``wait``; returns the outcome."""
         self._connect()
+        self._objs, self._saved_step = objs, step
+        self._last_step = step if self._last_step is None else max(self._last_step, step)
         return save_state(self.ctx, self.events, StateObjects(objs), step + 1, wait=wait)
 
     def checkpoint_due(self, step: int) -> bool:
@@ -202,6 +211,7 @@ class Run:
             self._connect()
             self._agreement = (SoloAgreement() if self.world_size == 1
                                else StepAgreement(self._transport, self.window, self.start_step))
+        self._last_step = step if self._last_step is None else max(self._last_step, step)
         stop = self._agreement.check(step, preempt.stop_level(self.ctx))
         if stop:
             preempt.agree(self._agreement.level)
@@ -241,7 +251,10 @@ class Run:
         sys.exit(code)
 
     def close(self, code: int = 0, **fields: Any) -> None:
-        """Wait for the checkpoint in flight; write the ``exit`` event. Collective."""
+        """Write the final checkpoint of a run that completed; wait for the checkpoint in
+        flight; write the ``exit`` event. Collective."""
+        if code == 0 and preempt.stop_reason() is None:
+            self._final_checkpoint()
         flushed = resume.flush(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.events.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
@@ -250,6 +263,29 @@ class Run:
             self._agreement = None
         self.events.emit("exit", code=code, reason=preempt.stop_reason(), **fields)
         self._closed = True
+
+    def _final_checkpoint(self) -> None:
+        """A run that completes checkpoints its last step (checkpoints on: an interval, or the
+        script saved before; that step not saved yet),
+        so extending it (``hetrun resubmit --set``) continues from there, none redone. The
+        objects are the ones the script restored into or saved (trained in place); every rank
+        must have reached the same step (one allgather), else nothing is saved and a warning
+        says why."""
+        checkpoints = self.checkpoint_every > 0 or self._saved_step is not None  # the job's or the script's
+        if not checkpoints or self._objs is None or self._last_step is None:
+            return
+        last, saved = self._last_step, self._saved_step
+        if self.world_size > 1:
+            self._connect()
+            seen = {tuple(pair) for pair in self.ctx.world_collective.allgather([last, saved])}
+            if len(seen) != 1:
+                self.events.emit("warning", message="no final checkpoint: the ranks ended at different "
+                                 f"steps {sorted({pair[0] for pair in seen})}")
+                return
+        if last == saved:
+            return  # the script saved its last step itself
+        save_state(self.ctx, self.events, StateObjects(self._objs), last + 1, wait=True, reason="final")
+        self._saved_step = last
 
     def _unclosed(self) -> None:
         # At interpreter exit the writer's threads are already stopped: say so, loudly.
