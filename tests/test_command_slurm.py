@@ -73,7 +73,9 @@ def test_unchanged_ddp_script_runs_as_a_two_node_command_component(slurm_cluster
 
 
 def test_command_not_found_names_component_rank_and_reason(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    run_dir, final = _run(_job("cmd-missing", ["no-such-program-h4", "--x"], nodes=1), shared_tmp)
+    # A relative program with no job directory resolves in the run directory on the node: not
+    # checkable at submit (a missing program on PATH is refused there: tests/test_prequeue_cli.py).
+    run_dir, final = _run(_job("cmd-missing", ["./no-such-program-h4", "--x"], nodes=1), shared_tmp)
     assert [c.state for c in final.components] == ["FAILED"]
     end = next(e for e in _events(run_dir) if e["ev"] == "attempt_end")
     assert end["outcome"] == "failed" and not end["requeued"], end
