@@ -29,7 +29,10 @@ pip_install() {
 }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
-APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server lua5.1 chromium)
+# Besides Slurm/MPI/accounting: the tools tests need, which fail (not skip) in CI without them
+# (tests/setup_tools.py): lua5.1 (job_submit.lua), chromium (report screenshots), tmux
+# (status --watch), gcc + libc6-dev (hetrun's C kernels, built on first use), libzstd1.
+APT_PACKAGES=(slurm-wlm munge libslurm-dev openmpi-bin libopenmpi-dev slurmdbd mariadb-server lua5.1 chromium tmux gcc libc6-dev libzstd1)
 
 missing_apt() {
     local pkg

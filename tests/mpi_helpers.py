@@ -9,15 +9,14 @@ its script directory).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from typing import Any
 
-import pytest
 from hetrun.runtime.mpi_launch import init_loopback_gloo, loopback_mpi_env, mpirun_argv
+from setup_tools import MPIRUN
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+needs_mpirun = MPIRUN
 
 _TAIL = 4000  # enough of a failed rank's output to see its traceback
 

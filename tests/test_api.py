@@ -32,7 +32,7 @@ from tests.api_helpers import (
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                "MASTER_PORT", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_JOB_ID",
                "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-               "HETRUN_RUN_DIR", "HETRUN_RUNS_DIR", "PMIX_RANK")
+               "HETRUN_RUN_DIR", "HETRUN_RUNS", "HETRUN_RUNS_DIR", "PMIX_RANK")
 
 
 @pytest.fixture
@@ -97,10 +97,18 @@ def test_run_dir_on_slurm_refuses_node_local_tmp(bare_env: pytest.MonkeyPatch, s
     with pytest.raises(RunDirError, match="node-local") as err:
         rundir.resolve(on_slurm, "/tmp/hetrun-api-run", None)
     assert "shared file system" in (err.value.hint or "")
-    bare_env.setenv("HETRUN_RUNS_DIR", str(shared_tmp))
+    bare_env.setenv("HETRUN_RUNS", str(shared_tmp))  # the CLI's runs directory, the one variable
     assert rundir.resolve(on_slurm, None, None) == shared_tmp / "123"  # a requeue finds it again
     off_slurm = envmod.RankEnv(0, 1, 0, 1, 0, "standalone", None)
     assert rundir.resolve(off_slurm, None, "exp1") == shared_tmp / "exp1"
+    # The old name is still read, with a warning; both naming different places is refused.
+    bare_env.delenv("HETRUN_RUNS")
+    bare_env.setenv("HETRUN_RUNS_DIR", str(shared_tmp))
+    with pytest.warns(FutureWarning, match="set HETRUN_RUNS instead"):
+        assert rundir.resolve(off_slurm, None, "exp2") == shared_tmp / "exp2"
+    bare_env.setenv("HETRUN_RUNS", str(shared_tmp / "other"))
+    with pytest.raises(RunDirError, match="HETRUN_RUNS_DIR=.* disagree"):
+        rundir.resolve(off_slurm, None, "exp3")
     with pytest.raises(RunDirError, match="plain directory name"):
         rundir.resolve(off_slurm, None, "../x")
 

@@ -16,10 +16,11 @@ from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.slurm_plugin.backends.local import LocalBackend, launch_commands, proc_start_ticks
 from hetrun.slurm_plugin.rundir import events_of, read_run, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+from setup_tools import MPIRUN
 
 from hetrun.errors import SlurmError
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
+pytestmark = [pytest.mark.mpi, MPIRUN]
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,12 +8,12 @@ this test run) carries Open MPI/PMIx variables in its C-level environment; an
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from setup_tools import MPIRUN
 
 PROBE = textwrap.dedent(
     """
@@ -34,7 +34,7 @@ PROBE = textwrap.dedent(
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+@MPIRUN
 def test_launcher_env_drops_the_callers_mpi_world_and_keeps_user_settings() -> None:
     env = dict(os.environ, OMPI_MCA_btl="self,tcp", OMPI_ALLOW_RUN_AS_ROOT="1",
                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_tcp_if_include="lo",

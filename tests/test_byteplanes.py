@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hetrun.kernels import byteplanes
+from setup_tools import C_COMPILER, needs
 
-native = pytest.mark.skipif(byteplanes.native() is None, reason="no C compiler: only the numpy path exists")
+native = needs(byteplanes.native() is not None, C_COMPILER)  # without: only the numpy path exists
 
 
 def _planes(flat: np.ndarray, itemsize: int) -> list[np.ndarray]:

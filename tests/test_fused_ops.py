@@ -17,6 +17,7 @@ from hetrun.kernels.moe_dispatch import (
     unpermute_combine,
     unpermute_combine_reference,
 )
+from setup_tools import C_COMPILER, require
 
 from hetrun.errors import HetrunError
 
@@ -125,8 +126,7 @@ def test_cpu_paths_restores_and_rejects_unknown() -> None:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_native_gelu_backward_bias_matches_aten(threads: int) -> None:
-    if fused_native.lib() is None:
-        pytest.skip("no C compiler here: the fused op uses the ATen GELU backward instead")
+    require(fused_native.lib() is not None, C_COMPILER)  # without: the fused op uses ATen's GELU backward
     g = torch.Generator().manual_seed(2)
     h = torch.randn(3001, 77, generator=g) * 3
     h[0, :8] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-8, -14.0, 95.0, -95.0])
@@ -147,8 +147,7 @@ def test_native_gelu_backward_bias_matches_aten(threads: int) -> None:
 
 
 def test_native_gelu_forward_matches_aten_in_place_too() -> None:
-    if fused_native.lib() is None:
-        pytest.skip("no C compiler here: the fused op uses the ATen GELU instead")
+    require(fused_native.lib() is not None, C_COMPILER)  # without: the fused op uses ATen's GELU
     h = torch.randn(70001, generator=torch.Generator().manual_seed(6)) * 4  # not a multiple of the split
     h[:6] = torch.tensor([0.0, -0.0, 30.0, -30.0, 1e-8, -95.0])
     ref = torch.nn.functional.gelu(h.double())

@@ -15,10 +15,9 @@ import pytest
 import torch
 from hetrun.kernels.codecs import reference as ref
 from hetrun.kernels.codecs import triton_gpu as tc
+from setup_tools import TRITON, needs
 
-pytestmark = pytest.mark.skipif(
-    not tc.available(), reason="triton not installed (pip install triton) or nothing to run it on"
-)
+pytestmark = needs(tc.available(), TRITON)
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ["TRITON_INTERPRET"] != "1" else "cpu"
 SIZES = [1, 9, 64, 200, 517]
 

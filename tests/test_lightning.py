@@ -14,13 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from setup_tools import import_or_require
 
-pytest.importorskip("pytorch_lightning", reason="pip install -e .[lightning]")
+import_or_require("pytorch_lightning", "pytorch-lightning (pip, the lightning extra)")
 
-from hetrun.runtime.api.lightning import HetrunCheckpointIO, hpc_resume_path, read_pointer
+from hetrun.runtime.api.lightning import HetrunCheckpointIO, hpc_resume_path, read_pointer  # noqa: E402 (after the package check)
 
-from hetrun.errors import CheckpointError
-from tests.api_helpers import EXIT_REQUEUE, assert_bit_identical, events, run_once
+from hetrun.errors import CheckpointError  # noqa: E402 (after the package check)
+from tests.api_helpers import EXIT_REQUEUE, assert_bit_identical, events, run_once  # noqa: E402 (after the package check)
 
 pytestmark = [pytest.mark.slow]
 FIT = Path(__file__).with_name("lightning_fit.py")

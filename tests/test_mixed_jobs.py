@@ -10,7 +10,6 @@ backend and on the local Slurm cluster.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from hetrun.runtime.plan_view import plan_from_dict
 from hetrun.runtime.world import detect_component
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+from setup_tools import MPIRUN
 
 from hetrun.errors import RuntimeFailure
 from tests.api_helpers import events
@@ -136,7 +136,7 @@ def _check_status_and_report(run_dir: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+@MPIRUN
 def test_local_mixed_job_evaluates_every_learner_checkpoint(tmp_path: Path) -> None:
     from hetrun.slurm_plugin.backends.local import LocalBackend
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from setup_tools import MPIRUN
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "examples" / "moe_lm.yaml"
@@ -68,7 +68,7 @@ def test_moe_example_runs_in_process(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+@MPIRUN
 def test_moe_example_expert_parallel_through_the_local_backend(tmp_path: Path) -> None:
     # 5 iterations, evaluation after iterations 1 and 3 (an eval at the very last
     # iteration would wait for weights the runtime does not send; see the report).

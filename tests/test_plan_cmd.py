@@ -13,6 +13,7 @@ import yaml
 from hetrun.cli.app import main
 from hetrun.dag.plan import Plan, build_plan
 from hetrun.dag.spec import load_spec
+from setup_tools import import_or_require
 
 ROOT = Path(__file__).resolve().parent.parent
 PPO = ROOT / "examples" / "ppo_cartpole.yaml"
@@ -104,7 +105,7 @@ def test_bad_capacity_choice(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_schema_validates_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is needed to check the schema")
+    jsonschema = import_or_require("jsonschema", "jsonschema (pip, the dev extra)")
     code, out, _ = run(["schema"], capsys)
     assert code == 0
     schema = json.loads(out)

@@ -9,13 +9,13 @@ none), and evaluation metrics come back through the runtime.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from hetrun.runtime.events import read_events
+from setup_tools import MPIRUN
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
 ITERATIONS = 4
@@ -23,7 +23,7 @@ ITERATIONS = 4
 pytestmark = [
     pytest.mark.mpi,
     pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun"),
+    MPIRUN,
 ]
 
 

@@ -5,15 +5,16 @@ checkpoint (no work lost), on the local backend and on the local Slurm cluster."
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hetrun.slurm_plugin.rundir import events_of, wait_for
+from setup_tools import MPIRUN
 
 from tests.cli_helpers import hetrun_cli, write_job
+from tests.preempt_helpers import release_if_held
 
 HERE = Path(__file__).parent
 
@@ -63,7 +64,7 @@ def _assert_resumed_from_the_stop_checkpoint(run_dir: Path) -> None:
     assert all(e.get("work_lost") == 0 for e in restores), restores
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+needs_mpirun = MPIRUN
 
 
 @needs_mpirun
@@ -102,7 +103,10 @@ def test_preempt_a_slurm_run_requeues_it_and_it_resumes(slurm_cluster, shared_tm
                       "sbatch", runs)
     try:
         _preempt_after_a_checkpoint(run_dir, runs)
-        assert wait_for(lambda: len(events_of(run_dir, ("attempt_end",))) == 2, 300, 1), \
+        job = json.loads((run_dir / "run.json").read_text())["job_id"]
+        # Requeued by its own batch script (exit 85): released from Slurm's requeue hold at once.
+        assert wait_for(lambda: (release_if_held(str(job)), len(events_of(run_dir, ("attempt_end",))) == 2)[1],
+                        300, 1), \
             events_of(run_dir, ("attempt_end",))
     finally:
         hetrun_cli("cancel", str(run_dir), "--runs-dir", str(runs), timeout=60)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +29,7 @@ from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.postmortem import KILL_MARK, finish_attempt, parse_mpirun, parse_srun
 from hetrun.slurm_plugin.rundir import append_event, events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+from setup_tools import MPIRUN
 
 SRUN_KILLED = """\
 srun: error: n3: task 1: Killed
@@ -196,7 +196,7 @@ def _assert_named(run_dir: Path, victim: dict[str, Any], detected_by: str) -> di
     return f
 
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+needs_mpirun = MPIRUN
 
 
 @needs_mpirun

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from hetrun.reports.demand.predictors import EWMA, LastValue
 from hetrun.reports.demand_section import demand_lines, demand_section
+from setup_tools import import_or_require
 
 
 def write_run(run_dir: Path, iterations: int) -> None:
@@ -49,7 +50,7 @@ def test_a_short_run_says_how_much_history_it_needs(tmp_path: Path) -> None:
 
 
 def test_the_report_json_carries_the_section_and_fits_the_schema(tmp_path: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema = import_or_require("jsonschema", "jsonschema (pip, the dev extra)")
     from hetrun.reports.run_report import build_report
     from hetrun.reports.schema import REPORT_SCHEMA
 

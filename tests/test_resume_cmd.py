@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 from hetrun.slurm_plugin.rundir import RunInfo, append_event, events_of, find_run, write_run
+from setup_tools import MPIRUN
 
 from tests.resume_compare import assert_same_checkpoints, example_spec
 
@@ -111,7 +112,7 @@ def test_a_run_without_attempt_end_gets_one_from_the_backend_state(tmp_path: Pat
 
 # ---------------------------------------------------------------- real runs (Open MPI, local backend)
 
-needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")
+needs_mpirun = MPIRUN
 
 
 def submit(job: Path, runs: Path, *extra: str) -> Path:

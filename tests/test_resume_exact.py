@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import torch
 from hetrun.runtime.ckpt import open_store
+from setup_tools import MPIRUN
 
 from tests.resume_compare import flat
 
@@ -37,7 +38,7 @@ ITERATIONS = 24
 INTERVAL = 4
 RANKS = 2  # supervised learner ranks: a gradient all-reduce every iteration
 
-pytestmark = [pytest.mark.mpi, pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
+pytestmark = [pytest.mark.mpi, MPIRUN]
 
 RL_ITERATIONS = 16
 RL_INTERVAL = 4

@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 from resume_compare import assert_same_checkpoints, example_spec, plan_dict
+from setup_tools import MPIRUN
 from test_resume_exact import events, logs_of, run_to_end
 
 HERE = Path(__file__).parent
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")]
+              MPIRUN]
 
 PPO = {"workload": "resume_slow_workloads:SlowPPO",
        "workload_args": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32, "hidden": 16,

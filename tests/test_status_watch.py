@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from hetrun.dag.spec import spec_from_dict
 from hetrun.reports.live import LiveRun
 from hetrun.slurm_plugin.backends.local import LocalBackend
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+from setup_tools import TMUX
 
 HERE = Path(__file__).parent
 
@@ -76,7 +76,7 @@ def test_watch_prints_plain_lines_until_the_run_ends(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+@TMUX
 def test_watch_in_a_real_terminal_advances_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     res = _probe_run(tmp_path, iterations=400, sleep=0.2)
     run_dir = str(res.run.run_dir)  # type: ignore[attr-defined]

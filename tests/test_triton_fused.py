@@ -16,12 +16,11 @@ import pytest
 import torch
 from hetrun.kernels import triton_fused as tf
 from hetrun.kernels.fused_ln_linear import ln_linear_gelu, ln_linear_gelu_reference
+from setup_tools import TRITON, needs
 
 from hetrun.errors import HetrunError
 
-pytestmark = pytest.mark.skipif(
-    not tf.available(), reason="triton not installed (pip install triton) or nothing to run it on"
-)
+pytestmark = needs(tf.available(), TRITON)
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ["TRITON_INTERPRET"] != "1" else "cpu"
 
 

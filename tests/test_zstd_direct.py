@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import zstandard
 from hetrun.runtime.ckpt import codec, zstd_direct
+from setup_tools import LIBZSTD, needs
 
-pytestmark = pytest.mark.skipif(not zstd_direct.available(), reason="libzstd.so.1 not loadable here")
+pytestmark = needs(zstd_direct.available(), LIBZSTD)
 
 
 def _plane(n: int, seed: int = 0) -> np.ndarray:
