@@ -173,6 +173,10 @@ def _print_restarts(console, rep) -> None:
             console.print(f"  restart {r['restart']}: note: the restore lines say {r['work_lost_iterations']} "
                           f"iteration(s) lost, the action lines {r['work_lost_from_actions']}",
                           markup=False, highlight=False)
+    from hetrun.reports.node_failures import node_failure_lines
+
+    for line in node_failure_lines(rep.run_dir):  # in-allocation restarts (spare_nodes)
+        console.print(f"  node failure: {line}", markup=False, highlight=False)
     for row in rep.resumes:
         secs_text = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
         if row.get("start_to_restored_s") is not None:

@@ -200,4 +200,10 @@ def _print_table(chosen: list, results: dict) -> None:
                 ("-" if lost is None else str(lost)) if first else "",
                 _reason(comp, failed, first, [c.name for c in st.components]),
             )
-    Console(width=200 if not Console().is_terminal else None).print(table)
+    console = Console(width=200 if not Console().is_terminal else None)
+    console.print(table)
+    from hetrun.reports.node_failures import node_failure_lines
+
+    for run in chosen:  # node failures recovered inside the allocation (spare_nodes): what, where from
+        for line in node_failure_lines(run.run_dir):
+            console.print(f"{Path(run.run_dir).name}: {line}", markup=False, highlight=False)

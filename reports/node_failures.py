@@ -1,0 +1,77 @@
+"""What `hetrun status` and `hetrun report` say about node failures (issue 25): per failed
+attempt, the dead node, the node that replaced it, where every rank's state came from
+(peer memory on which node, or the store, and why) and the work lost.
+
+Read from events.jsonl: ``node_failure`` (the batch script's decision,
+slurm_plugin/node_recovery.py), then the next attempt's ``restore`` and
+``memory_restore`` lines (runtime/recovery.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hetrun.runtime.events import read_events
+
+
+def _state_text(restores: list[Mapping[str, Any]], memory: list[Mapping[str, Any]]) -> str:
+    if not restores:
+        return "state: no restore seen yet"
+    by_source = {e.get("source") or "store" for e in restores}
+    step = sorted({e.get("step") for e in restores if e.get("step") is not None})
+    if by_source == {"memory"}:
+        copies = ", ".join(f"rank {e.get('rank')} {'own copy' if e.get('from_kind') == 'own' else 'replica'} "
+                           f"on {e.get('from_node')}" for e in sorted(restores, key=lambda e: e.get("rank") or 0))
+        text = f"state from peer memory, step {step[0] if step else '?'} ({copies})"
+    else:
+        why = next((m.get("reason") for m in memory if not m.get("used") and m.get("reason")), None)
+        text = f"state from the store, step {step[0] if step else '?'}" + (f" (memory: {why})" if why else "")
+    rejected = {(r.get("owner"), r.get("node")) for m in memory for r in m.get("rejected") or []}
+    if rejected:
+        text += "; copies that failed their checksum (not used): " + ", ".join(
+            f"rank {o} on {n}" for o, n in sorted(rejected, key=str))
+    return text
+
+
+def _when(e: Mapping[str, Any]) -> float:
+    t = e.get("time", e.get("t"))
+    return float(t) if isinstance(t, (int, float)) else 0.0
+
+
+def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per node_failure event."""
+    evs = list(records)
+    out = []
+    fails = [e for e in evs if e.get("ev") == "node_failure"]
+    for i, f in enumerate(fails):
+        start = _when(f)
+        end = _when(fails[i + 1]) if i + 1 < len(fails) else float("inf")
+        r = f.get("restart_count")
+        nxt = r + 1 if isinstance(r, int) else None
+        dead = ", ".join(f.get("dead_nodes") or []) or "none identified"
+        moves = []
+        for c in f.get("components") or []:
+            for rep in c.get("replaced") or []:
+                moves.append(f"{c.get('component')}: {rep.get('dead')} -> {rep.get('by')}")
+        spares = ", ".join(f"{c.get('component')} {max(0, c.get('spares_left') or 0)}"
+                           for c in f.get("components") or [])
+        if f.get("action") == "restart":
+            restores = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == nxt]
+            memory = [e for e in evs if e.get("ev") == "memory_restore" and start <= _when(e) < end]
+            lost = [e["work_lost"] for e in restores if isinstance(e.get("work_lost"), int)]
+            tail = (f"restarted inside the allocation ({'; '.join(moves) or 'same nodes'}; spares left: {spares}); "
+                    f"{_state_text(restores, memory)}; work lost: "
+                    + (f"{max(lost)} iteration(s)" if lost else "unknown"))
+        else:
+            tail = f"requeued: {f.get('reason')}"
+        out.append(f"attempt {r}: node(s) {dead} failed ({f.get('reason')}); {tail}")
+    return out
+
+
+def node_failure_lines(run_dir: str | Path) -> list[str]:
+    try:
+        return failure_lines(read_events(run_dir))
+    except OSError:
+        return []
