@@ -1,8 +1,10 @@
 """`hetrun ckpt ls|show|verify|gc|export RUN`: inspect and maintain a run's checkpoints.
 
 RUN is a run directory, a run name (prefix) or a Slurm job id (resolved with
-``hetrun.slurm_plugin.rundir.find_run``), or a checkpoint store directory
-itself. A run's checkpoints live in ``checkpoint.directory`` from plan.json,
+``hetrun.slurm_plugin.rundir.find_run``), a checkpoint store directory
+itself, or an object-store URL ``s3://bucket/prefix[/component]`` (a job's
+``checkpoint.object_store.url``; endpoint from ``--endpoint`` or
+``AWS_ENDPOINT_URL``, credentials from the standard AWS places). A run's checkpoints live in ``checkpoint.directory`` from plan.json,
 else ``<run_dir>/ckpt``, one store per component (``ckpt/<component>/``);
 ``--component`` picks one, by default every component is shown. Thin: the
 work is in ``hetrun.runtime.ckpt``.
@@ -10,6 +12,7 @@ work is in ``hetrun.runtime.ckpt``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import time
 from pathlib import Path
@@ -24,10 +27,13 @@ ckpt_app = typer.Typer(
     rich_markup_mode=None,
 )
 
-RunArg = Annotated[str, typer.Argument(help="Run directory, run name (prefix), Slurm job id, or a checkpoint store directory.")]
+RunArg = Annotated[str, typer.Argument(help="Run directory, run name (prefix), Slurm job id, a checkpoint store "
+                                            "directory, or s3://BUCKET/PREFIX (a job's checkpoint.object_store.url).")]
 RunsDir = Annotated[Optional[str], typer.Option("--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,
                                                 help="Where runs live (default ./runs).")]
 LocalDir = Annotated[Optional[str], typer.Option("--local-dir", help="Also read this node-local tier.")]
+Endpoint = Annotated[Optional[str], typer.Option("--endpoint", envvar="AWS_ENDPOINT_URL", show_envvar=True,
+                                                 help="S3 endpoint for an s3:// RUN (default: AWS).")]
 
 
 Component = Annotated[Optional[str], typer.Option("--component", "-c", help="Only this component's store.")]
@@ -74,9 +80,45 @@ def store_root(ref: str, runs_dir: str | None) -> Path:
     return load_plan(run_dir, validate=False).checkpoint_root(run_dir)
 
 
-def _open(ref: str, runs_dir: str | None, local_dir: str | None, component: str | None = None) -> list[tuple[str, Any]]:
+def _buckets(ref: str, endpoint: str | None, component: str | None) -> list[tuple[str, Any]]:
+    """(label, ObjectStore) for every component store an s3:// URL names."""
+    from hetrun.dag.object_store_spec import check_endpoint, parse_url
+    from hetrun.runtime.ckpt.object_store import ObjectStore, component_stores
+
+    from hetrun.errors import CheckpointError, RunDirError, closest
+
+    try:
+        url = parse_url(ref)
+        endpoint = check_endpoint(endpoint) if endpoint else None
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+    found = component_stores(ObjectStore(url, endpoint=endpoint))
+    if component is not None:
+        names = [n for n, _ in found]
+        if component not in names:
+            near = closest(component, names)
+            raise RunDirError(f"no checkpoints for component {component!r} in {ref}",
+                              hint=(f"did you mean {near!r}? " if near else "") + f"components with checkpoints: {', '.join(names) or 'none'}")
+        found = [(n, s) for n, s in found if n == component]
+    if not found:
+        raise RunDirError(f"no checkpoints in {ref}", hint="the bucket holds a checkpoint once its first upload committed")
+    return found
+
+
+def _open(ref: str, runs_dir: str | None, local_dir: str | None, component: str | None = None,
+          endpoint: str | None = None) -> list[tuple[str, Any]]:
     from hetrun.runtime.ckpt import open_store
 
+    if ref.startswith("s3://"):
+        from hetrun.runtime.ckpt import CheckpointStore
+        from hetrun.runtime.ckpt.object_tier import BucketTier
+
+        opened = []
+        for label, obj in _buckets(ref, endpoint, component):
+            tier = BucketTier(obj)
+            atexit.register(tier.close)  # its download cache
+            opened.append((label, CheckpointStore([tier], threads=4)))
+        return opened
     out = []
     for label, path in store_dirs(ref, runs_dir, component):
         local = Path(local_dir) / label if local_dir and not _is_store(Path(local_dir)) else local_dir
@@ -94,9 +136,10 @@ def _section(label: str, many: bool) -> None:
 
 
 @ckpt_app.command("ls")
-def ls_cmd(run: RunArg, component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+def ls_cmd(run: RunArg, component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None,
+           endpoint: Endpoint = None) -> None:
     """List checkpoints: step, time, size, bytes stored (new), delta ratio, save times."""
-    stores = _open(run, runs_dir, local_dir, component)
+    stores = _open(run, runs_dir, local_dir, component, endpoint)
     for label, store in stores:
         _section(label, len(stores) > 1)
         rows = store.info()
@@ -114,11 +157,12 @@ def ls_cmd(run: RunArg, component: Component = None, runs_dir: RunsDir = None, l
 
 @ckpt_app.command("show")
 def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step (default: newest).")] = None,
-             component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+             component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None,
+           endpoint: Endpoint = None) -> None:
     """Show one checkpoint's manifest: ranks, shard stats, metadata."""
     from hetrun.errors import CheckpointError
 
-    stores = _open(run, runs_dir, local_dir, component)
+    stores = _open(run, runs_dir, local_dir, component, endpoint)
     for label, store in stores:
         _section(label, len(stores) > 1)
         steps = store.steps()
@@ -131,7 +175,8 @@ def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step
                 break
         else:
             raise CheckpointError(f"{label}: no checkpoint at step {chosen}", hint=f"steps: {sorted(steps)}")
-        typer.echo(f"step {chosen}  tier {tier.name}  {tier.manifest_path(chosen)}")
+        where = f"{tier.location()}/manifests/{chosen:012d}.json" if hasattr(tier, "location") else tier.manifest_path(chosen)
+        typer.echo(f"step {chosen}  tier {tier.name}  {where}")
         typer.echo(f"created {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(doc.get('created', 0)))} UTC, "
                    f"{doc['world_size']} rank(s)")
         if doc.get("meta"):
@@ -145,11 +190,12 @@ def show_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Step
 
 @ckpt_app.command("verify")
 def verify_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="Only this step.")] = None,
-               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None,
+           endpoint: Endpoint = None) -> None:
     """Decode every chunk of every rank and check its hash; exit 5 if any checkpoint is invalid."""
     from hetrun.errors import CheckpointError
 
-    stores = _open(run, runs_dir, local_dir, component)
+    stores = _open(run, runs_dir, local_dir, component, endpoint)
     bad = total = 0
     for label, store in stores:
         _section(label, len(stores) > 1)
@@ -173,10 +219,19 @@ def verify_cmd(run: RunArg, step: Annotated[Optional[int], typer.Option(help="On
 @ckpt_app.command("gc")
 def gc_cmd(run: RunArg,
            keep: Annotated[Optional[int], typer.Option(help="Also delete all but the newest KEEP checkpoints.")] = None,
-           component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+           component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None,
+           endpoint: Endpoint = None) -> None:
     """Delete chunks and shards no checkpoint references (never ones newer than the newest checkpoint)."""
     from hetrun.runtime.ckpt import gc, retain
 
+    if run.startswith("s3://"):
+        for label, obj in _buckets(run, endpoint, component):
+            dropped = obj.retain(keep) if keep is not None else []
+            files, freed, why = obj.gc()
+            typer.echo(f"{label} (object): removed {len(dropped)} checkpoint(s)"
+                       f"{' ' + str(dropped) if dropped else ''}, {files} object(s), {_mb(freed)} MB freed"
+                       + (f"; {why}" if why else ""))
+        return
     for label, store in _open(run, runs_dir, local_dir, component):
         for tier in store.tiers:
             dropped = retain(tier, keep) if keep is not None else []
@@ -191,13 +246,14 @@ def export_cmd(run: RunArg,
                fmt: Annotated[str, typer.Option("--format", help="torch (torch.save file) or dcp (torch.distributed.checkpoint).")] = "torch",
                step: Annotated[Optional[int], typer.Option(help="Step (default: newest valid).")] = None,
                rank: Annotated[Optional[int], typer.Option(help="Only this rank's state.")] = None,
-               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None) -> None:
+               component: Component = None, runs_dir: RunsDir = None, local_dir: LocalDir = None,
+           endpoint: Endpoint = None) -> None:
     """Export a checkpoint to a plain torch.save state dict or to DCP format."""
     from hetrun.runtime.ckpt.export import export
 
     from hetrun.errors import CheckpointError
 
-    stores = _open(run, runs_dir, local_dir, component)
+    stores = _open(run, runs_dir, local_dir, component, endpoint)
     if len(stores) > 1:
         raise CheckpointError(f"this run has checkpoints for {len(stores)} components",
                               hint="choose one with --component " + " | ".join(n for n, _ in stores))

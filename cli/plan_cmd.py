@@ -252,6 +252,10 @@ def register(app: typer.Typer) -> None:
         if capacity not in ("auto", "cluster", "spec"):
             raise SpecError(f"--capacity {capacity!r}: expected auto, cluster or spec")
         spec = load_job(job, overrides_from(partition, time_limit, account, qos, nodes, gres, constraint, sets))
+        if spec.checkpoint.object_store is not None:  # reachable, bucket there, writable: before any queue
+            from hetrun.runtime.ckpt.object_store import preflight
+
+            preflight(spec.checkpoint.object_store, str(job))
         caps, cap_source = _capacities(spec, capacity, job)
         build = build_plan_explained(spec, capacities=caps)
         plan_d, unplaced = _placed_plan(build, spec, fit)

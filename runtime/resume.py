@@ -71,6 +71,7 @@ class _Slot:
     encode_error: str | None = None
     encode_s: float = 0.0  # last lossy encode: part of what a final checkpoint costs
     pipeline: Any = None  # the executor's pipeline state of the restored checkpoint
+    cold: Any = None  # object_rank.RankObjectTier: checkpoint.object_store's uploader and read tier
 
 
 _SLOTS: dict[tuple[str, int], _Slot] = {}
@@ -125,10 +126,21 @@ def _slot(ctx: Ctx) -> _Slot:
         # A ctx may bring its own collective (the public run API over torch.distributed).
         coll = getattr(ctx, "collective", None) or _collective(getattr(ctx, "comm", None))
         tiers = tiers_for(checkpoint_dir(ctx), _local_dir(ctx))
-        writer = CheckpointWriter(tiers, collective=coll, keep=int(cfg.get("keep", 3) or 3),
+        # checkpoint.object_store: a cold tier the committed steps are uploaded to in the
+        # background (runtime/ckpt/object_rank.py), read last at restore.
+        from hetrun.runtime.ckpt import object_rank
+
+        keep = int(cfg.get("keep", 3) or 3)
+        cold = object_rank.for_rank(cfg, ctx.component, tiers, rank=coll.rank, world_size=coll.size, keep=keep,
+                                    emit=lambda ev: _events(ctx).emit(ev.pop("ev"), **ev))
+        writer = CheckpointWriter(tiers, collective=coll, keep=keep,
                                   max_delta_chain=int(cfg.get("max_delta_chain", 4) or 4),
-                                  threads=max(1, min(4, os.cpu_count() or 1)))
-        slot = _Slot(writer, open_store(checkpoint_dir(ctx), _local_dir(ctx)), coll)
+                                  threads=max(1, min(4, os.cpu_count() or 1)),
+                                  on_event=cold.on_commit if cold is not None else None)
+        store = open_store(checkpoint_dir(ctx), _local_dir(ctx))
+        if cold is not None:
+            store.tiers.append(cold.tier)
+        slot = _Slot(writer, store, coll, cold=cold)
         _SLOTS[key] = slot
         if len(_SLOTS) == 1:
             atexit.register(_close_all)
@@ -147,6 +159,8 @@ def _close_all() -> None:
         with contextlib.suppress(Exception):  # exiting; committed checkpoints stay valid
             _join_encoder(slot)
             slot.writer.close()
+            if slot.cold is not None:
+                slot.cold.close()
     _SLOTS.clear()
 
 
@@ -249,6 +263,8 @@ def restore_if_any(ctx: Ctx, workload: Any) -> int:
                  **({"resize": resized.to_json()} if resized is not None else {}),
                  work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
     log.close()
+    if slot.cold is not None:
+        slot.cold.tier.close()  # the bucket tier's download cache: restored, no longer needed
     slot.writer.prepare(workload.state_dict())  # warm snapshot buffers in the background
     return iteration
 
@@ -451,6 +467,10 @@ def flush(ctx: Ctx) -> dict[str, Any] | None:
     res = slot.writer.wait()
     if res is None:
         return None
+    if slot.cold is not None:
+        # The last step's upload too (bounded), unless a stop signal is spending the grace
+        # time: then it stays on the file tiers and the next checkpoint sends what is missing.
+        slot.cold.flush(0.0 if preempt.stop_reason() else None)
     return {"step": res.step, "ok": res.ok, "error": res.error, "write_s": round(res.write_s, 4)}
 
 

@@ -1,0 +1,59 @@
+"""A rank's object-store tier: the uploader its writer feeds and the bucket tier its
+restore reads, from the plan's ``checkpoint.object_store`` (runtime/resume.py
+calls :func:`for_rank`; nothing here runs without that section).
+
+Events: ``ckpt_upload`` (a step reached the bucket: objects sent, bytes, seconds)
+and ``ckpt_tier_failure`` (tier ``object``; op upload, list or read; the error
+in words, never a credential). Neither stops training.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hetrun.runtime.ckpt.object_store import ObjectStore, ObjectStoreConfig
+from hetrun.runtime.ckpt.object_tier import BucketTier
+from hetrun.runtime.ckpt.object_upload import ObjectUploader
+from hetrun.runtime.ckpt.objects import Tier
+
+# How long the end of a run (flush) waits for the upload in flight before it
+# leaves the checkpoint on the faster tiers only (the next run uploads it).
+FLUSH_TIMEOUT_ENV = "HETRUN_OBJECT_FLUSH_S"
+DEFAULT_FLUSH_S = 300.0
+
+
+@dataclass
+class RankObjectTier:
+    uploader: ObjectUploader
+    tier: BucketTier
+
+    def on_commit(self, result: dict[str, Any]) -> None:
+        """The writer's ``on_event``: a committed step goes to the uploader."""
+        if result.get("ev") == "checkpoint" and result.get("ok"):
+            self.uploader.submit(int(result["step"]))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the upload in flight: ``timeout`` seconds, default $HETRUN_OBJECT_FLUSH_S or 300."""
+        if timeout is None:
+            raw = os.environ.get(FLUSH_TIMEOUT_ENV, "")
+            timeout = float(raw) if raw.replace(".", "", 1).isdigit() else DEFAULT_FLUSH_S
+        return self.uploader.wait(timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self.uploader.close(0)
+        self.tier.close()
+
+
+def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[Tier], *, rank: int,
+             world_size: int, keep: int, emit: Callable[[dict[str, Any]], None] | None) -> RankObjectTier | None:
+    cfg = ObjectStoreConfig.from_plan(checkpoint_cfg)
+    if cfg is None:
+        return None
+    store = ObjectStore.from_config(cfg, component)
+    uploader = ObjectUploader(store, tiers, rank=rank, world_size=world_size, keep=keep, on_event=emit,
+                              shard_wait_s=cfg.shard_wait_s)
+    return RankObjectTier(uploader, BucketTier(store, on_event=emit))
