@@ -1,29 +1,40 @@
-"""Cost per million env steps and to a fixed return: hand-sized vs pipelined vs resized by ``hetrun tune``.
+"""Cost per million env steps and to a fixed return: what users run today vs hetrun vs hetrun after `tune`.
 
-Three runs of the same PPO job (CartPole-v1, benchmarks/ppo_pipeline.py's
-hyper-parameters: 8 envs x 128 steps per rollout rank and update), side by
-side on the same cores through the local backend:
+Three jobs of the same PPO (CartPole-v1, 8 envs x 128 steps = 1,024 env steps
+per update, 4 epochs x 4 minibatches, the 64x64 tanh actor-critic), the same
+number of updates (equal work), evaluation every ``--eval-interval`` updates
+(20 sampled-action episodes, examples/ppo.py's protocol), one after the other
+on this machine:
 
-(1) naive: hand-sized like examples/ppo_cartpole.yaml (1 learner rank, 2
-    rollout ranks, 1 cpu each) and run as the synchronous loop
-    (``training.mode: coarse``);
-(2) the same sizes, pipelined (rollouts up to one policy version stale);
-(3) (2) resized: ``hetrun tune``'s proposal for run (2)
-    (hetrun.reports.demand.sizing.propose, ``--max-cores`` = this machine's
-    cores) applied to the spec with its own ``--set`` overrides, pipelined.
+(A) **by hand, one allocation**: stable-baselines3 PPO as its users run it
+    (``make_vec_env`` + ``PPO("MlpPolicy")``, torch's default threads), the
+    learner and all envs in one allocation of all the machine's cores and
+    the memory the same user gives hetrun's example (3 GiB);
+(B) **hetrun, as first written**: examples/ppo_cartpole.yaml fitted to this
+    machine's cores (learner 1 core 2G + rollout 1 rank x 1 core 1G),
+    pipelined (the example's mode), same hyper-parameters;
+(C) **(B) after `hetrun tune`**: ``propose()`` on run (B) with the price
+    table below and (B)'s own cores as the budget, its ``--set`` overrides
+    applied, run again.
 
-Cost = allocated core-hours x the report's price table
-(hetrun.reports.cost.DEFAULT_PRICES, core_hour 0.05 USD, unless
-``--prices``): per million env steps from the steady window of a throughput
-run (cores x seconds per update / env steps per update), and to the fixed
-return from a run that evaluates every ``--eval-interval`` updates (cores x
-seconds from the first action to the end of the first evaluation whose mean
-return reaches 475). Each job's cores are what it asked for (ranks x
-cpus_per_task), as Slurm would charge them, even where the ranks outnumber
-this machine's cores.
+Every job is charged exactly what it was allocated (cores x core_hour + GiB x
+mem_gb_hour), never more cores than the machine has, for its allocation's
+time: launch to exit (start-up included) for the whole-run figures, and per
+the steady throughput (reports/throughput.py: median of windows after warm-up,
+the same rule for all three) for the steady figures. Cost to the fixed
+return: allocation from launch to the end of the first evaluation >= 475.
+Tune's prediction for (C) (throughput and cost per M env steps, calibrated on
+(B)'s measured steady rate) is set against (C)'s measurement.
 
-    python benchmarks/cost_tuning.py                  # ~5 minutes on 2 cores
-    python benchmarks/cost_tuning.py --speed-updates 20 --ttt-updates 20   # smoke
+Price table: AWS Fargate on-demand, Linux/x86, us-east-1 (per vCPU-hour and
+per GB-hour, https://aws.amazon.com/fargate/pricing/), a public price that
+charges cores and memory apart, as an allocation holds them. The GPU
+projection uses AWS EC2 on-demand us-east-1 list prices (p3.2xlarge: 1 V100,
+8 vCPU; c5.2xlarge: 8 vCPU); it is a projection from measured busy seconds,
+labelled as such.
+
+    flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --seeds 0 --json out.json
+    python benchmarks/cost_tuning.py --updates 12 --seeds 0      # smoke
 """
 
 from __future__ import annotations
@@ -32,22 +43,135 @@ import argparse
 import copy
 import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ppo_pipeline import job_dict, run_job
+import yaml
 
+HERE = Path(__file__).resolve().parent
+EXAMPLE = HERE.parent / "examples" / "ppo_cartpole.yaml"
 SEED_CLAIM = "71.2% cost cut; 3.2 -> 11.7 actions/s"
+ENV_ID = "CartPole-v1"
+HYPER: dict[str, Any] = {
+    "num_envs": 8, "num_steps": 128, "learning_rate": 2.5e-3, "gamma": 0.99, "gae_lambda": 0.95,
+    "clip_coef": 0.2, "ent_coef": 0.0, "vf_coef": 0.5, "max_grad_norm": 0.5,
+    "update_epochs": 4, "num_minibatches": 4, "hidden": 64, "eval_episodes": 20,
+}
+PRICES: dict[str, Any] = {  # AWS Fargate, Linux/x86, us-east-1, on-demand
+    "currency": "USD", "core_hour": 0.04048, "mem_gb_hour": 0.004445, "gpu_hour": 0.0, "node_hour": 0.0,
+    "partitions": {},
+}
+GPU_PRICES = {"p3.2xlarge (1 V100, 8 vCPU)": 3.06, "c5.2xlarge (8 vCPU)": 0.34}  # USD/h, EC2 us-east-1
+BASELINE_MEM_GB = 3.0  # (A): what the same user gives hetrun's example (2G learner + 1G rollout)
 
 
-def naive_job(mode: str, seed: int, updates: int, eval_interval: int) -> dict[str, Any]:
-    """The hand-sized job: examples/ppo_cartpole.yaml's 1 learner + 2 rollout ranks."""
-    job = job_dict(mode, seed, updates, eval_interval, window=1)
-    job["components"]["rollout"]["nodes"] = 2
-    job["name"] = f"cost-{mode}-s{seed}"
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def alloc_price(cores: float, mem_gb: float) -> float:
+    """USD per hour of an allocation of ``cores`` and ``mem_gb``."""
+    return cores * PRICES["core_hour"] + mem_gb * PRICES["mem_gb_hour"]
+
+
+# ------------------------------------------------------------------ (A) stable-baselines3
+
+
+def sb3_worker(seed: int, updates: int, eval_interval: int) -> dict[str, Any]:
+    """Runs in its own process (the allocation); prints one JSON line."""
+    import numpy as np
+    import torch
+    from hetrun.examples.ppo_envs import make_vector_env
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+
+    h, batch = HYPER, HYPER["num_envs"] * HYPER["num_steps"]
+    model = PPO("MlpPolicy", make_vec_env(ENV_ID, n_envs=h["num_envs"], seed=seed),
+                n_steps=h["num_steps"], batch_size=batch // h["num_minibatches"], n_epochs=h["update_epochs"],
+                learning_rate=h["learning_rate"], gamma=h["gamma"], gae_lambda=h["gae_lambda"],
+                clip_range=h["clip_coef"], ent_coef=h["ent_coef"], vf_coef=h["vf_coef"],
+                max_grad_norm=h["max_grad_norm"],
+                policy_kwargs={"net_arch": {"pi": [h["hidden"]] * 2, "vf": [h["hidden"]] * 2},
+                               "activation_fn": torch.nn.Tanh}, seed=seed, device="cpu", verbose=0)
+
+    def evaluate(version: int) -> float:
+        n = h["eval_episodes"]
+        eval_seed = int(np.random.SeedSequence([seed, 1, version]).generate_state(1)[0])
+        envs, obs = make_vector_env(ENV_ID, n, eval_seed % (2**31 - n))
+        returns, running = np.zeros(n), np.ones(n, dtype=bool)
+        with torch.no_grad():
+            while running.any():
+                dist = model.policy.get_distribution(torch.as_tensor(obs, dtype=torch.float32))
+                obs, r, term, trunc, _ = envs.step(dist.sample().numpy())
+                returns += r * running
+                running &= ~np.logical_or(term, trunc)
+        envs.close()
+        return float(returns.mean())
+
+    ends: list[float] = []
+    out: dict[str, Any] = {"solved_wall": None, "eval_returns": []}
+
+    class Clock(BaseCallback):
+        def _eval(self, version: int) -> None:
+            ret = evaluate(version)
+            out["eval_returns"].append(round(ret, 1))
+            if ret >= 475 and out["solved_wall"] is None:
+                out["solved_wall"] = time.time()
+
+        def _on_rollout_start(self) -> None:
+            version = self.model.num_timesteps // batch
+            if version:
+                ends.append(time.time())  # update version-1 ended
+                if eval_interval and version % eval_interval == 0:
+                    self._eval(version)
+
+        def _on_training_end(self) -> None:
+            ends.append(time.time())
+
+        def _on_step(self) -> bool:
+            return True
+
+    model.learn(total_timesteps=updates * batch, callback=Clock())
+    out.update(env_steps=int(model.num_timesteps), ends=ends, batch=batch)
+    return out
+
+
+def run_sb3(seed: int, updates: int, eval_interval: int, timeout: float) -> dict[str, Any]:
+    from hetrun.reports.throughput import steady_rate
+
+    launched = time.time()
+    proc = subprocess.run([sys.executable, __file__, "--sb3-worker", str(seed), str(updates), str(eval_interval)],
+                          capture_output=True, text=True, timeout=timeout)
+    exited = time.time()
+    if proc.returncode != 0:
+        raise SystemExit(f"SB3 run failed:\n{proc.stderr[-3000:]}")
+    w = json.loads(proc.stdout.strip().splitlines()[-1])
+    steady, spread = steady_rate([(t, w["batch"]) for t in w["ends"]])
+    return {"env_steps": w["env_steps"], "alloc_s": exited - launched, "steady": steady, "spread": spread,
+            "solved_s": None if w["solved_wall"] is None else w["solved_wall"] - launched,
+            "eval_returns": w["eval_returns"], "busy": None, "run_dir": None}
+
+
+# ------------------------------------------------------------------ (B), (C) hetrun
+
+
+def first_written(seed: int, updates: int, eval_interval: int, cores: int) -> dict[str, Any]:
+    """examples/ppo_cartpole.yaml fitted to ``cores``: rollout ranks cut until the job fits."""
+    job = yaml.safe_load(EXAMPLE.read_text())
+    comps = job["components"]
+    while sum(int(c["nodes"]) * int(c.get("tasks_per_node", 1)) * int(c["cpus_per_task"])
+              for c in comps.values()) > cores and comps["rollout"]["nodes"] > 1:
+        comps["rollout"]["nodes"] -= 1
+    job.update(name=f"cost-first-s{seed}", workload_args={"env_id": ENV_ID, **HYPER})
+    job["training"].update(iterations=updates, eval_interval=eval_interval, seed=seed)
+    job["checkpoint"] = {"interval": 0}
+    job.pop("slurm", None)
     return job
 
 
@@ -56,113 +180,176 @@ def apply_overrides(job: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     out = copy.deepcopy(job)
     for item in overrides:
         key, value = item.split("=", 1)
-        parts = key.split(".")
         node = out
-        for p in parts[:-1]:
+        *path, last = key.split(".")
+        for p in path:
             node = node[p]
-        node[parts[-1]] = int(value) if value.isdigit() else value
+        node[last] = int(value) if value.isdigit() else value
     return out
 
 
-def cores_of(job: dict[str, Any]) -> dict[str, int]:
-    return {name: int(c["nodes"]) * int(c.get("tasks_per_node", 1)) * int(c["cpus_per_task"])
-            for name, c in job["components"].items()}
+def allocation(job: dict[str, Any]) -> tuple[int, float]:
+    """(cores, GiB) the job asks for: ranks x cpus_per_task, ranks x mem."""
+    from hetrun.slurm_plugin.policy.model import size_mb
+
+    cores, mem_mb = 0, 0.0
+    for c in job["components"].values():
+        ranks = int(c["nodes"]) * int(c.get("tasks_per_node", 1))
+        cores += ranks * int(c["cpus_per_task"])
+        mem_mb += ranks * size_mb(c["mem"])
+    return cores, mem_mb / 1024
 
 
-def with_updates(job: dict[str, Any], updates: int, eval_interval: int, tag: str) -> dict[str, Any]:
-    out = copy.deepcopy(job)
-    out["training"]["iterations"] = updates
-    out["training"]["eval_interval"] = eval_interval
-    out["name"] = f"{job['name']}-{tag}"
-    return out
+def run_hetrun(job: dict[str, Any], workdir: Path, timeout: float) -> dict[str, Any]:
+    from hetrun.reports.throughput import run_throughput
+    from hetrun.runtime.events import read_events
+    from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
+
+    from hetrun.errors import HetrunError
+
+    path = workdir / f"{job['name']}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    launched = time.time()
+    res = submit_file(path, None, backend="local", runs_dir=workdir / "runs")
+    backend = backend_for(res.run)
+    try:
+        status = wait_for_end(res.run, backend, timeout_s=timeout, poll_s=0.2)
+    except HetrunError:
+        backend.cancel(res.run)
+        raise
+    exited = time.time()
+    run_dir = Path(res.run.run_dir)
+    if any(c.state != "COMPLETED" for c in status.components):
+        raise SystemExit(f"hetrun {job['name']} failed: {status.components} ({run_dir})")
+    tp = run_throughput(run_dir)
+    a = tp.attempts[-1]
+    evals = sorted((e for e in read_events(run_dir) if e.get("ev") == "action" and e.get("type") == "eval"),
+                   key=lambda e: e["end"])
+    solved = next((e for e in evals if (e.get("metrics") or {}).get("solved")), None)
+    return {"env_steps": a.work, "alloc_s": exited - launched, "steady": a.steady, "spread": a.spread,
+            "solved_s": None if solved is None else solved["end"] - launched,
+            "eval_returns": [round(e["metrics"]["eval_return_mean"], 1) for e in evals],
+            "run_dir": str(run_dir)}
 
 
-def measure(label: str, job: dict[str, Any], args: argparse.Namespace, workdir: Path,
-            core_hour: float) -> dict[str, Any]:
-    """Throughput run and time-to-return run of ``job``; the cost figures of both."""
-    cores = cores_of(job)
-    total = sum(cores.values())
-    speed = run_job(with_updates(job, args.speed_updates, 0, "speed"), cores, args.run_timeout, workdir)
-    ttt = run_job(with_updates(job, args.ttt_updates, args.eval_interval, "ttt"), cores,
-                  args.run_timeout, workdir)
-    steps_per_update = speed["env_steps"] / (args.speed_updates)
-    per_m = total * core_hour * speed["steady_s_per_update"] / 3600 / steps_per_update * 1e6
-    to_return = None if ttt["solved_at_s"] is None else total * core_hour * ttt["solved_at_s"] / 3600
-    row = {"label": label, "cores": cores, "total_cores": total, "mode": job["training"]["mode"],
-           "steady_steps_per_s": speed["steady_steps_per_s"], "actions_per_s": speed["actions_per_s"],
-           "busy": speed["busy"], "cost_per_m_steps": per_m, "solved_at_s": ttt["solved_at_s"],
-           "solved_version": ttt["solved_version"], "cost_to_return": to_return,
-           "run_dirs": [speed["run_dir"], ttt["run_dir"]]}
-    print(f"{label}: {row['steady_steps_per_s']:,.0f} steps/s, {row['actions_per_s']:.1f} actions/s, "
-          f"{per_m:.4f} per M steps, solved at {ttt['solved_at_s']}", flush=True)
-    return row
+# ------------------------------------------------------------------ figures
 
 
-def tuned_job(pipelined_run: str, base: dict[str, Any], prices: dict[str, Any],
-              max_cores: int) -> tuple[dict[str, Any], Any]:
-    from hetrun.reports.demand.sizing import propose
+def costs(row: dict[str, Any], cores: int, mem_gb: float) -> dict[str, Any]:
+    price = alloc_price(cores, mem_gb)
+    return {**row, "cores": cores, "mem_gb": mem_gb, "usd_per_hour": price,
+            "core_h_per_m": cores * row["alloc_s"] / 3600 / row["env_steps"] * 1e6,
+            "usd_per_m_whole": price * row["alloc_s"] / 3600 / row["env_steps"] * 1e6,
+            "usd_per_m_steady": price / 3600 / row["steady"] * 1e6 if row["steady"] else None,
+            "usd_to_475": None if row["solved_s"] is None else price * row["solved_s"] / 3600,
+            "core_h_to_475": None if row["solved_s"] is None else cores * row["solved_s"] / 3600}
 
-    proposal = propose(pipelined_run, prices, max_cores=max_cores)
-    job = apply_overrides(base, proposal.overrides())
-    job["name"] = base["name"].replace("pipelined", "tuned")
-    return job, proposal
+
+def gpu_projection(run_dir: str) -> dict[str, Any]:
+    """PROJECTION, not a measurement: the seeds' setting priced from (B)'s measured busy seconds.
+
+    One GPU-node job (p3.2xlarge) runs rollouts on its 8 vCPUs and the learner on its GPU in turn,
+    holding the GPU throughout; the het job runs the learner on the GPU node and the rollouts on a
+    CPU node (c5.2xlarge) side by side. Rollout seconds per update scale from this machine's
+    measured rollout busy seconds by 1 core -> 8 vCPUs (perfect scaling, stated); the learner's GPU
+    seconds per update are the measured CPU seconds over an assumed GPU speed-up ``s``."""
+    from hetrun.reports.demand.series import read_demand
+
+    d = read_demand(run_dir)
+    its = max(1, len(d.steps_per_iteration))
+    busy = {c: sum(sum(s.values) for (cc, _k, m), s in d.series.items() if cc == c and m == "busy_s") / its
+            for c in ("rollout", "learner")}
+    steps = statistics.median(d.steps_per_iteration.values())
+    gpu_h, cpu_h = GPU_PRICES["p3.2xlarge (1 V100, 8 vCPU)"], GPU_PRICES["c5.2xlarge (8 vCPU)"]
+    rows = []
+    for s in (1.0, 5.0, 20.0):
+        r, learn = busy["rollout"] / 8, busy["learner"] / s
+        one = gpu_h * (r + learn) / 3600 / steps * 1e6  # holds the GPU node through rollouts
+        het = (gpu_h + cpu_h) * max(r, learn) / 3600 / steps * 1e6
+        rows.append({"gpu_speedup": s, "one_gpu_node_usd_per_m": one, "het_usd_per_m": het,
+                     "cut": 1 - het / one})
+    return {"rollout_busy_s_per_update": busy["rollout"], "learner_busy_s_per_update": busy["learner"],
+            "steps_per_update": steps, "rows": rows}
 
 
-def report(rows: list[dict[str, Any]], proposal: Any, args: argparse.Namespace, currency: str) -> str:
-    naive = rows[0]
-    lines = [f"| job | cores (learner+rollout) | steady env steps/s | actions/s | {currency} per M env steps "
-             f"| cut vs naive | time to 475 (s) | {currency} to 475 |", "|---|---|---|---|---|---|---|---|"]
+def fmt(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| seed | job | cores + GiB charged | steady env steps/s (windows) | core-h per M steps | USD per M "
+             "(whole run) | USD per M (steady) | cost vs (A) (steady) | USD to 475 | cost vs (A) to 475 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        cut = 1 - r["cost_per_m_steps"] / naive["cost_per_m_steps"]
-        ret = "not reached" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}"
-        cost_ret = "-" if r["cost_to_return"] is None else f"{r['cost_to_return']:.6f}"
-        lines.append(f"| {r['label']} | {r['cores']['learner']}+{r['cores']['rollout']} | "
-                     f"{r['steady_steps_per_s']:,.0f} | {r['actions_per_s']:.1f} | "
-                     f"{r['cost_per_m_steps']:.4f} | {cut:+.1%} | {ret} | {cost_ret} |")
-    tuned = rows[-1]
-    lines += ["", f"naive -> tuned: cost per M env steps cut {1 - tuned['cost_per_m_steps'] / naive['cost_per_m_steps']:.1%}, "
-              f"actions/s {naive['actions_per_s']:.1f} -> {tuned['actions_per_s']:.1f} "
-              f"(the seed's claim: {SEED_CLAIM})"]
-    if naive["cost_to_return"] and tuned["cost_to_return"]:
-        lines.append(f"naive -> tuned: cost to 475 cut {1 - tuned['cost_to_return'] / naive['cost_to_return']:.1%}")
-    lines.append(f"tune's own prediction for (2) -> (3): {proposal.cost_cut:.1%} cheaper per step, "
-                 f"{proposal.current_steps_per_s:,.0f} -> {proposal.proposed_steps_per_s:,.0f} steps/s "
-                 f"(overrides: {' '.join(proposal.overrides())})")
-    lines.append(f"load average before: {args.load_before}, after: {os.getloadavg()[0]:.2f} "
-                 f"on {os.cpu_count()} cores")
+        base = next(b for b in rows if b["seed"] == r["seed"] and b["job"].startswith("(A)"))
+        # a change of cost: negative is a cut, printed as one ("-25.0%")
+        cut = (None if not (r["usd_per_m_steady"] and base["usd_per_m_steady"])
+               else r["usd_per_m_steady"] / base["usd_per_m_steady"] - 1)
+        cut475 = (None if not (r["usd_to_475"] and base["usd_to_475"]) else r["usd_to_475"] / base["usd_to_475"] - 1)
+        spread = f" ({r['spread'][0]:,.0f}–{r['spread'][1]:,.0f})" if r["spread"] else ""
+        lines.append(f"| {r['seed']} | {r['job']} | {r['cores']} + {r['mem_gb']:.2f} | {fmt(r['steady'], ',.0f')}"
+                     f"{spread} | {r['core_h_per_m']:.3f} | {r['usd_per_m_whole']:.4f} | "
+                     f"{fmt(r['usd_per_m_steady'], '.4f')} | {fmt(cut, '+.1%')} | {fmt(r['usd_to_475'], '.6f')} | "
+                     f"{fmt(cut475, '+.1%')} |")
     return "\n".join(lines)
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--sb3-worker":
+        print(json.dumps(sb3_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--speed-updates", type=int, default=100, help="updates of the throughput runs")
-    ap.add_argument("--ttt-updates", type=int, default=60, help="most updates of the time-to-475 runs")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--updates", type=int, default=60, help="updates of every job (equal work)")
     ap.add_argument("--eval-interval", type=int, default=5)
-    ap.add_argument("--max-cores", type=int, default=os.cpu_count() or 2,
-                    help="cores tune's proposal may use (default: this machine's)")
-    ap.add_argument("--prices", type=Path, default=None, help="price table YAML (as `hetrun report`)")
-    ap.add_argument("--run-timeout", type=float, default=300.0)
+    ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    from hetrun.reports.cost import load_prices, prices_path
+    from hetrun.reports.demand.sizing import propose
 
-    prices = load_prices(prices_path(args.prices))
-    core_hour = float(prices.get("core_hour", 0.0))
-    args.load_before = f"{os.getloadavg()[0]:.2f}"
+    cores = machine_cores()
+    load_before = os.getloadavg()
+    rows, proposals, projection = [], [], None
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="cost-bench-") as tmp:
         workdir = Path(tmp)
-        rows = [measure("(1) naive: hand-sized, synchronous loop", naive_job("coarse", args.seed, 0, 0),
-                        args, workdir, core_hour)]
-        pipelined = naive_job("pipelined", args.seed, 0, 0)
-        rows.append(measure("(2) same sizes, pipelined", pipelined, args, workdir, core_hour))
-        tuned, proposal = tuned_job(rows[-1]["run_dirs"][0], pipelined, prices, args.max_cores)
-        rows.append(measure("(3) pipelined, resized by hetrun tune", tuned, args, workdir, core_hour))
-        text = report(rows, proposal, args, str(prices.get("currency", "USD")))
+        for seed in args.seeds:
+            sb3 = run_sb3(seed, args.updates, args.eval_interval, args.run_timeout)
+            rows.append({"seed": seed, "job": "(A) SB3, one allocation",
+                         **costs(sb3, cores, BASELINE_MEM_GB)})
+            first = first_written(seed, args.updates, args.eval_interval, cores)
+            b = run_hetrun(first, workdir, args.run_timeout)
+            rows.append({"seed": seed, "job": "(B) hetrun as first written", **costs(b, *allocation(first))})
+            p = propose(b["run_dir"], PRICES)
+            tuned = apply_overrides(first, p.overrides())
+            tuned["name"] = f"cost-tuned-s{seed}"
+            c = run_hetrun(tuned, workdir, args.run_timeout)
+            rows.append({"seed": seed, "job": "(C) (B) after hetrun tune", **costs(c, *allocation(tuned))})
+            proposals.append({"seed": seed, **p.to_json(), "measured_steady": c["steady"],
+                              "measured_usd_per_m_steady": rows[-1]["usd_per_m_steady"],
+                              "prediction_error_steps": (p.predicted_steps_per_s / c["steady"] - 1)
+                              if c["steady"] else None,
+                              "prediction_error_cost": (p.proposed_cost_per_m / rows[-1]["usd_per_m_steady"] - 1)
+                              if rows[-1]["usd_per_m_steady"] else None})
+            if projection is None:
+                projection = gpu_projection(b["run_dir"])
+            for r in rows[-3:]:
+                print(f"seed {seed} {r['job']}: steady {fmt(r['steady'], ',.0f')} env steps/s, "
+                      f"{fmt(r['usd_per_m_steady'], '.4f')} USD/M steady, {r['usd_per_m_whole']:.4f} USD/M whole, "
+                      f"to 475 {fmt(r['usd_to_475'], '.6f')}", flush=True)
+    doc = {"rows": rows, "proposals": proposals, "gpu_projection": projection, "prices": PRICES,
+           "gpu_prices": GPU_PRICES, "cores": cores, "load_before": load_before, "load_after": os.getloadavg(),
+           "updates": args.updates, "seeds": args.seeds, "seed_claim": SEED_CLAIM}
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "proposal": proposal.to_json()}, indent=1))
+        args.json.write_text(json.dumps(doc, indent=1))
     print()
-    print(text)
+    print(table(rows))
+    for p in proposals:
+        print(f"seed {p['seed']}: tune {p['decision']} {p['reason']} overrides {' '.join(p['overrides'])}; predicted "
+              f"{p['predicted_steps_per_s']:,.0f} env steps/s, {p['proposed_cost_per_m']:.4f} USD/M "
+              f"({p['cost_change']:+.1%} cost); measured {fmt(p['measured_steady'], ',.0f')}, "
+              f"{fmt(p['measured_usd_per_m_steady'], '.4f')}: error {fmt(p['prediction_error_steps'], '+.1%')} "
+              f"(steps/s), {fmt(p['prediction_error_cost'], '+.1%')} (cost)")
+    print(f"load average before {load_before}, after {os.getloadavg()} on {cores} cores")
 
 
 if __name__ == "__main__":

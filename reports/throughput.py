@@ -245,6 +245,13 @@ class ThroughputMeter:
                           sum(r.startup_s or 0.0 for r in rows), sum(r.queue_gap_s or 0.0 for r in rows))
 
 
+def steady_rate(done: list[tuple[float, int]]) -> tuple[float | None, tuple[float, float] | None]:
+    """The steady rule on any loop's iteration ends (e.g. a stable-baselines3 run timed by a
+    callback): ``done`` = (end time, work) per iteration in order -> (median window, (low, high))."""
+    steady, spread, *_ = _steady(done)
+    return steady, spread
+
+
 def _steady(done: list[tuple[float, int]]) -> tuple[float | None, tuple[float, float] | None, int, int, int]:
     """(median window rate, (lowest, highest), windows, iterations per window, warm-up) of one
     attempt's iterations in order, as (end, work) pairs."""
