@@ -408,7 +408,8 @@ def save_checkpoint(ctx: Ctx, workload: Any, iteration: int, pipeline: Any = Non
         info["stall_s"] = round(time.perf_counter() - t0, 6)
     slot.last_step = iteration
     plan = getattr(ctx, "plan", None)
-    if plan is not None and iteration >= plan.iterations:
+    # A command component's steps are its own (the plan's training.iterations counts actions).
+    if plan is not None and plan.component(ctx.component).runs_actions and iteration >= plan.iterations:
         # The run ends right after this: wait, since the interpreter's exit
         # stops the writer's thread pool before atexit handlers run.
         _join_encoder(slot)

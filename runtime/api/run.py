@@ -32,6 +32,7 @@ from hetrun.runtime import preempt, resume
 from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api.stop import SoloAgreement, StepAgreement
 from hetrun.runtime.events import EventLog
+from hetrun.runtime.plan_view import PLAN_FILE, PlanView, load_plan
 
 from hetrun.errors import CheckpointError, RuntimeFailure
 
@@ -53,7 +54,7 @@ class ApiContext:
     node: str
     comp_rank: int = 0
     comp_size: int = 1
-    plan: Any = None
+    plan: PlanView | None = None  # the job's plan when hetrun runs this script as a command component
     comm: Any = None
     world_comm: Any = None
     collective: Any = None  # the store's (checkpoint commits, from the writer thread)
@@ -106,15 +107,17 @@ class Run:
     """A script's handle on hetrun; see ``hetrun.attach``."""
 
     def __init__(self, rank_env: envmod.RankEnv, run_dir: Path, component: str,
-                 checkpoint_every: int, window: int) -> None:
+                 checkpoint_every: int, window: int, plan: PlanView | None = None) -> None:
         self.env = rank_env
         self.run_dir = run_dir
         self.component = component
         self.checkpoint_every = checkpoint_every
         self.window = window
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        # The job file's checkpoint / preemption sections (a hetrun command component):
+        # resume.py and preempt.py read them from ctx.plan, as for an action component.
         self.ctx = ApiContext(rank_env.rank, rank_env.world_size, component, run_dir, node,
-                              comp_rank=rank_env.rank, comp_size=rank_env.world_size)
+                              comp_rank=rank_env.rank, comp_size=rank_env.world_size, plan=plan)
         self.events = EventLog(run_dir, rank=envmod.event_rank(rank_env), component=component, node=node)
         self.start_step = 0
         self._connected = False
@@ -335,10 +338,29 @@ def attach(run_dir: str | os.PathLike[str] | None = None, *, name: str | None = 
     rank_env = envmod.discover()
     envmod.export_torchrun_env(rank_env)
     path = rundir.resolve(rank_env, run_dir, name)
+    component = component or envmod.component_name()
+    plan = job_plan(path, component)
     if checkpoint_every is None:
-        raw = os.environ.get(CKPT_EVERY_ENV, "0")
-        if not raw.isdigit():
-            raise RuntimeFailure(f"${CKPT_EVERY_ENV}={raw!r} is not a number of steps",
-                                 hint="e.g. HETRUN_CKPT_EVERY=100, or attach(checkpoint_every=100)")
-        checkpoint_every = int(raw)
-    return Run(rank_env, path, component or envmod.component_name(), int(checkpoint_every), window)
+        checkpoint_every = _checkpoint_every(plan)
+    return Run(rank_env, path, component, int(checkpoint_every), window, plan)
+
+
+def job_plan(run_dir: Path, component: str) -> PlanView | None:
+    """The plan of the hetrun job this rank is a command component of (its run
+    directory holds plan.json naming the component); None for a script hetrun
+    did not submit."""
+    if not (run_dir / PLAN_FILE).is_file():
+        return None
+    plan = load_plan(run_dir, validate=False)  # validated at submit; a rank only reads it
+    return plan if any(c.name == component for c in plan.components) else None
+
+
+def _checkpoint_every(plan: PlanView | None) -> int:
+    """``checkpoint.interval`` of the job file; without one ``$HETRUN_CKPT_EVERY`` (0: never)."""
+    if plan is not None:
+        return int(plan.checkpoint.get("interval", 0) or 0)
+    raw = os.environ.get(CKPT_EVERY_ENV, "0")
+    if not raw.isdigit():
+        raise RuntimeFailure(f"${CKPT_EVERY_ENV}={raw!r} is not a number of steps",
+                             hint="e.g. HETRUN_CKPT_EVERY=100, or attach(checkpoint_every=100)")
+    return int(raw)
