@@ -71,7 +71,8 @@ def script(tmp_path: Path) -> Path:
     (tmp_path / "slurm.conf").write_text("ClusterName=x\nDefMemPerCPU=300 # MB\n"
                                          "NodeName=n1 CPUs=2 DefMemPerCPU=9999\n"
                                          "PartitionName=debug Nodes=n1 Default=YES\n"
-                                         "PartitionName=big Nodes=n1 DefMemPerCPU=900\n")
+                                         "PartitionName=big Nodes=n1 DefMemPerCPU=900\n"
+                                         "PartitionName=gpu Nodes=n1 DefCpuPerGPU=2 DefMemPerGPU=1500\n")
     return out
 
 
@@ -87,7 +88,7 @@ def _lua_value(v: object) -> str:
 
 # part_list as slurmctld 22.05 passes it: partitions by name, memory defaults as observed.
 PARTS = {"debug": {"name": "debug", "def_mem_per_node": 0}, "big": {"name": "big", "def_mem_per_cpu": 900},
-         "fat": {"name": "fat", "def_mem_per_node": 1500}}
+         "fat": {"name": "fat", "def_mem_per_node": 1500}, "gpu": {"name": "gpu", "def_mem_per_node": 0}}
 
 
 def submit_many(script: Path, jobs: list[dict[str, object]]) -> list[tuple[int, str | None, str | None, str]]:
@@ -200,7 +201,8 @@ def _shape(**opts: object) -> dict[str, object]:
 
 # (what the user typed, job_desc, refused?, what the refusal names). Quotas: account lab
 # cpu=4 mem=2000M node=2; vision gres/gpu=4; slurm.conf DefMemPerCPU=300, partition big
-# DefMemPerCPU=900, partition fat DefMemPerNode=1500.
+# DefMemPerCPU=900, partition fat DefMemPerNode=1500, partition gpu DefCpuPerGPU=2 DefMemPerGPU=1500
+# (on its slurm.conf line: 22.05's part_list does not show them).
 SHAPES = [
     ("no options", _shape(), False, ""),
     ("-n 1 (cpus-per-task unset: NO_VAL16)", _shape(n=1), False, ""),
@@ -230,6 +232,15 @@ SHAPES = [
     ("-p big -n 3", _shape(n=3, partition="big"), True, "mem=2700M "),
     ("-p fat -N 2, partition DefMemPerNode=1500", _shape(N=2, partition="fat"), True, "mem=3000M "),
     ("-p fat,debug -N 2: the smaller default", _shape(N=2, partition="fat,debug"), False, ""),
+    ("-p gpu --gpus=1: DefCpuPerGPU 2, DefMemPerGPU 1500", {**_shape(), "partition": "gpu",
+                                                           "tres_per_job": "gres:gpu:1"}, False, ""),
+    ("-p gpu --gpus=2: 3000M by DefMemPerGPU", {**_shape(), "partition": "gpu", "tres_per_job": "gres:gpu:2"},
+     True, "mem=3000M "),
+    ("-p gpu --gpus=3 --mem=100: 6 CPUs by DefCpuPerGPU", {**_shape(min_mem_per_node=100), "partition": "gpu",
+                                                          "tres_per_job": "gres:gpu:3"}, True, "cpu=6 "),
+    ("-p gpu --gpus=3 -c 1 --mem=100: -c wins over DefCpuPerGPU", {**_shape(c=1, min_mem_per_node=100),
+                                                                   "partition": "gpu", "tres_per_job": "gres:gpu:3"},
+     False, ""),
     ("--array=0-7 -n 1: each task is one job", _shape(n=1, array_inx="0-7"), False, ""),
     ("--array=0-7 -n 5", _shape(n=5, array_inx="0-7"), True, "cpu=5 "),
     ("-A vision -N 2 --gres=gpu:a100:2", {**_shape(N=2), "account": "vision",

@@ -58,24 +58,32 @@ local function conf_defaults()
    local path = os.getenv("SLURM_CONF")
    if path == nil or path == "" then
       local dir = script_dir()
-      if dir == nil then return {} end
+      if dir == nil then return {parts = {}} end
       path = dir .. "/slurm.conf"
    end
    local file = io.open(path, "r")
-   if file == nil then return {} end
-   local out = {}
+   if file == nil then return {parts = {}} end
+   local out = {parts = {}}
    for line in file:lines() do
       line = string.gsub(line, "#.*$", "")
       local lower = string.lower(line)
       if string.find(lower, "^%s*partitionname") then
+         local name = string.match(line, "^%s*%a+%s*=%s*([^%s]+)")
          if string.find(lower, "default%s*=%s*yes") then
-            out.default_partition = string.match(line, "^%s*%a+%s*=%s*([^%s]+)")
+            out.default_partition = name
          end
+         -- The per-GPU defaults are not in 22.05's part_list: read from the partition's line.
+         local part = {}
+         for key, value in string.gmatch(line, "(%a+)%s*=%s*(%S+)") do
+            local k = string.lower(key)
+            if k == "defcpupergpu" or k == "defmempergpu" then part[k] = tonumber(value) end
+         end
+         out.parts[name] = part
       elseif not string.find(lower, "^%s*nodename") then
          -- Only global lines: a partition's own DefMemPerCPU is in part_list.
          for key, value in string.gmatch(line, "(%a+)%s*=%s*(%S+)") do
             local k = string.lower(key)
-            if k == "defmempercpu" or k == "defmempernode" then
+            if k == "defmempercpu" or k == "defmempernode" or k == "defcpupergpu" or k == "defmempergpu" then
                out[k] = tonumber(value)  -- nil for UNLIMITED
             end
          end
@@ -153,9 +161,25 @@ local function job_mem(job_desc, part_list, nodes, cpus, conf)
    return nil
 end
 
+-- A per-GPU default (DefCpuPerGPU, DefMemPerGPU: key lower-cased) of the job's
+-- partitions, the partition's own line before slurm.conf's global one; the
+-- smallest over the partitions, nil where one has none.
+local function per_gpu_default(job_desc, part_list, conf, key)
+   local best = nil
+   local parts = job_partitions(job_desc, part_list, conf)
+   if #parts == 0 then return conf[key] end
+   for _, part in ipairs(parts) do
+      local own = (conf.parts[part.name] or {})[key]
+      local v = own or conf[key]
+      if v == nil then return nil end
+      if best == nil or v < best then best = v end
+   end
+   return best
+end
+
 -- What the job asks for in total, for the TRES a quota can name. Every count
 -- is a lower bound of what Slurm allocates: unset means Slurm's default
--- (1 node, 1 task per node, 1 CPU per task), never more.
+-- (1 node, 1 task per node, 1 CPU per task, DefCpuPerGPU CPUs per GPU), never more.
 local function job_tres(job_desc, part_list, conf)
    local nodes = count32(job_desc.min_nodes, 1)
    local cpt = count16(job_desc.cpus_per_task, 1)
@@ -166,9 +190,7 @@ local function job_tres(job_desc, part_list, conf)
    end
    local cpus = math.max(count32(job_desc.min_cpus, 1), tasks * cpt,
                          nodes * count16(job_desc.pn_min_cpus, 1))
-   local tres = {cpu = cpus, node = nodes}
-   local mem = job_mem(job_desc, part_list, nodes, cpus, conf)
-   if mem ~= nil then tres.mem = mem end
+   local tres = {node = nodes}
    parse_gres(job_desc.tres_per_node, nodes, tres)
    parse_gres(job_desc.tres_per_job, 1, tres)
    parse_gres(job_desc.tres_per_task, tasks, tres)
@@ -176,6 +198,21 @@ local function job_tres(job_desc, part_list, conf)
    if job_desc.tres_per_node == nil or job_desc.tres_per_node == "" then
       parse_gres(job_desc.gres, nodes, tres)
    end
+   local gpus = tres["gres/gpu"] or 0
+   if gpus > 0 and unset16(job_desc.cpus_per_task) then
+      local per_gpu = per_gpu_default(job_desc, part_list, conf, "defcpupergpu")
+      if per_gpu ~= nil then cpus = math.max(cpus, gpus * per_gpu) end
+   end
+   tres.cpu = cpus
+   local mem = nil
+   local explicit = (job_desc.min_mem_per_node ~= nil and not unset64(job_desc.min_mem_per_node)) or
+                    (job_desc.min_mem_per_cpu ~= nil and not unset64(job_desc.min_mem_per_cpu))
+   if gpus > 0 and not explicit then
+      local per_gpu = per_gpu_default(job_desc, part_list, conf, "defmempergpu")
+      if per_gpu ~= nil then mem = gpus * per_gpu end
+   end
+   if mem == nil then mem = job_mem(job_desc, part_list, nodes, cpus, conf) end
+   if mem ~= nil then tres.mem = mem end
    return tres
 end
 
