@@ -1,0 +1,141 @@
+"""A node dies, the job goes on (issue 25), on a real Slurm cluster of its own.
+
+One run shared by every assertion: a small PPO job (learner on one node, rollout on
+one node plus ``spare_nodes: 1``, the memory tier on: every iteration) on a
+throw-away 4-node cluster (tests/node_cluster.py: its nodes may be killed, which
+the shared cluster's other users must never see). Mid-run every process of the
+rollout's node is SIGKILLed (slurmd, slurmstepd, the rank: its private /tmp, where
+the memory tier lives, goes with them). The job's own batch script must start a
+new step on the survivor plus the spare, without the queue; every rank restores
+from peer memory (the dead rank's replica on the learner's node); the run ends
+bit-identical to an uninterrupted run of the same plan (real Open MPI ranks, no
+kill), and the events say what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from resume_compare import assert_same_checkpoints, example_spec, plan_dict
+from test_resume_exact import events, run_to_end
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+ITERATIONS = 30
+KILL_AFTER = 10  # iterations the learner has started before the kill
+
+
+def _spec(memory_dir: str) -> dict[str, Any]:
+    return example_spec(
+        "ppo_cartpole",
+        workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
+        components={"rollout": {"nodes": 1, "spare_nodes": 1, "mem": "500M"}, "learner": {"mem": "1G"}},
+        training={"iterations": ITERATIONS, "eval_interval": 10},
+        # No interval checkpoint before the end: the restart can only come from memory.
+        checkpoint={"interval": 1000, "keep": 3},
+        preemption={"max_failures": 2},
+        slurm={"partition": "debug", "time": "00:10:00"},
+        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir},
+    )
+
+
+@pytest.fixture(scope="module")
+def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+    from hetrun.slurm_plugin.rundir import wait_for
+    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+    from node_cluster import NodeCluster
+
+    root = Path("/var/tmp/hetrun-tests") / f"node-death-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    # The reference: the same plan, uninterrupted, under mpirun on this host.
+    ref = root / "reference"
+    ref.mkdir()
+    (ref / "plan.json").write_text(json.dumps(plan_dict(_spec(str(root / "ref-mem")))))
+    old_mem = os.environ.get("HETRUN_MEMORY_DIR")
+    os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")
+    try:
+        assert run_to_end(ref, [], timeout=300) == [0], (ref / "mpirun-0.log").read_text()[-3000:]
+    finally:
+        os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
+
+    cluster = NodeCluster()
+    old_conf = os.environ.get("SLURM_CONF")
+    cluster.start()
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    job_id = None
+    try:
+        # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
+        res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
+        run_dir = Path(res.run.run_dir)
+        job_id = str(res.run.job_id)
+
+        def started(it: int) -> bool:
+            return any(e.get("ev") == "action" and e.get("component") == "learner"
+                       and e.get("iteration", -1) >= it for e in events(run_dir))
+
+        assert wait_for(lambda: started(KILL_AFTER), 300, 0.5), events(run_dir)[-5:]
+        victim = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
+        killed_at = time.time()
+        assert cluster.kill_node(victim), victim
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=400, poll_s=1)
+        status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
+                                env={**os.environ, "COLUMNS": "220"})
+        yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at, "final": final,
+               "events": events(run_dir), "status": status}
+    finally:
+        if job_id:
+            cluster.run("scancel", job_id, check=False)
+        cluster.stop()
+        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_job_finishes_inside_its_allocation(killed_run: dict[str, Any]) -> None:
+    final = killed_run["final"]
+    assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
+    assert all(c.restarts == 0 for c in final.components), final  # never went back to the queue
+    failures = [e for e in killed_run["events"] if e.get("ev") == "node_failure"]
+    assert len(failures) == 1, failures
+    f = failures[0]
+    assert f["dead_nodes"] == [killed_run["victim"]] and f["action"] == "restart", f
+    rollout = next(c for c in f["components"] if c["component"] == "rollout")
+    assert rollout["replaced"] == [{"dead": killed_run["victim"], "by": rollout["new"][0]}], f
+    assert rollout["spares_left"] == 0, f
+
+
+def test_every_rank_restores_from_peer_memory(killed_run: dict[str, Any]) -> None:
+    evs = killed_run["events"]
+    restores = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == 1]
+    assert len(restores) == 2, restores
+    assert {e["source"] for e in restores} == {"memory"}, restores
+    assert len({e["step"] for e in restores}) == 1, restores
+    learner_node = next(e["node"] for e in evs if e.get("ev") == "start" and e.get("component") == "learner")
+    dead_rank = next(e for e in restores if e["component"] == "rollout")
+    # The dead node's own copy is gone: its replica on the learner's node was used.
+    assert (dead_rank["from_node"], dead_rank["from_kind"]) == (learner_node, "replica"), dead_rank
+    assert all(e["work_lost"] is not None and e["work_lost"] <= 2 for e in restores), restores
+    used = [e for e in evs if e.get("ev") == "memory_restore" and e.get("used")]
+    assert len(used) == 2 and not any(e["rejected"] for e in used), used
+
+
+def test_it_ends_bit_identical_to_an_uninterrupted_run(killed_run: dict[str, Any]) -> None:
+    plan = json.loads((killed_run["reference"] / "plan.json").read_text())
+    ranks = {c["name"]: c["ntasks"] for c in plan["components"]}
+    assert_same_checkpoints(killed_run["reference"], killed_run["run_dir"], ranks, ITERATIONS)
+
+
+def test_status_says_what_happened(killed_run: dict[str, Any]) -> None:
+    out = killed_run["status"]
+    assert out.returncode == 0, out.stderr
+    assert killed_run["victim"] in out.stdout, out.stdout
+    assert "memory" in out.stdout, out.stdout
