@@ -1,0 +1,230 @@
+"""A node dies mid-run (issue 25): time to the first resumed step, work lost, and the
+memory tier's steady cost. Results: benchmarks/node_death.md, raw trials in
+benchmarks/results/node_death.json.
+
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --kills 10 --requeue-kills 2
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --overhead-only --pairs 3
+
+Cluster: tests/node_cluster.py's throw-away 4-node cluster (hrnode; its nodes may be
+killed). Job: examples/ppo_cartpole.yaml made small and endless (learner on one
+node, the rollout on one node + ``spare_nodes: 2``, memory tier every iteration,
+interval checkpoint every 10, ``max_failures`` high). Each job takes two node
+deaths, alternately ``kill`` (SIGKILL to every process of the rollout's emulated
+node: slurmd, slurmstepd, the rank; its tmpfs goes with them) and ``down``
+(``scontrol update NodeName=X State=DOWN``), then is cancelled and the nodes
+revived for the next job. Per death: kill -> node_failure event (the batch
+script's decision), -> every rank restored, -> the first action of the resumed
+step ends; work lost (the restore lines' ``work_lost``) and the state's source.
+
+The requeue path, in the same run: the same job without spare nodes (no
+``--no-kill``; ``max_failures`` requeues it through the queue), one ``kill``
+each; the same three times.
+
+Steady overhead: the same job (no spare, no kill) on the cluster, learner and
+rollout on two nodes (the replica crosses nodes), memory tier off
+(``checkpoint.memory_every: 0``) and on (1), alternately, ``--pairs`` times;
+seconds per learner iteration over iterations 5..N (median of each setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from node_cluster import NodeCluster  # noqa: E402
+from resume_compare import example_spec  # noqa: E402
+from test_resume_exact import events  # noqa: E402
+
+BASE = Path("/var/tmp/hetrun-bench/node_death")
+
+
+def spec(spares: int, memory_every: int, iterations: int, memory_dir: str) -> dict[str, Any]:
+    return example_spec(
+        "ppo_cartpole",
+        workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
+        components={"rollout": {"nodes": 1, "spare_nodes": spares, "mem": "500M"}, "learner": {"mem": "1G"}},
+        training={"iterations": iterations, "eval_interval": 1000000},
+        checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
+        preemption={"max_failures": 100},
+        slurm={"partition": "debug", "time": "01:00:00"},
+        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir},
+    )
+
+
+def wait(cond: Any, timeout: float, poll: float = 0.2) -> Any:
+    end = time.time() + timeout
+    while time.time() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(poll)
+    return None
+
+
+def learner_iter(run_dir: Path, after: float = 0.0) -> int:
+    its = [e["iteration"] for e in events(run_dir) if e.get("ev") == "action" and e.get("component") == "learner"
+           and isinstance(e.get("iteration"), int) and e.get("end", 0) > after]
+    return max(its, default=-1)
+
+
+def rollout_node(run_dir: Path, restart: int) -> str | None:
+    return next((e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout"
+                 and e.get("restart_count", 0) == restart), None)
+
+
+def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str) -> dict[str, Any]:
+    """Kill the rollout's node of attempt ``restart`` once it has run a few steps; time the recovery."""
+    assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 400), "no start"
+    base = learner_iter(run_dir)
+    assert wait(lambda: learner_iter(run_dir) >= base + 4, 200), "no progress"
+    time.sleep(0.5 * (restart % 3))  # a different moment of the iteration each time
+    node = rollout_node(run_dir, restart)
+    assert node is not None
+    t0 = time.time()
+    if mode == "kill":
+        cluster.kill_node(node)
+    else:
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=node_death_bench")
+    nxt = restart + 1
+
+    def restored() -> list[dict[str, Any]] | None:
+        rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == nxt]
+        return rs if len(rs) == 2 else None
+
+    rs = wait(restored, 300)
+    trial: dict[str, Any] = {"mode": mode, "node": node, "restart": nxt, "killed_at": t0}
+    if not rs:
+        trial["error"] = "no restore within 300 s"
+        return trial
+    t_restored = max(e["time"] for e in rs)
+    first = wait(lambda: min((e["end"] for e in events(run_dir) if e.get("ev") == "action"
+                              and e.get("end", 0) > t_restored), default=None), 120)
+    nf = next((e for e in events(run_dir) if e.get("ev") == "node_failure" and e.get("restart_count") == restart),
+              None)
+    starts = [e for e in events(run_dir) if e.get("ev") == "startup" and e.get("restart_count") == nxt]
+    trial.update(
+        decided_s=None if nf is None else round(nf.get("time", nf.get("t", 0)) - t0, 3),
+        srun_start_s=round(min(e["srun_start"] for e in starts) - t0, 3) if starts else None,
+        restored_s=round(t_restored - t0, 3),
+        first_step_s=None if first is None else round(first - t0, 3),
+        work_lost=max((e.get("work_lost") or 0) for e in rs),
+        source=sorted({e.get("source") or "store" for e in rs}), step=rs[0].get("step"),
+        action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"))
+    print(json.dumps(trial), flush=True)
+    return trial
+
+
+def submit(cluster: NodeCluster, spares: int, tag: str) -> tuple[Path, str]:
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.submit import submit_spec
+
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    res = submit_spec(spec_from_dict(spec(spares, 1, 100000, "/tmp")), backend="sbatch", runs_dir=BASE / tag)
+    return Path(res.run.run_dir), str(res.run.job_id)
+
+
+def deaths(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
+    trials: list[dict[str, Any]] = []
+    while len(trials) < kills:
+        run_dir, job = submit(cluster, 2, "spare")
+        try:
+            for restart, mode in enumerate(("kill", "down")):
+                if len(trials) < kills:
+                    trials.append(one_death(cluster, run_dir, restart, mode))
+        finally:
+            cluster.run("scancel", job, check=False)
+            time.sleep(2)
+            for n in cluster.cfg.node_names:
+                cluster.revive(n)
+    return trials
+
+
+def requeues(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
+    trials = []
+    for _ in range(kills):
+        run_dir, job = submit(cluster, 0, "requeue")
+        try:
+            t = one_death(cluster, run_dir, 0, "kill")
+            t["path"] = "requeue"
+            trials.append(t)
+        finally:
+            cluster.run("scancel", job, check=False)
+            time.sleep(2)
+            for n in cluster.cfg.node_names:
+                cluster.revive(n)
+    return trials
+
+
+def overhead(cluster: NodeCluster, pairs: int, iterations: int) -> dict[str, Any]:
+    """Seconds per learner iteration, memory tier off vs on, as Slurm jobs on the cluster
+    (learner and rollout on two nodes: the replica crosses nodes), alternately."""
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    out: dict[str, list[float]] = {"off": [], "on": []}
+    for i in range(pairs):
+        for label, every in (("off", 0), ("on", 1)) if i % 2 == 0 else (("on", 1), ("off", 0)):
+            res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp")), backend="sbatch",
+                              runs_dir=BASE / "overhead")
+            wait_for_end(res.run, SbatchBackend(), timeout_s=900, poll_s=1)
+            d = Path(res.run.run_dir)
+            acts = [e for e in events(d) if e.get("ev") == "action" and e.get("component") == "learner"]
+            t5 = min(e["start"] for e in acts if e["iteration"] == 5)
+            tn = max(e["end"] for e in acts)
+            per = (tn - t5) / (iterations - 5)
+            tier = [e for e in events(d) if e.get("ev") == "memory_tier"]
+            out[label].append(per)
+            print(json.dumps({"overhead_run": label, "s_per_iter": round(per, 5), "load": os.getloadavg()[0],
+                              "tier_s": [e.get("seconds") for e in tier], "bytes": [e.get("bytes") for e in tier]}),
+                  flush=True)
+    off, on = statistics.median(out["off"]), statistics.median(out["on"])
+    return {"off_s_per_iter": out["off"], "on_s_per_iter": out["on"], "median_off": off, "median_on": on,
+            "overhead_pct": round(100 * (on - off) / off, 2)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--requeue-kills", type=int, default=2)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--overhead-only", action="store_true")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
+    args = p.parse_args()
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
+    cluster = NodeCluster()
+    cluster.start()
+    try:
+        if not args.overhead_only:
+            result["spare"] = deaths(cluster, args.kills)
+            result["requeue"] = requeues(cluster, args.requeue_kills)
+            for key in ("spare", "requeue"):
+                ok = [t for t in result[key] if t.get("first_step_s") is not None]
+                if ok:
+                    result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
+                    result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
+        if args.pairs:
+            result["overhead"] = overhead(cluster, args.pairs, args.iterations)
+    finally:
+        cluster.stop()
+    result["load_after"] = os.getloadavg()
+    result["ended"] = time.strftime("%H:%M:%S", time.gmtime())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(args.out.read_text()) if args.out.exists() else []
+    args.out.write_text(json.dumps([*prev, result], indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("spare", "requeue")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
