@@ -51,6 +51,26 @@ def _restored_text(comps: dict) -> str:
     return " ".join(out) or "-"
 
 
+def _print_checkpoint_summary(console, rep) -> None:
+    """One line per component: written, kept, the newest (step, time, size), failures, restores."""
+    import time
+
+    summary = (rep.checkpoint_history or {}).get("summary") or {}
+    for name, s in summary.items():
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(s["newest_created"])) if s.get("newest_created") else "-"
+        size = f", state {_bytes(s['newest_state_bytes'])}" if s.get("newest_state_bytes") is not None else ""
+        parts = [f"{s['count']} written", f"{s['in_store']} in the store ({_bytes(s['stored_bytes'])})",
+                 f"newest step {s['newest_step']} at {when}{size}"]
+        if s.get("failed"):
+            parts.append(f"{s['failed']} failed")
+        if s.get("restored"):
+            parts.append(f"{s['restored']} restored by a restart")
+        console.print(f"checkpoints {name}: " + "; ".join(parts), markup=False, highlight=False)
+    if not summary:
+        for note in (rep.checkpoint_history or {}).get("notes") or ["none written"]:
+            console.print(f"checkpoints: {note}", markup=False, highlight=False)
+
+
 def _print_checkpoints(console, rep) -> None:
     """Every checkpoint: step, bytes, ratio to the full state, stall, save time, tier, verified."""
     import time
@@ -108,10 +128,25 @@ def _print_cost(console, rep) -> None:
         per.append(f"{c['per_million_env_steps']:.4f} {cur}/M env steps")
     comps = ", ".join(f"{name} {row['cost']:.4f}" for name, row in c["components"].items())
     console.print(f"cost {c['total']:.4f} {cur} ({comps}; from {c['source']})"
-                  + (f"  {'  '.join(per)}" if per else ""), markup=False, highlight=False)
-    console.print(f"wasted {100 * c['wasted_share']:.1f}% (work lost to restarts "
-                  f"{100 * c['wasted_restarts_share']:.1f}%, idle inside the allocation "
-                  f"{100 * c['wasted_idle_share']:.1f}%)", markup=False, highlight=False)
+                  + (f"  {'  '.join(per)}" if per else "")
+                  + f"  {rep.node_hours:.4f} node-h, {rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h",
+                  markup=False, highlight=False)
+
+
+def _wasted_text(rep) -> str | None:
+    """The share of the allocation wasted, and what it is made of; idle time only where the
+    ranks say when they work (a command that logs no steps is named, not called idle)."""
+    c = rep.cost
+    if not c:
+        return None
+    blind = c.get("idle_unmeasured") or []
+    idle = f"idle inside the allocation {100 * c['wasted_idle_share']:.1f}%"
+    if blind and len(blind) == len(rep.components):
+        return (f"wasted {100 * c['wasted_restarts_share']:.1f}% (work lost to restarts; idle time not "
+                f"measured: {', '.join(blind)} log no steps)")
+    if blind:
+        idle += f" of the components that log their work ({', '.join(blind)} log none)"
+    return f"wasted {100 * c['wasted_share']:.1f}% (work lost to restarts {100 * c['wasted_restarts_share']:.1f}%, {idle})"
 
 
 def _print_accounting(console, rep) -> None:
@@ -133,18 +168,22 @@ def _print_accounting(console, rep) -> None:
     console.print(t)
 
 
-def _print_restarts(console, rep) -> None:
-    """Restart history: each restart's cause, queue wait, what came back, work lost."""
+def _lost_text(rep) -> str:
+    """Work lost over all restarts, in the job's own unit (a command job's steps)."""
+    unit = "step(s)" if rep.components and all(c.command for c in rep.components) else "iteration(s)"
+    secs = sum(r["work_lost_s"] or 0 for r in rep.restart_history)
+    if rep.work_lost is None:
+        return "work lost not recorded (no restore line says it)"
+    return f"work lost {rep.work_lost} {unit}" + (f", {_dur(secs)}" if secs else "")
+
+
+def _print_restarts(console, rep, details: bool = False) -> None:
+    """Restart history: each restart's cause, queue wait, what came back, work lost;
+    ``details``: each restore's timing too."""
     from rich.table import Table
 
-    c = rep.counts
     if not rep.restart_history:
         return
-    lost = "unknown" if rep.work_lost is None else f"{rep.work_lost} iteration(s)"
-    secs = sum(r["work_lost_s"] or 0 for r in rep.restart_history)
-    console.print(f"restarts {c.get('restarts', 0)} (preempted {c.get('preemptions', 0)}, time limit "
-                  f"{c.get('time_limits', 0)}, failed {c.get('failures', 0)}, unknown {c.get('unknown', 0)})"
-                  f"  work lost {lost}, {_dur(secs)}", highlight=False)
     t = Table(show_edge=False, pad_edge=False, title="restarts")
     for col in ("RESTART", "CAUSE", "QUEUE WAIT", "TO 1ST STEP", "RESTORED", "LOST ITERS", "LOST TIME"):
         t.add_column(col)
@@ -177,7 +216,7 @@ def _print_restarts(console, rep) -> None:
 
     for line in node_failure_lines(rep.run_dir):  # in-allocation restarts (spare_nodes)
         console.print(f"  node failure: {line}", markup=False, highlight=False)
-    for row in rep.resumes:
+    for row in rep.resumes if details else ():
         secs_text = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
         if row.get("start_to_restored_s") is not None:
             # from the attempt's batch script start (ranks up, then restored)
@@ -188,35 +227,65 @@ def _print_restarts(console, rep) -> None:
                       f"{row['step']}{secs_text}{skipped}", markup=False, highlight=False)
 
 
-def _print_outcome(console, rep) -> None:
-    """How the newest attempt ended; an older attempt's failure is in the restart history."""
-    out = rep.outcome
-    if not out or out.get("attempt") is None:
-        return
-    word = out["outcome"]
-    where = f" (attempt {out['attempt'] + 1})" if out["attempt"] else ""
-    style = "red" if word == "failed" else "green" if word == "done" else "yellow"
-    first = out.get("failures") or []
+def _print_headline(console, rep) -> None:
+    """What the report leads with: did it work, the result, how fast, what was wasted; then
+    the attempts with the one count of restarts / preemptions `hetrun status` shows."""
     from rich.markup import escape
 
-    console.print(f"[{style}]{word}[/{style}]{where}" + (f": {escape(first[0])}" if first else ""),
-                  markup=True, highlight=False)
-    for more in first[1:]:
+    h = rep.headline or {}
+    head = f"run {rep.name}" + (f"  job {rep.job_id}" if rep.job_id else "") + \
+        (f"  backend {rep.backend}" if rep.backend else "")
+    console.print(head, markup=False, highlight=False)
+    word = h.get("status") or "not started"
+    where = f" (attempt {h['attempt'] + 1})" if h.get("attempt") else ""
+    style = "red" if word == "failed" else "green" if word == "done" else "yellow"
+    failure = f": {escape(h['failure'])}" if h.get("failure") else ""
+    console.print(f"[{style}]{escape(word)}[/{style}]{where}{failure}", markup=True, highlight=False)
+    for more in (rep.outcome.get("failures") or [])[1:]:
         console.print(f"  also: {more}", markup=False, highlight=False)
+    res = h.get("result")
+    if res:
+        at = f" at {'step' if res['kind'] == 'step' else 'iteration'} {res['iteration']}" \
+            if res.get("iteration") is not None else ""
+        source = "" if res["kind"] == "step" else f" ({res['kind']})"
+        console.print(f"result: {res['name']} {res['value']:.4g}{at}{source}", markup=False, highlight=False)
+    else:
+        console.print("result: none logged (no return or loss in the metrics)", markup=False, highlight=False)
+    if h.get("throughput"):
+        console.print(f"throughput: {h['throughput']}", markup=False, highlight=False)
+    wasted = _wasted_text(rep)
+    if wasted:
+        console.print(wasted, markup=False, highlight=False)
+    c = rep.counts
+    restarts = f"  restarts {h.get('restarts', 0)}"
+    if h.get("restarts"):
+        why = [f"{n} {label}" for key, label in (("preemptions", "preempted"), ("time_limits", "time limit"),
+                                                  ("failures", "failed"), ("unknown", "unknown"))
+               if (n := c.get(key, 0))]
+        for cause, label in (("done", "resumed after it finished"), ("cancelled", "resumed after a cancel")):
+            if (n := sum(r["cause"] == cause for r in rep.restart_history)):
+                why.append(f"{n} {label}")
+        restarts += f" ({', '.join(why)}); {_lost_text(rep)}" if why else f"; {_lost_text(rep)}"
+    console.print(f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}{restarts}", markup=False, highlight=False)
+    work = []
+    if any(not x.command for x in rep.components):
+        work.append(f"actions {rep.actions} ({rep.actions_per_s:.1f}/s)")
+        if rep.env_steps:
+            work.append(f"env steps {rep.env_steps}")
+        if rep.samples:
+            work.append(f"samples {rep.samples}")
+    for name, n in (h.get("command_steps") or {}).items():
+        last = rep.metrics.get("step") or {}
+        logged = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                           for k, v in last.items() if k != "iteration")
+        tail = f" (last step {last.get('iteration')}: {logged})" if logged else ""
+        work.append(f"{name} {n} steps logged{tail}" if n else f"{name}: no steps logged (the program does "
+                    "not call run.log)")
+    if work:
+        console.print("work: " + "  ".join(work), markup=False, highlight=False)
 
 
-def _print_summary(console, rep) -> None:
-    head = f"run {rep.name}"
-    if rep.job_id:
-        head += f"  job {rep.job_id}"
-    if rep.backend:
-        head += f"  backend {rep.backend}"
-    console.print(head)
-    console.print(
-        f"wall {_dur(rep.wall_s)}  attempts {rep.attempts}  actions {rep.actions} "
-        f"({rep.actions_per_s:.1f}/s)  env steps {rep.env_steps}"
-        + (f"  samples {rep.samples}" if rep.samples else "")
-    )
+def _print_throughput(console, rep) -> None:
     # reports/throughput.py: the one definition (steady per attempt, whole run with its gaps)
     from hetrun.reports.throughput import throughput_lines
 
@@ -224,20 +293,26 @@ def _print_summary(console, rep) -> None:
         console.print(line, markup=False, highlight=False)
 
 
-def _print_components(console, rep) -> None:
-    """The components table, when each was active, and how long components overlapped."""
+def _print_components(console, rep, details: bool = False) -> None:
+    """The components table (a command component counts its logged steps), how long
+    components overlapped; ``details``: when each was active."""
     from rich.table import Table
 
     t = Table(title="components", show_edge=False, pad_edge=False)
-    for col in ("COMPONENT", "RANKS", "NODES", "ITERS", "ACTIONS", "BUSY", "BUSY%", "MOVED",
+    for col in ("COMPONENT", "RANKS", "NODES", "ITERS/STEPS", "ACTIONS", "S/ITER", "BUSY", "BUSY%", "MOVED",
                 "NODE-H", "CORE-H", "GPU-H"):
         t.add_column(col)
     for c in rep.components:
-        t.add_row(c.name, str(c.ranks), ",".join(c.nodes), str(c.iterations), str(c.actions),
-                  _dur(c.busy_s), f"{100 * c.busy_fraction:.0f}%", _bytes(c.bytes),
-                  f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
+        unmeasured = c.command and not c.actions  # a program that logs no steps: its busy time is not known
+        t.add_row(c.name, str(c.ranks), ",".join(c.nodes), str(c.iterations),
+                  "-" if c.command else str(c.actions), f"{c.s_per_iteration:.3f}" if c.iterations else "-",
+                  "-" if unmeasured else _dur(c.busy_s), "-" if unmeasured else f"{100 * c.busy_fraction:.0f}%",
+                  _bytes(c.bytes), f"{c.node_hours:.4f}", f"{c.core_hours:.4f}", f"{c.gpu_hours:.4f}")
     console.print(t)
-
+    for pair, secs in rep.overlap_s.items():
+        console.print(f"components running at the same time ({pair}): {_dur(secs)}")
+    if not details:
+        return
     tl = Table(title="timeline (seconds from the first event)", show_edge=False,
                pad_edge=False)
     for col in ("COMPONENT", "FIRST ACTION", "LAST ACTION", "ACTIVE", "S/ITER"):
@@ -246,8 +321,6 @@ def _print_components(console, rep) -> None:
         tl.add_row(c.name, f"{c.first_action or 0:.2f}", f"{c.last_action or 0:.2f}",
                    _dur(c.active_s), f"{c.s_per_iteration:.3f}")
     console.print(tl)
-    for pair, secs in rep.overlap_s.items():
-        console.print(f"components running at the same time ({pair}): {_dur(secs)}")
 
 
 def _print_gantt(console, rep) -> None:
@@ -279,11 +352,6 @@ def _print_metrics(console, rep) -> None:
         vals = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                          for k, v in m.items())
         console.print(f"last {kind}: {vals}")
-    console.print(
-        f"checkpoints {len(rep.checkpoints)}  restores {len(rep.restores)}  "
-        f"preemptions {len(rep.preempts)}  cost: {rep.node_hours:.4f} node-h, "
-        f"{rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h"
-    )
 
 
 def _print_placement(console, rep) -> None:
@@ -348,7 +416,14 @@ def register(app: typer.Typer) -> None:
             help="Where run directories live (default ./runs).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
         per_rank: Annotated[bool, typer.Option(
-            "--ranks/--no-ranks", help="Show the per-rank table.")] = True,
+            "--ranks/--no-ranks", help="Also show the per-rank table.")] = False,
+        demand: Annotated[bool, typer.Option(
+            "--demand", help="Also show tune's demand model against what each window measured.")] = False,
+        ckpt_rows: Annotated[bool, typer.Option(
+            "--checkpoints", help="Also show one row per checkpoint (the default: one line per component).")] = False,
+        show_all: Annotated[bool, typer.Option(
+            "--all", help="Show every section: per rank, per checkpoint, demand, metrics, resources, "
+                          "throughput per attempt, Slurm accounting, each restore.")] = False,
         vs: Annotated[Optional[str], typer.Option(
             "--vs", help="Compare with this run (B): the two side by side with B/A.")] = None,
         gantt: Annotated[bool, typer.Option(
@@ -394,22 +469,40 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         console = Console(width=200 if not Console().is_terminal else None)
-        _print_summary(console, rep)
-        _print_placement(console, rep)
-        _print_components(console, rep)
-        if gantt:
-            _print_gantt(console, rep)
-        if per_rank and rep.ranks:
-            _print_ranks(console, rep)
+        _print_report(console, rep, ranks=per_rank or show_all, timeline=gantt, demand=demand or show_all,
+                      checkpoints=ckpt_rows or show_all, details=show_all)
+
+
+def _print_report(console, rep, *, ranks: bool, timeline: bool, demand: bool, checkpoints: bool,
+                  details: bool) -> None:
+    """The outcome first (did it work, the result, how fast, what was wasted), then where the
+    time went; the long sections only when asked (docs/CONTRACTS.md, Reports)."""
+    _print_headline(console, rep)
+    if details:
+        _print_throughput(console, rep)
+    _print_placement(console, rep)
+    _print_components(console, rep, details)
+    if timeline:
+        _print_gantt(console, rep)
+    if ranks and rep.ranks:
+        _print_ranks(console, rep)
+    _print_restarts(console, rep, details)
+    _print_checkpoint_summary(console, rep)
+    if checkpoints:
+        _print_checkpoints(console, rep)
+    _print_cost(console, rep)
+    if details:
         _print_metrics(console, rep)
         _print_resources(console, rep)
-        _print_cost(console, rep)
-        _print_demand(console, rep)
-        _print_checkpoints(console, rep)
         _print_accounting(console, rep)
-        _print_restarts(console, rep)
-        _print_outcome(console, rep)
-        for w in rep.warnings:
-            console.print(f"note: {w}", highlight=False)
-        if rep.skipped_lines:
-            console.print(f"note: skipped {rep.skipped_lines} truncated/corrupt event line(s)")
+    elif (rep.accounting or {}).get("note") not in (None, "not asked"):
+        console.print(f"slurm accounting: {rep.accounting['note']}", markup=False, highlight=False)
+    if demand:
+        _print_demand(console, rep)
+    for w in rep.warnings:
+        console.print(f"note: {w}", highlight=False)
+    if rep.skipped_lines:
+        console.print(f"note: skipped {rep.skipped_lines} truncated/corrupt event line(s)")
+    if not details:
+        console.print("more: --ranks, --checkpoints (one row each), --demand, --all (every section)",
+                      markup=False, highlight=False)

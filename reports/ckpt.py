@@ -20,6 +20,8 @@ from hetrun.runtime.plan_view import checkpoint_root
 
 from hetrun.errors import HetrunError
 
+_NOT_IN_STORE = "not in the store (pruned by checkpoint.keep, or never completed)"
+
 
 def store_root(run_dir: Path, plan: dict[str, Any]) -> Path:
     """``checkpoint.directory`` from plan.json (relative to the run directory), else ``<run_dir>/ckpt``."""
@@ -47,7 +49,35 @@ def checkpoint_history(run_dir: Path, plan: dict[str, Any], events: list[dict[st
             notes.append(f"checkpoint store {path}: {str(exc).splitlines()[0]}")
     for e in events:
         _from_event(e, rows)
-    return {"rows": [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))], "notes": notes}
+    for (comp, step), row in rows.items():  # restored, then pruned by keep: still restored
+        if not row["in_store"] and (comp, step) in restored:
+            row["verified"] = "restored"
+    ordered = [rows[k] for k in sorted(rows, key=lambda k: (k[1], k[0]))]
+    return {"rows": ordered, "notes": notes, "summary": summarize(ordered)}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per component, what a one-line summary says: checkpoints written, how many the store
+    still holds, the newest (step, time, full state bytes), the bytes the store holds, writes
+    that failed, steps a restart restored."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = out.setdefault(r["component"], {"count": 0, "in_store": 0, "newest_step": None, "newest_created": None,
+                                            "newest_state_bytes": None, "stored_bytes": 0, "failed": 0,
+                                            "restored": 0})
+        s["count"] += 1
+        if r["in_store"]:
+            s["in_store"] += 1
+            s["stored_bytes"] += r["stored_bytes"] or 0
+        if r.get("error") and not r["in_store"] and r["error"] != _NOT_IN_STORE:
+            s["failed"] += 1
+        if r["verified"] == "restored":
+            s["restored"] += 1
+        if s["newest_step"] is None or r["step"] >= s["newest_step"]:
+            s["newest_step"], s["newest_created"] = r["step"], r.get("created")
+            if r["state_bytes"] is not None:
+                s["newest_state_bytes"] = r["state_bytes"]
+    return out
 
 
 def _from_store(path: Path, rows: dict[tuple[str, int], dict[str, Any]], restored: set[tuple[str, Any]],
@@ -86,7 +116,7 @@ def _from_event(e: dict[str, Any], rows: dict[tuple[str, int], dict[str, Any]]) 
             "reason": e.get("reason"), "ranks": 1, "state_bytes": None, "stored_bytes": None,
             "ratio": None, "stall_s": info.get("stall_s"), "write_s": None, "save_s": None,
             "tiers": [], "verified": "-",
-            "error": error or "not in the store (pruned by checkpoint.keep, or never completed)",
+            "error": error or _NOT_IN_STORE,
         }
     elif not row["in_store"]:
         row["ranks"] += 1

@@ -21,9 +21,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime.events import EVENTS_FILE
-
 from hetrun.errors import RunDirError
+from hetrun.rundir import EVENTS as EVENTS_FILE
+from hetrun.rundir import RunPaths
 
 from .attempts import Attempt, AttemptTracker, counts_dict, status_summary, total_work_lost
 from .ckpt import checkpoint_history
@@ -72,6 +72,7 @@ class ComponentRow:
     first_action: float | None = None  # seconds after the run's first event
     last_action: float | None = None
     active_s: float = 0.0  # time at least one of its ranks was running an action
+    command: bool = False  # runs the user's program (its steps are the run API's log() lines)
 
     @property
     def busy_fraction(self) -> float:
@@ -132,6 +133,9 @@ class RunReport:
     # reports/throughput.py: steady and whole-run throughput per attempt (the one definition
     # `hetrun status --watch` and `hetrun tune` use too)
     throughput: dict[str, Any] = field(default_factory=dict)
+    # report_headline: what a report leads with (outcome, result, throughput, waste, one
+    # count of preemptions), from the sections above (headline())
+    headline: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -268,7 +272,7 @@ def _spec_of(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         plan = load_plan(run_dir, validate=False).raw
     except RunDirError:
         plan = {}
-    return _read_json(run_dir / "run.json"), plan
+    return _read_json(RunPaths(run_dir).run_json), plan
 
 
 class _Collector:
@@ -450,7 +454,8 @@ def _components(col: _Collector, comp_spec: dict[str, Any]) -> dict[str, Compone
         if not rows:
             continue
         spec = comp_spec.get(name, {})
-        cr = ComponentRow(name=name, ranks=len(rows), nodes=sorted({r.node for r in rows}))
+        cr = ComponentRow(name=name, ranks=len(rows), nodes=sorted({r.node for r in rows}),
+                          command=spec.get("command") is not None)
         cr.actions = sum(r.actions for r in rows)
         cr.busy_s = sum(r.busy_s for r in rows)
         cr.life_s = sum(r.life_s for r in rows)
@@ -499,7 +504,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
                for i, a in enumerate(names) for b in names[i + 1:]}
     history = col.tracker.history()
     counts = col.tracker.counts()
-    return RunReport(
+    rep = RunReport(
         run_dir=str(run_dir), name=str(run.get("name") or plan.get("name") or run_dir.name),
         job_id=run.get("job_id"), backend=run.get("backend"), first=col.first, last=col.last,
         attempts=max(len(col.attempt_keys), counts.attempts, 1 if stream.lines else 0),
@@ -516,6 +521,8 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         **_sections(run_dir, run, plan, col, comps, history, verify_checkpoints=verify_checkpoints,
                     accounting=accounting, prices=prices),
     )
+    rep.headline = headline(rep)
+    return rep
 
 
 def _check_run_dir(run_dir: Path) -> None:
@@ -548,14 +555,75 @@ def _sections(run_dir: Path, run: dict[str, Any], plan: dict[str, Any], col: _Co
 
 def _cost(col: _Collector, plan: dict[str, Any], comps: dict[str, ComponentRow], acc: dict[str, Any],
           history: list[dict[str, Any]], prices: dict[str, Any] | None) -> dict[str, Any]:
-    """Allocated hours times the price table, per iteration and env step, and the share wasted."""
+    """Allocated hours times the price table, per iteration and env step, and the share wasted.
+
+    Idle time inside the allocation is measured only where ranks say when they work (actions,
+    or a command's run-API steps): a component with neither is left out of the idle share and
+    named in ``idle_unmeasured`` (a report never calls a job it cannot see "100% idle")."""
     attempts_wall = sum((a.last_t or 0) - (a.start_t or a.first_t or a.last_t or 0)
                         for a in col.tracker.attempts.values())
-    return run_cost(prices or DEFAULT_PRICES, acc["rows"], list(comps.values()),
-                    (plan.get("slurm") or {}).get("partition"),
-                    iterations=max((c.iterations for c in comps.values()), default=0),
+    rows = list(comps.values())
+    cost = run_cost(prices or DEFAULT_PRICES, acc["rows"], rows, (plan.get("slurm") or {}).get("partition"),
+                    iterations=max((c.iterations for c in rows), default=0),
                     env_steps=col.env_steps, lost_s=sum(r["work_lost_s"] or 0 for r in history),
                     attempts_wall_s=attempts_wall)
+    blind = [c.name for c in rows if not c.actions]
+    if cost and blind:
+        seen = [c for c in rows if c.actions]
+        life = sum(c.life_s for c in seen)
+        idle = (1.0 - sum(c.busy_s for c in seen) / life) if life > 0 else 0.0
+        restart = cost["wasted_restarts_share"]
+        cost["wasted_idle_share"] = round(idle, 4)
+        cost["wasted_share"] = round(restart + (1 - restart) * idle, 4)  # as run_cost combines them
+    if cost:
+        cost["idle_unmeasured"] = blind
+    return cost
+
+
+_RETURN_KEYS = ("eval_return_mean", "episodic_return", "return_mean", "return", "reward")
+_LOSS_KEYS = ("loss", "eval_loss", "val_loss", "train_loss")
+# Where the result of a run is, in order: an evaluation, a command's own logged step, the
+# learner's update (action types' metrics as the runtime records them).
+_RESULT_KINDS = ("eval", "step", "sync", "optimize", "backward", "forward")
+
+
+def headline_result(metrics: dict[str, Any]) -> dict[str, Any] | None:
+    """The figure a report leads with: the newest evaluation return, else a loss, with the
+    action type and iteration (a command's step) it came from; None when nothing logged one."""
+    for keys in (_RETURN_KEYS, _LOSS_KEYS):
+        for kind in _RESULT_KINDS:
+            m = metrics.get(kind) or {}
+            for key in keys:
+                v = m.get(key)
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    return {"kind": kind, "name": key, "value": float(v), "iteration": m.get("iteration")}
+    return None
+
+
+def headline(rep: RunReport) -> dict[str, Any]:
+    """What the report says first: did it work (status of the newest attempt), the result,
+    how fast, what was wasted, and the one count of restarts and preemptions (the same
+    ``counts`` as ``hetrun status``; a command job writes no executor ``preempt`` line)."""
+    from .throughput import headline as throughput_headline
+
+    out = rep.outcome or {}
+    c = rep.counts
+    steps = {x.name: x.iterations for x in rep.components if x.command}
+    tp = throughput_headline(rep.throughput) if (rep.throughput or {}).get("useful_work") else ""
+    if not tp and steps:  # a command job: its run-API steps over the time they ran
+        rates = [x.iterations / x.active_s for x in rep.components if x.command and x.active_s > 0]
+        tp = f"steps/s {max(rates):,.2f} (logged steps over the time between them)" if rates else ""
+    cost = rep.cost or {}
+    return {
+        "status": out.get("outcome"), "attempt": out.get("attempt"),
+        "failure": (out.get("failures") or [None])[0],
+        "result": headline_result(rep.metrics),
+        "throughput": tp or None,
+        "wasted_share": cost.get("wasted_share"),
+        "restarts": int(c.get("restarts", 0)), "preemptions": int(c.get("preemptions", 0)),
+        "work_lost_iterations": rep.work_lost,
+        "command_steps": steps,
+    }
 
 
 def _accounting(run: dict[str, Any], plan: dict[str, Any], comps: dict[str, ComponentRow]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ _COMPONENT = {"type": "object", "required": ["name", "ranks", "nodes", "iteratio
                              "iterations": {"type": "integer"}, "busy_s": _num, "busy_fraction": _num,
                              "node_hours": _num, "core_hours": _num, "gpu_hours": _num,
                              "first_action": _opt_num, "last_action": _opt_num, "active_s": _num,
-                             "s_per_iteration": _num}}
+                             "s_per_iteration": _num, "command": {"type": "boolean"}}}
 
 _COMP_RESTORE = {"type": "object", "required": ["state", "ranks", "ranks_restored", "step", "iteration"],
                  "properties": {"state": {"enum": ["restored", "fresh", "unconfirmed", "no restore recorded"]},
@@ -55,6 +55,27 @@ _CKPT = {"type": "object", "required": ["component", "step", "in_store", "state_
                         "state_bytes": _opt_int, "stored_bytes": _opt_int, "ratio": _opt_num,
                         "stall_s": _opt_num, "save_s": _opt_num, "tiers": {"type": "array", "items": _str},
                         "verified": _str, "error": _opt_str}}
+
+# One line per component in the text report (reports/ckpt.py: summarize).
+_CKPT_SUMMARY = {"type": "object", "required": ["count", "in_store", "newest_step", "stored_bytes", "failed"],
+                 "properties": {"count": {"type": "integer"}, "in_store": {"type": "integer"},
+                                "newest_step": _opt_int, "newest_created": _opt_num,
+                                "newest_state_bytes": _opt_int, "stored_bytes": {"type": "integer"},
+                                "failed": {"type": "integer"}, "restored": {"type": "integer"}}}
+
+# What the report leads with (reports/run_report.py: headline): the newest attempt's outcome,
+# the result (newest evaluation return, else a loss), throughput, waste, the one count of
+# restarts / preemptions (the same as `hetrun status`), a command component's logged steps.
+_HEADLINE = {"type": "object", "required": ["status", "result", "throughput", "wasted_share", "restarts",
+                                             "preemptions"],
+             "properties": {"status": _opt_str, "attempt": _opt_int, "failure": _opt_str,
+                            "result": {"type": ["object", "null"], "required": ["kind", "name", "value"],
+                                       "properties": {"kind": _str, "name": _str, "value": _num,
+                                                      "iteration": _opt_int}},
+                            "throughput": _opt_str, "wasted_share": _opt_num,
+                            "restarts": {"type": "integer"}, "preemptions": {"type": "integer"},
+                            "work_lost_iterations": _opt_int,
+                            "command_steps": {"type": "object", "additionalProperties": {"type": "integer"}}}}
 
 _ACCT = {"type": "object", "required": ["component", "job_id", "attempt", "state", "elapsed_s", "alloc_tres",
                                          "max_rss", "exit_code", "nodes"],
@@ -92,14 +113,17 @@ REPORT_SCHEMA: dict[str, Any] = {
         "work_lost": _opt_int,
         "checkpoint_history": {"type": "object", "required": ["rows", "notes"],
                                "properties": {"rows": {"type": "array", "items": _CKPT},
-                                              "notes": {"type": "array", "items": _str}}},
+                                              "notes": {"type": "array", "items": _str},
+                                              "summary": {"type": "object", "additionalProperties": _CKPT_SUMMARY}}},
         "accounting": {"type": "object", "required": ["rows", "note"],
                        "properties": {"rows": {"type": "array", "items": _ACCT}, "note": _opt_str}},
         "cost": {"type": "object", "required": ["currency", "source", "total", "components", "wasted_share"],
                  "properties": {"currency": _str, "source": _str, "total": _num, "per_iteration": _opt_num,
                                 "per_million_env_steps": _opt_num, "wasted_share": _num,
                                 "wasted_restarts_share": _num, "wasted_idle_share": _num,
+                                "idle_unmeasured": {"type": "array", "items": _str},
                                 "components": {"type": "object"}}},
+        "headline": _HEADLINE,
         "timeline": {"type": "object", "properties": {
             "origin": _opt_num, "bucket_s": _num, "buckets": {"type": "integer"},
             "ranks": {"type": "object", "additionalProperties": {

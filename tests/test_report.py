@@ -82,7 +82,7 @@ def test_cli_report_table_and_json(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for text in ("learner", "rollout", "n2,n3", "env steps 600", "checkpoints 1", "GPU-h",
+    for text in ("learner", "rollout", "n2,n3", "env steps 600", "checkpoints learner: 1 written", "GPU-h",
                  "skipped 1 truncated", "timeline", "running at the same time (learner+rollout)"):
         assert text in out.stdout, (text, out.stdout)
     js = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--json"],
@@ -188,7 +188,7 @@ def test_cli_report_shows_how_long_each_restart_took_from_the_job_start(tmp_path
             batch_start=t, proc_start=t + 0.5, executor_ready=t + 2.0 + r)
         _ev(run_dir, ev="restore", rank=r, component=comp, node="n1", time=t + 4.25, step=8,
             iteration=8, restart_count=1, max_restarts=3, work_lost=0, seconds=0.1, skipped=[])
-    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)],
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--all"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "(4.25s after the job started, ranks up in 3.00s)" in out.stdout, out.stdout

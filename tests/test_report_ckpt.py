@@ -55,7 +55,7 @@ def test_every_checkpoint_with_its_bytes_ratio_and_what_verified_it(tmp_path: Pa
     assert (second["verified"], third["verified"]) == ("-", "restored")
     verified = build_report(run_dir, verify_checkpoints=True).checkpoint_history["rows"]
     assert [r["verified"] for r in verified] == ["-", "ok", "ok"]
-    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--checkpoints"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "checkpoints" in out.stdout and "restored" in out.stdout and "pruned by checkpoint.keep" in out.stdout

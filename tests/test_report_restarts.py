@@ -121,7 +121,7 @@ def test_two_preemptions_then_done(tmp_path: Path) -> None:
     assert rep.work_lost == 3 and rep.outcome["outcome"] == "done"
     assert status_summary(w.dir) == (counts_of_run(w.dir), 3)
     text = _report_text(w.dir)
-    assert "restarts 2 (preempted 2, time limit 0, failed 0, unknown 0)  work lost 3 iteration(s)" in text
+    assert "attempts 3  restarts 2 (2 preempted); work lost 3 iteration(s)" in text
     assert "learner@4 rollout@4" in text and "done (attempt 3)" in text
 
 
