@@ -8,8 +8,9 @@ when a newer one commits is replaced by it). For a step, each rank:
 
 1. takes a lease (object_store.py: a GC then keeps off);
 2. sends the objects its shard needs (chunks + delta bases, read from the
-   tier it wrote) that the bucket lacks: a local index of what it sent or
-   saw, else HEAD; in parallel, multipart above 64 MiB;
+   tier it wrote) that the bucket lacks: an index of what it sent or saw,
+   seeded by one LIST of ``objects/`` on the first upload and after every GC
+   (``gc.generation``); in parallel, multipart above 64 MiB;
 3. sends its shard document and its refs document.
 
 Rank 0 then waits until every rank's shard document is in the bucket and
@@ -53,6 +54,7 @@ class ObjectUploader:
         self.shard_wait_s = shard_wait_s
         self._known: set[str] = set()  # objects this rank sent or saw in the bucket
         self._generation: str | None = None
+        self._listed = False
         self._cond = threading.Condition()
         self._pending: int | None = None
         self._busy = False
@@ -147,14 +149,19 @@ class ObjectUploader:
         store = self.store
         store.take_lease(step, self.rank)
         gen = store.generation()
-        if gen != self._generation:
-            self._known.clear()  # a GC deleted something since: believe nothing cached
-            self._generation = gen
+        fresh = gen != self._generation or not self._listed
+        if fresh:
+            # A GC deleted something since (believe nothing cached), or a first upload: one
+            # LIST (1,000 keys a request) says what the bucket holds, instead of a HEAD per chunk.
+            self._known = {o.rel.rsplit("/", 1)[-1] for o in store.list("objects/")}
+            self._generation, self._listed = gen, True
         src = self._source(step)
         shard_rel = src.shard_rel(step, self.rank)
         shard_bytes = (src.root / shard_rel).read_bytes()
         need = self._closure(src, json.loads(shard_bytes))
-        unknown = [h for h in need if h not in self._known]
+        # Chunks this rank neither sent nor listed: missing when the LIST was just now, else
+        # asked with HEAD (another rank of the store may have sent one since).
+        unknown = [] if fresh else [h for h in need if h not in self._known]
         sent = sent_bytes = 0
 
         def send(h: str) -> int:
@@ -166,8 +173,8 @@ class ObjectUploader:
         pool = ThreadPoolExecutor(store.threads, thread_name_prefix="ckpt-upload-io")
         try:
             present = _all(pool, lambda h: store.exists(store.object_rel(h)), unknown)
-            missing = [h for h, there in zip(unknown, present, strict=True) if not there]
             self._known.update(h for h, there in zip(unknown, present, strict=True) if there)
+            missing = [h for h in need if h not in self._known]
             for h, size in zip(missing, _all(pool, send, missing), strict=True):
                 self._known.add(h)
                 sent += 1

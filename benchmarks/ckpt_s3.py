@@ -1,0 +1,250 @@
+"""Object-store tier benchmark: hetrun's checkpoint upload/restore against a real
+S3 server (SeaweedFS ``weed server -s3`` on loopback, started here), each
+figure beside its peer in the same run.
+
+    python benchmarks/ckpt_s3.py                # 134M GPT (benchmarks/ckpt_bench.py's)
+    python benchmarks/ckpt_s3.py --small        # a 10M model, for a quick look
+
+Sections:
+  clients   the same 4 MiB random objects PUT in parallel by boto3 and by
+            obstore (and s3fs where installed): how the client was chosen
+  upload    hetrun's first checkpoint of the GPT state uploaded by the tier
+            (HEAD + PUT only what the bucket lacks, then shard, refs,
+            manifest) vs a plain parallel PUT of the same object files with
+            the same client and threads (target >= 80%)
+  bytes     bytes uploaded for the checkpoints 2 and N steps later vs the
+            bytes the local store added for them (target: no more)
+  restore   newest checkpoint from the bucket alone (download + decode +
+            verify) vs from the local tier (target <= 2x)
+  stall     save() stall with the upload of the previous step in flight vs a
+            writer with no object tier (target: unchanged)
+Every restore is checked bit-exact against the live state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ckpt_bench import GPT, full_state, same, train
+
+ROOT = Path("/var/tmp/hetrun-ckpt-s3-bench")
+BUCKET = "bench"
+
+
+def _objects(tier_root: Path) -> list[Path]:
+    return sorted(p for p in (tier_root / "objects").rglob("*") if p.is_file())
+
+
+def bench_clients(srv: Any, mb: int, threads: int) -> dict[str, Any]:
+    """The same random objects through each client, PUT in parallel."""
+    from hetrun.runtime.ckpt import s3_client
+
+    n = max(8, mb // 4)
+    blobs = [os.urandom(4 << 20) for _ in range(n)]
+    out: dict[str, Any] = {"objects": n, "bytes": n * (4 << 20), "threads": threads}
+    c = s3_client.make_client(None, env=srv.env(), pool=threads * 2)
+    prefix = f"clients-{uuid.uuid4().hex[:6]}"
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: c.put_object(Bucket=BUCKET, Key=f"{prefix}/boto3/{i}", Body=blobs[i]), range(n)))
+    out["boto3_MBps"] = n * 4 * 1.048576 / (time.perf_counter() - t0)
+    try:
+        import obstore
+        from obstore.store import S3Store
+
+        env = srv.env()
+        st = S3Store(BUCKET, endpoint=srv.endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
+                     secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                     client_options={"allow_http": True})
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda i: obstore.put(st, f"{prefix}/obstore/{i}", blobs[i]), range(n)))
+        out["obstore_MBps"] = n * 4 * 1.048576 / (time.perf_counter() - t0)
+    except ImportError:
+        out["obstore_MBps"] = "not installed"
+    try:
+        import s3fs  # noqa: F401
+
+        out["s3fs_MBps"] = "installed, not measured"
+    except ImportError:
+        out["s3fs_MBps"] = "not installed"
+    return out
+
+
+def plain_put(srv: Any, files: list[Path], threads: int) -> float:
+    """Seconds for a plain parallel PUT of these files (one request each) with boto3."""
+    from hetrun.runtime.ckpt import s3_client
+
+    c = s3_client.make_client(None, env=srv.env(), pool=max(16, threads * 2))
+    prefix = f"plain-{uuid.uuid4().hex[:6]}"
+    t0 = time.perf_counter()
+
+    def put(p: Path) -> None:
+        c.put_object(Bucket=BUCKET, Key=f"{prefix}/{p.name}", Body=p.read_bytes())
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(put, files))
+    return time.perf_counter() - t0
+
+
+class Tiered:
+    """A checkpoint writer on a local tier with the object tier attached, as resume.py wires it."""
+
+    def __init__(self, srv: Any, name: str, threads: int, upload_threads: int, upload: bool = True) -> None:
+        from hetrun.runtime.ckpt import Tier
+        from hetrun.runtime.ckpt.object_store import ObjectStore
+        from hetrun.runtime.ckpt.object_upload import ObjectUploader
+        from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+        self.dir = ROOT / name
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.tier = Tier(self.dir)
+        self.events: list[dict[str, Any]] = []
+        self.store = ObjectStore(f"s3://{BUCKET}/{name}-{uuid.uuid4().hex[:6]}/train", env=srv.env(),
+                                 threads=upload_threads)
+        self.up = ObjectUploader(self.store, [self.tier], rank=0, world_size=1, keep=3,
+                                 on_event=self.events.append) if upload else None
+        self.writer = CheckpointWriter([self.tier], keep=3, threads=threads,
+                                       on_event=(lambda e: e["ok"] and self.up.submit(e["step"])) if upload else None)
+
+    def save(self, step: int, st: Any, *, wait_upload: bool = True) -> dict[str, Any]:
+        stall = self.writer.save(step, st)
+        res = self.writer.wait()
+        assert res is not None and res.ok, res
+        out: dict[str, Any] = {"stall_s": stall, "local_stored_bytes": res.stored_bytes, "write_s": res.write_s}
+        if self.up is not None and wait_upload:
+            assert self.up.wait(1800)
+            ev = self.events[-1]
+            assert ev["ev"] == "ckpt_upload", ev
+            out.update(uploaded_bytes=ev["uploaded_bytes"], uploaded_objects=ev["uploaded_objects"],
+                       objects=ev["objects"], upload_s=ev["seconds"])
+        return out
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.up is not None:
+            self.up.close(600)
+
+
+def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
+    from hetrun.runtime.ckpt import CheckpointStore, Tier
+    from hetrun.runtime.ckpt.object_store import ObjectStore
+    from hetrun.runtime.ckpt.object_tier import BucketTier
+
+    os.sync()
+    t0 = time.perf_counter()
+    local = CheckpointStore([Tier(t.dir)], threads=threads).restore()
+    local_s = time.perf_counter() - t0
+    assert local is not None and same(local.state, st)
+    del local
+    tier = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=t.store.threads), ROOT / "cache")
+    t0 = time.perf_counter()
+    remote = CheckpointStore([tier], threads=threads).restore()
+    bucket_s = time.perf_counter() - t0
+    assert remote is not None and remote.tier == "object" and same(remote.state, st)
+    shutil.rmtree(ROOT / "cache", ignore_errors=True)
+    return {"local_s": local_s, "bucket_s": bucket_s, "ratio": bucket_s / local_s, "bit_identical": True}
+
+
+def gpt(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    train(model, opt, 3, args.vocab, args.seq, gen)
+    res: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters())}
+    st = full_state(model, opt)
+    t = Tiered(srv, "gpt", args.threads, args.upload_threads)
+    t.writer.prepare(st)
+    first = t.save(3, st)
+    res["state_bytes"] = sum(x.numel() * x.element_size() for x in _tensors(st))
+    files = _objects(t.dir)
+    plain_s = plain_put(srv, files, args.upload_threads)
+    plain_bytes = sum(p.stat().st_size for p in files)
+    res["upload"] = {"hetrun_MBps": first["uploaded_bytes"] / first["upload_s"] / 1e6,
+                     "plain_put_MBps": plain_bytes / plain_s / 1e6, "bytes": first["uploaded_bytes"],
+                     "objects": first["uploaded_objects"], "hetrun_s": first["upload_s"], "plain_s": plain_s}
+    res["upload"]["ratio"] = res["upload"]["hetrun_MBps"] / res["upload"]["plain_put_MBps"]
+    train(model, opt, 2, args.vocab, args.seq, gen)
+    st = full_state(model, opt)
+    res["after_2"] = t.save(5, st)
+    t0 = time.perf_counter()
+    train(model, opt, args.interval, args.vocab, args.seq, gen)
+    res["train_s_per_step"] = (time.perf_counter() - t0) / args.interval
+    st = full_state(model, opt)
+    res["after_n"] = t.save(5 + args.interval, st)
+    res["restore"] = restore_pair(t, st, args.threads)
+    # Stall: a save while the previous step's upload is still in flight, vs no object tier.
+    plain = Tiered(srv, "gpt-noobj", args.threads, args.upload_threads, upload=False)
+    plain.writer.prepare(st)
+    plain.save(1, st)
+    train(model, opt, 1, args.vocab, args.seq, gen)
+    st = full_state(model, opt)
+    t.save(6 + args.interval, st, wait_upload=False)  # its upload runs now
+    in_flight = t.up is not None and not t.up.wait(0)
+    train(model, opt, 1, args.vocab, args.seq, gen)
+    st = full_state(model, opt)
+    res["stall"] = {"with_upload_in_flight_s": t.writer.save(7 + args.interval, st), "upload_was_in_flight": in_flight,
+                    "no_object_tier_s": plain.writer.save(2, st)}
+    t.writer.wait()
+    plain.close()
+    t.close()
+    return res
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _tensors(v)]
+    return []
+
+
+def main() -> None:
+    from hetrun.runtime.ckpt import local_s3
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="10M-parameter model")
+    ap.add_argument("--interval", type=int, default=100, help="steps between the 2nd and 3rd checkpoint")
+    ap.add_argument("--threads", type=int, default=2, help="encoder/decoder threads")
+    ap.add_argument("--upload-threads", type=int, default=8, help="parallel requests (hetrun and the plain PUT)")
+    ap.add_argument("--client-mb", type=int, default=256, help="MB per client in the clients section")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    args.vocab, args.dim, args.layers, args.heads, args.seq = (
+        (8000, 256, 12, 4, 32) if args.small else (32000, 768, 12, 12, 64))
+    torch.set_num_threads(2)
+    shutil.rmtree(ROOT, ignore_errors=True)
+    ROOT.mkdir(parents=True)
+    srv = local_s3.start(ROOT / "weed")
+    out: dict[str, Any] = {"argv": sys.argv[1:], "load_avg_start": os.getloadavg()}
+    try:
+        local_s3.make_bucket(srv, BUCKET)
+        out["clients"] = bench_clients(srv, args.client_mb, args.upload_threads)
+        out["gpt"] = gpt(args, srv)
+    finally:
+        srv.stop()
+        out["load_avg_end"] = os.getloadavg()
+        shutil.rmtree(ROOT, ignore_errors=True)
+    text = json.dumps(out, indent=1, default=lambda o: round(o, 4) if isinstance(o, float) else str(o))
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
