@@ -125,7 +125,8 @@ def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, work
 
 def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
                args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    job = job_dict(mode, seed, iterations, eval_interval, args.window)
+    job = job_dict("pipelined" if mode == "pipelined_eval" else mode, seed, iterations, eval_interval,
+                   args.window)
     out = run_job(job, {"learner": 1, "rollout": 1}, args.run_timeout, workdir)
     out.update(mode=mode, seed=seed)
     return out
@@ -269,37 +270,75 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
 # ------------------------------------------------------------------ stable-baselines3 (c)
 
 
-def run_sb3(seed: int, iterations: int, eval_interval: int, args: argparse.Namespace) -> dict[str, Any]:
+def peer_config(mode: str) -> tuple[str, str, int]:
+    """``sb3:dummy:1`` -> (peer, vector env, torch threads); plain ``sb3`` is ``sb3:dummy:1``."""
+    parts = mode.split(":")
+    if parts[0] == "sb3" and len(parts) == 1:
+        return "sb3", "dummy", 1
+    ok = {"sb3": ("dummy", "subproc"), "cleanrl": ("sync", "async", "envpool")}
+    if len(parts) != 3 or parts[0] not in ok or parts[1] not in ok[parts[0]] or not parts[2].isdigit():
+        raise SystemExit(f"--modes: {mode!r} is not a mode; peers are sb3:<dummy|subproc>:<threads> "
+                         "or cleanrl:<sync|async|envpool>:<threads>")
+    return parts[0], parts[1], int(parts[2])
+
+
+# Every peer configuration worth trying on 2 cores (the issue's "peers at their best").
+PEER_MODES = ["sb3:dummy:1", "sb3:dummy:2", "sb3:subproc:1", "sb3:subproc:2",
+              "cleanrl:sync:1", "cleanrl:async:1", "cleanrl:envpool:1", "cleanrl:envpool:2"]
+
+
+def is_peer(mode: str) -> bool:
+    return mode.split(":")[0] in ("sb3", "cleanrl")
+
+
+def run_peer(mode: str, seed: int, iterations: int, eval_interval: int,
+             args: argparse.Namespace) -> dict[str, Any]:
+    peer, vec, threads = peer_config(mode)
     launched = time.time()
-    cmd = [sys.executable, __file__, "--sb3-worker", "--seeds", str(seed),
-           "--iterations", str(iterations), "--eval-interval", str(eval_interval)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if peer == "sb3":
+        cmd = [sys.executable, __file__, "--sb3-worker", "--seeds", str(seed), "--iterations", str(iterations),
+               "--eval-interval", str(eval_interval), "--sb3-vec", vec, "--sb3-threads", str(threads)]
+    else:
+        cmd = [sys.executable, str(Path(__file__).with_name("cleanrl_ppo.py")), "--family", "cartpole",
+               "--vec", vec, "--threads", str(threads), "--updates", str(iterations), "--seed", str(seed),
+               "--eval-interval", str(eval_interval), "--hyper", json.dumps(HYPER)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    except subprocess.TimeoutExpired:
+        # A configuration this slow is no contender: recorded, left out of the tables.
+        return {"mode": mode, "seed": seed, "failed": f"did not finish within {args.run_timeout:.0f} s"}
     if proc.returncode != 0:
-        raise SystemExit(f"SB3 run failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out.update(mode="sb3", seed=seed, launch_to_exit_s=time.time() - launched)
+    out.update(mode=mode, seed=seed, launch_to_exit_s=time.time() - launched)
     if out["solved_at_s"] is not None:
-        out["solved_from_launch_s"] = out["solved_wall"] - launched
+        out["solved_from_launch_s"] = out["solved_at_s"] + (out.get("started_wall", launched) - launched)
     return out
 
 
-def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]:
-    """Runs in its own process; prints one JSON line. Same eval protocol as PPOWorkload."""
+def sb3_worker(seed: int, iterations: int, eval_interval: int, vec: str = "dummy",
+               threads: int = 1) -> dict[str, Any]:
+    """Runs in its own process; prints one JSON line. Same eval protocol as PPOWorkload.
+
+    ``vec``: SB3's DummyVecEnv (all envs in this process) or SubprocVecEnv (one process per
+    env, SB3's advice when env steps are costly); ``threads``: torch intra-op threads.
+    """
     import numpy as np
     import torch
-    from hetrun.examples.ppo_envs import env_facts, make_vector_env
+    from hetrun.examples.ppo_envs import env_facts, make_eval_env
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    # One thread: measured faster than two for this MLP size (two threads contend on 2 cores).
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     threshold = env_facts(ENV_ID)[2]
     h = HYPER
     batch = h["num_envs"] * h["num_steps"]
     model = PPO(
-        "MlpPolicy", make_vec_env(ENV_ID, n_envs=h["num_envs"], seed=seed),
+        "MlpPolicy", make_vec_env(ENV_ID, n_envs=h["num_envs"], seed=seed,
+                                  vec_env_cls=DummyVecEnv if vec == "dummy" else SubprocVecEnv),
         n_steps=h["num_steps"], batch_size=batch // h["num_minibatches"], n_epochs=h["update_epochs"],
         learning_rate=h["learning_rate"], gamma=h["gamma"], gae_lambda=h["gae_lambda"],
         clip_range=h["clip_coef"], ent_coef=h["ent_coef"], vf_coef=h["vf_coef"],
@@ -312,7 +351,7 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
     def evaluate(version: int) -> float:
         n = h["eval_episodes"]
         eval_seed = int(np.random.SeedSequence([seed, 1, version]).generate_state(1)[0])
-        envs, obs = make_vector_env(ENV_ID, n, eval_seed % (2**31 - n))
+        envs, obs = make_eval_env(ENV_ID, n, eval_seed % (2**31 - n))
         returns, running = np.zeros(n), np.ones(n, dtype=bool)
         with torch.no_grad():
             while running.any():
@@ -355,9 +394,10 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int) -> dict[str, Any]
     cpu0 = time.process_time()
     model.learn(total_timesteps=iterations * batch, callback=EvalEvery())
     span = time.time() - started
+    model.get_env().close()
     steps = int(model.num_timesteps)
     # One loop, no actions to count; busy = CPU time of the process over the 2 cores' time.
-    log.update(env_steps=steps, span_s=span, steps_per_s=steps / span, actions=None,
+    log.update(started_wall=started, env_steps=steps, span_s=span, steps_per_s=steps / span, actions=None,
                actions_per_s=None, busy={"process": (time.process_time() - cpu0) / (2 * span)},
                mean_staleness=0.0,
                **steady_state(ends, started, batch, warmup_updates(iterations)))
@@ -420,13 +460,36 @@ def median_or_none(values: list[float | None]) -> float | None:
 
 
 NAMES = {"pipelined": "(a) hetrun pipelined", "coarse": "(b) hetrun coarse (synchronous loop)",
+         "pipelined_eval": "(a') hetrun pipelined + the example's evaluation schedule",
          "sb3": "(c) stable-baselines3 PPO"}
+
+
+def name_of(mode: str) -> str:
+    if mode in NAMES:
+        return NAMES[mode]
+    peer, vec, threads = peer_config(mode)
+    what = {"sb3": "stable-baselines3", "cleanrl": "CleanRL-style (benchmarks/cleanrl_ppo.py)"}[peer]
+    envs = {"dummy": "DummyVecEnv", "subproc": "SubprocVecEnv", "sync": "SyncVectorEnv",
+            "async": "AsyncVectorEnv", "envpool": "EnvPool"}[vec]
+    return f"(c) {what}, {envs}, {threads} torch thread{'s' if threads > 1 else ''}"
+
+
+def mode_order(modes: Any) -> list[str]:
+    """hetrun's modes first, then the peers in PEER_MODES order (others after)."""
+    first = ["pipelined", "pipelined_eval", "coarse", "sb3", *PEER_MODES]
+    return sorted(modes, key=lambda m: first.index(m) if m in first else len(first))
+
+
+def best_peer(runs: dict[str, list[dict[str, Any]]], key: str = "steady_steps_per_s") -> str | None:
+    """The peer configuration with the highest median ``key`` (the one hetrun is held to)."""
+    peers = [m for m in runs if is_peer(m)]
+    return max(peers, key=lambda m: _med(runs[m], key)) if peers else None
 
 
 def _by_mode(results: list[dict[str, Any]], phase: str) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        if r["phase"] == phase:
+        if r["phase"] == phase and not r.get("failed"):
             out.setdefault(r["mode"], []).append(r)
     return out
 
@@ -445,13 +508,12 @@ def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> lis
              "busy: learner core / rollout core | R / L busy s per update | "
              "rollout time overlapped by learner work | drift: last third vs first |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for mode in ("pipelined", "coarse", "sb3"):
-        runs = speed.get(mode)
-        if not runs:
-            continue
-        if mode == "sb3":
+    for mode in mode_order(speed):
+        runs = speed[mode]
+        if is_peer(mode):
             aps, rl = "n/a (one loop)", "n/a"
-            busy = f"one process: {statistics.median(r['busy']['process'] for r in runs):.0%} of 2 cores"
+            busy = (f"one loop (+ its env workers): {statistics.median(r['busy']['process'] for r in runs):.0%}"
+                    " of 2 cores")
             overlap = "0% (one loop)"
         else:
             overlap = f"{statistics.median(r['overlap'] for r in runs):.0%}"
@@ -461,7 +523,7 @@ def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> lis
             rl = f"{_med(runs, 'rollout_busy_s'):.4f} / {_med(runs, 'learner_busy_s'):.4f}"
         drifts = [d for r in runs if (d := drift(r["window_s_per_update"])) is not None]
         moved = f"{statistics.median(drifts):+.1%}" if drifts else "-"
-        lines.append(f"| {NAMES[mode]} | {_med(runs, 'steady_steps_per_s'):,.0f} | "
+        lines.append(f"| {name_of(mode)} | {_med(runs, 'steady_steps_per_s'):,.0f} | "
                      f"{_med(runs, 'startup_s'):.2f} | {_med(runs, 'steps_per_s'):,.0f} | {aps} | "
                      f"{busy} | {rl} | {overlap} | {moved} |")
     return lines
@@ -510,6 +572,7 @@ def _speed_report(results: list[dict[str, Any]], args: argparse.Namespace) -> li
         lines.append(f"steadiness: (a)/(b) {long['ratio']:.2f}x at {2 * args.speed_iterations} updates vs "
                      f"{short['ratio']:.2f}x at {args.speed_iterations}: {change:+.1%} -> "
                      f"{'STEADY' if abs(change) < 0.05 else 'NOT steady'} (rule: within 5%)")
+    lines += _peer_lines(_by_mode(results, "speed"))
     stale = [r["mean_staleness"] for r in results
              if r["mode"] == "pipelined" and r["phase"] != "ttt" and r["mean_staleness"] is not None]
     if stale:
@@ -531,7 +594,10 @@ def _probe_line(results: list[dict[str, Any]]) -> str:
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    lines = [f"Median of seeds {args.seeds}.", "", *_speed_report(results, args)]
+    failed = [f"{name_of(r['mode'])} ({r['phase']}, seed {r['seed']}): {r['failed']}"
+              for r in results if r.get("failed")]
+    lines = [f"Median of seeds {args.seeds}.", "", *(["left out: " + "; ".join(failed), ""] if failed else []),
+             *_speed_report(results, args)]
     if _by_mode(results, "ttt"):
         lines += _ttt_report(results, args)
     lines += ["", f"load average (1 min) before: {args.load_before}, after: "
@@ -546,22 +612,52 @@ def _ttt_report(results: list[dict[str, Any]], args: argparse.Namespace) -> list
               "| run | time to 475 (s) | from launch (s) | per seed (s) | updates to 475 per seed |",
               "|---|---|---|---|---|"]
     ttt = _by_mode(results, "ttt")
-    for mode in ("pipelined", "coarse", "sb3"):
-        runs = ttt.get(mode)
-        if not runs:
-            continue
+    for mode in mode_order(ttt):
+        runs = ttt[mode]
         med = median_or_none([r["solved_at_s"] for r in runs])
         launch = median_or_none([r.get("solved_from_launch_s") for r in runs])
         per = ", ".join("not reached" if r["solved_at_s"] is None else f"{r['solved_at_s']:.1f}"
                         for r in runs)
         vers = ", ".join("-" if r["solved_version"] is None else str(int(r["solved_version"]))
                          for r in runs)
-        lines.append(f"| {NAMES[mode]} | {'not reached' if med is None else f'**{med:.1f}**'} | "
+        lines.append(f"| {name_of(mode)} | {'not reached' if med is None else f'**{med:.1f}**'} | "
                      f"{'-' if launch is None else f'{launch:.1f}'} | {per} | {vers} |")
     a = median_or_none([r["solved_at_s"] for r in ttt.get("pipelined", [])])
-    c = median_or_none([r["solved_at_s"] for r in ttt.get("sb3", [])])
-    if a is not None and c is not None:
-        lines += ["", f"(c) / (a) time to threshold: **{c / a:.2f}x** (target > 1)"]
+    peers = {m: median_or_none([r["solved_at_s"] for r in runs]) for m, runs in ttt.items() if is_peer(m)}
+    reached = {m: v for m, v in peers.items() if v is not None}
+    if reached:
+        fastest = min(reached, key=lambda m: reached[m])
+        verdict = ("not reached by (a)" if a is None else
+                   f"**{reached[fastest] / a:.2f}x** -> {'met' if a <= reached[fastest] else 'miss'}")
+        lines += ["", f"fastest peer to 475: {name_of(fastest)} {reached[fastest]:.1f} s; "
+                      f"its time / (a)'s: {verdict} (target: (a) no slower)"]
+    return lines
+
+
+def _peer_lines(speed: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """(a) against the best peer configuration, and (a') with evaluation against (a) without."""
+    lines = []
+    best = best_peer(speed)
+    if best and "pipelined" in speed:
+        got = _med(speed["pipelined"], "steady_steps_per_s") / _med(speed[best], "steady_steps_per_s")
+        lines.append(f"best peer configuration: {name_of(best)}, {_med(speed[best], 'steady_steps_per_s'):,.0f} "
+                     f"steady env steps/s; (a) / best peer: **{got:.2f}x** -> "
+                     f"{'met' if got >= 1.25 else 'miss'} (target >= 1.25x)")
+    if "pipelined" in speed and "pipelined_eval" in speed:
+        got = _med(speed["pipelined_eval"], "steady_steps_per_s") / _med(speed["pipelined"], "steady_steps_per_s")
+        lines.append(f"(a') with evaluation / (a) without: **{got:.2f}** -> "
+                     f"{'met' if got >= 0.9 else 'miss'} (target: within 10%)")
+    if "pipelined" in speed:
+        p = speed["pipelined"]
+        b = _med(p, "bound")
+        coarse = speed.get("coarse")
+        if coarse:
+            ratio = _med(p, "steady_steps_per_s") / _med(coarse, "steady_steps_per_s")
+            lines.append(f"(a) / (b) {ratio:.2f}x vs bound (R+L)/max(R,L) {b:.2f}x: {ratio / b:.0%} of it -> "
+                         f"{'met' if ratio / b >= 0.9 else 'miss'} (target: within 10%)")
+        busiest = statistics.median(max(r["rollout_busy_s"], r["learner_busy_s"]) / r["steady_s_per_update"]
+                                    for r in p)
+        lines.append(f"(a) period vs its busiest side max(R,L): {busiest:.0%} of a perfect pipeline")
     return lines
 
 
@@ -569,11 +665,13 @@ def run_order(args: argparse.Namespace) -> list[tuple[int, str, list[str]]]:
     """(seed, phase, modes in run order). Phase order flips from seed to seed and mode order
     from one phase to the next, so a machine that slows down over the minutes of the benchmark
     hits the short and the doubled runs, and (a) and (b), alike. The doubled runs only compare
-    (a) with (b): SB3 is left out of them."""
+    (a) with (b): the peers are left out of them; (a') only runs in the speed phase (in the
+    time-to-threshold phase every run evaluates)."""
     order, flip = [], False
     for k, seed in enumerate(args.seeds):
         for phase in (args.phases if k % 2 == 0 else args.phases[::-1]):
-            modes = [m for m in args.modes if not (phase == "speed2x" and m == "sb3")]
+            modes = [m for m in args.modes if not (phase == "speed2x" and is_peer(m))
+                     and not (phase != "speed" and m == "pipelined_eval")]
             order.append((seed, phase, modes[::-1] if flip else modes))
             flip = not flip
     return order
@@ -583,14 +681,19 @@ def run_one(seed: int, phase: str, mode: str, args: argparse.Namespace, workdir:
     iterations, every = {"speed": (args.speed_iterations, 0),
                          "speed2x": (2 * args.speed_iterations, 0),
                          "ttt": (args.iterations, args.eval_interval)}[phase]
+    if mode == "pipelined_eval":  # the example's evaluation schedule, timed as throughput
+        every = args.eval_interval
     probe = machine_probe()
-    r = (run_sb3(seed, iterations, every, args) if mode == "sb3"
+    r = (run_peer(mode, seed, iterations, every, args) if is_peer(mode)
          else run_hetrun(mode, seed, iterations, every, args, workdir))
     r.pop("solved_wall", None)
     r.update(phase=phase, probe=probe)
+    if r.get("failed"):
+        print(f"seed {seed} {phase:7s} {mode:17s}: {r['failed']}", flush=True)
+        return r
     solved = f" (steady {r['steady_steps_per_s']:,.0f})" if phase != "ttt" else (
         f", solved at {r['solved_at_s']:.1f} s" if r["solved_at_s"] is not None else ", not solved")
-    print(f"seed {seed} {phase:7s} {mode:9s}: {r['steps_per_s']:8,.0f} steps/s{solved}; probe before: "
+    print(f"seed {seed} {phase:7s} {mode:17s}: {r['steps_per_s']:8,.0f} steps/s{solved}; probe before: "
           f"{probe['cores']:.2f} cores, speed {probe['speed']:.0f}", flush=True)
     return r
 
@@ -607,18 +710,35 @@ def main() -> None:
                     help="updates of the time-to-threshold runs")
     ap.add_argument("--eval-interval", type=int, default=5)
     ap.add_argument("--window", type=int, default=1, help="tolerance window of the rollout (a)")
-    ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", "sb3"],
-                    choices=["pipelined", "coarse", "sb3"])
+    ap.add_argument("--modes", nargs="+", default=["pipelined", "pipelined_eval", "coarse", *PEER_MODES],
+                    help="hetrun: pipelined, pipelined_eval (pipelined with evaluation every "
+                         "--eval-interval in the throughput runs), coarse; peers: "
+                         + ", ".join(PEER_MODES))
     ap.add_argument("--phases", nargs="+", default=["speed", "ttt"],
                     choices=["speed", "speed2x", "ttt"])
     ap.add_argument("--run-timeout", type=float, default=300.0)
     ap.add_argument("--workdir", type=Path, default=None,
                     help="keep job files and run directories here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, default=None, help="also write all results here")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None,
+                    help="report over these --json files (e.g. one per seed, each run in its own "
+                         "lock hold) instead of running")
     ap.add_argument("--sb3-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sb3-vec", default="dummy", help=argparse.SUPPRESS)
+    ap.add_argument("--sb3-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.sb3_worker:
-        print(json.dumps(sb3_worker(args.seeds[0], args.iterations, args.eval_interval)))
+        print(json.dumps(sb3_worker(args.seeds[0], args.iterations, args.eval_interval,
+                                    args.sb3_vec, args.sb3_threads)))
+        return
+    for mode in args.modes:
+        if mode not in NAMES:
+            peer_config(mode)  # a clear error for a misspelt mode, before anything runs
+    if args.merge:
+        results = [r for f in args.merge for r in json.loads(f.read_text())["runs"]]
+        args.seeds = sorted({r["seed"] for r in results})
+        args.load_before = "; ".join(json.loads(f.read_text())["load_before"] for f in args.merge)
+        print(report(results, args))
         return
     if args.steady_check and "speed" in args.phases and "speed2x" not in args.phases:
         args.phases.insert(args.phases.index("speed") + 1, "speed2x")
@@ -629,7 +749,9 @@ def main() -> None:
         results = [run_one(seed, phase, mode, args, workdir)
                    for seed, phase, modes in run_order(args) for mode in modes]
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"load_before": args.load_before, "argv": sys.argv[1:],
+                                         "load_after": f"{os.getloadavg()[0]:.2f}", "runs": results},
+                                        indent=1))
     print()
     print(report(results, args))
 

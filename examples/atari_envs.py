@@ -73,6 +73,13 @@ class GameScore(gym.Wrapper):
         self.score, self.length = 0.0, 0
         return self.env.reset(**kwargs)
 
+    def pop_game_scores(self) -> list[float]:
+        """Scores of the games finished since the last call (for vector envs in other
+        processes, e.g. SB3's ``env_method``, which reach it through the wrapper chain)."""
+        out = [score for score, _ in self.finished]
+        self.finished.clear()
+        return out
+
 
 class EpisodicLife(gym.Wrapper):
     """A lost life is a terminal state for learning; the next reset continues the same game."""

@@ -200,6 +200,7 @@ class AtariPPOWorkload(PPOWorkload):
         self._prepared = None
         self._schedule = []
         self._stats = {}
+        self._threads_outside_update = None
         self.reward_threshold = None
 
     # ------------------------------------------------------------ shared parameters

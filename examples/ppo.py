@@ -35,7 +35,13 @@ from torch import Tensor, nn
 from hetrun.errors import CheckpointError
 
 from .ppo_args import PPOWorkloadArgs
-from .ppo_envs import capture_env_state, env_facts, make_vector_env, restore_env_state
+from .ppo_envs import (
+    capture_env_state,
+    env_facts,
+    make_eval_env,
+    make_vector_env,
+    restore_env_state,
+)
 
 # ---------------------------------------------------------------- configuration
 
@@ -98,6 +104,7 @@ class PPOWorkload(Workload):
         self._prepared: dict[str, Tensor] | None = None
         self._schedule: list[Tensor] = []
         self._stats: dict[str, list[float]] = {}
+        self._threads_outside_update: int | None = None
 
     # ------------------------------------------------------------ rollout side
 
@@ -274,6 +281,10 @@ class PPOWorkload(Workload):
         micro-batches); ``optimize`` applies it and runs the rest.
         """
         if micro == 0:
+            # The update's phase runs with the learner's threads (learner_threads), put back at
+            # the end of optimize(): a process that also evaluates or rolls out keeps its own.
+            self._threads_outside_update = torch.get_num_threads()
+            torch.set_num_threads(self.cfg.threads_for_learner())
             self._prepare(batch)
         minibatch, parts = self._first_minibatch_parts(num_micro)
         return self._loss(minibatch, minibatch[parts[micro]])
@@ -327,6 +338,9 @@ class PPOWorkload(Workload):
         if self.recent_returns:
             metrics["episodic_return"] = float(np.mean(self.recent_returns))
         self._prepared, self._schedule = None, []
+        if self._threads_outside_update is not None:
+            torch.set_num_threads(self._threads_outside_update)
+            self._threads_outside_update = None
         return metrics
 
     # ------------------------------------------------------------ evaluation
@@ -340,7 +354,7 @@ class PPOWorkload(Workload):
         n = self.cfg.eval_episodes
         seed = int(np.random.SeedSequence([self.ctx.seed, 1, self.version]).generate_state(1)[0])
         gen = torch.Generator().manual_seed(seed)
-        envs, obs = make_vector_env(self.cfg.env_id, n, seed % (2**31 - n))
+        envs, obs = make_eval_env(self.cfg.env_id, n, seed % (2**31 - n))
         returns = np.zeros(n)
         running = np.ones(n, dtype=bool)
         try:

@@ -8,7 +8,7 @@ this same model, so both checks are one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from hetrun.dag.spec_errors import SpecIssue
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,6 +38,13 @@ class PPOWorkloadArgs(BaseModel):
     # so "solved" on greedy episodes says little about what PPO learned.
     eval_deterministic: bool = False
     torch_threads: int = Field(1, gt=0)
+    # The learner's update may use more cores than a rollout's small policy batches can: in a
+    # pipelined job on one node the learner's peers (rollout ranks) leave their cores idle
+    # while they wait for weights. "auto": as many threads as CPUs this process may run on
+    # (its affinity mask: what Slurm's cgroup or the local launcher gives it).
+    learner_threads: int | Literal["auto"] | None = Field(
+        None, description="torch threads of learner ranks (None: torch_threads; auto: the CPUs this "
+        "process may run on)")
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOWorkloadArgs:
@@ -48,6 +55,23 @@ class PPOWorkloadArgs(BaseModel):
                             path=("num_minibatches",),
                             hint="lower num_minibatches or raise num_envs / num_steps")
         return self
+
+    @model_validator(mode="after")
+    def _learner_threads_positive(self) -> PPOWorkloadArgs:
+        if isinstance(self.learner_threads, int) and self.learner_threads < 1:
+            raise SpecIssue(f"learner_threads {self.learner_threads} is below 1", path=("learner_threads",),
+                            hint="use a positive number of threads, auto, or leave it out")
+        return self
+
+    def threads_for_learner(self) -> int:
+        """torch threads a learner rank runs its update with."""
+        if self.learner_threads is None:
+            return self.torch_threads
+        if self.learner_threads == "auto":
+            import os
+
+            return max(1, len(os.sched_getaffinity(0)))
+        return self.learner_threads
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> PPOWorkloadArgs:

@@ -65,6 +65,23 @@ def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[SyncVectorEn
     return envs, obs
 
 
+def make_eval_env(env_id: str, num_envs: int, seed: int) -> tuple[Any, np.ndarray]:
+    """Environments for evaluation episodes, reset with ``seed``; returns (envs, obs).
+
+    Where gymnasium ships a numpy-vectorized version of the env (CartPole-v1's
+    ``vector_entry_point``) it steps all episodes in one call, ~3x cheaper than
+    one Python env per episode: evaluation is pure overhead on the training
+    loop (benchmarks/ppo.md). Evaluation keeps only each env's first episode,
+    so the vectorized env's next-step autoreset never enters a return. Others:
+    :func:`make_vector_env`.
+    """
+    if gym.spec(env_id).vector_entry_point is not None:
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
+        obs, _ = envs.reset(seed=seed)
+        return envs, obs
+    return make_vector_env(env_id, num_envs, seed)
+
+
 def _time_limit(env: gym.Env) -> gym.wrappers.TimeLimit | None:
     while isinstance(env, gym.Wrapper):
         if isinstance(env, gym.wrappers.TimeLimit):
