@@ -10,7 +10,7 @@
 #   3. installs torch==2.13.0 FIRST (an unpinned torch pulls a multi-GB CUDA
 #      build; set HETRUN_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 #      where that index is reachable to get the CPU-only wheel);
-#   4. pip install -e ".[dev,gpu,lightning]" from the repository root (gpu = triton, whose
+#   4. pip install -e ".[dev,gpu,lightning,s3]" from the repository root (gpu = triton, whose
 #      interpreter runs the Triton kernel tests on CPU; skipped when
 #      pyproject.toml is unchanged since the last install and hetrun imports).
 # The chosen interpreter is written to .hetrun/python for scripts/test.sh.
@@ -112,8 +112,8 @@ have="$(cat "$STATE/pyproject.sha256" 2>/dev/null || true)"
 if [ "$want" = "$have" ] && "$PY" scripts/installed_from.py "$ROOT"; then
     log "hetrun already installed (editable, pyproject.toml unchanged)"
 else
-    log "pip install -e .[dev,gpu,lightning]"
-    pip_install -e ".[dev,gpu,lightning]"
+    log "pip install -e .[dev,gpu,lightning,s3]"
+    pip_install -e ".[dev,gpu,lightning,s3]"
     printf '%s\n' "$want" >"$STATE/pyproject.sha256"
 fi
 "$PY" -c 'import hetrun.cli.app' || die "hetrun does not import after installation"
