@@ -31,7 +31,7 @@ def test_scripts_are_shellcheck_clean() -> None:
 def test_setup_pins_torch_before_installing_hetrun() -> None:
     text = (ROOT / "scripts" / "setup.sh").read_text()
     assert "torch==2.13.0" in text
-    assert text.index("pip_install torch==2.13.0") < text.index('pip_install -e ".[dev,gpu,lightning]"')
+    assert text.index("pip_install torch==2.13.0") < text.index('pip_install -e ".[dev,gpu,lightning,s3]"')
 
 
 @pytest.mark.slurm
