@@ -185,7 +185,8 @@ def _print_restarts(console, rep, details: bool = False) -> None:
     if not rep.restart_history:
         return
     t = Table(show_edge=False, pad_edge=False, title="restarts")
-    for col in ("RESTART", "CAUSE", "QUEUE WAIT", "TO 1ST STEP", "RESTORED", "LOST ITERS", "LOST TIME"):
+    lost = "LOST STEPS" if rep.components and all(c.command for c in rep.components) else "LOST ITERS"
+    for col in ("RESTART", "CAUSE", "QUEUE WAIT", "TO 1ST STEP", "RESTORED", lost, "LOST TIME"):
         t.add_column(col)
     for r in rep.restart_history:
         opt = (lambda v: "-" if v is None else _dur(v))  # noqa: E731

@@ -7,6 +7,7 @@ there, a rank that exits non-zero) ending with component, rank and reason named.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from functools import partial
@@ -129,3 +130,25 @@ def test_api_script_as_command_component_preempted_three_times_resumes_bit_ident
     reference = run_once(command(EXAMPLE, shared_tmp / "ref", steps, 2, 0.0), shared_tmp / "ref_run")
     assert reference.returncode == 0, reference.stdout
     assert_bit_identical(final_params(out), final_params(shared_tmp / "ref"))
+    _report_says_it_in_the_command_s_terms(run_dir, steps)
+
+
+def _report_says_it_in_the_command_s_terms(run_dir: Path, steps: int) -> None:
+    """Issue 24: the report of this run (3 preemptions, resumed exactly) speaks of steps and the
+    metrics the script logs, counts preemptions once (as `hetrun status` does), summarises its
+    checkpoints in one line, and states nothing it cannot know."""
+    cli = partial(subprocess.run, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    text = cli([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)]).stdout
+    lines = text.splitlines()
+    assert lines[1] == "done (attempt 4)" and lines[2].startswith("result: loss ") and f"at step {steps - 1}" in lines[2]
+    assert "attempts 4  restarts 3 (3 preempted); work lost 0 step(s)" in text, text
+    assert f"work: trainer {steps} steps logged (last step {steps - 1}: loss=" in text, text
+    for never in ("actions 0", "env steps", "preemptions 0", "unknown", "100.0% idle", "100.0%)"):
+        assert never not in text, (never, text)
+    ckpt = [ln for ln in lines if ln.startswith("checkpoints trainer: ")]
+    assert len(ckpt) == 1 and "in the store" in ckpt[0] and f"newest step {steps} " in ckpt[0], text
+    assert "not in the store" not in text  # per-checkpoint rows only with --checkpoints
+    doc = json.loads(cli([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--json"]).stdout)
+    status = json.loads(cli([sys.executable, "-m", "hetrun.cli", "status", str(run_dir), "--json"]).stdout)[0]
+    assert doc["headline"]["preemptions"] == doc["counts"]["preemptions"] == status["counts"]["preemptions"] == 3
+    assert doc["headline"]["command_steps"] == {"trainer": steps}
