@@ -1,15 +1,22 @@
-"""Atari PPO throughput, side by side in one run on the same cores: pipelined vs coarse vs SB3.
+"""Atari PPO throughput, side by side in one run on the same cores: pipelined vs coarse vs peers.
 
 (a) hetrun pipelined: examples/ppo_atari.yaml through the local backend
     (mpirun): one learner rank, ``--rollouts`` rollout ranks, rollouts up to one
     policy version stale;
 (b) coarse: the same job with ``training.mode: coarse`` (synchronous loop);
-(c) stable-baselines3 PPO with the same hyper-parameters, the same env
-    wrappers (examples/atari_envs.py) and the same IMPALA encoder as its
-    features extractor (shared by actor and critic, heads straight on it), in
-    one process, num_envs = the hetrun job's envs across its rollout ranks.
-    Every process runs torch with 1 thread (SB3: torch.set_num_threads(1);
-    hetrun: workload_args.torch_threads 1) and OMP_NUM_THREADS=1.
+(c) peers at their best on the same 2 cores, same hyper-parameters, same IMPALA
+    network, num_envs = the hetrun job's envs across its rollout ranks:
+    stable-baselines3 PPO (the example's wrappers, the encoder as its features
+    extractor; ``sb3:<dummy|subproc>:<torch threads>``) and a CleanRL-style
+    single-file PPO (benchmarks/cleanrl_ppo.py; ``cleanrl:<sync|async|envpool>:
+    <threads>``, EnvPool with CleanRL's ppo_atari_envpool settings).
+    hetrun: rollout ranks 1 torch thread, the learner ``learner_threads: auto``
+    (the example's default: the cores the rollout leaves idle in its phase).
+
+Also: the raw single-core rate of the same wrapped env (a bare loop, random
+actions) and of EnvPool with one thread, measured in the same run, against
+the rollout rank's env steps per busy second; and the time until the mean
+real score of the last 20 training games reaches ``--target-return``.
 
 Steady-state env steps/s (updates after the first tenth, at least 2, are the
 steady window; start-up apart), actions/s, and for (a)/(b) the busy seconds per
@@ -23,7 +30,9 @@ change it. At that width one update takes ~5 s of rollout and ~11 s of
 learning on one core here, so the default is 10 updates (the first 2 are
 start-up, 8 are steady).
 
-    python benchmarks/atari_ppo_throughput.py                  # ~9 minutes here
+    python benchmarks/atari_ppo_throughput.py --updates 5 --modes pipelined coarse sb3:dummy:2 \
+        cleanrl:envpool:2 --json a.json                          # ~8 minutes here; --merge a.json b.json
+    python benchmarks/atari_ppo_throughput.py                  # every mode, long
     python benchmarks/atari_ppo_throughput.py --updates 3 --width 4 --hidden 64   # smoke
 """
 

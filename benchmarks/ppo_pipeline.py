@@ -7,10 +7,16 @@
 (b) coarse: exactly the same job, components and cores, ``training.mode:
     coarse`` - the synchronous loop: rollout waits for the newest weights, the
     learner waits for the rollout.
-(c) peer: stable-baselines3 PPO with the same hyper-parameters (8 envs x 128
-    steps, 4 epochs x 4 minibatches of 256, lr 2.5e-3, gamma 0.99, lambda 0.95,
-    clip 0.2, vf 0.5, ent 0, grad norm 0.5, 64x64 tanh actor and critic, Adam
-    eps 1e-5) in one process with the same two cores available.
+(a') the same as (a) with the example's evaluation schedule (20 episodes every
+    ``--eval-interval`` updates) during the throughput runs: what evaluation costs.
+(c) peers at their best, with the same hyper-parameters (8 envs x 128 steps, 4
+    epochs x 4 minibatches of 256, lr 2.5e-3, gamma 0.99, lambda 0.95, clip
+    0.2, vf 0.5, ent 0, grad norm 0.5, 64x64 tanh actor and critic, Adam eps
+    1e-5) and the same two cores: stable-baselines3 PPO (``sb3:<dummy|subproc>:
+    <torch threads>``: DummyVecEnv or SubprocVecEnv, 1 or 2 threads) and a
+    CleanRL-style single-file PPO (``cleanrl:<sync|async|envpool>:<threads>``,
+    benchmarks/cleanrl_ppo.py). The report names the best peer configuration
+    and holds (a) to it (target >= 1.25x, and no slower to 475).
 
 Each run does ``--iterations`` updates of 1024 env steps and evaluates every
 ``--eval-interval`` updates with the same protocol (20 episodes, sampled
@@ -34,7 +40,9 @@ alike, and a machine probe before each run (fixed Python work in two
 processes) shows how many cores a job could get and whether the machine's
 own speed moved between runs.
 
-    python benchmarks/ppo_pipeline.py                      # 3 seeds, ~20 minutes
+    python benchmarks/ppo_pipeline.py --seeds 0 --speed-iterations 80 --iterations 60 --no-steady-check \
+        --json s0.json   # one seed, every peer configuration, ~8 min; then --merge s0.json s1.json
+    python benchmarks/ppo_pipeline.py                      # 3 seeds, every mode, long
     python benchmarks/ppo_pipeline.py --seeds 0 1 --phases speed --modes pipelined coarse  # headline, ~6 min
     python benchmarks/ppo_pipeline.py --seeds 0 --speed-iterations 20 --iterations 20   # smoke run
 """

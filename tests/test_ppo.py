@@ -229,3 +229,16 @@ def test_state_through_hetruns_checkpoint_store_resumes_exactly(tmp_path: Path) 
     batch2 = roller2.rollout(1)
     assert all(torch.equal(batch[k], batch2[k]) for k in batch)
     assert learn(learner2, batch2) == expect
+
+
+def test_learner_threads_apply_to_the_update_only() -> None:
+    """learner_threads is the update's phase: forward..optimize, then the process's own count."""
+    learner, roller = pair(learner_threads=3)
+    before = torch.get_num_threads()  # torch_threads (1), which building the workload set
+    seen: list[int] = []
+    learner.backward = lambda loss: (seen.append(torch.get_num_threads()), loss.backward())  # type: ignore[method-assign]
+    learn(learner, roller.rollout(0))
+    assert seen == [3, 3] and torch.get_num_threads() == before == 1
+    assert PPOConfig.from_args({"learner_threads": "auto"}).threads_for_learner() >= 1
+    with pytest.raises(SpecError, match="learner_threads"):
+        PPOConfig.from_args({"learner_threads": 0})
