@@ -23,6 +23,7 @@ from typing import Any
 from hetrun.dag.budgets import Budgets
 
 from hetrun.errors import SpecError
+from hetrun.rundir import DEFAULTS
 
 from . import quoting
 from .postmortem import KILL_MARK
@@ -163,8 +164,8 @@ def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
         line = f"--{name}" if arg is None else f"--{name}={arg}"
         (extra_job if name in quoting.EXTRA_JOB_WIDE else extra_comp).append(line)
 
-    signal = quoting.signal_name(_field(pre, "signal", "USR1") or "USR1")
-    grace = _field(pre, "grace_seconds", 60)
+    signal = quoting.signal_name(_field(pre, "signal") or DEFAULTS.preemption_signal)
+    grace = _field(pre, "grace_seconds", DEFAULTS.grace_seconds)
     # Slurm's --signal takes 0..65535 seconds.
     if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 65535:
         raise SpecError(f"expected 0..65535 seconds, got {grace!r}",
@@ -471,7 +472,9 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
     parts = step.split(" : ") if len(comps) > 1 else [step]
     for g, c in enumerate(comps):
         where = f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[{g}]}}"'
-        parts[g] = parts[g].replace("srun ", f"srun {where} ", 1) if g == 0 else f"{where} {parts[g]}"
+        # srun --no-kill: on a node failure srun would otherwise SIGTERM the survivors, which
+        # they take for a preemption; hetrun's reader and heartbeat monitor end the step instead.
+        parts[g] = parts[g].replace("srun ", f"srun --no-kill {where} ", 1) if g == 0 else f"{where} {parts[g]}"
     step = " : ".join(parts)
     run = _run_steps([["__STEP__"]], traps, len(comps))
     run = [line.replace(quoting.sh_join(["__STEP__"]), step) for line in run]
