@@ -194,6 +194,22 @@ def test_keep_and_gc_never_delete_what_a_checkpoint_or_an_upload_needs(
     assert CheckpointStore([BucketTier(store)]).verify(4) == []
 
 
+def test_an_upload_waits_while_a_gc_holds_the_lock(s3: Any, tmp_path: Path) -> None:
+    # The other half of the lease protocol: a GC that started first (gc.lock) finishes
+    # before an upload trusts what the bucket holds.
+    store = _store(s3)
+    store.put("gc.lock", b"{}")
+    saver = Saver(tmp_path, store)
+    saver.save(1, _state(9), upload_wait=False)
+    time.sleep(1.0)
+    assert saver.up._busy and not list(store.list("objects/")) and not store.manifest_steps()
+    assert [o.rel for o in store.list("leases/")] == ["leases/000000000001/rank-000000"]
+    store.delete(["gc.lock"])
+    assert saver.up.wait(60)
+    saver.close()
+    assert saver.events[-1]["ev"] == "ckpt_upload" and store.manifest_steps() == [1]
+
+
 @dataclass
 class Ran:
     returncode: int
