@@ -168,7 +168,8 @@ def user_wait(job_id: str, preemptor: str, not_before: float) -> dict[str, float
                 and r["State"].startswith("PREEMPTED")]
         nxt = [r for r in sacct_attempts(job_id) if r["Submit"] and r["Submit"] >= not_before - 2
                and r["Eligible"] and not r["State"].startswith("PREEMPTED")]
-        pre = [r for r in sacct_attempts(preemptor) if r["Start"] and r["End"]]
+        # (a job id can come again on a re-created cluster: only this preemptor's run)
+        pre = [r for r in sacct_attempts(preemptor) if r["Start"] and r["End"] and r["Start"] >= not_before - 2]
         if not mine or not nxt or not pre:
             return None
         return {"preempted": min(r["End"] for r in mine), "preemptor_start": pre[0]["Start"],
