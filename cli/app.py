@@ -74,7 +74,15 @@ def print_error(exc: HetrunError) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    args = sys.argv[1:] if argv is None else argv
     try:
+        if args[:1] == ["status"]:  # the plain forms skip Typer's start-up (cli/status_cmd.py: fast_args)
+            from hetrun.cli.status_cmd import fast_args, show_status
+
+            parsed = fast_args(args[1:])
+            if parsed is not None:
+                show_status(**parsed)
+                return
         app(args=argv, prog_name="hetrun", standalone_mode=True)
     except HetrunError as exc:
         print_error(exc)

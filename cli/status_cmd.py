@@ -65,37 +65,73 @@ def register(app: typer.Typer) -> None:
                            "(as `hetrun report --json` has it).")] = False,
     ) -> None:
         """Show the state of each het component of your runs."""
-        from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
-
         if watch and as_json:
             raise typer.BadParameter("--json prints the state once; leave out --watch", param_hint="--json")
-        root = runs_root(runs_dir)
-        chosen = [find_run(ref, root) for ref in runs] if runs else list_runs(root)
-        if not runs and last > 0:
-            chosen = chosen[-last:]
-        if not chosen:
-            typer.echo("[]" if as_json else f"no runs under {root}")
-            return
-        failures: list = []
+        show_status(runs, runs_dir, last, as_json, watch=watch, interval=interval)
 
-        def query(runs: list) -> dict:
-            return _query(runs, failures)
 
-        if watch:
-            import sys
-
-            from hetrun.cli.status_watch import watch as live_watch
-
-            live_watch(chosen, query, interval, sys.stdout.isatty(), typer.echo)
-            return
-        if as_json:
-            import json
-
-            typer.echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
+def fast_args(argv: list[str]) -> dict | None:
+    """``hetrun status`` arguments parsed without Typer (whose parameter coercion imports
+    pydantic and builds every command: over a second of a status that should answer in
+    squeue's time), for the plain forms: RUN..., --runs-dir DIR, -n/--last N, --json. None for
+    anything else (--watch, --help, a bad value...): Typer parses those, with its messages."""
+    out: dict = {"runs": [], "runs_dir": None, "last": 20, "as_json": False}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        key, eq, value = word.partition("=")
+        if word == "--json":
+            out["as_json"] = True
+        elif key in ("--runs-dir", "--last", "-n") and (eq or i + 1 < len(argv)):
+            if not eq:
+                i += 1
+                value = argv[i]
+            if key == "--runs-dir":
+                out["runs_dir"] = Path(value)
+            elif value.lstrip("-").isdigit():
+                out["last"] = int(value)
+            else:
+                return None
+        elif word.startswith("-") or not word:
+            return None
         else:
-            _print_table(chosen, query(chosen))
-        if failures:
-            raise failures[-1]
+            out["runs"].append(word)
+        i += 1
+    return out
+
+
+def show_status(runs: list[str] | None, runs_dir: Path | None, last: int, as_json: bool, *,
+                watch: bool = False, interval: float = 2.0) -> None:
+    """The body of `hetrun status` (its Typer command and ``fast_args``' path both call it)."""
+    from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
+
+    root = runs_root(runs_dir)
+    chosen = [find_run(ref, root) for ref in runs] if runs else list_runs(root)
+    if not runs and last > 0:
+        chosen = chosen[-last:]
+    if not chosen:
+        typer.echo("[]" if as_json else f"no runs under {root}")
+        return
+    failures: list = []
+
+    def query(runs: list) -> dict:
+        return _query(runs, failures)
+
+    if watch:
+        import sys
+
+        from hetrun.cli.status_watch import watch as live_watch
+
+        live_watch(chosen, query, interval, sys.stdout.isatty(), typer.echo)
+        return
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
+    else:
+        _print_table(chosen, query(chosen))
+    if failures:
+        raise failures[-1]
 
 
 def _query(runs: list, failures: list) -> dict:
@@ -120,6 +156,21 @@ def _query(runs: list, failures: list) -> dict:
                 results[run.run_dir] = RunStatus(
                     run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
     return results
+
+
+def _never_placed(run_dir: str) -> bool:
+    """No component of the run was ever placed by hetrun: its job.yaml names no placement, its
+    plan.json records no choice and no resume replaced the plan (then every cell would read
+    "fixed (from the YAML)": the table skips the YAML parse, the slow part of a status)."""
+    from hetrun.reports.placement import archived_plans
+    from hetrun.slurm_plugin.rundir import JOB_YAML, PLAN_JSON
+
+    try:
+        job = (Path(run_dir) / JOB_YAML).read_bytes()
+        plan = (Path(run_dir) / PLAN_JSON).read_bytes()
+    except OSError:
+        return False
+    return b"placement" not in job and b'"placement"' not in plan and not archived_plans(Path(run_dir))
 
 
 def _placement_section(run_dir: str) -> dict | None:
@@ -172,7 +223,8 @@ def _print_table(chosen: list, results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    placed = {run.run_dir: _placements(_placement_section(run.run_dir)) for run in chosen}
+    placed = {run.run_dir: {} if _never_placed(run.run_dir) else _placements(_placement_section(run.run_dir))
+              for run in chosen}
     # The column only where some component was placed by hetrun: "fixed (from the YAML)" on
     # every row says nothing and takes the width the failure reasons need.
     show_placement = any(text != FIXED_TEXT for cells in placed.values() for text in cells.values())

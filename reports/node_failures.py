@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime.events import read_events
+from .reader import EventStream
 
 
 def _state_text(restores: list[Mapping[str, Any]], memory: list[Mapping[str, Any]]) -> str:
@@ -71,7 +71,7 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def node_failure_lines(run_dir: str | Path) -> list[str]:
-    try:
-        return failure_lines(read_events(run_dir))
+    try:  # only the kinds failure_lines reads: the other lines are not parsed (`hetrun status` calls this per run)
+        return failure_lines(EventStream(run_dir, kinds=("node_failure", "restore", "memory_restore")))
     except OSError:
         return []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,8 @@ class EventStream:
         self.kinds = None if kinds is None else frozenset(kinds)
         # '"ev":"x"' as EventLog writes it, or '"ev": "x"' as json.dumps' default spacing
         # (the batch script's lines); a bare '"start"' would also match every action's key.
-        self._needles = None if self.kinds is None else [
-            f'"ev":{sep}{json.dumps(k)}'.encode() for k in self.kinds for sep in ("", " ")]
+        self._needle = None if self.kinds is None else re.compile(
+            b'"ev": ?"(?:' + b"|".join(re.escape(json.dumps(k)[1:-1].encode()) for k in sorted(self.kinds)) + b')"')
         self.skipped = 0
         self.lines = 0
 
@@ -53,13 +54,11 @@ class EventStream:
         except OSError:
             return
         with fh:
-            for raw in fh:
-                self.lines += 1
+            for raw in fh if self._needle is None else self._kept_lines(fh, self._needle):
+                self.lines += self._needle is None
                 if not raw.endswith(b"\n"):
                     self.skipped += 1  # the torn last line of a killed run
                     break
-                if self._needles is not None and not any(n in raw for n in self._needles):
-                    continue
                 try:
                     record = parse_line(raw)
                 except (ValueError, UnicodeDecodeError):
@@ -69,3 +68,23 @@ class EventStream:
                     self.skipped += 1
                 elif self.kinds is None or record.get("ev") in self.kinds:
                     yield record
+
+    def _kept_lines(self, fh: Any, needle: re.Pattern[bytes]) -> Iterator[bytes]:
+        """The lines holding one of the kinds, found by one regular-expression scan per 8 MiB
+        block (C speed: the other lines are neither split nor parsed); counts every line."""
+        rest = b""
+        while chunk := fh.read(1 << 23):
+            block = rest + chunk
+            cut = block.rfind(b"\n") + 1
+            block, rest = block[:cut], block[cut:]
+            self.lines += block.count(b"\n")
+            end = 0
+            for m in needle.finditer(block):
+                if m.start() < end:
+                    continue  # a second match on a line already kept
+                start = block.rfind(b"\n", 0, m.start()) + 1
+                end = block.index(b"\n", m.end()) + 1
+                yield block[start:end]
+        if rest:
+            self.lines += 1
+            yield rest  # the torn last line: skipped by the caller

@@ -1,0 +1,79 @@
+"""`hetrun status` with many runs (issue 24): its plain forms skip Typer's start-up (whose
+parameter coercion imports pydantic) and print what the Typer path prints; with 100 runs in
+the directory it makes one squeue call (and one sacct for the runs that left the queue);
+the event reader's fast scan keeps exactly the lines the line-by-line reader kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hetrun.cli.status_cmd import fast_args
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from status_scale import make_runs, shim  # the benchmark's runs: one home for their shape
+
+PROBE = """
+import sys
+from hetrun.cli.app import main
+try:
+    main({argv!r})
+except SystemExit:
+    pass
+print("PYDANTIC=" + str("pydantic" in sys.modules))
+"""
+
+
+def test_fast_args_take_the_plain_forms_only() -> None:
+    assert fast_args(["r1", "--runs-dir", "/x", "-n", "0", "--json"]) == {
+        "runs": ["r1"], "runs_dir": Path("/x"), "last": 0, "as_json": True}
+    assert fast_args(["--runs-dir=/x", "--last=3"]) == {"runs": [], "runs_dir": Path("/x"), "last": 3,
+                                                        "as_json": False}
+    for typer_parses in (["--watch"], ["--help"], ["-n", "x"], ["--interval", "1"], ["--runs-dir"], ["-w"]):
+        assert fast_args(typer_parses) is None, typer_parses
+
+
+def test_status_of_100_runs_one_squeue_no_pydantic_same_as_typer(slurm_cluster, shared_tmp: Path) -> None:
+    runs, bin_dir, log = shared_tmp / "runs", shared_tmp / "bin", shared_tmp / "calls.log"
+    bin_dir.mkdir()
+    make_runs(runs, 100)
+    shim(bin_dir, log)
+    env = {**os.environ, "HETRUN_RUNS": str(runs), "PATH": f"{bin_dir}:{os.environ['PATH']}", "COLUMNS": "200"}
+
+    def run(argv: list[str]) -> str:
+        log.write_text("")
+        proc = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    fast = run(["status", "--json"])
+    assert sorted(log.read_text().split()) == ["sacct", "squeue"]  # one each, for 20 runs
+    assert "PYDANTIC=False" in fast
+    typer_path = run(["status", "--json", "--interval", "2"])  # --interval: only Typer parses it
+    assert "PYDANTIC=True" in typer_path
+    doc = json.loads(fast.rsplit("PYDANTIC", 1)[0])
+    assert doc == json.loads(typer_path.rsplit("PYDANTIC", 1)[0]) and len(doc) == 20
+    assert doc[0]["counts"]["preemptions"] == 1 and doc[0]["work_lost"] == 9
+    table = run(["status", "--last", "0"])
+    assert table.count("bench-") == 100 and sorted(log.read_text().split()) == ["sacct", "squeue"]
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_the_kinds_scan_keeps_what_the_line_reader_kept(tmp_path: Path, torn: bool) -> None:
+    from hetrun.reports.reader import EventStream
+
+    lines = [{"ev": "start", "rank": 0}, {"ev": "action", "type": "start", "iteration": 1},
+             {"ev": "restore", "rank": 0, "message": 'said "ev":"start" once'}, {"ev": "exit", "code": 0}]
+    text = json.dumps(lines[0]) + "\n" + "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in lines[1:])
+    (tmp_path / "events.jsonl").write_text(text + ('{"ev":"start","ra' if torn else ""))
+    kept = EventStream(tmp_path, kinds=("start", "restore"))
+    assert [e["ev"] for e in kept] == ["start", "restore"]
+    everything = EventStream(tmp_path)
+    assert len(list(everything)) == 4
+    assert (kept.lines, kept.skipped) == (everything.lines, everything.skipped) == (5 if torn else 4, int(torn))
+
