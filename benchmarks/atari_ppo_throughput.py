@@ -371,7 +371,7 @@ def main() -> None:
         docs = [json.loads(f.read_text()) for f in args.merge]
         results = [r for d in docs for r in d["runs"]]
         args.raw_ale = docs[0].get("raw_ale")
-        print("loads: " + "; ".join(f"{d['load_before']} -> {d['load_after']}" for d in docs))
+        print("loads: " + "; ".join(f"{d['load_before']} -> {d['load_after'] or '(ended early)'}" for d in docs))
         print(table(results, args))
         return
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
@@ -383,6 +383,9 @@ def main() -> None:
             print(f"running {mode}", file=sys.stderr, flush=True)
             r = run_peer(mode, args) if is_peer(mode) else run_hetrun(mode, args, Path(tmp))
             results.append(r)
+            if args.json:  # after every run: a hold that ends early keeps what it measured
+                args.json.write_text(json.dumps({"load_before": load, "load_after": None, "argv": sys.argv[1:],
+                                                 "raw_ale": args.raw_ale, "runs": results}, indent=1))
             if r.get("failed"):
                 print(f"  {mode}: {r['failed']}", file=sys.stderr, flush=True)
                 continue

@@ -754,8 +754,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ppo-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        results = [run_one(seed, phase, mode, args, workdir)
-                   for seed, phase, modes in run_order(args) for mode in modes]
+        results = []
+        for seed, phase, modes in run_order(args):
+            for mode in modes:
+                results.append(run_one(seed, phase, mode, args, workdir))
+                if args.json:  # after every run: a hold that ends early keeps what it measured
+                    args.json.write_text(json.dumps({"load_before": args.load_before, "argv": sys.argv[1:],
+                                                     "load_after": None, "runs": results}, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"load_before": args.load_before, "argv": sys.argv[1:],
                                          "load_after": f"{os.getloadavg()[0]:.2f}", "runs": results},
