@@ -58,7 +58,7 @@ from hetrun.dag.routing import enforced_lag, fed_ranks, feeding_ranks
 
 from hetrun.errors import HetrunError, RuntimeFailure
 
-from . import mpi_wait, recovery
+from . import mpi_wait, preempt, recovery
 from .api.collectives import MPIMaxReduce
 from .api.run import save_state
 from .api.stop import IterationAgreement
@@ -377,6 +377,8 @@ class Executor:
                           window=self.agreement.window, signalled=bool(self.stop_level))
             self._checkpoint(resume_at, reason="preempt")
             code = self.hooks.stop_exit_code(self.ctx)
+            if code in (preempt.EXIT_REQUEUE, preempt.EXIT_TERMINATED):
+                preempt.say_clean_stop(self.ctx.component, self.ctx.rank, code, resume_at)
         elif last_done + 1 == self.plan.iterations and saves_at_end(self.plan, last_done + 1):
             end = last_done + 1
             self._checkpoint(end, reason="interval" if checkpoint_boundary(self.plan, end) else "final")

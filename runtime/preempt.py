@@ -34,6 +34,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -242,6 +243,17 @@ def exit_code(ctx: Any) -> int:
 
     resume.flush(ctx)
     return _code()
+
+
+def say_clean_stop(component: str, rank: int, code: int, resume_at: int | None) -> None:
+    """One line in the rank's own log (stderr) before an agreed stop's exit: the launcher's
+    "Exited with exit code 143" that follows reads like a crash; this says it was not."""
+    why = "preemption (SIGTERM)" if code == EXIT_TERMINATED else "requeue (warning signal or time limit)"
+    at = f" at step {resume_at}" if resume_at is not None else ""
+    sys.stderr.write(f"hetrun: rank {rank} ({component}) stopped cleanly for {why}: its checkpoint{at} is "
+                     f"saved; exiting {code} so the job is requeued and resumes there (not a crash: srun's "
+                     f"'Exited with exit code {code}' below reports this exit)\n")
+    sys.stderr.flush()
 
 
 def _code() -> int:

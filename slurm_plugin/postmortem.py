@@ -236,6 +236,10 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     this = {"ev": "attempt_end", "restart_count": restart, "outcome": result}
     counts = count_attempts([*previous, this], restart_count=restart)
     requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
+    if result == "failed" and not requeue and not deaths and _deterministic(attempt.runtime_failures):
+        # The rank's own exception or exit code: a requeue would fail the same way, so the
+        # max_failures hint (which could only help a node or signal death) is not given.
+        why = "failed; not requeued: the rank's own error would most likely recur on a restart (fix it, then `hetrun resume`)"
     reason = forced_reason or why
     ignored = [e for e in events_of(run_dir, ("stop_ignored",)) if e.get("restart_count") == restart]
     if ignored:
@@ -251,6 +255,25 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
                           failed_ranks=[d.rank for d in deaths],
                           **({"stop_ignored": [e.get("rank") for e in ignored]} if ignored else {}))
     return requeue, record
+
+
+def _deterministic(failures: Sequence[Mapping[str, Any]]) -> bool:
+    """Every failure the ranks reported is their own error (an exception, an exit code, a
+    program not found), none a signal from outside (a kill, the OOM killer)."""
+    return bool(failures) and all(not f.get("signal") for f in failures)
+
+
+def clean_stop_note(record: Mapping[str, Any]) -> str | None:
+    """For the logs a user opens after an attempt that stopped as asked (preempted, time limit,
+    every rank exited with the stop code): what srun's lines above it mean."""
+    if record.get("outcome") not in ("preempted", "time_limit") or record.get("failed_ranks"):
+        return None
+    code = TERM_EXIT_CODE if record["outcome"] == "preempted" else REQUEUE_EXIT_CODE
+    then = "the job was requeued and resumes from that checkpoint" if record.get("requeued") else \
+        f"it was not requeued ({record.get('reason')})"
+    return (f"hetrun: attempt {record.get('restart_count')} stopped cleanly ({record['outcome'].replace('_', ' ')}): "
+            f"the ranks saved their checkpoint and exited {code} as asked; srun's 'forcing job termination' and "
+            f"'Exited with exit code {code}' lines report that exit, not a crash; {then}")
 
 
 def _describe(d: Death) -> str:
@@ -331,6 +354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"hetrun: post-mortem of {args.run_dir} failed: {exc}\n")
         return 1
     sys.stderr.write(f"hetrun: attempt {args.restart} ended: {rec['outcome']}: {rec['reason']}\n")
+    note = clean_stop_note(rec)
+    if note:  # the batch log (stderr) and the launcher's log, where srun's exit lines are
+        sys.stderr.write(note + "\n")
+        if args.log is not None and args.log.is_file():
+            with args.log.open("a") as fh:
+                fh.write(note + "\n")
     if requeue and args.launcher == "srun" and args.signal == "TERM":
         # Preempted (PreemptMode=REQUEUE): Slurm requeued this job itself; start it again
         # seconds after it ends rather than after Slurm's credential hold (requeue_hold.py).

@@ -152,3 +152,10 @@ def _report_says_it_in_the_command_s_terms(run_dir: Path, steps: int) -> None:
     status = json.loads(cli([sys.executable, "-m", "hetrun.cli", "status", str(run_dir), "--json"]).stdout)[0]
     assert doc["headline"]["preemptions"] == doc["counts"]["preemptions"] == status["counts"]["preemptions"] == 3
     assert doc["headline"]["command_steps"] == {"trainer": steps}
+    # A clean preemption reads as one in every log a user opens: the rank's, srun's, the batch's.
+    logs = run_dir / "logs"
+    rank_log = next(logs.glob("trainer-*-0.out")).read_text()
+    assert rank_log.count("hetrun: rank 0 (trainer) stopped cleanly for preemption (SIGTERM)") == 3, rank_log
+    for pattern in ("srun-*-0.err", "batch-*.out"):
+        text = next(logs.glob(pattern)).read_text()
+        assert "hetrun: attempt 0 stopped cleanly (preempted)" in text and "not a crash" in text, (pattern, text)

@@ -187,3 +187,35 @@ def test_slurm_submit_wait_and_status_show_the_failing_ranks_line(slurm_cluster,
         job_id = json.loads((run_dir / "run.json").read_text()).get("job_id") if (run_dir / "run.json").is_file() else None
         if job_id:
             subprocess.run(["scancel", str(job_id).split(";")[0]], capture_output=True, check=False)
+
+
+def test_the_max_failures_hint_only_where_a_requeue_could_help(tmp_path: Path) -> None:
+    """Issue 24: a rank's own exception would recur on a restart: no 'set max_failures' hint;
+    a rank killed by a signal (a node, the OOM killer) could be helped by a requeue: the hint."""
+    (tmp_path / "raised").mkdir()
+    (tmp_path / "killed").mkdir()
+    raised = _run_dir(tmp_path / "raised")
+    append_event(raised, "rank_failure", rank=0, component="learner", node="n1", signal=None, exit_code=6,
+                 detected_by="runtime", restart_count=0, action="forward", iteration=3, message="ValueError: x")
+    _, end = finish_attempt(raised, restart=0, exit_code=6, launcher="mpirun", log_text="")
+    assert "max_failures" not in end["reason"] and "would most likely recur" in end["reason"], end
+    killed = _run_dir(tmp_path / "killed")
+    append_event(killed, "rank_failure", rank=1, component="rollout", node="n2", signal="SIGKILL", exit_code=None,
+                 detected_by="runtime", restart_count=0, message="python3 killed by SIGKILL", command=True)
+    _, end = finish_attempt(killed, restart=0, exit_code=9, launcher="srun", log_text="")
+    assert "set it above 0 to requeue failures" in end["reason"], end
+
+
+def test_a_clean_preemption_is_said_to_be_one_in_the_launcher_s_log(tmp_path: Path) -> None:
+    from hetrun.slurm_plugin.postmortem import main
+
+    run_dir = _run_dir(tmp_path)
+    for rank, comp in ((0, "learner"), (1, "rollout"), (2, "rollout")):
+        append_event(run_dir, "start", rank=rank, component=comp, restart_count=0)
+        append_event(run_dir, "exit", rank=rank, component=comp, restart_count=0, code=143)
+    log = run_dir / "logs" / "srun-7-0.err"
+    log.write_text("srun: forcing job termination\nsrun: error: n1: task 0: Exited with exit code 143\n")
+    assert main([str(run_dir), "--exit-code", "143", "--signal", "TERM", "--log", str(log), "--launcher", "mpirun"]) == 0
+    said = log.read_text().splitlines()[-1]
+    assert said.startswith("hetrun: attempt 0 stopped cleanly (preempted): the ranks saved their checkpoint and "
+                           "exited 143 as asked") and "not a crash" in said, said

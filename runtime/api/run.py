@@ -245,6 +245,8 @@ class Run:
         (Slurm preempting or cancelling) exit 143: Slurm requeues by its own
         policy, a cancel stays cancelled."""
         code = preempt.exit_code(self.ctx)  # flushes the writer first
+        preempt.say_clean_stop(self.component, self.rank, code,
+                               None if self._saved_step is None else self._saved_step + 1)
         requeued = None
         if code == preempt.EXIT_REQUEUE and self.rank == 0 and self.env.job_id:
             requeued = _scontrol_requeue(self.env.job_id)
