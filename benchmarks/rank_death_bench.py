@@ -43,6 +43,8 @@ from hetrun.dag.spec import spec_from_dict
 from hetrun.slurm_plugin.rundir import events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec
 
+from hetrun.rundir import event_time
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "rank_death.json"
 OLD_SRUN = """#!/bin/bash
@@ -93,7 +95,7 @@ def trial(root: Path, mode: str, rank: int, timeout_s: int) -> dict[str, Any]:
     return {
         "mode": mode, "rank": rank, "component": victim["component"], "node": victim["node"],
         "to_gone": round(gone - killed, 3),
-        "to_attempt_end": round(ends[0]["t"] - killed, 3) if ends else None,
+        "to_attempt_end": round(event_time(ends[0]) - killed, 3) if ends else None,
         "named": [(f.get("rank"), f.get("component"), f.get("signal"), f.get("detected_by")) for f in fails],
         "run_dir": str(run_dir),
     }

@@ -42,6 +42,7 @@ from hetrun.dag.spec import (
 from hetrun.dag.spec_errors import locate_graph_error
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
+from hetrun import rundir
 from hetrun.errors import GraphError, RunDirError
 
 PLAN_VERSION = 1
@@ -81,7 +82,7 @@ class PlanAction(BaseModel):
     every: int = Field(1, ge=1, description="runs on iterations i with (i + 1) % every == 0")
 
     def runs_at(self, iteration: int) -> bool:
-        return (iteration + 1) % self.every == 0
+        return rundir.runs_at(self.every, iteration)
 
     def members(self) -> list[str]:
         """The action ids this dispatch runs, in order (itself when not fused)."""
@@ -179,7 +180,7 @@ class Plan(BaseModel):
         return self.model_dump_json(indent=2) + "\n"
 
     @classmethod
-    def from_json(cls, text: str | bytes, source: str = "plan.json") -> Plan:
+    def from_json(cls, text: str | bytes, source: str = rundir.PLAN_JSON) -> Plan:
         """Parse a plan; a damaged or foreign file is a ``RunDirError`` naming what is wrong."""
         try:
             raw = json.loads(text)

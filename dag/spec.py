@@ -32,6 +32,7 @@ from pydantic import (
 )
 
 from hetrun.errors import SpecError
+from hetrun.rundir import DEFAULTS
 
 ActionType = Literal["forward", "backward", "optimize", "sync", "rollout", "checkpoint", "eval"]
 ACTION_TYPES: tuple[str, ...] = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")
@@ -273,16 +274,17 @@ class SlurmSpec(_Section):
 
 
 class CheckpointSpec(_Section):
-    interval: int = Field(10, ge=0, le=1_000_000_000, description="checkpoint every N iterations; 0 = never")
+    interval: int = Field(DEFAULTS.checkpoint_interval, ge=0, le=1_000_000_000,
+                          description="checkpoint every N iterations; 0 = never")
     directory: str | None = Field(None, description="default: <run_dir>/ckpt")
-    keep: int = Field(3, ge=1, le=10_000)
+    keep: int = Field(DEFAULTS.checkpoint_keep, ge=1, le=10_000)
     optimizer_encoding: Literal["exact", "lossy-4bit"] = Field(
-        "exact",
+        DEFAULTS.optimizer_encoding,  # type: ignore[arg-type]
         description="exact (default) or lossy-4bit: LOSSY, Adam moments (exp_avg, exp_avg_sq) stored as "
                     "blockwise 4-bit codes (~0.35x of torch.save for AdamW); weights, steps and RNG stay exact",
     )
     max_delta_chain: int = Field(
-        4, ge=1, le=64,
+        DEFAULTS.max_delta_chain, ge=1, le=64,
         description="longest chain of delta checkpoints a chunk may depend on (1 = every checkpoint "
                     "standalone). Longer: fewer bytes; shorter: faster restore (benchmarks/ckpt.md)",
     )
@@ -308,14 +310,15 @@ class CheckpointSpec(_Section):
 
 
 class PreemptionSpec(_Section):
-    signal: str = Field("USR1", description="signal Slurm sends before the time limit")
-    grace_seconds: int = Field(60, ge=1, le=65535, description="seconds between the signal and the kill")
+    signal: str = Field(DEFAULTS.preemption_signal, description="signal Slurm sends before the time limit")
+    grace_seconds: int = Field(DEFAULTS.grace_seconds, ge=1, le=65535,
+                               description="seconds between the signal and the kill")
     # Budgets (hetrun.dag.budgets): preemptions and failures are limited apart.
     max_preemptions: int | None = Field(
         None, ge=0, le=1_000_000,
         description="preemptions + time-limit requeues a run may take; null (default) = unlimited")
     max_failures: int = Field(
-        0, ge=0, le=1000,
+        DEFAULTS.max_failures, ge=0, le=1000,
         description="failures (a rank died or raised) to requeue and resume from the newest checkpoint; "
                     "0 (default) = a failure ends the run")
     max_restarts: int | None = Field(

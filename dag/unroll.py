@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from hetrun.dag.plan import Plan
 from hetrun.dag.routing import enforced_lag, fed_ranks
 
+from hetrun import rundir
 from hetrun.errors import GraphError
 
 _IDENTITY = 0  # rank r -> rank r (same width)
@@ -118,7 +119,7 @@ def unroll(plan: Plan, iterations: int, *, per_rank: bool = False, start: int = 
     block_of: dict[tuple[int, int], int] = {}  # (iteration, template index) -> block
     for it in range(start, start + iterations):
         for t in range(len(actions)):
-            if (it + 1) % every[t]:
+            if not rundir.runs_at(every[t], it):
                 continue
             b = len(block_tpl)
             block_of[(it, t)] = b

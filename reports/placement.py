@@ -17,14 +17,11 @@ of the record but ``partition`` may be absent (older runs, newer fields).
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 from typing import Any
 
-# Written by hetrun.slurm_plugin.resume_run (the runtime does not import the Slurm side).
-ARCHIVED_PLAN = re.compile(r"^plan-before-attempt-(\d+)\.json$")
-LOGS_DIR = "logs"
+from hetrun.rundir import JOB_YAML, LOGS, PLAN_JSON, RunPaths
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -40,7 +37,7 @@ def yaml_modes(run_dir: Path) -> dict[str, str]:
     import yaml
 
     try:
-        spec = yaml.safe_load((run_dir / "job.yaml").read_text())
+        spec = yaml.safe_load((run_dir / JOB_YAML).read_text())
     except (OSError, yaml.YAMLError):
         return {}
     comps = spec.get("components") if isinstance(spec, dict) else None
@@ -83,14 +80,7 @@ def _plan_rows(plan: dict[str, Any], modes: dict[str, str]) -> list[dict[str, An
 
 def archived_plans(run_dir: Path) -> list[tuple[int, Path]]:
     """(restart count of the job that replaced it, path) of every plan a resume replaced, oldest first."""
-    logs = run_dir / LOGS_DIR
-    found = []
-    if logs.is_dir():
-        for p in logs.iterdir():
-            m = ARCHIVED_PLAN.match(p.name)
-            if m:
-                found.append((int(m.group(1)), p))
-    return sorted(found)
+    return RunPaths(run_dir).archived_plans()
 
 
 def ran_on(accounting_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,7 +101,7 @@ def placement_section(run_dir: Path, plan: dict[str, Any], resumed_at: list[int]
     modes = yaml_modes(run_dir)
     out, first = [], 0
     for restart, path in archived_plans(run_dir):
-        out.append({"first_restart": first, "last_restart": restart - 1, "source": f"{LOGS_DIR}/{path.name}",
+        out.append({"first_restart": first, "last_restart": restart - 1, "source": f"{LOGS}/{path.name}",
                     "components": _plan_rows(_read_json(path), modes)})
         first = restart
     note = None
@@ -120,7 +110,7 @@ def placement_section(run_dir: Path, plan: dict[str, Any], resumed_at: list[int]
         note = (f"attempts before restart {missing[-1]} ran with a plan a resume replaced without keeping it; "
                 "only the newest placement is known")
         first = missing[-1]
-    out.append({"first_restart": first, "last_restart": None, "source": "plan.json",
+    out.append({"first_restart": first, "last_restart": None, "source": PLAN_JSON,
                 "components": _plan_rows(plan, modes)})
     return {"attempts": out, "ran_on": ran_on(accounting_rows or []), "note": note}
 

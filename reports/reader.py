@@ -17,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime.events import EVENTS_FILE
+from hetrun.rundir import EVENTS as EVENTS_FILE
+from hetrun.rundir import event_time as line_time
 
 try:  # ~4x json's speed on event lines; the stdlib parser reads the same lines
     from orjson import loads as parse_line
@@ -26,13 +27,12 @@ except ImportError:  # pragma: no cover - orjson is a dependency
 
 
 def event_time(e: dict[str, Any]) -> float | None:
-    """When an event happened: ``end`` for actions, else ``time`` (EventLog), else ``t``
-    (lines the batch script or the local supervisor write themselves)."""
-    for key in ("end", "time", "t"):
-        v = e.get(key)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return float(v)
-    return None
+    """When an event happened: ``end`` for actions, else when its line was written
+    (``hetrun.rundir.event_time``: ``time``, or an old run's ``t``)."""
+    v = e.get("end")
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        return float(v)
+    return line_time(e)
 
 
 class EventStream:

@@ -47,6 +47,8 @@ from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PlanView, load_plan
 
+from hetrun.rundir import RunPaths
+
 # MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 20000. Components
 # of one job never share a port (at most 32 components); jobs whose ids differ
 # by less than 625 never do either. The run API's own choice for a plain srun
@@ -130,7 +132,7 @@ def _log_path(run_dir: Path, component: str, comp_rank: int) -> str | None:
             return path
     except OSError:
         pass
-    found = [p for p in (run_dir / "logs").glob(f"{component}-*-{comp_rank}.out")
+    found = [p for p in RunPaths(run_dir).logs.glob(f"{component}-*-{comp_rank}.out")
              if re.fullmatch(rf"{re.escape(component)}-\d+-{comp_rank}\.out", p.name)]
     return str(max(found, key=lambda p: p.stat().st_mtime)) if found else None
 
@@ -154,7 +156,7 @@ def _run(argv: Sequence[str], env: dict[str, str], cwd: str, events: EventLog, l
     # The stop signals wait, blocked, for the StopWatch (it learns who sent each one).
     command_stop.block_signals()
     child = subprocess.Popen(list(argv), env=env, cwd=cwd, preexec_fn=command_stop.child_signals)
-    watch = command_stop.StopWatch(child, events, run_dir, float(plan.preemption.get("grace_seconds") or 60))
+    watch = command_stop.StopWatch(child, events, run_dir, float(plan.preemption.grace_seconds))
     code = watch.wait()
     rc = watch.exit_code(code)
     stopped = bool(watch.received) or code in (0, preempt.EXIT_REQUEUE, preempt.EXIT_TERMINATED)

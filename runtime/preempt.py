@@ -40,6 +40,8 @@ import time
 from typing import Any
 
 from hetrun.errors import RuntimeFailure
+from hetrun.planfile import PreemptionSection
+from hetrun.rundir import DEFAULTS
 
 EXIT_REQUEUE = 85
 EXIT_TERMINATED = 128 + signal.SIGTERM
@@ -62,7 +64,7 @@ class _State:
         self.deadline: float | None = None  # job end (epoch seconds), if known
         self.deadline_checked = False
         self.watchdog: threading.Timer | None = None
-        self.grace_s = 60.0
+        self.grace_s = float(DEFAULTS.grace_seconds)
         self.on_hard_deadline: Any = None
         self.agreed_level: int | None = None  # max over all ranks, once agreed
 
@@ -79,9 +81,14 @@ def _handler(signum: int, frame: Any) -> None:
         prev(signum, frame)
 
 
+def preemption_settings(ctx: Any) -> PreemptionSection:
+    """The job's ``preemption`` section (its defaults without a plan: a script hetrun did not submit)."""
+    plan = getattr(ctx, "plan", None)
+    return plan.preemption if plan is not None else PreemptionSection()
+
+
 def warning_signal(ctx: Any) -> int:
-    pre = getattr(getattr(ctx, "plan", None), "preemption", None) or {}
-    name = str(pre.get("signal") or "USR1").upper().removeprefix("SIG")
+    name = preemption_settings(ctx).signal.upper().removeprefix("SIG")
     if name not in _ALLOWED:
         raise RuntimeFailure(f"preemption.signal={name!r} is not supported",
                              hint=f"use one of {', '.join(_ALLOWED)}")
@@ -94,8 +101,7 @@ def install(ctx: Any) -> None:
     terminates the process)."""
     if _S.installed or threading.current_thread() is not threading.main_thread():
         return
-    pre = getattr(getattr(ctx, "plan", None), "preemption", None) or {}
-    _S.grace_s = float(pre.get("grace_seconds", 60) or 60)
+    _S.grace_s = float(preemption_settings(ctx).grace_seconds)
     for signum in {warning_signal(ctx), signal.SIGTERM}:
         prev = signal.signal(signum, _handler)
         if prev is not _handler:

@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetrun.runtime import attempts, mpi_wait, preempt, resize
-from hetrun.runtime.plan_view import checkpoint_root
+from hetrun.runtime.plan_view import CheckpointSection
 
 from hetrun.errors import CheckpointError, RuntimeFailure
+from hetrun.rundir import CKPT_LOCAL_ENV, RunPaths
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     # An executor's rank or a script's (the public run API): the same calls serve both.
     Ctx: TypeAlias = RankContext | ApiContext
 
-LOCAL_ENV = "HETRUN_CKPT_LOCAL"
+LOCAL_ENV = CKPT_LOCAL_ENV
 
 
 @dataclass
@@ -94,17 +95,21 @@ def max_restarts(ctx: Ctx) -> int | None:
     return None if plan is None else Budgets.from_preemption(plan.preemption).max_preemptions
 
 
-def checkpoint_dir(ctx: Ctx) -> Path:
+def checkpoint_settings(ctx: Ctx) -> CheckpointSection:
+    """The job's ``checkpoint`` section (its defaults without a plan: a script hetrun did not submit)."""
     plan = getattr(ctx, "plan", None)
-    directory = ((plan.checkpoint if plan is not None else {}) or {}).get("directory")
-    return checkpoint_root(ctx.run_dir, directory) / ctx.component
+    return plan.checkpoint if plan is not None else CheckpointSection()
+
+
+def checkpoint_dir(ctx: Ctx) -> Path:
+    return RunPaths(ctx.run_dir).store(ctx.component, checkpoint_settings(ctx).directory)
 
 
 def _local_dir(ctx: Ctx) -> Path | None:
     base = os.environ.get(LOCAL_ENV)
     if not base:
         return None
-    return Path(base) / Path(ctx.run_dir).name / ctx.component
+    return RunPaths(ctx.run_dir).local_store(base, ctx.component)
 
 
 def _collective(comm: Any) -> Any:
@@ -122,7 +127,7 @@ def _slot(ctx: Ctx) -> _Slot:
         from hetrun.runtime.ckpt import open_store, tiers_for
         from hetrun.runtime.ckpt.writer import CheckpointWriter
 
-        cfg = (getattr(ctx, "plan", None) and ctx.plan.checkpoint) or {}
+        cfg = checkpoint_settings(ctx)
         # A ctx may bring its own collective (the public run API over torch.distributed).
         coll = getattr(ctx, "collective", None) or _collective(getattr(ctx, "comm", None))
         tiers = tiers_for(checkpoint_dir(ctx), _local_dir(ctx))
@@ -130,11 +135,11 @@ def _slot(ctx: Ctx) -> _Slot:
         # background (runtime/ckpt/object_rank.py), read last at restore.
         from hetrun.runtime.ckpt import object_rank
 
-        keep = int(cfg.get("keep", 3) or 3)
+        keep = cfg.keep
         cold = object_rank.for_rank(cfg, ctx.component, tiers, rank=coll.rank, world_size=coll.size, keep=keep,
                                     emit=lambda ev: _events(ctx).emit(ev.pop("ev"), **ev))
         writer = CheckpointWriter(tiers, collective=coll, keep=keep,
-                                  max_delta_chain=int(cfg.get("max_delta_chain", 4) or 4),
+                                  max_delta_chain=cfg.max_delta_chain,
                                   threads=max(1, min(4, os.cpu_count() or 1)),
                                   on_event=cold.on_commit if cold is not None else None)
         store = open_store(checkpoint_dir(ctx), _local_dir(ctx))
@@ -450,10 +455,8 @@ def _encode_and_save(slot: _Slot, iteration: int, snapshot: Any, rng: Any,
 
 
 def optimizer_encoding(ctx: Ctx) -> str:
-    """``checkpoint.optimizer_encoding`` of the plan ("exact" without a plan)."""
-    plan = getattr(ctx, "plan", None)
-    cfg = (plan.checkpoint if plan is not None else {}) or {}
-    return str(cfg.get("optimizer_encoding") or "exact")
+    """``checkpoint.optimizer_encoding`` of the plan (the default without a plan)."""
+    return checkpoint_settings(ctx).optimizer_encoding
 
 
 def flush(ctx: Ctx) -> dict[str, Any] | None:

@@ -38,6 +38,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hetrun.errors import RunDirError
+from hetrun.planfile import read_plan
+
 from .rundir import append_event, events_of
 
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -163,12 +166,9 @@ def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = P
 
 
 def _components(run_dir: Path) -> list[str]:
-    import json
-
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-        return [str(c["name"]) for c in plan.get("components") or []]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [c.name for c in read_plan(run_dir).components]
+    except RunDirError:
         return []
 
 

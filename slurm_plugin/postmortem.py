@@ -22,7 +22,6 @@ second inside Slurm's grace time.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import signal
 import subprocess
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.budgets import Budgets, count_attempts, should_requeue
+
+from hetrun.planfile import read_plan
 
 from .rundir import LOGS, PLAN_JSON, append_event, events_of
 
@@ -120,14 +121,12 @@ class Attempt:
 
     @classmethod
     def read(cls, run_dir: Path, restart: int) -> Attempt:
-        try:
-            plan = json.loads((run_dir / PLAN_JSON).read_text())
-        except FileNotFoundError:  # a bare script run by hand: no ranks to name
-            plan = {"components": []}
+        # A bare script run by hand has no plan: no ranks to name.
+        plan = read_plan(run_dir) if (run_dir / PLAN_JSON).exists() else None
         # Rank order (PlanView.first_rank): action components first, then command components.
-        ordered = sorted(enumerate(plan["components"]), key=lambda ic: ic[1].get("command") is not None)
-        comps = [(str(c["name"]), int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"])))
-                 for _, c in ordered]
+        ordered = [] if plan is None else [*plan.action_components,
+                                           *(c for c in plan.components if not c.runs_actions)]
+        comps = [(c.name, c.ntasks) for c in ordered]
         starts: dict[int, dict[str, Any]] = {}
         exits: dict[int, int] = {}
         failures: list[dict[str, Any]] = []
@@ -139,8 +138,8 @@ class Attempt:
             elif rec["ev"] == "rank_failure" and rec.get("restart_count") == restart \
                     and rec.get("detected_by") == "runtime":
                 failures.append(rec)
-        return cls(run_dir, restart, comps, dict(plan.get("preemption") or {}), starts, exits, failures,
-                   [i for i, _ in ordered])
+        return cls(run_dir, restart, comps, dict(plan.preemption) if plan is not None else {}, starts, exits,
+                   failures, [c.index for c in ordered])
 
     @property
     def size(self) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.errors import SpecError
+from hetrun.rundir import NODE_LOCAL_ROOTS, node_local_root  # noqa: F401  (submit's import path)
 
 from .inventory import SlurmNode
 
@@ -31,18 +32,6 @@ _INTERPRETER = re.compile(r"^(python(\d+(\.\d+)?)?|bash|sh|dash|zsh|ksh|perl|rub
 _NO_SCRIPT_OPTS = {"-m", "-c"}
 # Interpreter options that take a value (python -W ignore train.py, -X importtime is one word).
 _OPTS_WITH_VALUE = {"-W", "-X", "-o", "-O"}
-
-# Directories every compute node has its own copy of: what the submitting host writes
-# there, the ranks cannot see (the local cluster's slurmd run with a private /tmp exactly
-# like real nodes).
-NODE_LOCAL_ROOTS = ("/tmp", "/dev/shm", "/run")
-
-
-def node_local_root(path: Path) -> str | None:
-    """The node-private root ``path`` lies under (``/tmp``...), or None."""
-    resolved = path.expanduser().resolve()
-    return next((r for r in NODE_LOCAL_ROOTS if resolved == Path(r) or Path(r) in resolved.parents), None)
-
 
 def cluster_partitions(nodes: Sequence[SlurmNode]) -> list[str]:
     """Every partition sinfo listed, the default first."""

@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.errors import RunDirError, SpecError
+from hetrun.planfile import read_plan
+from hetrun.rundir import RunPaths
 
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES
@@ -131,14 +133,6 @@ def check_compatible(old: Any, new: Any) -> None:
                                 hint="submit a new run instead (hetrun submit JOB.yaml)")
 
 
-def _read_plan(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / PLAN_JSON).read_text())
-    except (OSError, ValueError) as exc:
-        raise RunDirError(f"{run_dir / PLAN_JSON}: cannot read the run's plan ({exc})",
-                          hint="give a run directory written by `hetrun submit`") from exc
-
-
 def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | None = None,
             backend: str | None = None) -> ResumePlan:
     """Check the run can continue and render what the new job will run; writes nothing."""
@@ -153,18 +147,19 @@ def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | Non
     sets = [*ov.sets, *(resize_sets(resize, old) if resize else []), f"env.{RESTART_BASE_ENV}={restart}"]
     new = load_spec(run_dir / JOB_YAML, replace(ov, sets=sets), check_args=False)
     check_compatible(old, new)
-    old_plan = _read_plan(run_dir)
+    old_plan = read_plan(run_dir)
     plan_d = _plan_dict(plan_for(new, backend_obj.name))
-    if old_plan.get("job_dir"):
-        plan_d["job_dir"] = old_plan["job_dir"]
-    before, after = dict(plan_components(old_plan)), dict(plan_components(plan_d))
+    if old_plan.job_dir:
+        plan_d["job_dir"] = old_plan.job_dir
+    before = {c.name: c.ntasks for c in old_plan.action_components}
+    after = dict(plan_components(plan_d))
     sizes = {c: (before.get(c, 0), n) for c, n in after.items()}
     changed = [c for c, (x, y) in sizes.items() if x != y]
     if changed and not resize:
         raise SpecError(f"these overrides change the rank count of {', '.join(changed)}",
                         hint="use `hetrun resubmit RUN --resize COMPONENT=N` to restore into other rank counts")
     if backend_obj.name != "local":
-        check_visible_to_nodes(new, run_dir.parent, Path(old_plan["job_dir"]) if old_plan.get("job_dir") else None)
+        check_visible_to_nodes(new, run_dir.parent, Path(old_plan.job_dir) if old_plan.job_dir else None)
     # placement: auto components are placed again against the pool of now (the one the old
     # attempt chose may be busy, or the sizes changed), as `hetrun submit` places them.
     from .placement_fit import place
@@ -198,7 +193,7 @@ def keep_replaced_plan(run_dir: Path, restart: int) -> None:
     placement may differ from the new one, and `hetrun report` shows each (runtime/report_placement).
     An archive already there stays: a previous resume whose submit failed wrote it, and plan.json
     now holds that resume's plan, which no attempt ran with."""
-    old, kept = run_dir / PLAN_JSON, run_dir / LOGS / f"plan-before-attempt-{restart}.json"
+    old, kept = run_dir / PLAN_JSON, RunPaths(run_dir).plan_before_attempt(restart)
     if old.exists() and not kept.exists():
         (run_dir / LOGS).mkdir(exist_ok=True)
         write_atomic(kept, old.read_text())

@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -23,18 +22,22 @@ from typing import Any
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import RunDirError
 
-from . import quoting
+# The names, the events writer/reader and the runs-directory variable are hetrun.rundir's.
+from hetrun.rundir import (  # noqa: F401  (re-exported: the Slurm side's import path)
+    EVENTS,
+    JOB_YAML,
+    LOGS,
+    PLAN_JSON,
+    RESTART_BASE_ENV,
+    RUN_JSON,
+    RUNS_ENV,
+    SCRIPT,
+    append_event,
+    events_of,
+    runs_root,
+)
 
-RUN_JSON = "run.json"
-JOB_YAML = "job.yaml"
-PLAN_JSON = "plan.json"
-SCRIPT = "hetjob.sbatch"
-LOGS = "logs"
-RUNS_ENV = "HETRUN_RUNS"
-EVENTS = "events.jsonl"
-# `hetrun resume` sets it in the job's env: the restart count of the new job's first
-# attempt, so a resumed run's attempts count on from the old job's (docs/CONTRACTS.md).
-RESTART_BASE_ENV = "HETRUN_RESTART_BASE"
+from . import quoting
 
 
 def restart_base(plan: Mapping[str, Any]) -> int:
@@ -42,17 +45,6 @@ def restart_base(plan: Mapping[str, Any]) -> int:
     value = str((plan.get("env") or {}).get(RESTART_BASE_ENV, "0"))
     return int(value) if value.isdigit() else 0
 
-
-
-def runs_root(cli_value: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path:
-    """``--runs-dir``, else ``$HETRUN_RUNS``, else ``./runs``; absolute, not created."""
-    env = os.environ if env is None else env
-    raw = cli_value if cli_value not in (None, "") else env.get(RUNS_ENV) or "runs"
-    text = str(raw)
-    if "\x00" in text or "\n" in text:
-        raise RunDirError(f"runs directory {text!r} contains NUL or a newline",
-                          hint="give a plain directory path with --runs-dir or $HETRUN_RUNS")
-    return Path(os.path.abspath(os.path.expanduser(text)))
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -236,38 +228,3 @@ def wait_for(predicate: Any, timeout: float, interval: float = 0.5) -> bool:
     return bool(poll_until(predicate, Backoff(first=interval, most=interval, factor=1), timeout=timeout))
 
 
-def append_event(run_dir: Path, ev: str, **fields: Any) -> dict[str, Any]:
-    """Append one ``{"ev": ev, ..., "t": now}`` line to events.jsonl, the way the
-    runtime's EventLog does (one O_APPEND write, so lines never interleave).
-
-    The Slurm side (batch script post-mortem, local supervisor) writes
-    ``rank_failure`` and ``attempt_end`` with it without importing the runtime.
-    """
-    record = {"ev": ev, **fields}
-    record.setdefault("t", time.time())
-    data = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode()
-    fd = os.open(run_dir / EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    return record
-
-
-def events_of(run_dir: Path, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The events.jsonl records whose ``ev`` is one of ``kinds`` (a truncated or
-    corrupt line is skipped, as every reader of the file does)."""
-    needles = [json.dumps(k).encode() for k in kinds]
-    out = []
-    try:
-        with (run_dir / EVENTS).open("rb") as fh:
-            for raw in fh:
-                if not any(n in raw for n in needles):
-                    continue
-                with contextlib.suppress(ValueError):
-                    rec = json.loads(raw)
-                    if isinstance(rec, dict) and rec.get("ev") in kinds:
-                        out.append(rec)
-    except FileNotFoundError:
-        pass
-    return out

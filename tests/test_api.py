@@ -107,7 +107,7 @@ def test_run_dir_on_slurm_refuses_node_local_tmp(bare_env: pytest.MonkeyPatch, s
     with pytest.warns(FutureWarning, match="set HETRUN_RUNS instead"):
         assert rundir.resolve(off_slurm, None, "exp2") == shared_tmp / "exp2"
     bare_env.setenv("HETRUN_RUNS", str(shared_tmp / "other"))
-    with pytest.raises(RunDirError, match="HETRUN_RUNS_DIR=.* disagree"):
+    with pytest.raises(RunDirError, match=r"HETRUN_RUNS_DIR=.* disagree"):
         rundir.resolve(off_slurm, None, "exp3")
     with pytest.raises(RunDirError, match="plain directory name"):
         rundir.resolve(off_slurm, None, "../x")

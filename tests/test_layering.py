@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,9 +32,25 @@ def test_import_hetrun_errors_pulls_only_the_standard_library() -> None:
     assert proc.stdout.strip().endswith("BAD="), proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize(("module", "may_use"), [
+    ("hetrun.rundir", {"hetrun.errors"}),
+    ("hetrun.planfile", {"hetrun.errors", "hetrun.rundir"}),
+])
+def test_the_run_directory_modules_pull_only_the_standard_library(module: str, may_use: set[str]) -> None:
+    # Every layer imports them, the CLI's light commands and each rank's start-up included.
+    probe = (f"import sys, {module}\n"
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'yaml', 'pydantic',"
+             " 'mpi4py', 'orjson') or (m.startswith('hetrun.') and m != " + repr(module)
+             + " and m not in " + repr(sorted(may_use)) + "))\n"
+             "print('BAD=' + ','.join(bad))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip().endswith("BAD="), proc.stdout + proc.stderr
+
+
 # docs/ARCHITECTURE.md, "Dependencies point one way": which hetrun layers each
-# layer may import. hetrun.errors and hetrun.backoff (standard library only) are
-# open to every layer; the facade package `hetrun` may reach the public run API.
+# layer may import. hetrun.errors, hetrun.backoff, hetrun.rundir and hetrun.planfile
+# (standard library only) are open to every layer; the facade package `hetrun` may
+# reach the public run API.
 ALLOWED: dict[str, set[str]] = {
     "cli": {"dag", "slurm_plugin", "reports", "runtime"},
     "slurm_plugin": {"dag"},
@@ -43,7 +61,7 @@ ALLOWED: dict[str, set[str]] = {
     "examples": {"dag", "runtime", "kernels"},
     "hetrun": {"runtime"},
 }
-SHARED = {"errors", "backoff"}
+SHARED = {"errors", "backoff", "rundir", "planfile"}
 
 
 def test_every_import_between_layers_points_the_way_architecture_md_allows() -> None:

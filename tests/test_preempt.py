@@ -18,6 +18,7 @@ import pytest
 import torch
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.context import RankContext
+from hetrun.runtime.plan_view import load_plan
 
 from hetrun.errors import RuntimeFailure
 
@@ -111,7 +112,11 @@ def test_configured_signal_and_unknown_signal(tmp_path: Path) -> None:
     assert preempt.warning_signal(make_ctx(tmp_path, signal="USR2")) == signal.SIGUSR2
     assert preempt.warning_signal(make_ctx(tmp_path, signal="XCPU")) == signal.SIGXCPU
     ctx = make_ctx(tmp_path)
-    ctx.plan.preemption["signal"] = "KILL"  # the spec rejects it; a hand-edited plan.json must not slip by
+    # The spec rejects it; a hand-edited plan.json must not slip by.
+    edited = json.loads((tmp_path / "plan.json").read_text())
+    edited["preemption"]["signal"] = "KILL"
+    (tmp_path / "plan.json").write_text(json.dumps(edited))
+    ctx.plan = load_plan(tmp_path, validate=False)
     with pytest.raises(RuntimeFailure, match=r"preemption\.signal='KILL' is not supported"):
         preempt.warning_signal(ctx)
 

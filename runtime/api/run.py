@@ -35,6 +35,7 @@ from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PLAN_FILE, PlanView, load_plan
 
 from hetrun.errors import CheckpointError, RuntimeFailure
+from hetrun.rundir import runs_at
 
 if TYPE_CHECKING:
     from hetrun.runtime.context import RankContext
@@ -204,7 +205,9 @@ class Run:
         return save_state(self.ctx, self.events, StateObjects(objs), step + 1, wait=wait)
 
     def checkpoint_due(self, step: int) -> bool:
-        return self.checkpoint_every > 0 and (step + 1) % self.checkpoint_every == 0
+        """Whether to checkpoint after ``step``: every ``checkpoint_every`` steps
+        (the job file's ``checkpoint.interval`` under hetrun), the planner's rule."""
+        return runs_at(self.checkpoint_every, step)
 
     # -- the agreed stop ----------------------------------------------------------
     def should_stop(self, step: int) -> bool:
@@ -358,9 +361,11 @@ def job_plan(run_dir: Path, component: str) -> PlanView | None:
 
 
 def _checkpoint_every(plan: PlanView | None) -> int:
-    """``checkpoint.interval`` of the job file; without one ``$HETRUN_CKPT_EVERY`` (0: never)."""
+    """``checkpoint.interval`` of the job file (its default: ``hetrun.rundir.DEFAULTS``).
+    A script hetrun did not submit has no job file: ``$HETRUN_CKPT_EVERY``, else 0 (it
+    checkpoints when it calls ``run.save``; no interval it did not ask for)."""
     if plan is not None:
-        return int(plan.checkpoint.get("interval", 0) or 0)
+        return plan.checkpoint.interval
     raw = os.environ.get(CKPT_EVERY_ENV, "0")
     if not raw.isdigit():
         raise RuntimeFailure(f"${CKPT_EVERY_ENV}={raw!r} is not a number of steps",

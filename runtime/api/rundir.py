@@ -1,7 +1,8 @@
 """Where a run's checkpoints and events go when the user's own script runs.
 
 In order: ``attach(run_dir=...)``; ``$HETRUN_RUN_DIR`` (set when hetrun
-launched the script); else ``$HETRUN_RUNS_DIR`` (default ``./runs``) /
+launched the script); else the runs directory (``$HETRUN_RUNS``, default
+``./runs``; ``hetrun.rundir.runs_root``) /
 ``<Slurm job id>`` in a Slurm job (a requeued job keeps its id, so it finds
 its checkpoints) or ``<name>`` outside Slurm (``attach(name=...)``, default
 the script's file name). On Slurm a node-local directory is refused: the
@@ -17,22 +18,12 @@ from pathlib import Path
 from hetrun.runtime.api.env import RankEnv
 
 from hetrun.errors import RunDirError
-
-RUN_DIR_ENV = "HETRUN_RUN_DIR"
-RUNS_DIR_ENV = "HETRUN_RUNS_DIR"
-NODE_LOCAL = ("/tmp", "/dev/shm", "/run/user")
+from hetrun.rundir import RUN_DIR_ENV, RUNS_ENV, node_local_root, runs_root
 
 
 def _script_name() -> str:
     stem = Path(sys.argv[0] or "run").stem
     return stem if stem and stem not in ("-c", "-") else "run"
-
-
-def _node_local(path: Path) -> str | None:
-    for root in NODE_LOCAL:
-        if path == Path(root) or Path(root) in path.parents:
-            return root
-    return None
 
 
 def resolve(env: RankEnv, run_dir: str | os.PathLike[str] | None, name: str | None) -> Path:
@@ -45,10 +36,10 @@ def resolve(env: RankEnv, run_dir: str | os.PathLike[str] | None, name: str | No
         if "/" in leaf or leaf in (".", ".."):
             raise RunDirError(f"run name {leaf!r} is not a plain directory name",
                               hint="pass attach(name=...) without '/' or '..'")
-        path = Path(os.environ.get(RUNS_DIR_ENV) or "runs") / leaf
-        source = f"${RUNS_DIR_ENV}/<job id or name>"
+        path = runs_root() / leaf
+        source = f"${RUNS_ENV}/<job id or name>"
     path = path.expanduser().absolute()
-    local = _node_local(path)
+    local = node_local_root(path)
     if env.job_id and local:
         raise RunDirError(
             f"run directory {path} (from {source}) is under {local}, which is node-local on Slurm: "

@@ -35,10 +35,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hetrun.errors import RunDirError, SlurmError
+from hetrun.errors import SlurmError
+from hetrun.planfile import read_plan
 
 from ..postmortem import REQUEUE_EXIT_CODE, TERM_EXIT_CODE, finish_attempt
-from ..rundir import LOGS, PLAN_JSON, RunInfo, read_run, restart_base, utc_now_iso, write_atomic
+from ..rundir import LOGS, RunInfo, read_run, restart_base, utc_now_iso, write_atomic
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 
 STATE_FILE = "local.json"
@@ -70,13 +71,9 @@ def proc_start_ticks(pid: int) -> int | None:
 
 
 def _plan_components(run_dir: Path) -> tuple[list[tuple[str, int]], dict[str, Any]]:
-    try:
-        plan = json.loads((run_dir / PLAN_JSON).read_text())
-        comps = plan_components(plan)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RunDirError(f"{run_dir / PLAN_JSON}: cannot read the components ({exc})",
-                          hint="the run directory must hold plan.json written by `hetrun submit`") from exc
-    return comps, plan
+    """(the action components' names and rank counts, plan.json as read) through the one reader."""
+    plan = read_plan(run_dir)  # RunDirError names a missing or damaged plan.json
+    return [(c.name, c.ntasks) for c in plan.action_components], dict(plan.raw)
 
 
 def _log_wrapper(python: str, run_dir: Path, component: str, rank_var: str) -> list[str]:
