@@ -127,16 +127,22 @@ class Tiered:
                                        on_event=(lambda e: e["ok"] and self.up.submit(e["step"])) if upload else None)
 
     def save(self, step: int, st: Any, *, wait_upload: bool = True) -> dict[str, Any]:
+        before = set(_objects(self.dir))
         stall = self.writer.save(step, st)
         res = self.writer.wait()
         assert res is not None and res.ok, res
-        out: dict[str, Any] = {"stall_s": stall, "local_stored_bytes": res.stored_bytes, "write_s": res.write_s}
+        # What the local store added on disk: its new object files (headers included) and the shard.
+        added = sum(p.stat().st_size for p in set(_objects(self.dir)) - before)
+        shard = self.dir / self.tier.shard_rel(step, 0)
+        out: dict[str, Any] = {"stall_s": stall, "local_stored_bytes": res.stored_bytes, "write_s": res.write_s,
+                               "local_added_bytes": added + shard.stat().st_size}
         if self.up is not None and wait_upload:
             assert self.up.wait(1800)
             ev = self.events[-1]
             assert ev["ev"] == "ckpt_upload", ev
             out.update(uploaded_bytes=ev["uploaded_bytes"], uploaded_objects=ev["uploaded_objects"],
                        objects=ev["objects"], upload_s=ev["seconds"])
+            out["uploaded_over_local"] = out["uploaded_bytes"] / out["local_added_bytes"]
         return out
 
     def close(self) -> None:
