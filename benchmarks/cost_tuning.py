@@ -7,9 +7,11 @@ number of updates (equal work), evaluation every ``--eval-interval`` updates
 on this machine:
 
 (A) **by hand, one allocation**: stable-baselines3 PPO as its users run it
-    (``make_vec_env`` + ``PPO("MlpPolicy")``, torch's default threads), the
-    learner and all envs in one allocation of all the machine's cores and
-    the memory the same user gives hetrun's example (3 GiB);
+    (``make_vec_env`` + ``PPO("MlpPolicy")``), the learner and all envs in one
+    allocation of all the machine's cores and the memory the same user gives
+    hetrun's example (3 GiB); torch at one thread, SB3's best setting here
+    (benchmarks/ppo.md: faster than two for this MLP on 2 cores; torch's
+    default two threads ran 115 env steps/s on the loaded machine, cost_tuning.md);
 (B) **hetrun, as first written**: examples/ppo_cartpole.yaml fitted to this
     machine's cores (learner 1 core 2G + rollout 1 rank x 1 core 1G),
     pipelined (the example's mode), same hyper-parameters;
@@ -91,6 +93,7 @@ def sb3_worker(seed: int, updates: int, eval_interval: int) -> dict[str, Any]:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
+    torch.set_num_threads(1)  # the baseline's best setting (module docstring)
     h, batch = HYPER, HYPER["num_envs"] * HYPER["num_steps"]
     model = PPO("MlpPolicy", make_vec_env(ENV_ID, n_envs=h["num_envs"], seed=seed),
                 n_steps=h["num_steps"], batch_size=batch // h["num_minibatches"], n_epochs=h["update_epochs"],
@@ -147,7 +150,7 @@ def run_sb3(seed: int, updates: int, eval_interval: int, timeout: float) -> dict
 
     launched = time.time()
     proc = subprocess.run([sys.executable, __file__, "--sb3-worker", str(seed), str(updates), str(eval_interval)],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     exited = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"SB3 run failed:\n{proc.stderr[-3000:]}")
@@ -278,8 +281,8 @@ def fmt(x: float | None, spec: str) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| seed | job | cores + GiB charged | steady env steps/s (windows) | core-h per M steps | USD per M "
-             "(whole run) | USD per M (steady) | cost vs (A) (steady) | USD to 475 | cost vs (A) to 475 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(whole run) | USD per M (steady) | cost vs (A) (steady) | core-h to 475 | USD to 475 | cost vs (A) to 475 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         base = next(b for b in rows if b["seed"] == r["seed"] and b["job"].startswith("(A)"))
         # a change of cost: negative is a cut, printed as one ("-25.0%")
@@ -289,7 +292,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         spread = f" ({r['spread'][0]:,.0f}–{r['spread'][1]:,.0f})" if r["spread"] else ""
         lines.append(f"| {r['seed']} | {r['job']} | {r['cores']} + {r['mem_gb']:.2f} | {fmt(r['steady'], ',.0f')}"
                      f"{spread} | {r['core_h_per_m']:.3f} | {r['usd_per_m_whole']:.4f} | "
-                     f"{fmt(r['usd_per_m_steady'], '.4f')} | {fmt(cut, '+.1%')} | {fmt(r['usd_to_475'], '.6f')} | "
+                     f"{fmt(r['usd_per_m_steady'], '.4f')} | {fmt(cut, '+.1%')} | {fmt(r['core_h_to_475'], '.5f')} | "
+                     f"{fmt(r['usd_to_475'], '.6f')} | "
                      f"{fmt(cut475, '+.1%')} |")
     return "\n".join(lines)
 
