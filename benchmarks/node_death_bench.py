@@ -39,6 +39,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 from node_cluster import NodeCluster  # noqa: E402
 from resume_compare import example_spec  # noqa: E402
@@ -83,7 +84,7 @@ def rollout_node(run_dir: Path, restart: int) -> str | None:
 
 def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str) -> dict[str, Any]:
     """Kill the rollout's node of attempt ``restart`` once it has run a few steps; time the recovery."""
-    assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 400), "no start"
+    assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 150), "no start"
     base = learner_iter(run_dir)
     assert wait(lambda: learner_iter(run_dir) >= base + 4, 200), "no progress"
     time.sleep(0.5 * (restart % 3))  # a different moment of the iteration each time
@@ -139,7 +140,13 @@ def deaths(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
         try:
             for restart, mode in enumerate(("kill", "down")):
                 if len(trials) < kills:
-                    trials.append(one_death(cluster, run_dir, restart, mode))
+                    try:
+                        trials.append(one_death(cluster, run_dir, restart, mode))
+                    except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
+                        trials.append({"mode": mode, "restart": restart + 1, "run_dir": str(run_dir),
+                                       "error": f"before the kill: {exc}"})
+                        print(json.dumps(trials[-1]), flush=True)
+                        break
         finally:
             cluster.run("scancel", job, check=False)
             time.sleep(2)

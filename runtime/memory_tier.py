@@ -80,6 +80,7 @@ class MemorySnapshots:
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
         self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
+        self._recvs: list[tuple[Any, bytearray]] = []  # replicas being received
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
         self.bytes = 0
@@ -100,18 +101,26 @@ class MemorySnapshots:
         self.seconds += time.perf_counter() - t0
 
     def progress(self) -> None:
-        """Write the replicas that have arrived; forget the sends that completed."""
+        """Start receiving the replicas that are announced, write those that have arrived,
+        forget the sends that completed. Never blocks: a blocking receive would wait for the
+        sender to enter MPI again (measured: 83 ms per snapshot on a busy rollout rank)."""
         from mpi4py import MPI
 
         status = MPI.Status()
-        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REPLICA, status=status):
+        while (msg := self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REPLICA, status=status)) is not None:
             buf = bytearray(status.Get_count(MPI.BYTE))
-            self.comm.Recv([buf, MPI.BYTE], source=status.Get_source(), tag=TAG_REPLICA)
+            self._recvs.append((msg.Irecv([buf, MPI.BYTE]), buf))
+        pending = []
+        for req, buf in self._recvs:
+            if not req.Test():
+                pending.append((req, buf))
+                continue
             try:
                 head = memory.verify(buf, "received replica")  # a torn message is never written
             except CheckpointError:
                 continue
             self.tier.write(int(head["owner"]), int(head["step"]), buf)
+        self._recvs = pending
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
 
     def close(self, remove: bool = False) -> None:
@@ -122,7 +131,7 @@ class MemorySnapshots:
             self.progress()
             if barrier is None and not self._sends:
                 barrier = self.comm.Ibarrier()
-            if barrier is not None and barrier.Test():
+            if barrier is not None and barrier.Test() and not self._recvs:
                 break
             time.sleep(0.002)
         self.progress()
