@@ -30,6 +30,12 @@ class NodeCluster(SecondCluster):
     def __init__(self, nodes: int = 4, **shape: object) -> None:
         super().__init__(nodes, None, **{"gpus": 0, "mem_mb": 2000, **shape})
 
+    def render_conf(self) -> str:
+        # Slurm's default SlurmdTimeout (300 s), not the shared cluster's 60 s: when Slurm
+        # marks a node of a het job down it ends the whole het job despite --no-kill
+        # (Slurm 22.05, seen here), so hetrun's own detection must come first.
+        return super().render_conf().replace("SlurmdTimeout=60", "SlurmdTimeout=300")
+
     def slurmd_pid(self, node: str) -> int | None:
         return slurm_daemon_pid(self.cfg, f"slurmd-{node}")
 
