@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from hetrun.errors import SpecError
-from hetrun.rundir import DEFAULTS
+from hetrun.rundir import DEFAULTS, GRACE_SECONDS_RANGE
 
 ActionType = Literal["forward", "backward", "optimize", "sync", "rollout", "checkpoint", "eval"]
 ACTION_TYPES: tuple[str, ...] = ("rollout", "forward", "backward", "sync", "optimize", "checkpoint", "eval")
@@ -311,7 +311,7 @@ class CheckpointSpec(_Section):
 
 class PreemptionSpec(_Section):
     signal: str = Field(DEFAULTS.preemption_signal, description="signal Slurm sends before the time limit")
-    grace_seconds: int = Field(DEFAULTS.grace_seconds, ge=1, le=65535,
+    grace_seconds: int = Field(DEFAULTS.grace_seconds, ge=GRACE_SECONDS_RANGE[0], le=GRACE_SECONDS_RANGE[1],
                                description="seconds between the signal and the kill")
     # Budgets (hetrun.dag.budgets): preemptions and failures are limited apart.
     max_preemptions: int | None = Field(

@@ -163,6 +163,21 @@ def time_seconds(value: str) -> int | None:
     raise ValueError(f"{value[:80]!r} is not a {TIME_FORMATS_HELP}")
 
 
+# What Slurm prints for a duration (squeue %L, sacct Elapsed): [D-]HH:MM:SS, MM:SS or SS.
+# Not the input format above, where a bare "59" is minutes.
+_DURATION_RE = re.compile(r"(?:(\d+)-)?(?:(?:(\d+):)?(\d+):)?(\d+)")
+
+
+def duration_seconds(text: str) -> int | None:
+    """Seconds of a duration Slurm printed; None for UNLIMITED, NOT_SET, INVALID, "" and
+    anything else that is not one. The one parser of squeue's and sacct's durations."""
+    m = _DURATION_RE.fullmatch(text.strip())
+    if m is None:
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in m.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def check_time(value: Any) -> str:
     """A Slurm time limit; ``Unlimited``/``infinite`` are written the one way sbatch documents."""
     if isinstance(value, int) and not isinstance(value, bool):

@@ -69,6 +69,9 @@ class Defaults:
 
 
 DEFAULTS = Defaults()
+# preemption.grace_seconds' range: Slurm's --signal=<sig>@<seconds> takes at most 65535,
+# and a zero grace leaves no time to checkpoint. The spec and the batch script's last gate.
+GRACE_SECONDS_RANGE = (1, 65535)
 
 
 # -- the "every N iterations" rule --------------------------------------------------------

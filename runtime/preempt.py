@@ -135,20 +135,11 @@ def _job_end_time() -> float | None:
 
 
 def parse_time_left(text: str) -> float | None:
-    """Seconds in squeue's ``%L`` (``[days-]hours:minutes:seconds``, ``MM:SS``,
-    ``UNLIMITED``/``NOT_SET`` -> None)."""
-    text = text.strip().splitlines()[0].strip() if text.strip() else ""
-    if not text or not text[0].isdigit():
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in text.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts[-3:]
-    return float(((days * 24 + h) * 60 + m) * 60 + s)
+    """Seconds in squeue's ``%L`` (first line; ``UNLIMITED``/``NOT_SET`` -> None)."""
+    from hetrun.dag.validators import duration_seconds
+
+    seconds = duration_seconds(text.strip().splitlines()[0] if text.strip() else "")
+    return None if seconds is None else float(seconds)
 
 
 def _checkpoint_cost() -> float:

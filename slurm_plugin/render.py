@@ -23,7 +23,7 @@ from typing import Any
 from hetrun.dag.budgets import Budgets
 
 from hetrun.errors import SpecError
-from hetrun.rundir import DEFAULTS
+from hetrun.rundir import DEFAULTS, GRACE_SECONDS_RANGE
 
 from . import quoting
 from .postmortem import KILL_MARK
@@ -166,9 +166,9 @@ def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
 
     signal = quoting.signal_name(_field(pre, "signal") or DEFAULTS.preemption_signal)
     grace = _field(pre, "grace_seconds", DEFAULTS.grace_seconds)
-    # Slurm's --signal takes 0..65535 seconds.
-    if isinstance(grace, bool) or not isinstance(grace, int) or not 0 <= grace <= 65535:
-        raise SpecError(f"expected 0..65535 seconds, got {grace!r}",
+    low, high = GRACE_SECONDS_RANGE  # the spec's bounds (a plan.json edited by hand lands here)
+    if isinstance(grace, bool) or not isinstance(grace, int) or not low <= grace <= high:
+        raise SpecError(f"expected {low}..{high} seconds, got {grace!r}",
                         key_path="preemption.grace_seconds", value=grace)
     limits = {}
     for key in ("max_preemptions", "max_restarts", "max_failures"):

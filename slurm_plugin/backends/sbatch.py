@@ -50,18 +50,10 @@ def _state(value: Any) -> str:
 
 
 def _parse_elapsed(text: str) -> int | None:
-    """sacct's [D-]HH:MM:SS (or MM:SS) -> seconds."""
-    if not text:
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in text.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, s = parts[-3:]
-    return ((days * 24 + h) * 60 + m) * 60 + s
+    """sacct's [D-]HH:MM:SS (or MM:SS) -> seconds (dag.validators' one duration parser)."""
+    from hetrun.dag.validators import duration_seconds
+
+    return duration_seconds(text)
 
 
 def _component_name(run: RunInfo, offset: int) -> str:
