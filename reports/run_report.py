@@ -136,6 +136,10 @@ class RunReport:
     # report_headline: what a report leads with (outcome, result, throughput, waste, one
     # count of preemptions), from the sections above (headline())
     headline: dict[str, Any] = field(default_factory=dict)
+    # report_curves: the return / loss metrics over the run, "<kind>.<key>" -> {"kind", "name",
+    # "points": [[seconds from the first event, iteration, value], ...]} (thinned to at most
+    # CURVE_POINTS, evenly); one rank's values per curve (the lowest that logged it)
+    curves: dict[str, Any] = field(default_factory=dict)
 
     @property
     def restarts(self) -> int:
@@ -302,6 +306,7 @@ class _Collector:
         self.cursors: dict[int, _Cursor] = {}
         self.samples_seen = SampleStats()
         self.bad_lines = 0
+        self.curves: dict[str, _Curve] = {}
 
     def feed(self, e: dict[str, Any]) -> None:
         if e.get("ev") == "action":
@@ -428,6 +433,42 @@ class _Collector:
         metrics = e.get("metrics")
         if metrics and isinstance(metrics, dict):
             self.metrics[kind] = {"iteration": it, **metrics}
+            for key in CURVE_KEYS.intersection(metrics):
+                v = metrics[key]
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    curve = self.curves.setdefault(f"{kind}.{key}", _Curve(kind, key, row.rank))
+                    if row.rank == curve.rank:
+                        curve.add(end, it, float(v))
+
+
+# The metrics a report plots over time (the headline's result keys, reports/run_report.headline_result).
+_RETURN_KEYS = ("eval_return_mean", "episodic_return", "return_mean", "return", "reward")
+_LOSS_KEYS = ("loss", "eval_loss", "val_loss", "train_loss")
+CURVE_KEYS = frozenset(_RETURN_KEYS + _LOSS_KEYS)
+CURVE_POINTS = 1000
+
+
+class _Curve:
+    """One metric over time from one rank, thinned as it grows: every ``stride``-th value is
+    kept, and when CURVE_POINTS are held every other one is dropped and the stride doubles."""
+
+    def __init__(self, kind: str, name: str, rank: int) -> None:
+        self.kind, self.name, self.rank = kind, name, rank
+        self.points: list[list[Any]] = []
+        self.stride, self.seen = 1, 0
+
+    def add(self, t: float, iteration: Any, value: float) -> None:
+        self.seen += 1
+        if (self.seen - 1) % self.stride:
+            return
+        self.points.append([t, iteration, value])
+        if len(self.points) >= CURVE_POINTS:
+            self.points = self.points[::2]
+            self.stride *= 2
+
+    def to_dict(self, origin: float) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, "rank": self.rank,
+                "points": [[round(t - origin, 3), it, v] for t, it, v in self.points]}
 
 
 @dataclass
@@ -522,6 +563,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
                     accounting=accounting, prices=prices),
     )
     rep.headline = headline(rep)
+    rep.curves = {k: c.to_dict(col.first or 0.0) for k, c in col.curves.items()}
     return rep
 
 
@@ -580,8 +622,6 @@ def _cost(col: _Collector, plan: dict[str, Any], comps: dict[str, ComponentRow],
     return cost
 
 
-_RETURN_KEYS = ("eval_return_mean", "episodic_return", "return_mean", "return", "reward")
-_LOSS_KEYS = ("loss", "eval_loss", "val_loss", "train_loss")
 # Where the result of a run is, in order: an evaluation, a command's own logged step, the
 # learner's update (action types' metrics as the runtime records them).
 _RESULT_KINDS = ("eval", "step", "sync", "optimize", "backward", "forward")

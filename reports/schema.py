@@ -124,6 +124,11 @@ REPORT_SCHEMA: dict[str, Any] = {
                                 "idle_unmeasured": {"type": "array", "items": _str},
                                 "components": {"type": "object"}}},
         "headline": _HEADLINE,
+        "curves": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["kind", "name", "points"],
+            "properties": {"kind": _str, "name": _str, "rank": {"type": "integer"},
+                           "points": {"type": "array", "items": {"type": "array", "prefixItems": [
+                               _num, {"type": ["integer", "null"]}, _num]}}}}},
         "timeline": {"type": "object", "properties": {
             "origin": _opt_num, "bucket_s": _num, "buckets": {"type": "integer"},
             "ranks": {"type": "object", "additionalProperties": {

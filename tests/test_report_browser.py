@@ -106,3 +106,44 @@ def test_png_without_chromium_names_what_to_install(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120, env={**os.environ, "PATH": "/nonexistent"})
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert "--png needs a headless chromium" in out.stderr and "apt-get install chromium" in out.stderr, out.stderr
+
+
+def test_html_report_shows_the_return_and_loss_curves_with_labelled_axes(tmp_path: Path) -> None:
+    """Issue 24: the first thing an RL user looks for, the return over time, and the loss; every
+    chart with both axes titled (units included), as chromium builds the page."""
+    _need_chromium()
+    import json
+
+    from test_report_restarts import RunWriter
+
+    w = RunWriter(tmp_path / "run")
+    t = w.attempt(0, 1000, range(0, 6))
+    for i in range(6):  # an evaluation every iteration, a loss from the learner's update
+        w.ev(ev="action", type="eval", id="eval", iteration=i, rank=0, component="learner", node="n1",
+             start=1002 + 10 * i, end=1003 + 10 * i, metrics={"eval_return_mean": 20.0 + 30 * i})
+        w.ev(ev="action", type="optimize", id="optimize", iteration=i, rank=0, component="learner", node="n1",
+             start=1003 + 10 * i, end=1004 + 10 * i, part_of="x", metrics={"loss": 1.0 / (i + 1)})
+    w.exits(t)
+    w.end(0, t + 1, "done", requeued=False)
+    page = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(w.dir), "--html", str(page)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    dom = _chromium("--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    html = dom.stdout
+    assert html.index("Result over time") < html.index("Timeline per rank")  # the outcome first
+    for curve, title in (("eval.eval_return_mean", "eval_return_mean (action eval)"),
+                         ("optimize.loss", "loss (action optimize)")):
+        start = html.index(f'class="result_{curve.replace(".", "_")}"')
+        svg = html[start:html.index("</svg>", start)]
+        assert svg.count(",") >= 6 and "<polyline" in svg, svg  # six points on the line
+        assert 'class="axis-y"' in svg and title in svg and "time since the run's first event (s)" in svg, svg
+    charts = html.split('<svg xmlns="http://www.w3.org/2000/svg" class="')[1:]
+    assert len(charts) == 5  # 2 curves, timeline, busy ranks, throughput (no samples, no store here)
+    for svg in charts:  # every chart: x and y axes titled
+        svg = svg[:svg.index("</svg>")]
+        assert 'class="axis-x"' in svg and 'class="axis-y"' in svg, svg[:200]
+    doc = json.loads(subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(w.dir), "--json"],
+                                    capture_output=True, text=True, timeout=120).stdout)
+    assert [p[2] for p in doc["curves"]["eval.eval_return_mean"]["points"]] == [20.0, 50.0, 80.0, 110.0, 140.0, 170.0]
