@@ -10,8 +10,8 @@
     extractor; ``sb3:<dummy|subproc>:<torch threads>``) and a CleanRL-style
     single-file PPO (benchmarks/cleanrl_ppo.py; ``cleanrl:<sync|async|envpool>:
     <threads>``, EnvPool with CleanRL's ppo_atari_envpool settings).
-    hetrun: rollout ranks 1 torch thread, the learner ``learner_threads: auto``
-    (the example's default: the cores the rollout leaves idle in its phase).
+    hetrun: 1 torch thread per rank unless ``--learner-threads`` (``auto``: the
+    learner's update uses the cores the rollout leaves idle in its phase).
 
 Also: the raw single-core rate of the same wrapped env (a bare loop, random
 actions) and of EnvPool with one thread, measured in the same run, against
@@ -66,7 +66,8 @@ ENV_ID = "ALE/Frostbite-v5"
 
 
 def hyper(args: argparse.Namespace) -> dict[str, Any]:
-    return {"env_id": ENV_ID, "num_envs": args.envs, "num_steps": 128, "learning_rate": 2.5e-4,
+    extra = {} if args.learner_threads is None else {"learner_threads": args.learner_threads}
+    return {**extra, "env_id": ENV_ID, "num_envs": args.envs, "num_steps": 128, "learning_rate": 2.5e-4,
             "update_epochs": 2, "num_minibatches": 8, "impala_width": args.width, "hidden": args.hidden,
             "clip_coef": 0.1, "ent_coef": 0.01, "vf_coef": 0.5, "max_grad_norm": 0.5, "gamma": 0.99,
             "gae_lambda": 0.95}
@@ -203,6 +204,7 @@ def run_peer(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                "--sb3-threads", str(threads), *common]
     else:
         h = {**hyper(args), "num_envs": args.envs * args.rollouts}
+        h.pop("learner_threads", None)
         cmd = [sys.executable, str(Path(__file__).with_name("cleanrl_ppo.py")), "--family", "atari", "--vec", vec,
                "--threads", str(threads), "--hyper", json.dumps(h), *common]
     try:
@@ -350,6 +352,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", *PEER_MODES],
                     help="hetrun: pipelined, coarse; peers: " + ", ".join(PEER_MODES))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--learner-threads", default=None,
+                    help="hetrun's workload_args.learner_threads (a number or auto; default: the example's)")
     ap.add_argument("--target-return", type=float, default=150.0,
                     help="the fixed return: mean real score of the last 20 training games (Frostbite's "
                          "uniform-random policy scores ~65)")

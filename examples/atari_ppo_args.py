@@ -28,10 +28,6 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
     eval_episodes: int = Field(8, gt=0, description="games per evaluation")
     eval_max_steps: int = Field(27_000, gt=0,
                                 description="agent steps per evaluation game (108k frames, ALE's cap)")
-    # The learner's convolutions use the cores the rollout ranks leave idle while they wait for
-    # weights (benchmarks/atari.md: the 1-thread learner was the whole bottleneck).
-    learner_threads: int | Literal["auto"] | None = Field(
-        "auto", description="torch threads of learner ranks (auto: the CPUs this process may run on)")
     gae_values: Literal["rollout", "learner"] = Field(
         "rollout", description="values GAE uses: the behaviour policy's, computed by the rollout ranks in "
         "the encoder pass that picks the actions (as CleanRL and SB3 do), or the learner's current "
