@@ -265,7 +265,8 @@ def _deterministic(failures: Sequence[Mapping[str, Any]]) -> bool:
 def clean_stop_note(record: Mapping[str, Any]) -> str | None:
     """For the logs a user opens after an attempt that stopped as asked (preempted, time limit,
     every rank exited with the stop code): what srun's lines above it mean."""
-    if record.get("outcome") not in ("preempted", "time_limit") or record.get("failed_ranks"):
+    if record.get("outcome") not in ("preempted", "time_limit") or record.get("failed_ranks") \
+            or record.get("stop_ignored"):  # a rank ignored the stop and was killed: not clean
         return None
     code = TERM_EXIT_CODE if record["outcome"] == "preempted" else REQUEUE_EXIT_CODE
     then = "the job was requeued and resumes from that checkpoint" if record.get("requeued") else \
