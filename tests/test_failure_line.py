@@ -207,7 +207,10 @@ def test_the_max_failures_hint_only_where_a_requeue_could_help(tmp_path: Path) -
 
 
 def test_a_clean_preemption_is_said_to_be_one_in_the_launcher_s_log(tmp_path: Path) -> None:
-    from hetrun.slurm_plugin.postmortem import main
+    from hetrun.slurm_plugin.postmortem import clean_stop_note, main
+
+    assert clean_stop_note({"outcome": "time_limit", "stop_ignored": [0], "restart_count": 0}) is None
+    assert clean_stop_note({"outcome": "failed", "restart_count": 0}) is None
 
     run_dir = _run_dir(tmp_path)
     for rank, comp in ((0, "learner"), (1, "rollout"), (2, "rollout")):
