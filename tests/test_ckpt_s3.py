@@ -201,9 +201,12 @@ def test_an_upload_waits_while_a_gc_holds_the_lock(s3: Any, tmp_path: Path) -> N
     store.put("gc.lock", b"{}")
     saver = Saver(tmp_path, store)
     saver.save(1, _state(9), upload_wait=False)
-    time.sleep(1.0)
+    from hetrun.backoff import Backoff, poll_until
+
+    assert poll_until(lambda: [o.rel for o in store.list("leases/")] == ["leases/000000000001/rank-000000"],
+                      Backoff(0.1, 1.0), timeout=60)
+    time.sleep(1.0)  # the uploader now polls gc.lock: nothing else reaches the bucket
     assert saver.up._busy and not list(store.list("objects/")) and not store.manifest_steps()
-    assert [o.rel for o in store.list("leases/")] == ["leases/000000000001/rank-000000"]
     store.delete(["gc.lock"])
     assert saver.up.wait(60)
     saver.close()
@@ -367,6 +370,7 @@ def own_s3(weed_s3: Any) -> Iterator[Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_server_killed_mid_upload_then_back(own_s3: Any, tmp_path: Path) -> None:
     srv = own_s3
     store = ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}/train", env=srv.env())
@@ -394,6 +398,7 @@ def test_server_killed_mid_upload_then_back(own_s3: Any, tmp_path: Path) -> None
     assert got is not None and got.step == 4 and _same(got.state, state)
 
 
+@pytest.mark.slow
 def test_server_down_at_restore_falls_back_and_says_so(own_s3: Any, tmp_path: Path) -> None:
     srv = own_s3
     store = ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}/train", env=srv.env())
