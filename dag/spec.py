@@ -292,7 +292,8 @@ class CheckpointSpec(_Section):
     memory_every: int | None = Field(
         None, ge=0, le=1_000_000_000,
         description="snapshot every rank's state into node-local memory (and replicate it to another node) "
-                    "every N iterations; 0 = off; default: 1 when a component has spare_nodes, else off")
+                    "every N iterations; 0 = off; default: with spare_nodes, adaptive (the smallest power of two "
+                    "whose snapshots take <= 2% of training), else off")
     memory_replicas: int = Field(1, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
 
     object_store: ObjectStoreSpec | None = Field(

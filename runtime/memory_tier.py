@@ -34,6 +34,8 @@ from .ckpt import memory
 
 TAG_REPLICA = 0x4D54  # "MT": a replica blob
 TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
+BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
+MAX_EVERY = 64
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -69,14 +71,21 @@ class MemorySnapshots:
     """One rank's end of the memory tier. Create it on every rank at the same point
     (its constructor is collective: node names and a communicator of its own)."""
 
-    def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int = 1, replicas: int = 1,
+    def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
                  keep: int = 4, root: Any = None) -> None:
         self.comm = comm.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self.node = node
         self.nodes: list[str] = list(self.comm.allgather(node))
-        self.every = max(1, int(every))
+        # every None: adaptive. Each rank takes the smallest power of two N whose snapshot cost
+        # stays within BUDGET of its iterations; powers of two keep a step every rank holds
+        # (a multiple of the largest N is a multiple of every smaller one).
+        self.adaptive = every is None
+        self.every = 1 if every is None else max(1, int(every))
+        self._cost: float | None = None  # EWMA seconds per snapshot
+        self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
+        self._last: float | None = None
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
         self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
@@ -86,6 +95,16 @@ class MemorySnapshots:
         self.bytes = 0
 
     def due(self, step: int) -> bool:
+        now = time.perf_counter()
+        if self._last is not None:
+            dt = now - self._last
+            self._iter_s = dt if self._iter_s is None else 0.8 * self._iter_s + 0.2 * dt
+        self._last = now
+        if self.adaptive and self._cost is not None and self._iter_s:
+            need, k = self._cost / (BUDGET * self._iter_s), 1
+            while k < need and k < MAX_EVERY:
+                k *= 2
+            self.every = k
         return step % self.every == 0
 
     def snapshot(self, step: int, tree: Any) -> None:
@@ -98,7 +117,9 @@ class MemorySnapshots:
             self._sends.append((self.comm.Isend([blob, _byte()], dest=p, tag=TAG_REPLICA), blob))
         self.taken += 1
         self.bytes = len(blob)
-        self.seconds += time.perf_counter() - t0
+        cost = time.perf_counter() - t0
+        self.seconds += cost
+        self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
     def progress(self) -> None:
         """Start receiving the replicas that are announced, write those that have arrived,

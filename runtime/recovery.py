@@ -61,7 +61,9 @@ def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int]) -
     cfg = plan.checkpoint or {}
     t0 = time.perf_counter()
     world = ctx.world_comm
-    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=memory_every(plan),
+    # Unset with spare nodes: adaptive (the smallest power-of-two N costing <= 2%).
+    every = cfg.get("memory_every")
+    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=None if every is None else int(every),
                           replicas=int(cfg.get("memory_replicas") or 1), keep=KEEP,
                           root=_root(world.Get_size()))
     found = mem.restore()

@@ -83,6 +83,18 @@ def test_partners_are_on_other_nodes() -> None:
     assert partners(["n1", "n1"], 0, 1) == []  # one node: no replica possible
 
 
+def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
+    from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
+
+    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
+    m.adaptive, m.every, m._cost, m._iter_s, m._last = True, 1, None, None, None
+    assert m.due(3) and m.every == 1  # no cost known yet: every iteration
+    m._cost, m._iter_s, m._last = 0.010, 0.1, None  # 10 ms per snapshot, 100 ms iterations
+    m.due(8)
+    assert m.every == 8 and m._cost / (m.every * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
+    assert not m.due(12) and m.due(16)
+
+
 def test_spare_nodes_spec_key() -> None:
     from hetrun.dag.spec import JobSpec
 
