@@ -77,7 +77,7 @@ def _print(p: object) -> None:
     console = Console()
     console.print(table)
     for line in proposal_lines(p):
-        console.print(line, highlight=False)
+        console.print(line, markup=False, highlight=False)
     if p.decision == "resize":
         console.print(f"resume this run with these sizes: hetrun resubmit {p.run_dir} --resize auto")
         console.print("or a new run: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))

@@ -10,6 +10,9 @@ attempt, and tune keeping sizes its own model says would cost more.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -156,6 +159,16 @@ def test_a_cut_is_printed_as_a_cut(tmp_path: Path) -> None:
     text = "\n".join(proposal_lines(p))
     assert f"({p.cost_change:+.1%} cost)" in text and f"{p.cost_change:+.1%}".startswith("-")
     assert "+/-0.0%" in text and "predictions below are scaled by 0.90" in text
+
+
+def test_tune_prints_the_attempt_and_its_sizes(tmp_path: Path) -> None:
+    lines = attempt(0, 0.0, 0, 20, 1.0, {"learner": 1, "rollout": 1}, 0.9, 0.3)
+    run = write(tmp_path / "run", lines, [("learner", 1), ("rollout", 1)])
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "tune", str(run), "--max-cores", "4"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "measured, attempt 0 [learner=1 rollout=1]: steady 100 env steps/s" in out.stdout
+    assert "(-33.3% cost)" in out.stdout and "proposal: resize" in out.stdout
 
 
 def test_memory_is_priced_where_the_table_prices_it(tmp_path: Path) -> None:
