@@ -137,7 +137,7 @@ def _slot(ctx: Ctx) -> _Slot:
 
         keep = cfg.keep
         cold = object_rank.for_rank(cfg, ctx.component, tiers, rank=coll.rank, world_size=coll.size, keep=keep,
-                                    emit=lambda ev: _events(ctx).emit(ev.pop("ev"), **ev))
+                                    emit=lambda ev: _emit_closed(ctx, ev))
         writer = CheckpointWriter(tiers, collective=coll, keep=keep,
                                   max_delta_chain=cfg.max_delta_chain,
                                   threads=max(1, min(4, os.cpu_count() or 1)),
@@ -173,6 +173,15 @@ def _events(ctx: Ctx) -> Any:
     from hetrun.runtime.events import EventLog
 
     return EventLog(ctx.run_dir, rank=ctx.rank, component=ctx.component, node=getattr(ctx, "node", None))
+
+
+def _emit_closed(ctx: Ctx, ev: dict[str, Any]) -> None:
+    """One event from a background thread (the object tier's), its file closed again."""
+    log = _events(ctx)
+    try:
+        log.emit(str(ev.pop("ev")), **ev)
+    finally:
+        log.close()
 
 
 def _has_checkpoint_action(ctx: Ctx, component: str) -> bool:
