@@ -432,20 +432,45 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     defaults to ``sys.executable`` (``python`` may be a test's stand-in).
     Golden tests pass fixed ones.
     """
-    plan_d = _as_plan_dict(plan)
     if not run_dir.is_absolute():
         raise ValueError(f"run_dir must be absolute, got {run_dir}")
-    name = quoting.job_name(_field(spec, "name") or plan_d.get("name"), "name")
-    comps = _components(plan_d)
-    opts = slurm_options(spec, plan_d)
-    env = _env(spec, plan_d)
+    return write_sbatch(batch_request(plan, spec), run_dir, python=python, hetrun_python=hetrun_python)
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """Everything the batch script is written from, gathered and validated once from the
+    plan and the spec (torchx's ``SlurmBatchRequest`` is the model); ``write_sbatch`` only
+    writes it out."""
+
+    name: str
+    components: tuple[ComponentLines, ...]
+    options: SlurmOptions
+    env: tuple[tuple[str, str], ...]  # sorted: the script must not depend on dict order
+    restart_base: int  # the first attempt's restart count (`hetrun resume` sets it)
+
+
+def batch_request(plan: Any, spec: Any) -> BatchRequest:
+    """The request for ``plan`` (a ``Plan`` or its JSON dict) and ``spec`` (a ``JobSpec`` or dict)."""
+    plan_d = _as_plan_dict(plan)
+    return BatchRequest(name=quoting.job_name(_field(spec, "name") or plan_d.get("name"), "name"),
+                        components=tuple(_components(plan_d)), options=slurm_options(spec, plan_d),
+                        env=tuple(_env(spec, plan_d)), restart_base=restart_base(plan_d))
+
+
+def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
+                 hetrun_python: str | None = None) -> str:
+    """The script text for ``req`` (see ``render_sbatch``)."""
+    if not run_dir.is_absolute():
+        raise ValueError(f"run_dir must be absolute, got {run_dir}")
+    name, comps, opts, env = req.name, list(req.components), req.options, list(req.env)
     py = python or sys.executable
     hetrun_py = hetrun_python or sys.executable
     if not py or not hetrun_py:
         raise ValueError("no Python interpreter path (sys.executable is empty)")
     sig = opts.signal
     traps = [sig] if sig == "TERM" else [sig, "TERM"]
-    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, restart_base(plan_d))
+    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base)
     if any(c.spare_nodes for c in comps):
         return "\n".join(lines + _recovery_body(comps, run_dir, py, hetrun_py, opts, traps))
     lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
