@@ -494,3 +494,42 @@ def test_cli_light_commands_do_not_import_the_s3_client(tmp_path: Path) -> None:
                           env={"HETRUN_RUNS": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert "LOADED=\n" in proc.stdout, proc.stdout + proc.stderr
 
+
+API_SCRIPT = """
+import sys, torch, hetrun
+run = hetrun.attach(run_dir=sys.argv[1], checkpoint_every=2)
+w = torch.zeros(50_000)
+start = run.restore({"w": w})
+print("START", start, float(w.sum()), flush=True)
+for step in range(start, int(sys.argv[2])):
+    w += step
+    if run.checkpoint_due(step):
+        run.save(step, {"w": w})
+run.close()
+print("END", float(w.sum()), flush=True)
+"""
+
+
+def test_run_api_takes_the_object_store_and_restores_from_it_alone(s3: Any, shared_tmp: Path) -> None:
+    script = shared_tmp / "train.py"
+    script.write_text(API_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "PMIX_", "HETRUN_"))}
+    env.update(s3.env(), HETRUN_OBJECT_STORE=f"s3://{BUCKET}/api-{uuid.uuid4().hex[:8]}")
+
+    def run(run_dir: Path, steps: int) -> list[str]:
+        proc = subprocess.run([sys.executable, str(script), str(run_dir), str(steps)], capture_output=True,
+                              text=True, env=env, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return [ln for ln in proc.stdout.splitlines() if ln.startswith(("START", "END"))]
+
+    first = run(shared_tmp / "a", 6)
+    assert first[0].startswith("START 0 ")
+    # A new run directory: nothing on disk, the bucket holds step 6 (steps 0..5 done).
+    second = run(shared_tmp / "b", 8)
+    assert second[0] == f"START 6 {50_000 * sum(range(6))}.0", (first, second)
+    evs = [json.loads(ln) for ln in (shared_tmp / "a" / "events.jsonl").read_text().splitlines()]
+    ups = [e["step"] for e in evs if e["ev"] == "ckpt_upload"]
+    skipped = [e["step"] for e in evs if e["ev"] == "ckpt_upload_skipped"]  # queued behind one in flight
+    assert ups[-1] == 6 and sorted(ups + skipped) == [2, 4, 6], evs
+    assert not [e for e in evs if e["ev"] == "ckpt_tier_failure"]
+    assert s3.secret_key not in (shared_tmp / "a" / "events.jsonl").read_text()

@@ -1,6 +1,7 @@
 """A rank's object-store tier: the uploader its writer feeds and the bucket tier its
-restore reads, from the plan's ``checkpoint.object_store`` (runtime/resume.py
-calls :func:`for_rank`; nothing here runs without that section).
+restore reads, from the plan's ``checkpoint.object_store``, or for the run API in a
+script hetrun did not submit, ``$HETRUN_OBJECT_STORE`` (runtime/resume.py calls
+:func:`for_rank`; nothing here runs without one of them).
 
 Events: ``ckpt_upload`` (a step reached the bucket: objects sent, bytes, seconds)
 and ``ckpt_tier_failure`` (tier ``object``; op upload, list or read; the error
@@ -22,6 +23,9 @@ from hetrun.runtime.ckpt.objects import Tier
 # How long the end of a run (flush) waits for the upload in flight before it
 # leaves the checkpoint on the faster tiers only (the next run uploads it).
 FLUSH_TIMEOUT_ENV = "HETRUN_OBJECT_FLUSH_S"
+# The run API outside a hetrun job file (a script's own launcher): the same tier from
+# the environment, ``HETRUN_OBJECT_STORE=s3://bucket/prefix`` (endpoint: AWS_ENDPOINT_URL).
+URL_ENV = "HETRUN_OBJECT_STORE"
 DEFAULT_FLUSH_S = 300.0
 
 
@@ -50,10 +54,24 @@ class RankObjectTier:
 
 def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[Tier], *, rank: int,
              world_size: int, keep: int, emit: Callable[[dict[str, Any]], None] | None) -> RankObjectTier | None:
-    cfg = ObjectStoreConfig.from_plan(checkpoint_cfg)
+    cfg = ObjectStoreConfig.from_plan(checkpoint_cfg) or _from_env()
     if cfg is None:
         return None
     store = ObjectStore.from_config(cfg, component)
     uploader = ObjectUploader(store, tiers, rank=rank, world_size=world_size, keep=keep, on_event=emit,
                               shard_wait_s=cfg.shard_wait_s)
     return RankObjectTier(uploader, BucketTier(store, on_event=emit))
+
+
+def _from_env() -> ObjectStoreConfig | None:
+    url = os.environ.get(URL_ENV, "").strip()
+    if not url:
+        return None
+    from hetrun.dag.object_store_spec import parse_url
+
+    from hetrun.errors import CheckpointError
+
+    try:
+        return ObjectStoreConfig(url=str(parse_url(url)))
+    except ValueError as exc:
+        raise CheckpointError(f"${URL_ENV}: {exc}", hint="e.g. HETRUN_OBJECT_STORE=s3://my-bucket/my-run") from None

@@ -67,8 +67,9 @@ class ObjectUploader:
     def submit(self, step: int) -> None:
         with self._cond:
             if self._pending is not None and self._pending != step:
-                self._emit_failure(self._pending, "replaced by a newer checkpoint before its upload began",
-                                   replaced_by=step)
+                # Not a failure: the newer checkpoint holds everything the bucket needs.
+                self._emit({"ev": "ckpt_upload_skipped", "tier": TIER_NAME, "step": self._pending,
+                            "replaced_by": step, "message": "a newer checkpoint committed before its upload began"})
             self._pending = step
             self._cond.notify_all()
 
