@@ -503,6 +503,9 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
     step = " : ".join(parts)
     run = _run_steps([["__STEP__"]], traps, len(comps))
     run = [line.replace(quoting.sh_join(["__STEP__"]), step) for line in run]
+    # A SIGKILLed srun (a dead node) can leave a process holding the reader's FIFO: the
+    # post-mortem needs the first death line only, so wait 2 s for the rest, not 10.
+    run = [line.replace('[ "$_hetrun_i" -lt 50 ]', '[ "$_hetrun_i" -lt 10 ]') for line in run]
     # The heartbeat monitor runs beside the step, as the watchdog does.
     at = next(i for i, line in enumerate(run) if line.startswith("_hetrun_watchdog "))
     jobs = _het_job_ids(len(comps))
