@@ -744,6 +744,9 @@ def main() -> None:
             peer_config(mode)  # a clear error for a misspelt mode, before anything runs
     if args.merge:
         results = [r for f in args.merge for r in json.loads(f.read_text())["runs"]]
+        argv = json.loads(args.merge[0].read_text()).get("argv", [])
+        if "--speed-iterations" in argv:  # the tables' headers say what the runs did
+            args.speed_iterations = int(argv[argv.index("--speed-iterations") + 1])
         args.seeds = sorted({r["seed"] for r in results})
         args.load_before = "; ".join(json.loads(f.read_text())["load_before"] for f in args.merge)
         print(report(results, args))
