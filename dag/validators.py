@@ -114,9 +114,20 @@ def check_constraint(value: Any) -> str:
                          "constraint (node features joined by & | , with [ ] ( ) ! * : and no spaces)")
 
 
+# Names whose value is a credential: a job file's ``env:`` is written into the
+# batch script, plan.json and job.yaml, so a key there would sit in plain text
+# (docs/OBJECT_STORE.md promises none ever does). Exported in the submitting
+# shell instead, they reach the ranks through Slurm's environment propagation.
+SECRET_ENV_NAMES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
 def check_env_name(value: Any) -> str:
-    return check_pattern(value, ENV_NAME_RE,
-                         "environment variable name (a letter or '_' then letters, digits, '_')")
+    check_pattern(value, ENV_NAME_RE, "environment variable name (a letter or '_' then letters, digits, '_')")
+    if value.upper() in SECRET_ENV_NAMES:
+        raise ValueError(f"{value} holds a credential and would be written in plain text to the batch script, "
+                         f"plan.json and job.yaml; remove it from the job file and export {value} in the "
+                         "shell you submit from (Slurm passes it to the ranks)")
+    return value
 
 
 def check_env_value(value: Any) -> str:

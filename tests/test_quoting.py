@@ -43,7 +43,7 @@ def test_names_and_partitions() -> None:
 
 def test_env_keys_and_values() -> None:
     assert quoting.env_key("OMP_NUM_THREADS", "env") == "OMP_NUM_THREADS"
-    for bad in ("1X", "A-B", "A B", "A=B", ""):
+    for bad in ("1X", "A-B", "A B", "A=B", "", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         with pytest.raises(SpecError):
             quoting.env_key(bad, "env")
     assert quoting.env_value(4, "env.X") == "4"

@@ -266,6 +266,20 @@ def test_env_name_and_value_checks(tmp_path: Path) -> None:
     assert err.key_path == "env.FOO" and "quote it" in str(err)
 
 
+
+@pytest.mark.parametrize("name", ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
+                                  "AWS_ACCESS_KEY_ID", "aws_secret_access_key"])
+def test_env_refuses_credentials(tmp_path: Path, name: str) -> None:
+    """A key in env: would be written to hetjob.sbatch, plan.json and job.yaml: refused,
+    naming the key path and the fix, without echoing the secret."""
+    err = spec_error(tmp_path, BASE + f"  {name}: abc123secret\n")
+    assert err.key_path == f"env.{name}" and "credential" in str(err) and "export" in str(err)
+    assert "abc123secret" not in str(err) + repr(err)
+    with pytest.raises(SpecError) as info:  # the same rule via --set
+        load_spec(write(tmp_path, BASE), Overrides(sets=[f"env.{name}=abc123secret"]))
+    assert "credential" in str(info.value)
+
+
 def test_slurm_extra_allow_list(tmp_path: Path) -> None:
     ok = load_spec(write(tmp_path, replace("  partition: debug\n",
                                            "  partition: debug\n  extra: [--exclusive, --mail-type=END]\n")))
