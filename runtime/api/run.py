@@ -261,8 +261,7 @@ class Run:
     def close(self, code: int = 0, **fields: Any) -> None:
         """Write the final checkpoint of a run that completed; wait for the checkpoint in
         flight; write the ``exit`` event. Collective."""
-        if code == 0 and preempt.stop_reason() is None:
-            self._final_checkpoint()
+        self._final_checkpoint(wanted=code == 0 and preempt.stop_reason() is None)
         flushed = resume.flush(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.events.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
@@ -272,26 +271,31 @@ class Run:
         self.events.emit("exit", code=code, reason=preempt.stop_reason(), **fields)
         self._closed = True
 
-    def _final_checkpoint(self) -> None:
+    def _final_checkpoint(self, *, wanted: bool) -> None:
         """A run that completes checkpoints its last step (checkpoints on: an interval, or the
         script saved before; that step not saved yet),
         so extending it (``hetrun resubmit --set``) continues from there, none redone. The
         objects are the ones the script restored into or saved (trained in place); every rank
         must have reached the same step (one allgather), else nothing is saved and a warning
-        says why."""
+        says why. ``wanted`` (the run completed: exit 0, no stop) travels in the allgather, so
+        a rank that closes after a late signal or with an error still joins it and the others
+        do not wait for it forever."""
         checkpoints = self.checkpoint_every > 0 or self._saved_step is not None  # the job's or the script's
         if not checkpoints or self._objs is None or self._last_step is None:
             return
         last, saved = self._last_step, self._saved_step
         if self.world_size > 1:
             self._connect()
-            seen = {tuple(pair) for pair in self.ctx.world_collective.allgather([last, saved])}
+            votes = self.ctx.world_collective.allgather([wanted, last, saved])
+            if not all(vote[0] for vote in votes):
+                return  # some rank stopped or failed: the run did not complete
+            seen = {(vote[1], vote[2]) for vote in votes}
             if len(seen) != 1:
                 self.events.emit("warning", message="no final checkpoint: the ranks ended at different "
                                  f"steps {sorted({pair[0] for pair in seen})}")
                 return
-        if last == saved:
-            return  # the script saved its last step itself
+        if not wanted or last == saved:
+            return  # stopped or failed (one rank), or the script saved its last step itself
         save_state(self.ctx, self.events, StateObjects(self._objs), last + 1, wait=True, reason="final")
         self._saved_step = last
 
