@@ -82,6 +82,8 @@ class SlurmError(HetrunError):
     """A Slurm command failed or Slurm is unreachable."""
 
     exit_code = 3
+    #: the command timed out, so it may still have been carried out (sbatch: the job queued)
+    uncertain = False
 
 
 class RunDirError(HetrunError):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.backoff import Backoff, poll_until
-from hetrun.errors import HetrunError, RunDirError, SpecError
+from hetrun.errors import HetrunError, RunDirError, SlurmError, SpecError
 
 from . import quoting
 from .backends import get_backend, resolve_name
@@ -185,12 +185,17 @@ def submit_spec(
 
     try:
         job_id = backend_obj.submit(run)
-    except BaseException as exc:
+    except HetrunError as exc:
+        if isinstance(exc, SlurmError) and exc.uncertain:
+            # sbatch timed out: the controller may have queued the job, which then needs its
+            # run directory; keep it and say so.
+            exc.message += f" (the job may have been queued: check squeue; {run_dir} is kept)"
+            raise
         # A refused submit leaves nothing behind: `hetrun status` would list a run that never
-        # queued. The directory is the one made just above (mkdir without exist_ok).
+        # queued. The directory is the one made just above (mkdir without exist_ok). An
+        # interrupt (Ctrl-C) is not a refusal: the directory stays, as the job may be queued.
         shutil.rmtree(run_dir, ignore_errors=True)
-        if isinstance(exc, HetrunError):
-            exc.message += f" (nothing was queued; {run_dir.name} was removed)"
+        exc.message += f" (nothing was queued; {run_dir.name} was removed)"
         raise
     run.job_id = job_id
     run.submitted_at = utc_now_iso()

@@ -207,3 +207,15 @@ def test_sacct_attempts_of_a_requeued_job_collapse_to_one_record() -> None:
     ]
     out = sorted(_latest_attempts(recs), key=lambda r: r["het_offset"])
     assert [(r["het_offset"], r["state"], r["restarts"]) for r in out] == [(0, "RUNNING", 1), (1, "RUNNING", 1)]
+
+
+def test_a_slurm_command_that_times_out_may_have_been_carried_out_one_that_refuses_was_not() -> None:
+    # hetrun submit keeps the run directory after an sbatch that timed out (the controller may
+    # have queued the job) and removes it after a refusal (slurm_plugin/submit.py).
+    with pytest.raises(SlurmError) as slow:
+        run_slurm(["sleep", "5"], RetryPolicy(attempts=1, timeout_s=0.2))
+    assert slow.value.uncertain and "no answer within 0.2s" in str(slow.value)
+    with pytest.raises(SlurmError) as refused:
+        run_slurm(["sh", "-c", "echo 'sbatch: error: Invalid partition name specified' >&2; exit 1"],
+                  RetryPolicy(attempts=1, timeout_s=5))
+    assert not refused.value.uncertain

@@ -109,9 +109,12 @@ def run_slurm(
         if attempt < policy.attempts:
             sleep(next(delays))
     waited = time.monotonic() - started
-    raise SlurmError(
+    err = SlurmError(
         f"`{shown}` failed: slurmctld unreachable after {policy.attempts} attempts "
         f"over {waited:.1f}s; last error: {last}",
         hint="check that the controller is up (`scontrol ping`, `sinfo`) and that SLURM_CONF "
         "points at the right slurm.conf; retry later",
     )
+    # A command that timed out may still have been carried out (sbatch: the job queued).
+    err.uncertain = last.startswith("no answer")
+    raise err
