@@ -178,8 +178,9 @@ def _events(ctx: Ctx) -> Any:
 def _emit_closed(ctx: Ctx, ev: dict[str, Any]) -> None:
     """One event from a background thread (the object tier's), its file closed again."""
     log = _events(ctx)
+    fields = dict(ev)  # a copy: ``ev`` is the uploader's own record (ObjectUploader.results)
     try:
-        log.emit(str(ev.pop("ev")), **ev)
+        log.emit(str(fields.pop("ev")), **fields)
     finally:
         log.close()
 
