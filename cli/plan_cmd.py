@@ -253,7 +253,7 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"--capacity {capacity!r}: expected auto, cluster or spec")
         spec = load_job(job, overrides_from(partition, time_limit, account, qos, nodes, gres, constraint, sets))
         if spec.checkpoint.object_store is not None:  # reachable, bucket there, writable: before any queue
-            from hetrun.runtime.ckpt.object_store import preflight
+            from hetrun.runtime.ckpt.object_preflight import preflight
 
             preflight(spec.checkpoint.object_store, str(job))
         caps, cap_source = _capacities(spec, capacity, job)

@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         overrides = overrides_from(partition, time, account, qos, nodes, gres, constraint, sets)
         spec, job_dir = _spec_and_dir(job, script_args, tasks_per_node, overrides)
         if spec.checkpoint.object_store is not None:  # reachable, bucket there, writable: before any queue
-            from hetrun.runtime.ckpt.object_store import preflight
+            from hetrun.runtime.ckpt.object_preflight import preflight
 
             preflight(spec.checkpoint.object_store, str(job))
         if backend == "auto":

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import socket
 import time
@@ -38,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from hetrun.runtime.ckpt import s3_client
+from hetrun.runtime.ckpt import object_preflight, s3_client
 from hetrun.runtime.ckpt.objects import check_hash
 from hetrun.runtime.ckpt.s3_client import S3Url, with_backoff
 
@@ -203,30 +202,8 @@ class ObjectStore:
     # -- checks before a job is queued ------------------------------------------------
     def check_writable(self) -> None:
         """Reachable, the bucket exists, these credentials may write and delete here:
-        CheckpointError in words otherwise (hetrun plan/submit call it)."""
-        probe = f".hetrun-probe/{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        client = self.client
-        try:
-            client.head_bucket(Bucket=self.url.bucket)
-        except Exception as exc:
-            code = s3_client.error_code(exc)
-            if code in ("404", "NoSuchBucket", "NotFound"):
-                raise CheckpointError(f"bucket {self.url.bucket!r} does not exist at {self._where()}",
-                                      hint="create it (aws s3 mb s3://" + self.url.bucket + ") or fix "
-                                           "checkpoint.object_store.url") from None
-            if code not in ("403", "AccessDenied"):  # a HEAD's 403 has no body: the PUT below says why
-                raise CheckpointError(s3_client.describe(exc, f"bucket {self.url.bucket} at {self._where()}"),
-                                      hint=s3_client.CREDENTIAL_HINT) from None
-        try:
-            self.put(probe, b"hetrun write probe\n")
-            self.delete([probe])
-        except CheckpointError as exc:
-            raise CheckpointError(f"cannot write checkpoints to {self.url}: {exc.message}",
-                                  hint=s3_client.CREDENTIAL_HINT) from None
-
-    def _where(self) -> str:
-        env = self.env if self.env is not None else os.environ
-        return self.endpoint or env.get("AWS_ENDPOINT_URL") or "the default AWS endpoint"
+        CheckpointError in words otherwise (runtime/ckpt/object_preflight.py, torch-free)."""
+        object_preflight.check_writable(self.client, self.url, endpoint=self.endpoint, env=self.env)
 
     # -- store documents ---------------------------------------------------------------
     @staticmethod
@@ -339,21 +316,3 @@ def component_stores(store: ObjectStore) -> list[tuple[str, ObjectStore]]:
         if any(True for _ in child.list("manifests/")):
             out.append((name, child))
     return out
-
-
-def preflight(spec: Any, file: str) -> None:
-    """``hetrun plan`` / ``submit``: the job's ``checkpoint.object_store`` (an
-    ObjectStoreSpec, or None) is reachable, its bucket exists and these
-    credentials may write there; CheckpointError naming the file and key otherwise."""
-    if spec is None or not getattr(spec, "check", True):
-        return
-    where = f"{file}: checkpoint.object_store"
-    try:
-        client = s3_client.make_client(spec.endpoint, region=spec.region, profile=spec.profile, retries=1, timeout=5)
-        ObjectStore(spec.url, endpoint=spec.endpoint, client=client).check_writable()
-    except CheckpointError as exc:
-        raise CheckpointError(f"{where}: {exc.message}", hint=(exc.hint or "") + "; or set "
-                              "checkpoint.object_store.check: false to skip this check") from None
-    except Exception as exc:  # the client could not be made (an unknown profile, ...)
-        raise CheckpointError(s3_client.describe(exc, f"{where} {spec.url}"),
-                              hint=s3_client.CREDENTIAL_HINT) from None
