@@ -28,7 +28,8 @@ import pytest
 import torch
 from hetrun.dag.object_store_spec import ObjectStoreSpec
 from hetrun.runtime.ckpt import CheckpointStore, Tier, local_s3
-from hetrun.runtime.ckpt.object_store import ObjectStore, preflight
+from hetrun.runtime.ckpt.object_preflight import preflight
+from hetrun.runtime.ckpt.object_store import ObjectStore
 from hetrun.runtime.ckpt.object_tier import BucketTier
 from hetrun.runtime.ckpt.object_upload import ObjectUploader
 from hetrun.runtime.ckpt.writer import CheckpointWriter
@@ -199,13 +200,17 @@ def test_an_upload_waits_while_a_gc_holds_the_lock(s3: Any, tmp_path: Path) -> N
     # before an upload trusts what the bucket holds.
     store = _store(s3)
     store.put("gc.lock", b"{}")
+    polls: list[bool] = []
+    gc_running = store._gc_running
+    store._gc_running = lambda: polls.append(gc_running()) or polls[-1]  # counts the uploader's polls
     saver = Saver(tmp_path, store)
     saver.save(1, _state(9), upload_wait=False)
     from hetrun.backoff import Backoff, poll_until
 
     assert poll_until(lambda: [o.rel for o in store.list("leases/")] == ["leases/000000000001/rank-000000"],
                       Backoff(0.1, 1.0), timeout=60)
-    time.sleep(1.0)  # the uploader now polls gc.lock: nothing else reaches the bucket
+    # The uploader found gc.lock held twice (it is in its wait loop): nothing else reached the bucket.
+    assert poll_until(lambda: polls.count(True) >= 2, Backoff(0.05, 0.5), timeout=60), polls
     assert saver.up._busy and not list(store.list("objects/")) and not store.manifest_steps()
     store.delete(["gc.lock"])
     assert saver.up.wait(60)
@@ -533,3 +538,42 @@ def test_run_api_takes_the_object_store_and_restores_from_it_alone(s3: Any, shar
     assert ups[-1] == 6 and sorted(ups + skipped) == [2, 4, 6], evs
     assert not [e for e in evs if e["ev"] == "ckpt_tier_failure"]
     assert s3.secret_key not in (shared_tmp / "a" / "events.jsonl").read_text()
+
+
+# -- a rank's object tier at exit ---------------------------------------------------------------
+def test_a_stopping_rank_does_not_wait_for_the_upload_at_close(
+        s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume._close_all runs RankObjectTier.close() at exit: during a preemption the
+    upload must not eat the grace (SIGKILL); otherwise it is waited for as before."""
+    from hetrun.runtime import preempt
+    from hetrun.runtime.ckpt.object_rank import RankObjectTier, close_wait_s
+
+    assert close_wait_s() is None  # no stop asked for: flush's default wait
+    store = _store(s3)
+    store.put("gc.lock", b"{}")  # holds the upload in its lease wait (600 s)
+    saver = Saver(tmp_path, store)
+    saver.save(1, _state(3), upload_wait=False)
+    from hetrun.backoff import Backoff, poll_until
+
+    assert poll_until(lambda: saver.up._busy, Backoff(0.05, 0.5), timeout=60)
+    monkeypatch.setattr(preempt._S, "reason", "preempted")
+    assert close_wait_s() == 0
+    closer = threading.Thread(target=RankObjectTier(saver.up, BucketTier(store)).close, daemon=True)
+    closer.start()
+    closer.join(120)  # without the rule: 300 s of flush, then the upload's own 600 s lease wait
+    assert not closer.is_alive(), "close() waited for the upload during a stop"
+    assert not store.manifest_steps()  # the upload did not finish: the next attempt sends it
+    store.delete(["gc.lock"])
+    saver.writer.close()
+
+
+def test_emitting_an_upload_event_leaves_the_uploaders_record_whole(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from hetrun.runtime import resume
+
+    ev = {"ev": "ckpt_upload", "step": 4, "objects": 2}
+    ctx = SimpleNamespace(run_dir=str(tmp_path), rank=0, component="train", node=None)
+    resume._emit_closed(ctx, ev)
+    assert ev == {"ev": "ckpt_upload", "step": 4, "objects": 2}
+    assert "ckpt_upload" in "".join(p.read_text() for p in tmp_path.rglob("*.jsonl"))

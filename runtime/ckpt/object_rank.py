@@ -47,9 +47,21 @@ class RankObjectTier:
         return self.uploader.wait(timeout)
 
     def close(self) -> None:
-        self.flush()
+        """At exit (runtime/resume.py). A stopping rank does not wait for the upload:
+        its grace belongs to the file tiers, and waiting could outlast it into SIGKILL.
+        The checkpoint is committed there; the next attempt uploads what is missing."""
+        self.flush(close_wait_s())
         self.uploader.close(0)
         self.tier.close()
+
+
+def close_wait_s() -> float | None:
+    """How long close() waits for the upload: 0 once a stop was asked for (a signal
+    arrived or a stop reason was agreed), else None (flush's default)."""
+    from hetrun.runtime import preempt
+
+    stopping = preempt.stop_reason() is not None or preempt.requested_by_signal() is not None
+    return 0.0 if stopping else None
 
 
 def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[Tier], *, rank: int,
