@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hetrun.rundir import DEFAULTS
+
 # Bucket names as S3 allows them (3-63 of a-z 0-9 . -, starting and ending alphanumeric).
 _BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # Prefix path segments: plain, shell- and URL-safe characters only.
@@ -78,8 +80,8 @@ class ObjectStoreSpec(BaseModel):
                                                    "(default: $AWS_ENDPOINT_URL, else AWS)")
     region: str | None = Field(None, description="default: $AWS_DEFAULT_REGION / the profile's")
     profile: str | None = Field(None, description="a profile of ~/.aws/credentials (default: $AWS_PROFILE)")
-    upload_threads: int = Field(8, ge=1, le=256, description="parallel requests per rank")
-    shard_wait_s: float = Field(600.0, ge=1, le=86_400,
+    upload_threads: int = Field(DEFAULTS.object_upload_threads, ge=1, le=256, description="parallel requests per rank")
+    shard_wait_s: float = Field(DEFAULTS.object_shard_wait_s, ge=1, le=86_400,
                                 description="how long rank 0 waits for every rank's shard before it "
                                             "gives up on a step's upload (no manifest is written)")
     check: bool = Field(True, description="hetrun plan/submit check reachability, bucket and write "

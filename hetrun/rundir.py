@@ -66,6 +66,8 @@ class Defaults:
     preemption_signal: str = "USR1"  # preemption.signal
     grace_seconds: int = 60  # preemption.grace_seconds
     max_failures: int = 0  # preemption.max_failures
+    object_upload_threads: int = 8  # checkpoint.object_store.upload_threads: parallel requests per rank
+    object_shard_wait_s: float = 600.0  # checkpoint.object_store.shard_wait_s: rank 0's wait for every shard
 
 
 DEFAULTS = Defaults()

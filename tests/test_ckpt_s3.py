@@ -577,3 +577,22 @@ def test_emitting_an_upload_event_leaves_the_uploaders_record_whole(tmp_path: Pa
     resume._emit_closed(ctx, ev)
     assert ev == {"ev": "ckpt_upload", "step": 4, "objects": 2}
     assert "ckpt_upload" in "".join(p.read_text() for p in tmp_path.rglob("*.jsonl"))
+
+
+def test_object_store_defaults_have_one_home() -> None:
+    """upload_threads and shard_wait_s default from hetrun.rundir.DEFAULTS in the spec,
+    the plan's config, the store and the uploader alike."""
+    import inspect
+
+    from hetrun.runtime.ckpt.object_store import ObjectStoreConfig
+
+    from hetrun.rundir import DEFAULTS
+
+    spec = ObjectStoreSpec.model_validate({"url": f"s3://{BUCKET}/d"})
+    cfg = ObjectStoreConfig.from_plan({"object_store": {"url": f"s3://{BUCKET}/d"}})
+    assert cfg is not None
+    assert spec.upload_threads == cfg.upload_threads == DEFAULTS.object_upload_threads
+    assert spec.shard_wait_s == cfg.shard_wait_s == DEFAULTS.object_shard_wait_s
+    assert ObjectStore(f"s3://{BUCKET}/d").threads == DEFAULTS.object_upload_threads
+    wait = inspect.signature(ObjectUploader).parameters["shard_wait_s"].default
+    assert wait == DEFAULTS.object_shard_wait_s

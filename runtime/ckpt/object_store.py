@@ -43,6 +43,7 @@ from hetrun.runtime.ckpt.s3_client import S3Url, with_backoff
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import CheckpointError
+from hetrun.rundir import DEFAULTS
 
 _MANIFEST_KEY_RE = re.compile(r"manifests/([0-9]{12})\.json")
 _SHARD_KEY_RE = re.compile(r"shards/([0-9]{12})/rank-([0-9]{6})(\.refs)?\.json")
@@ -68,8 +69,8 @@ class ObjectStoreConfig:
     endpoint: str | None = None
     region: str | None = None
     profile: str | None = None
-    upload_threads: int = 8
-    shard_wait_s: float = 600.0
+    upload_threads: int = DEFAULTS.object_upload_threads
+    shard_wait_s: float = DEFAULTS.object_shard_wait_s
 
     @classmethod
     def from_plan(cls, cfg: dict[str, Any] | None) -> ObjectStoreConfig | None:
@@ -78,8 +79,8 @@ class ObjectStoreConfig:
         if not obj:
             return None
         return cls(url=str(obj["url"]), endpoint=obj.get("endpoint"), region=obj.get("region"),
-                   profile=obj.get("profile"), upload_threads=int(obj.get("upload_threads") or 8),
-                   shard_wait_s=float(obj.get("shard_wait_s") or 600.0))
+                   profile=obj.get("profile"), upload_threads=int(obj.get("upload_threads") or DEFAULTS.object_upload_threads),
+                   shard_wait_s=float(obj.get("shard_wait_s") or DEFAULTS.object_shard_wait_s))
 
 
 class ObjectStore:
@@ -87,7 +88,7 @@ class ObjectStore:
     with hetrun/backoff.py, every other error raises CheckpointError in words."""
 
     def __init__(self, url: str | S3Url, *, endpoint: str | None = None, region: str | None = None,
-                 profile: str | None = None, client: Any = None, threads: int = 8,
+                 profile: str | None = None, client: Any = None, threads: int = DEFAULTS.object_upload_threads,
                  env: dict[str, str] | None = None) -> None:
         self.url = url if isinstance(url, S3Url) else s3_client.parse_url(url)
         self.endpoint, self.region, self.profile, self.env = endpoint, region, profile, env

@@ -39,6 +39,7 @@ from hetrun.runtime.ckpt.objects import Tier, check_hash
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import CheckpointError
+from hetrun.rundir import DEFAULTS
 
 TIER_NAME = "object"
 _MAX_CHAIN = 64
@@ -46,7 +47,7 @@ _MAX_CHAIN = 64
 
 class ObjectUploader:
     def __init__(self, store: ObjectStore, tiers: list[Tier], *, rank: int, world_size: int, keep: int,
-                 on_event: Callable[[dict[str, Any]], None] | None = None, shard_wait_s: float = 600.0) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None, shard_wait_s: float = DEFAULTS.object_shard_wait_s) -> None:
         self.store = store
         self.tiers = tiers
         self.rank, self.world_size, self.keep = rank, world_size, keep
