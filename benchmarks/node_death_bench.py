@@ -57,7 +57,7 @@ def spec(spares: int, memory_every: int, iterations: int, memory_dir: str) -> di
         checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
         preemption={"max_failures": 100},
         slurm={"partition": "debug", "time": "01:00:00"},
-        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir},
+        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, "HETRUN_NODE_TIMEOUT": "4"},
     )
 
 

@@ -290,11 +290,11 @@ class CheckpointSpec(_Section):
     )
 
     memory_every: int | None = Field(
-        None, ge=0, le=1_000_000_000,
+        DEFAULTS.memory_every, ge=0, le=1_000_000_000,
         description="snapshot every rank's state into node-local memory (and replicate it to another node) "
                     "every N iterations; 0 = off; default: with spare_nodes, adaptive (the smallest power of two "
                     "whose snapshots take <= 2% of training), else off")
-    memory_replicas: int = Field(1, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
+    memory_replicas: int = Field(DEFAULTS.memory_replicas, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
 
     object_store: ObjectStoreSpec | None = Field(
         None, description="S3-compatible cold tier after the file tiers: {url: s3://BUCKET/PREFIX, "
@@ -437,6 +437,14 @@ class JobSpec(_Section):
                                 "restart is supported for action components only",
                                 path=("components", cname, "spare_nodes"),
                                 hint="remove spare_nodes (use preemption.max_failures to requeue a failed command)")
+            if comp.spare_nodes and self.preemption.max_failures < 1:
+                # The in-allocation restart is a retry of a failed attempt: without a failure
+                # budget it never runs, and the spares are allocated (and paid for) for nothing.
+                raise SpecIssue(f"spare_nodes {comp.spare_nodes} on component {cname!r} with "
+                                f"preemption.max_failures {self.preemption.max_failures}: the spares would never "
+                                "be used (a restart on them is a retried failure)",
+                                path=("components", cname, "spare_nodes"),
+                                hint="set preemption.max_failures >= 1, or remove spare_nodes")
             if comp.mem_mb < comp.tasks_per_node:
                 raise SpecIssue(f"mem {comp.mem} is less than 1M per task for {comp.tasks_per_node} tasks",
                                 path=("components", cname, "mem"))

@@ -47,6 +47,21 @@ CKPT_LOCAL_ENV = "HETRUN_CKPT_LOCAL"  # a node-local fast checkpoint tier, drain
 # `hetrun resume` sets it in the job's env: the restart count of the new job's first
 # attempt, so a resumed run's attempts count on from the old job's.
 RESTART_BASE_ENV = "HETRUN_RESTART_BASE"
+# Spare nodes (docs/PREEMPTION.md): seconds without a heartbeat change after which the batch
+# script's monitor takes a node for dead; how often each node's heartbeat file is touched.
+NODE_TIMEOUT_ENV = "HETRUN_NODE_TIMEOUT"
+HEARTBEAT_ENV = "HETRUN_HEARTBEAT_S"
+MEMORY_DIR_ENV = "HETRUN_MEMORY_DIR"  # the memory tier's node-local root (default /dev/shm)
+# Judged by change on the batch node's own clock (never by comparing a shared file's mtime
+# with it): 30 s rides out NFS attribute caching and slow moments; the local test sets less.
+NODE_TIMEOUT_DEFAULT_S = 30
+HEARTBEAT_DEFAULT_S = 0.5
+
+# -- spare nodes' files under logs/ (the batch script and runtime/recovery.py) -----------------
+HEARTBEATS = "alive"  # logs/alive/<node>: touched by the node's lowest rank while it runs
+IN_ALLOCATION_RESTARTS = "in-allocation-restarts"  # one "<job id> <restart count>" line per restart
+DEAD_NODES_PREFIX = ".dead-nodes-"  # + job id: nodes found dead in this job, never used again
+SILENT_NODES_PREFIX = ".silent-nodes-"  # + job id: nodes the monitor found silent this step
 
 # Directories every compute node has its own copy of: what one node (or the submit host)
 # writes there, the other nodes and a requeued job cannot see (the local cluster's slurmd
@@ -68,6 +83,9 @@ class Defaults:
     max_failures: int = 0  # preemption.max_failures
     object_upload_threads: int = 8  # checkpoint.object_store.upload_threads: parallel requests per rank
     object_shard_wait_s: float = 600.0  # checkpoint.object_store.shard_wait_s: rank 0's wait for every shard
+    # checkpoint.memory_every: None = adaptive with spare_nodes (runtime/memory_tier.py), else off
+    memory_every: int | None = None
+    memory_replicas: int = 1  # checkpoint.memory_replicas
 
 
 DEFAULTS = Defaults()
@@ -145,6 +163,20 @@ class RunPaths:
     @property
     def logs(self) -> Path:
         return self.root / LOGS
+
+    @property
+    def heartbeats(self) -> Path:
+        return self.logs / HEARTBEATS
+
+    @property
+    def in_allocation_restarts(self) -> Path:
+        return self.logs / IN_ALLOCATION_RESTARTS
+
+    def dead_nodes(self, job_id: str) -> Path:
+        return self.logs / f"{DEAD_NODES_PREFIX}{job_id}"
+
+    def silent_nodes(self, job_id: str) -> Path:
+        return self.logs / f"{SILENT_NODES_PREFIX}{job_id}"
 
     def plan_before_attempt(self, restart: int) -> Path:
         """The plan a resume replaced, kept for the reports of the attempts it ran

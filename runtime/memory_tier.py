@@ -78,10 +78,12 @@ class MemorySnapshots:
         self.size = self.comm.Get_size()
         self.node = node
         self.nodes: list[str] = list(self.comm.allgather(node))
-        # every None: adaptive. Each rank takes the smallest power of two N whose snapshot cost
-        # stays within BUDGET of its iterations; powers of two keep a step every rank holds
-        # (a multiple of the largest N is a multiple of every smaller one).
+        # every None: adaptive. Each rank wants the smallest power of two N whose snapshot cost
+        # stays within BUDGET of its iterations, and the ranks agree on the largest (an
+        # allreduce MAX every MAX_EVERY steps, applied there): every rank snapshots the same
+        # steps, so the newest `keep` a node holds are steps every rank has.
         self.adaptive = every is None
+        self._agreeing: tuple[Any, Any, Any] | None = None  # (request, sent, received) in flight
         self.every = 1 if every is None else max(1, int(every))
         self._cost: float | None = None  # EWMA seconds per snapshot
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
@@ -100,12 +102,36 @@ class MemorySnapshots:
             dt = now - self._last
             self._iter_s = dt if self._iter_s is None else 0.8 * self._iter_s + 0.2 * dt
         self._last = now
-        if self.adaptive and self._cost is not None and self._iter_s:
-            need, k = self._cost / (BUDGET * self._iter_s), 1
-            while k < need and k < MAX_EVERY:
-                k *= 2
-            self.every = k
+        if self.adaptive:
+            self._agree(step)
         return step % self.every == 0
+
+    def wanted(self) -> int:
+        """This rank's own adaptive N: the smallest power of two (<= MAX_EVERY) whose
+        snapshots take at most BUDGET of its iterations; 1 before a cost is known."""
+        if self._cost is None or not self._iter_s:
+            return 1
+        need, k = self._cost / (BUDGET * self._iter_s), 1
+        while k < need and k < MAX_EVERY:
+            k *= 2
+        return k
+
+    def _agree(self, step: int) -> None:
+        """At each multiple of MAX_EVERY (a step every rank's loop passes, and a multiple of
+        every N, so switching there keeps the ranks' snapshot steps equal): apply the N the
+        ranks agreed on at the previous one, and start the next agreement (non-blocking: the
+        result has MAX_EVERY iterations to arrive)."""
+        if step % MAX_EVERY:
+            return
+        import numpy as np
+        from mpi4py import MPI
+
+        if self._agreeing is not None:
+            self._agreeing[0].Wait()
+            self.every = 1 << int(self._agreeing[2][0])
+        mine = np.array([self.wanted().bit_length() - 1], dtype=np.int64)
+        got = np.zeros(1, dtype=np.int64)
+        self._agreeing = (self.comm.Iallreduce(mine, got, op=MPI.MAX), mine, got)
 
     def snapshot(self, step: int, tree: Any) -> None:
         """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners."""
@@ -147,6 +173,9 @@ class MemorySnapshots:
     def close(self, remove: bool = False) -> None:
         """Collective: every send delivered and written before any rank leaves.
         ``remove``: the run is over; each node's lowest rank deletes the node's snapshots."""
+        if self._agreeing is not None:  # every rank started it at the same step
+            self._agreeing[0].Wait()
+            self._agreeing = None
         barrier = None
         while True:
             self.progress()

@@ -1,8 +1,8 @@
 """The executor's memory tier: when it is on, the snapshot it takes each N iterations,
 and the restore that prefers a peer-memory snapshot to the shared store.
 
-On (``checkpoint.memory_every`` N > 0; by default 1 when a component has
-``spare_nodes``), for the MPI executor only. ``restore`` is what the executor
+On (``checkpoint.memory_every`` N > 0; by default, when a component has
+``spare_nodes``, adaptive: runtime/memory_tier.py), for the MPI executor only. ``restore`` is what the executor
 calls instead of ``resume.restore_if_any``: every rank asks the memory tier
 (runtime/memory_tier.py) for the newest step every rank holds a verified copy
 of, and the store for its newest complete step; the newer wins (memory on a
@@ -25,25 +25,34 @@ from typing import Any
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.memory_tier import MemorySnapshots
 
+from hetrun.errors import SpecError
+from hetrun.rundir import DEFAULTS, HEARTBEAT_DEFAULT_S, HEARTBEAT_ENV, NODE_TIMEOUT_ENV, RunPaths
+
 # Snapshots each node keeps per rank: ranks of a pipelined job run up to a few
 # iterations apart, and the restore needs a step every rank still holds.
 KEEP = 8
 
 
-def memory_every(plan: Any) -> int:
-    """N of ``checkpoint.memory_every`` (0: off); unset: 1 when a component has spare_nodes."""
+def memory_every(plan: Any) -> int | None:
+    """N of ``checkpoint.memory_every``: 0 off, None adaptive (MemorySnapshots picks N).
+    Unset: the default (hetrun.rundir.DEFAULTS: adaptive) when a component has spare_nodes, else off."""
     cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
-    value = cfg.get("memory_every")
+    value = cfg.get("memory_every", DEFAULTS.memory_every)
     if value is None:
-        spares = any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
-        return 1 if spares else 0
+        return None if spares_in(plan) else 0
     return int(value)
+
+
+def memory_replicas(plan: Any) -> int:
+    cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
+    value = cfg.get("memory_replicas")
+    return DEFAULTS.memory_replicas if value is None else int(value)
 
 
 def enabled(ctx: Any) -> bool:
     comm = getattr(ctx, "world_comm", None)
     return (comm is not None and getattr(ctx, "world_collective", None) is None
-            and memory_every(getattr(ctx, "plan", None)) > 0)
+            and memory_every(getattr(ctx, "plan", None)) != 0)
 
 
 def _store_newest(ctx: Any, slot: Any) -> int | None:
@@ -58,13 +67,11 @@ def _store_newest(ctx: Any, slot: Any) -> int | None:
 def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int]) -> tuple[int, MemorySnapshots]:
     """Collective. (the iteration to start at, this rank's memory tier)."""
     plan = ctx.plan
-    cfg = plan.checkpoint or {}
     t0 = time.perf_counter()
     world = ctx.world_comm
-    # Unset with spare nodes: adaptive (the smallest power-of-two N costing <= 2%).
-    every = cfg.get("memory_every")
-    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=None if every is None else int(every),
-                          replicas=int(cfg.get("memory_replicas") or 1), keep=KEEP,
+    # None: adaptive (the smallest power-of-two N costing <= 2%, agreed across the ranks).
+    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=memory_every(plan),
+                          replicas=memory_replicas(plan), keep=KEEP,
                           root=_root(world.Get_size()))
     found = mem.restore()
     slot = resume._slot(ctx)
@@ -104,8 +111,21 @@ def _root(world_size: int) -> str:
     return os.path.join(default_root(), f"w{world_size}")
 
 
-HEARTBEAT_DIR = "logs/alive"  # <run_dir>/logs/alive/<node>: touched by the node's lowest rank
-HEARTBEAT_S = 0.5
+def heartbeat_s(env: Any = None) -> float:
+    """Seconds between two heartbeats: ``$HETRUN_HEARTBEAT_S`` (docs/PREEMPTION.md), else the default."""
+    env = os.environ if env is None else env
+    raw = env.get(HEARTBEAT_ENV)
+    if raw in (None, ""):
+        return HEARTBEAT_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SpecError(f"${HEARTBEAT_ENV}={raw!r} is not a positive number of seconds",
+                        key_path=f"env.{HEARTBEAT_ENV}", value=raw,
+                        hint=f"set it to e.g. {HEARTBEAT_DEFAULT_S}, well below ${NODE_TIMEOUT_ENV}")
+    return value
 
 
 def spares_in(plan: Any) -> bool:
@@ -113,21 +133,28 @@ def spares_in(plan: Any) -> bool:
 
 
 def start_heartbeat(run_dir: Any, node: str) -> threading.Thread:
-    """Touch ``logs/alive/<node>`` every HEARTBEAT_S from a daemon thread, as long as this
-    process lives: the batch script's monitor (slurm_plugin/render.py) takes a node whose
-    file is older than ``$HETRUN_NODE_TIMEOUT`` for dead (a killed node, whose processes
-    all died with it; Slurm itself notices only after SlurmdTimeout)."""
-    path = os.path.join(str(run_dir), HEARTBEAT_DIR, node)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    """Rewrite ``logs/alive/<node>`` with a growing counter every ``heartbeat_s()`` from a
+    daemon thread, as long as this process lives: the batch script's monitor
+    (slurm_plugin/render.py) takes a node whose counter has not changed for
+    ``$HETRUN_NODE_TIMEOUT`` s for dead (a killed node, whose processes all died with it;
+    Slurm itself notices only after SlurmdTimeout). The content, not the mtime: the monitor
+    compares what it reads with what it read before, on its own clock (no skew), and
+    opening the file revalidates an NFS client's attribute cache."""
+    path = RunPaths(str(run_dir)).heartbeats / node
+    os.makedirs(path.parent, exist_ok=True)
+    tmp = path.parent / f".{node}.tmp"  # a dot name: the monitor's `rm logs/alive/*` leaves it
+    period = heartbeat_s()
 
     def beat() -> None:
+        count = 0
         while not _STOP.is_set():
+            count += 1
             try:
-                with open(path, "a"):
-                    os.utime(path)
+                tmp.write_text(f"{count}\n")
+                os.replace(tmp, path)  # whole lines only: the monitor never reads a half-written one
             except OSError:
                 pass  # the run directory is shared: a slow moment must not end the rank
-            _STOP.wait(HEARTBEAT_S)
+            _STOP.wait(period)
         with contextlib.suppress(OSError):
             os.unlink(path)  # ended on purpose: the monitor must not take the exit for a death
 

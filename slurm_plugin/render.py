@@ -23,16 +23,28 @@ from typing import Any
 from hetrun.dag.budgets import Budgets
 
 from hetrun.errors import SpecError
-from hetrun.rundir import DEFAULTS, GRACE_SECONDS_RANGE
+from hetrun.rundir import (
+    DEAD_NODES_PREFIX,
+    DEFAULTS,
+    GRACE_SECONDS_RANGE,
+    HEARTBEAT_ENV,
+    HEARTBEATS,
+    IN_ALLOCATION_RESTARTS,
+    LOGS,
+    NODE_TIMEOUT_DEFAULT_S,
+    NODE_TIMEOUT_ENV,
+    SILENT_NODES_PREFIX,
+)
 
 from . import quoting
 from .postmortem import KILL_MARK
 from .rundir import restart_base
 
 REQUEUE_EXIT_CODE = 85
-# Spare nodes: a node whose heartbeat file is older than this (seconds; $HETRUN_NODE_TIMEOUT
-# overrides) is presumed dead by the batch script's monitor (docs/PREEMPTION.md).
-NODE_TIMEOUT_S = 4
+# Spare nodes: a node whose heartbeat has not changed for this long (seconds;
+# $HETRUN_NODE_TIMEOUT overrides) is presumed dead by the batch script's monitor (docs/PREEMPTION.md).
+NODE_TIMEOUT_S = NODE_TIMEOUT_DEFAULT_S
+_LOGS = f'"$HETRUN_RUN_DIR"/{LOGS}'
 
 
 def _field(obj: Any, key: str, default: Any = None) -> Any:
@@ -470,7 +482,8 @@ def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
         raise ValueError("no Python interpreter path (sys.executable is empty)")
     sig = opts.signal
     traps = [sig] if sig == "TERM" else [sig, "TERM"]
-    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base)
+    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base,
+                                                            any(c.spare_nodes for c in comps))
     if any(c.spare_nodes for c in comps):
         return "\n".join(lines + _recovery_body(comps, run_dir, py, hetrun_py, opts, traps))
     lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
@@ -509,7 +522,7 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
     # The heartbeat monitor runs beside the step, as the watchdog does.
     at = next(i for i, line in enumerate(run) if line.startswith("_hetrun_watchdog "))
     jobs = _het_job_ids(len(comps))
-    run[at + 2:at + 2] = ['rm -f "$HETRUN_RUN_DIR"/logs/alive/* "$_hetrun_silent" 2>/dev/null',
+    run[at + 2:at + 2] = [f'rm -f {_LOGS}/{HEARTBEATS}/* "$_hetrun_silent" 2>/dev/null',
                           "IFS=' ' read -r -a _hetrun_step_nodes <<< \"${_hetrun_nl[*]//,/ }\"",
                           f'_hetrun_heartbeats {jobs} "${{_hetrun_step_nodes[@]}}" &', "_hetrun_beat=$!"]
     at = next(i for i, line in enumerate(run) if line.startswith('kill "$_hetrun_watch"'))
@@ -520,30 +533,34 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
         "",
         "# Spare nodes (in-allocation restart, docs/PREEMPTION.md): nodes found dead in this job",
         "# are never used again; attempts restarted inside the allocation count on in the run.",
-        '_hetrun_dead_file="$HETRUN_RUN_DIR/logs/.dead-nodes-${SLURM_JOB_ID}"',
-        '_hetrun_inalloc="$HETRUN_RUN_DIR/logs/in-allocation-restarts"',
-        f"_hetrun_node_timeout=${{HETRUN_NODE_TIMEOUT:-{NODE_TIMEOUT_S}}}",
-        '_hetrun_silent="$HETRUN_RUN_DIR/logs/.silent-nodes-${SLURM_JOB_ID}"',
+        f'_hetrun_dead_file={_LOGS}/"{DEAD_NODES_PREFIX}${{SLURM_JOB_ID}}"',
+        f'_hetrun_inalloc={_LOGS}/{IN_ALLOCATION_RESTARTS}',
+        f"_hetrun_node_timeout=${{{NODE_TIMEOUT_ENV}:-{NODE_TIMEOUT_S}}}",
+        f'_hetrun_silent={_LOGS}/"{SILENT_NODES_PREFIX}${{SLURM_JOB_ID}}"',
         "_hetrun_heartbeats() {",
-        "    # $1: the job ids; then the step's nodes. Each node's lowest rank touches",
-        "    # logs/alive/<node> every 0.5 s while it runs (runtime/recovery.py) and removes it when",
-        "    # it ends; a node silent for longer than HETRUN_NODE_TIMEOUT s is presumed dead and the",
-        "    # step SIGKILLed (Slurm itself notices a dead node only after SlurmdTimeout). Once the",
+        "    # $1: the job ids; then the step's nodes. Each node's lowest rank rewrites",
+        f"    # {LOGS}/{HEARTBEATS}/<node> with a counter every ${HEARTBEAT_ENV} s while it runs",
+        "    # (runtime/recovery.py) and removes it when it ends. A node whose counter has not",
+        f"    # changed for longer than {NODE_TIMEOUT_ENV} s (this node's clock only: no clock skew;",
+        "    # reading the file revalidates an NFS client's cache) is presumed dead and the step",
+        "    # SIGKILLed (Slurm itself notices a dead node only after SlurmdTimeout). Once the",
         "    # step's tasks are killed (here or by the srun reader), srun may still wait for a dead",
         "    # node's slurmstepd until Slurm marks the node down: 2 s later it is ended too.",
         "    trap '' TERM INT",
-        "    local jobs=$1 n t age steps killed=0 since=0; shift",
+        "    local jobs=$1 n v age steps killed=0 since=0; shift",
+        "    local -A seen=() changed=()",
         '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
         "        sleep 0.5",
         '        for n in "$@"; do',
         '            if [ "$killed" -eq 1 ]; then break; fi',
-        '            t=$(stat -c %Y "$HETRUN_RUN_DIR/logs/alive/$n" 2>/dev/null) || continue',
-        "            age=$(( EPOCHSECONDS - t ))",
+        f'            {{ read -r v < {_LOGS}/{HEARTBEATS}/"$n"; }} 2>/dev/null || continue',
+        '            if [ "${seen[$n]-}" != "$v" ]; then seen[$n]=$v; changed[$n]=$EPOCHSECONDS; continue; fi',
+        "            age=$(( EPOCHSECONDS - ${changed[$n]} ))",
         '            if [ "$age" -le "$_hetrun_node_timeout" ]; then continue; fi',
         '            echo "$n" >> "$_hetrun_silent"',
         '            printf \'%s\\n\' "$_hetrun_kill_mark" >> "$_hetrun_srun_log"',
         "            steps=$(squeue -h -s -j \"$jobs\" -o %i 2>/dev/null | grep '[.][0-9][0-9]*$' | tr '\\n' ' ')",
-        '            echo "hetrun: $EPOCHREALTIME node $n silent for ${age}s (HETRUN_NODE_TIMEOUT=$_hetrun_node_timeout):" \\',
+        f'            echo "hetrun: $EPOCHREALTIME node $n silent for ${{age}}s ({NODE_TIMEOUT_ENV}=$_hetrun_node_timeout):" \\',
         '                "SIGKILL to the step:" $steps >&2',
         "            scancel -s KILL $steps 2>/dev/null",
         "            killed=1",
@@ -565,7 +582,13 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
         f'        --dead-file "$_hetrun_dead_file" --need {" ".join(need)})',
         f'    if [ "${{#_hetrun_nl[@]}}" -ne {len(comps)} ]; then',
         '        echo "hetrun: not enough live nodes left in the allocation" >&2',
-        "        _hetrun_rc=1; _hetrun_next=requeue; break",
+        # No node list (too few live nodes, or the tool failed: an scontrol timeout, an import
+        # error): a failed attempt like any other, so the post-mortem writes its attempt_end
+        # and applies max_failures; a permanent error must not requeue forever.
+        "        _hetrun_rc=1",
+        '        _hetrun_srun_log="$HETRUN_RUN_DIR/logs/srun-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}.err"',
+        *["        " + line for line in decide],
+        "        break",
         "    fi",
         *["    " + line if line else line for line in run],
         '    echo "hetrun: $EPOCHREALTIME step ended (exit $_hetrun_rc)" >&2',
@@ -619,7 +642,8 @@ def _header(name: str, comps: Sequence[ComponentLines], opts: SlurmOptions, run_
     return out
 
 
-def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], base: int) -> list[str]:
+def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], base: int,
+           spares: bool = False) -> list[str]:
     """The bash prologue: the run's environment, signal forwarding, the watchdog and the srun reader."""
     q = quoting.sh
     body = [
@@ -643,6 +667,14 @@ def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], 
     if base:
         body += ["# hetrun resume: this job continues the run, whose attempts count on from its old jobs'.",
                  f"export SLURM_RESTART_COUNT=$(( ${{SLURM_RESTART_COUNT:-0}} + {base} ))"]
+    if spares:
+        # Slurm's count after a requeue knows nothing of the restarts this job made inside
+        # its allocation: count them on, so no attempt number is used twice (events, budgets,
+        # srun-<job>-<n>.err). Only this job's lines: a resume's base already counts older jobs'.
+        body += ["# Restarts this job made inside its allocation count on after a requeue.",
+                 f'_hetrun_inalloc_n=$(grep -c "^${{SLURM_JOB_ID}} " {_LOGS}/{IN_ALLOCATION_RESTARTS}'
+                 ' 2>/dev/null) || _hetrun_inalloc_n=0',
+                 "export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + _hetrun_inalloc_n ))"]
     body += [
         "",
         "_hetrun_pid=''",

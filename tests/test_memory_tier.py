@@ -87,12 +87,12 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
-    m.adaptive, m.every, m._cost, m._iter_s, m._last = True, 1, None, None, None
-    assert m.due(3) and m.every == 1  # no cost known yet: every iteration
-    m._cost, m._iter_s, m._last = 0.010, 0.1, None  # 10 ms per snapshot, 100 ms iterations
-    m.due(8)
-    assert m.every == 8 and m._cost / (m.every * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
-    assert not m.due(12) and m.due(16)
+    m.adaptive, m.every, m._cost, m._iter_s, m._last = False, 1, None, None, None
+    assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
+    m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
+    assert m.wanted() == 8 and m._cost / (8 * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
+    m._cost = 10.0
+    assert m.wanted() == 64  # capped at MAX_EVERY
 
 
 def test_spare_nodes_spec_key() -> None:
@@ -129,6 +129,11 @@ def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
     assert {s["node"] for s in lost["sources"]} == {"a"}
     # 4. every copy of rank 0 corrupt: no step -> the caller's store.
     assert got["none"]["step"] is None and "failed verification" in got["none"]["reason"]
+    # 5. adaptive N: agreed at step 64 (the allreduce started there lands at 128), the same on every rank.
+    agreed = got["agreed"]
+    assert agreed["wanted"] == [8, 16, 16, 32]
+    for every in agreed["every"]:
+        assert every[:127] == [1] * 127 and every[127:] == [32, 32], every[120:]
 
 
 def _rank_main(base: Path, out: Path) -> None:
@@ -174,6 +179,15 @@ def _rank_main(base: Path, out: Path) -> None:
             p.write_bytes(bytes(data))
     comm.Barrier()
     phase("none")
+    # The adaptive N: each rank wants its own, all apply the largest, from the same step.
+    mem.adaptive, mem._iter_s = True, 0.1
+    mem._cost = 0.01 * (rank + 1)  # wants 8, 16, 16, 32
+    chosen = []
+    for step in range(1, 130):
+        mem._agree(step)
+        chosen.append(mem.every)
+    results["agreed"] = {"wanted": comm.allgather(mem.wanted()), "every": comm.allgather(chosen)}
+    mem.close()
     if rank == 0:
         out.write_text(json.dumps(results))
     comm.Barrier()

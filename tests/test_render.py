@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,34 @@ def test_first_task_death_kills_the_step_and_is_logged_for_the_post_mortem(tmp_p
         ("rank_failure", "n3", "SIGKILL", "srun")], lines
     assert [(e["ev"], e["outcome"], e["requeued"]) for e in lines[1:]] == [("attempt_end", "failed", False)], lines
     assert not list(tmp_path.glob("hetrun-srun-*")), "the FIFO is left behind"
+
+
+def test_spares_no_node_list_runs_the_post_mortem_and_in_allocation_restarts_count_on(tmp_path: Path) -> None:
+    """The spare-nodes script, run by bash: a job requeued after one restart inside its
+    allocation starts at attempt 1 (Slurm says 0), so no attempt number is used twice; and
+    when the node tool prints no node list (here: no plan.json), the attempt still ends
+    through the post-mortem (attempt_end, max_failures applied), not a bare requeue."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text('#!/bin/bash\nprintf \'%s\\n\' "$@" > "$HETRUN_RUN_DIR/fake-scontrol.argv"\n')
+    scontrol.chmod(0o755)
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    # One restart inside job 4242's allocation, one of an older job (counted by a resume's base).
+    (run_dir / "logs" / "in-allocation-restarts").write_text("4000 0\n4242 0\n")
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["rollout"]["spare_nodes"] = 1
+    spec = _spec(components=comps, preemption={"max_failures": 2})
+    script = render_sbatch(build_plan(spec), spec, run_dir, python=PYTHON, hetrun_python=sys.executable)  # type: ignore[arg-type]
+    (run_dir / "hetjob.sbatch").write_text(script)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0",
+           "SLURM_JOB_ID_HET_GROUP_0": "4242", "SLURM_JOB_ID_HET_GROUP_1": "4243", "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert "not enough live nodes" in proc.stderr, proc.stderr
+    ends = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    ends = [e for e in ends if e["ev"] == "attempt_end"]
+    assert [(e["restart_count"], e["outcome"], e["requeued"]) for e in ends] == [(1, "failed", True)], proc.stderr
+    assert (run_dir / "fake-scontrol.argv").read_text().split() == ["requeue", "4242"]
+    assert proc.returncode == 0, proc.stderr

@@ -407,3 +407,12 @@ def test_yaml_tags_are_refused(tmp_path: Path) -> None:
 def test_path_with_nul_byte() -> None:
     with pytest.raises(SpecError, match="invalid path"):
         load_spec("job\x00.yaml")
+
+
+def test_spare_nodes_without_a_failure_budget_are_refused(tmp_path: Path) -> None:
+    # A restart on the spares is a retried failure: with max_failures 0 they would never be used.
+    text = replace("    actions: [rollout]\n", "    actions: [rollout]\n    spare_nodes: 1\n")
+    err = spec_error(tmp_path, text)
+    assert "components.rollout.spare_nodes" in str(err) and "preemption.max_failures >= 1" in str(err), err
+    ok = write(tmp_path, text + "preemption:\n  max_failures: 1\n", "ok.yaml")
+    assert load_spec(ok).components["rollout"].spare_nodes == 1

@@ -38,13 +38,14 @@ from typing import Any
 import numpy as np
 
 from hetrun.errors import CheckpointError
+from hetrun.rundir import MEMORY_DIR_ENV
 
 from . import state
 from .store import fast_digest
 
 MAGIC = b"HRMEMSN1"
 FORMAT = "hetrun-memsnap/1"
-ENV_DIR = "HETRUN_MEMORY_DIR"
+ENV_DIR = MEMORY_DIR_ENV
 DEFAULT_ROOT = "/dev/shm"
 _DIGEST_LEN = 32  # xxh3-128 hex
 _PREFIX = len(MAGIC) + 4 + _DIGEST_LEN
