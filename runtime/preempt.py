@@ -242,14 +242,21 @@ def exit_code(ctx: Any) -> int:
     return _code()
 
 
-def say_clean_stop(component: str, rank: int, code: int, resume_at: int | None) -> None:
+def say_clean_stop(component: str, rank: int, code: int, resume_at: int | None, *, saved: bool = True) -> None:
     """One line in the rank's own log (stderr) before an agreed stop's exit: the launcher's
-    "Exited with exit code 143" that follows reads like a crash; this says it was not."""
+    "Exited with exit code 143" that follows reads like a crash; this says it was not.
+    ``saved``: whether this stop's checkpoint is on disk (False: the script never saved, or
+    the last write failed) -- the line never claims a checkpoint that is not there."""
     why = "preemption (SIGTERM)" if code == EXIT_TERMINATED else "requeue (warning signal or time limit)"
-    at = f" at step {resume_at}" if resume_at is not None else ""
-    sys.stderr.write(f"hetrun: rank {rank} ({component}) stopped cleanly for {why}: its checkpoint{at} is "
-                     f"saved; exiting {code} so the job is requeued and resumes there (not a crash: srun's "
-                     f"'Exited with exit code {code}' below reports this exit)\n")
+    if saved:
+        at = f" at step {resume_at}" if resume_at is not None else ""
+        state = f"its checkpoint{at} is saved; exiting {code} so the job can be requeued and resume there"
+    else:
+        state = (f"no checkpoint of this stop is saved (the script saved none, or the last write failed): "
+                 f"exiting {code}; a requeued run resumes from the newest checkpoint in the store, if any")
+    sys.stderr.write(f"hetrun: rank {rank} ({component}) stopped cleanly for {why}: {state} (not a crash: "
+                     f"srun's 'Exited with exit code {code}' below reports this exit; a scancel stays "
+                     "cancelled)\n")
     sys.stderr.flush()
 
 

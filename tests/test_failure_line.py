@@ -222,3 +222,14 @@ def test_a_clean_preemption_is_said_to_be_one_in_the_launcher_s_log(tmp_path: Pa
     said = log.read_text().splitlines()[-1]
     assert said.startswith("hetrun: attempt 0 stopped cleanly (preempted): the ranks saved their checkpoint and "
                            "exited 143 as asked") and "not a crash" in said, said
+
+
+def test_a_clean_stop_never_claims_a_checkpoint_that_is_not_saved(capsys: pytest.CaptureFixture[str]) -> None:
+    from hetrun.runtime import preempt
+
+    preempt.say_clean_stop("trainer", 0, preempt.EXIT_TERMINATED, 7)
+    saved = capsys.readouterr().err
+    assert "its checkpoint at step 7 is saved" in saved and "not a crash" in saved
+    preempt.say_clean_stop("trainer", 0, preempt.EXIT_TERMINATED, None, saved=False)
+    unsaved = capsys.readouterr().err
+    assert "its checkpoint" not in unsaved and "no checkpoint of this stop is saved" in unsaved

@@ -247,9 +247,11 @@ class Run:
         ``scontrol`` is there, ``scontrol requeue`` the job now. After SIGTERM
         (Slurm preempting or cancelling) exit 143: Slurm requeues by its own
         policy, a cancel stays cancelled."""
-        code = preempt.exit_code(self.ctx)  # flushes the writer first
+        flushed = resume.flush(self.ctx)  # the checkpoint in flight, before saying it is saved
+        code = preempt.exit_code(self.ctx)
+        saved = self._saved_step is not None and not (isinstance(flushed, dict) and flushed.get("ok") is False)
         preempt.say_clean_stop(self.component, self.rank, code,
-                               None if self._saved_step is None else self._saved_step + 1)
+                               None if self._saved_step is None else self._saved_step + 1, saved=saved)
         requeued = None
         if code == preempt.EXIT_REQUEUE and self.rank == 0 and self.env.job_id:
             requeued = _scontrol_requeue(self.env.job_id)
