@@ -257,3 +257,39 @@ def test_spares_no_node_list_runs_the_post_mortem_and_in_allocation_restarts_cou
     assert [(e["restart_count"], e["outcome"], e["requeued"]) for e in ends] == [(1, "failed", True)], proc.stderr
     assert (run_dir / "fake-scontrol.argv").read_text().split() == ["requeue", "4242"]
     assert proc.returncode == 0, proc.stderr
+
+
+def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> None:
+    """The spare-nodes monitor, run by bash: a node whose heartbeat file changes is alive
+    however old its mtime looks (NFS attribute caching, clock skew); one whose file stops
+    changing for longer than HETRUN_NODE_TIMEOUT is named silent and its step killed."""
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["rollout"]["spare_nodes"] = 1
+    spec = _spec(components=comps, preemption={"max_failures": 1})
+    lines = _script(spec).splitlines()
+    start = lines.index("_hetrun_heartbeats() {")
+    monitor = lines[start:lines.index("}", start) + 1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0\\n'\n")
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    alive = tmp_path / "logs" / "alive"
+    alive.mkdir(parents=True)
+    driver = "\n".join([
+        "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
+        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
+        "sleep 60 & _hetrun_pid=$!", *monitor,
+        'cd "$HETRUN_RUN_DIR/logs/alive" && echo 1 > stuck && touch -d "1 hour ago" stuck',
+        # live: a new counter every 0.2 s, its mtime always an hour old (a skewed clock)
+        '(i=0; while :; do i=$((i + 1)); echo "$i" > live; touch -d "1 hour ago" live; sleep 0.2; done) &',
+        "_writer=$!",
+        "_hetrun_heartbeats 4242 live stuck",
+        'kill "$_writer"',
+    ])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
+    proc = subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert (tmp_path / "silent").read_text().split() == ["stuck"], proc.stderr
+    assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
+    assert "node stuck silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
