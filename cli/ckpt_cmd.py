@@ -45,19 +45,13 @@ def _is_store(path: Path) -> bool:
 
 def store_dirs(ref: str, runs_dir: str | None, component: str | None = None) -> list[tuple[str, Path]]:
     """(label, store directory) for every store ``ref`` names."""
-    from hetrun.errors import RunDirError, closest
+    from hetrun.errors import RunDirError
 
     root = store_root(ref, runs_dir)
     if _is_store(root):
         return [(root.name, root)]
     found = sorted((p.name, p) for p in root.iterdir() if p.is_dir() and _is_store(p)) if root.is_dir() else []
-    if component is not None:
-        names = [n for n, _ in found]
-        if component not in names:
-            near = closest(component, names)
-            raise RunDirError(f"no checkpoints for component {component!r} in {root}",
-                              hint=(f"did you mean {near!r}? " if near else "") + f"components with checkpoints: {', '.join(names) or 'none'}")
-        found = [(n, p) for n, p in found if n == component]
+    found = _only_component(found, component, root)
     if not found:
         raise RunDirError(f"no checkpoints yet in {root}",
                           hint="checkpoints appear after the first checkpoint interval")
@@ -85,7 +79,7 @@ def _buckets(ref: str, endpoint: str | None, component: str | None) -> list[tupl
     from hetrun.dag.object_store_spec import check_endpoint, parse_url
     from hetrun.runtime.ckpt.object_store import ObjectStore, component_stores
 
-    from hetrun.errors import CheckpointError, RunDirError, closest
+    from hetrun.errors import CheckpointError, RunDirError
 
     try:
         url = parse_url(ref)
@@ -93,13 +87,7 @@ def _buckets(ref: str, endpoint: str | None, component: str | None) -> list[tupl
     except ValueError as exc:
         raise CheckpointError(str(exc)) from None
     found = component_stores(ObjectStore(url, endpoint=endpoint))
-    if component is not None:
-        names = [n for n, _ in found]
-        if component not in names:
-            near = closest(component, names)
-            raise RunDirError(f"no checkpoints for component {component!r} in {ref}",
-                              hint=(f"did you mean {near!r}? " if near else "") + f"components with checkpoints: {', '.join(names) or 'none'}")
-        found = [(n, s) for n, s in found if n == component]
+    found = _only_component(found, component, ref)
     if not found:
         raise RunDirError(f"no checkpoints in {ref}", hint="the bucket holds a checkpoint once its first upload committed")
     return found
@@ -324,3 +312,18 @@ def import_cmd(
 
 def register(app: typer.Typer) -> None:
     app.add_typer(ckpt_app, name="ckpt")
+
+
+def _only_component(found: list[tuple[str, Any]], component: str | None, where: Any) -> list[tuple[str, Any]]:
+    """The stores of ``component`` (all when None); an unknown name is refused with the close match."""
+    from hetrun.errors import RunDirError, closest
+
+    if component is None:
+        return found
+    names = [n for n, _ in found]
+    if component not in names:
+        near = closest(component, names)
+        raise RunDirError(f"no checkpoints for component {component!r} in {where}",
+                          hint=(f"did you mean {near!r}? " if near else "")
+                          + f"components with checkpoints: {', '.join(names) or 'none'}")
+    return [(n, s) for n, s in found if n == component]
