@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,18 @@ def _run_script(script: str, run_dir: Path, fake_bin: Path, *, rc: int = 0) -> s
     path.write_text(script)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "FAKE_SRUN_RC": str(rc), "SLURM_JOB_ID": "4242",
            "HOME": str(run_dir)}
-    return subprocess.run(["bash", str(path)], cwd=run_dir, env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return _run_bash(path, run_dir, env)
+
+
+def _run_bash(path: Path, run_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # Output to unnamed files, not pipes: the script's watchdog leaves its `sleep 3` behind
+    # when it is killed, and a pipe would be held open (and waited for) until that ends.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.run(["bash", str(path)], cwd=run_dir, env=env, stdout=out, stderr=err, text=True,
+                              timeout=60, check=False)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
 
 
 @pytest.fixture
@@ -249,17 +260,21 @@ def test_usr1_is_forwarded_and_exit_85_requeues(tmp_path: Path, fake_bin: Path) 
     script = render_sbatch(build_plan(spec), spec, run_dir, python="/usr/bin/python3")
     (run_dir / "hetjob.sbatch").write_text(script)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0"}
-    proc = subprocess.Popen(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        from hetrun.slurm_plugin.rundir import wait_for
+    # stderr to an unnamed file, not a pipe (see _run_script).
+    with tempfile.TemporaryFile("w+") as errf:
+        proc = subprocess.Popen(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
+                                stdout=subprocess.DEVNULL, stderr=errf, text=True)
+        try:
+            from hetrun.slurm_plugin.rundir import wait_for
 
-        assert wait_for(lambda: (run_dir / "fake-srun.started").exists(), 20, 0.05)
-        os.kill(proc.pid, 10)  # SIGUSR1 to the batch shell, as --signal=B:USR1 does
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+            assert wait_for(lambda: (run_dir / "fake-srun.started").exists(), 20, 0.05)
+            os.kill(proc.pid, 10)  # SIGUSR1 to the batch shell, as --signal=B:USR1 does
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        errf.seek(0)
+        err = errf.read()
     assert (run_dir / "fake-srun.sig").read_text().strip() == "got-usr1"
     assert (run_dir / "fake-scontrol.argv").read_text().split("\0")[:-1] == ["requeue", "4242"]
     assert proc.returncode == 0, err
@@ -276,8 +291,7 @@ def test_exit_85_past_max_restarts_is_a_failure(tmp_path: Path, fake_bin: Path) 
     (run_dir / "hetjob.sbatch").write_text(script)
     env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1",
            "FAKE_SRUN_RC": "85"}
-    proc = subprocess.run(["bash", str(run_dir / "hetjob.sbatch")], cwd=run_dir, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = _run_bash(run_dir / "hetjob.sbatch", run_dir, env)
     assert proc.returncode == 85
     assert not (run_dir / "fake-scontrol.argv").exists()
     assert "max_restarts (1) reached" in proc.stderr
