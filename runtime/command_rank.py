@@ -6,7 +6,8 @@ The sbatch script runs this under one ``srun --het-group=N`` step per command
 component (the local backend: one process per rank). It sets, scoped to the
 component, what torchrun would: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` (the component's first
-node), ``MASTER_PORT`` (``command_port``: one per job and component), plus
+node), ``MASTER_PORT`` (``command_port``: one per job and component; the local backend's
+free port, ``HETRUN_COMMAND_PORT``, where it is set), plus
 ``HETRUN_RUN_DIR``, ``HETRUN_COMPONENT``, ``HETRUN_COMPONENT_INDEX``,
 ``HETRUN_GLOBAL_RANK`` (the rank in hetrun's numbering over all components,
 what events and the post-mortem use) and ``HETRUN_COMPONENT_<NAME>_ADDR`` for
@@ -59,11 +60,18 @@ NOT_FOUND_EXIT = 127
 
 
 def command_port(job_id: str | None, index: int) -> int:
-    """The component's MASTER_PORT; 29500 (torchrun's default) + index outside Slurm."""
+    """The component's MASTER_PORT under Slurm; 29500 (torchrun's default) + index without a
+    job id (the local backend passes a free port instead: ``HETRUN_COMMAND_PORT``)."""
     digits = int(re.sub(r"\D", "", job_id or "") or 0)
     if not digits:
         return 29500 + index
     return COMMAND_PORT_BASE + (digits * 32 + index) % COMMAND_PORT_SPAN
+
+
+def _given_port(environ: Mapping[str, str]) -> str | None:
+    """The port the local backend's supervisor picked free for this component and attempt."""
+    value = environ.get("HETRUN_COMMAND_PORT", "")
+    return value if value.isdigit() and 0 < int(value) < 65536 else None
 
 
 def _address(host: str | None, environ: Mapping[str, str]) -> str:
@@ -106,7 +114,7 @@ def component_env(environ: Mapping[str, str], plan: PlanView, component: str,
         "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
         "LOCAL_WORLD_SIZE": str(local_world), "GROUP_RANK": str(node),
         "MASTER_ADDR": environ.get("HETRUN_MASTER_ADDR") or _address(first_host(own_nodes), environ),
-        "MASTER_PORT": str(command_port(job, index)),
+        "MASTER_PORT": _given_port(environ) or str(command_port(job, index)),
         "HETRUN_RUN_DIR": str(run_dir), "HETRUN_COMPONENT": component,
         "HETRUN_COMPONENT_INDEX": str(index), "HETRUN_GLOBAL_RANK": str(plan.first_rank(component) + rank),
     }

@@ -27,6 +27,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -98,18 +99,37 @@ _COMMAND_WRAPPER = ('py="$0"; rd="$1"; c="$2"; shift 2; exec "$py" -m hetrun.run
                     f'>>"$rd/{LOGS}/$c-local-${{HETRUN_COMMAND_RANK:-0}}.out" 2>&1')
 
 
-def command_processes(run_dir: Path, plan: Mapping[str, Any], python: str | None = None
-                      ) -> list[tuple[list[str], dict[str, str]]]:
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on every local address now (the kernel's choice).
+
+    The sockets are held together so that no two of the ports are the same, and closed
+    before the ranks start; the port is then free unless another program takes it in
+    that instant, the same window torchrun's ``--standalone`` accepts."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for s in socks:
+            s.bind(("", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def command_processes(run_dir: Path, plan: Mapping[str, Any], python: str | None = None,
+                      ports: Sequence[int] | None = None) -> list[tuple[list[str], dict[str, str]]]:
     """(argv, extra environment) of every rank of every command component: plain processes on
-    this host, each through ``hetrun.runtime.command_rank`` (torchrun's variables, the user's argv)."""
+    this host, each through ``hetrun.runtime.command_rank`` (torchrun's variables, the user's argv).
+
+    ``ports``: one MASTER_PORT per command component, in order (``HETRUN_COMMAND_PORT``; the
+    supervisor picks free ones per attempt, so that two local runs at once never share one).
+    Without it command_rank derives the port (the dry run)."""
     python = python or sys.executable
     out = []
-    for c in plan["components"]:
-        if c.get("command") is None:
-            continue
+    commands = [c for c in plan["components"] if c.get("command") is not None]
+    if ports is not None and len(ports) != len(commands):
+        raise ValueError(f"{len(ports)} ports for {len(commands)} command components")
+    for k, c in enumerate(commands):
         ntasks = int(c.get("ntasks") or int(c["nodes"]) * int(c["tasks_per_node"]))
         argv = ["sh", "-c", _COMMAND_WRAPPER, python, str(run_dir), str(c["name"]), *map(str, c["command"])]
-        out += [(argv, {"HETRUN_COMMAND_RANK": str(r)}) for r in range(ntasks)]
+        port = {} if ports is None else {"HETRUN_COMMAND_PORT": str(ports[k])}
+        out += [(argv, {"HETRUN_COMMAND_RANK": str(r), **port}) for r in range(ntasks)]
     return out
 
 
@@ -222,7 +242,9 @@ class _Supervisor:
         if comps:
             launcher, cmds = launch_commands(self.run_dir, comps, python)
             runs = [(argv, {"HETRUN_COMPONENT": comps[0][0]} if launcher == "processes" else {}) for argv in cmds]
-        runs += command_processes(self.run_dir, plan, python)
+        # A free MASTER_PORT per command component and attempt: outside Slurm no job id tells
+        # two runs on this host apart (a fixed port made the second one fail with EADDRINUSE).
+        runs += command_processes(self.run_dir, plan, python, ports=free_ports(len(plan_components(plan, commands=True))))
         self.children = []
         with self._launcher_log(restarts).open("wb") as err:
             for argv, extra in runs:
