@@ -19,7 +19,7 @@ from hetrun.dag.plan import build_plan
 from hetrun.dag.spec import load_spec
 from hetrun.reports.cost import DEFAULT_PRICES
 from hetrun.reports.demand.predictors import EWMA, Chooser, LastValue, evaluate
-from hetrun.reports.demand.series import DemandSeries, read_demand
+from hetrun.reports.demand.series import DemandSeries, peak_memory, read_demand
 from hetrun.reports.demand.sizing import propose
 from hetrun.runtime.inprocess import run_inprocess
 
@@ -195,3 +195,46 @@ def test_overrides_keep_the_jobs_tasks_per_node_where_it_divides_the_ranks() -> 
     assert p.overrides() == [
         "components.learner.nodes=2", "components.learner.tasks_per_node=2", "components.learner.mem=832M",
         "components.rollout.nodes=3", "components.rollout.tasks_per_node=1", "components.rollout.mem=448M"]
+
+
+def test_tune_never_proposes_less_memory_than_a_rank_was_measured_to_use(tmp_path: Path) -> None:
+    # The CI failure's shape: an in-process run (both components in one process, whose peak
+    # is the process's) inside a test process that already peaked at 1.5 GiB, sized at
+    # 1 GiB / 256 MiB, already balanced (the model keeps the rank counts). Before the fix the
+    # "keep" proposal handed back the configured memory, below the measured peak.
+    gib = 2**30
+    proc = {"pid": 4242, "host": "n1", "restart_count": 0}
+    lines = [{"ev": "start", "rank": 0, "component": "learner", **proc},
+             {"ev": "start", "rank": 1, "component": "rollout", **proc}]
+    for it in range(6):  # 1 s each for the same 100 steps: nothing to balance
+        lines += [action(1, "rollout", "rollout", it, 2.0 * it, 1.0, steps=100, peak_mem=gib),
+                  action(0, "learner", "forward", it, 2.0 * it + 1.0, 1.0, peak_mem=gib if it < 5 else 1.5 * gib)]
+    write_events(tmp_path, lines)
+    (tmp_path / "plan.json").write_text(json.dumps({"components": [
+        {"name": n, "ntasks": 1, "nodes": 1, "cpus_per_task": 1, "gpus_per_node": 0, "mem_mb": mem}
+        for n, mem in (("learner", 1024), ("rollout", 256))], "slurm": {"partition": "debug"}}))
+    p = propose(tmp_path, DEFAULT_PRICES, max_cores=2)
+    assert p.decision == "keep" and [c.ranks for c in p.proposed] == [1, 1]
+    # 1.5 GiB + 25% = 1920 MiB for both: the rollout's last report (1 GiB) came before the
+    # process's peak, which the learner's rank reported.
+    assert [c.mem_mb for c in p.proposed] == [1920, 1920]
+    assert "memory raised" in p.reason and "rollout 256 -> 1920 MB" in p.reason
+    assert "components.rollout.mem=1920M" in p.overrides()
+
+
+def test_memory_is_sized_from_every_attempt_not_only_the_fitted_one(tmp_path: Path) -> None:
+    # Attempt 0 (preempted in iteration 2) peaked at 900 MiB; attempt 1, the one the model is
+    # fitted on and which redid iteration 2, reported 300 MiB. Both were used: size for 900.
+    mib = 2**20
+    lines = [{"ev": "start", "rank": 0, "component": "learner", "pid": 1, "host": "a", "restart_count": 0}]
+    lines += [action(0, "learner", "forward", it, float(it), 1.0, samples=10, peak_mem=900 * mib) for it in range(3)]
+    lines += [{"ev": "start", "rank": 0, "component": "learner", "pid": 7, "host": "b", "restart_count": 1}]
+    lines += [action(0, "learner", "forward", it, 10.0 + it, 1.0, samples=10, peak_mem=300 * mib)
+              for it in range(2, 9)]
+    write_events(tmp_path, lines)
+    assert read_demand(tmp_path, attempt=1).get("learner", "forward", "peak_mem").values == [300 * mib] * 7
+    assert peak_memory(tmp_path) == {"learner": 900 * mib}
+    (tmp_path / "plan.json").write_text(json.dumps({"components": [
+        {"name": "learner", "ntasks": 1, "nodes": 1, "cpus_per_task": 1, "gpus_per_node": 0, "mem_mb": 64}]}))
+    p = propose(tmp_path, DEFAULT_PRICES)
+    assert [c.mem_mb for c in p.proposed] == [1152]  # 900 MiB + 25% = 1125, rounded up to 64 MiB

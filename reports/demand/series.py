@@ -4,7 +4,8 @@ Read from ``events.jsonl`` (runtime/events.py ``read_events``) action lines:
 - ``busy_s``: rank-seconds the component spent in actions of that type in the
   iteration (summed over its ranks: the work to be spread over ranks);
 - ``bytes``: bytes those actions moved (summed);
-- ``peak_mem``: the largest ``peak_mem`` a rank reported (bytes).
+- ``peak_mem``: the largest ``peak_mem`` a rank reported (bytes); what memory
+  to size for is :func:`peak_memory` (every attempt, processes shared).
 The type is the event's ``type`` (a fused dispatch counts as its first member's).
 Iterations a restart ran twice keep the last attempt's events. ``attempt``
 keeps one attempt's events and ranks only (after a resize each attempt has
@@ -114,3 +115,42 @@ def read_demand(run_dir: str | os.PathLike[str], attempt: int | None = None) -> 
             s.iterations.append(it)
     return RunDemand(str(run_dir), series, {c: len(r) for c, r in ranks.items()}, dict(steps),
                      max(0.0, last - first) if last else 0.0, spans)
+
+
+def peak_memory(run_dir: str | os.PathLike[str]) -> dict[str, float]:
+    """Component -> the largest ``peak_mem`` (bytes) any of its ranks reported, in any attempt.
+
+    Unlike :func:`read_demand` nothing is dropped: a peak measured in an attempt
+    that was preempted, or in an iteration that was redone, was still used, and
+    memory sized below it would not hold the next run. ``peak_mem`` is the peak
+    of the rank's process (runtime/dispatch.py); ranks that share a process
+    (same host, pid and attempt in their start lines: an in-process run) each
+    get that process's peak, whichever of them happened to report it last.
+    """
+    process: dict[int, tuple[str, str, int]] = {}  # rank -> (host, pid, attempt) of its newest start line
+    comp_of: dict[tuple[str, str, int], set[str]] = defaultdict(set)
+    by_process: dict[tuple[str, str, int], float] = defaultdict(float)
+    by_comp: dict[str, float] = defaultdict(float)
+    for e in read_events(run_dir):
+        try:
+            rank = int(e.get("rank", 0))
+            if e.get("ev") == "start":
+                process.pop(rank, None)
+                if e.get("pid") is not None:  # no pid said: the rank's own process
+                    proc = (str(e.get("host")), str(e.get("pid")), int(e.get("restart_count") or 0))
+                    process[rank] = proc
+                    comp_of[proc].add(str(e.get("component")))
+                continue
+            if e.get("ev") != "action":
+                continue
+            peak = float(e.get("peak_mem") or 0)
+        except (TypeError, ValueError):  # a field of the wrong type: the line is skipped
+            continue
+        comp = str(e.get("component"))
+        by_comp[comp] = max(by_comp[comp], peak)
+        if rank in process:
+            by_process[process[rank]] = max(by_process[process[rank]], peak)
+    for proc, peak in by_process.items():
+        for comp in comp_of[proc]:
+            by_comp[comp] = max(by_comp[comp], peak)
+    return {c: v for c, v in by_comp.items() if v > 0}

@@ -14,8 +14,10 @@ lowest cost per step, ties going to the higher throughput. Communication
 does not enter the model: adding data-parallel learners adds gradient
 all-reduces it does not price.
 
-Memory: the largest peak a rank of the component reported, plus ``margin``,
-rounded up to 64 MiB. cpus_per_task stays as measured: events do not say how
+Memory: the largest peak any rank of the component reported in any attempt
+(series.peak_memory; ranks sharing a process share its peak), plus ``margin``,
+rounded up to 64 MiB, never less, also when the rank counts are kept: a
+configured memory below what a rank measured is raised to it. cpus_per_task stays as measured: events do not say how
 an action would scale with more threads. A rank's price includes its memory
 where the price table has ``mem_gb_hour``.
 
@@ -47,7 +49,7 @@ from hetrun.errors import SpecError
 
 from ..throughput import run_throughput
 from .predictors import EWMA, Predictor
-from .series import RunDemand, read_demand
+from .series import RunDemand, peak_memory, read_demand
 
 _MIB = 1024 * 1024
 
@@ -152,10 +154,12 @@ def predicted_busy(demand: RunDemand, component: str, predictor: Predictor, skip
     return total
 
 
-def peak_memory_mb(demand: RunDemand, component: str) -> float:
-    peaks = [max(s.values) for (comp, _k, m), s in demand.series.items()
-             if comp == component and m == "peak_mem" and s.values]
-    return max(peaks) / _MIB if peaks else 0.0
+def needed_mem_mb(peak_bytes: float, margin: float) -> int | None:
+    """The memory to ask for a rank measured at ``peak_bytes``: plus ``margin``, rounded up to
+    64 MiB (None: nothing measured). Never below the peak: the rounding only goes up."""
+    if peak_bytes <= 0:
+        return None
+    return max(64, math.ceil(peak_bytes / _MIB * (1 + max(0.0, margin)) / 64) * 64)
 
 
 def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | None,
@@ -235,6 +239,9 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
                         file=str(run / "events.jsonl"), hint="tune runs whose rollouts report `steps`")
     partition = (plan.get("slurm") or {}).get("partition")
     current, per_step, price, price_new, cpus = [], [], [], [], []
+    # Memory from every attempt, not only the fitted one (series.peak_memory says why).
+    peaks = peak_memory(run)
+    needed = {c["name"]: needed_mem_mb(peaks.get(c["name"], 0.0), margin) for c in comps}
     for comp in comps:
         name = comp["name"]
         work = predicted_busy(demand, name, predictor, skip)
@@ -247,8 +254,7 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
         per_step.append(work / steps)
         price.append(rank_price)
         cpus.append(int(comp["cpus_per_task"]))
-        mem = peak_memory_mb(demand, name) * (1 + margin)
-        new_mem = max(64, math.ceil(mem / 64) * 64) if mem else int(comp["mem_mb"])
+        new_mem = needed[name] or int(comp["mem_mb"])
         price_new.append(_rank_price(comp, prices, partition, new_mem)[0])
     now = tuple(c.ranks for c in current)
     budget = max_cores or sum(n * c for n, c in zip(now, cpus, strict=True))
@@ -258,9 +264,8 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
     calibration = measured / pace_now if measured and pace_now > 0 else 1.0
     proposed = []
     for c, n in zip(current, best, strict=True):
-        mem = peak_memory_mb(demand, c.name) * (1 + margin)
-        mem_mb = max(64, math.ceil(mem / 64) * 64) if mem else c.mem_mb
-        proposed.append(ComponentSize(c.name, n, c.cpus_per_task, c.gpus_per_rank, mem_mb, c.busy_s_per_step,
+        proposed.append(ComponentSize(c.name, n, c.cpus_per_task, c.gpus_per_rank, needed[c.name] or c.mem_mb,
+                                      c.busy_s_per_step,
                                       tasks_per_node=c.tasks_per_node,
                                       utilization=c.busy_s_per_step * pace_new / n))
         c.utilization = c.busy_s_per_step * pace_now / c.ranks
@@ -283,9 +288,19 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
             reason = (f"the cheapest mix within {budget} cores ({mix}) would cost "
                       f"{cost_new / cost_now - 1:+.1%} per step by the model"
                       + ("" if max_cores is None else "; allow more cores with --max-cores"))
+        # Keep the rank counts and the memory asked for, except where a rank measured more
+        # than that: a proposal never asks for less than a rank was measured to use.
+        raised = []
         for p, c in zip(proposed, current, strict=True):
-            p.ranks, p.mem_mb, p.utilization = c.ranks, c.mem_mb, c.utilization
+            p.ranks, p.utilization = c.ranks, c.utilization
+            p.mem_mb = max(c.mem_mb, needed[c.name] or 0)
+            if p.mem_mb > c.mem_mb:
+                raised.append(f"{c.name} {c.mem_mb} -> {p.mem_mb} MB")
         pace_new, cost_new = pace_now, cost_now
+        if raised:
+            reason += ("; memory raised to the measured peak plus margin (" + ", ".join(raised) + ")")
+            cost_new = _cost_per_m(now, [_rank_price(comp, prices, partition, p.mem_mb)[0]
+                                         for comp, p in zip(comps, proposed, strict=True)], pace_now * calibration)
     spread = fitted.relative_spread if fitted is not None else None
     if decision == "resize" and spread is not None and 1 - cost_new / cost_now < spread:
         notes.append(f"the predicted cut ({1 - cost_new / cost_now:.1%}) is within the measured windows' "
