@@ -35,9 +35,19 @@ section "local Slurm cluster (hetrun cluster up)"
 "$PY" -m hetrun.cli cluster up
 
 section "pytest ${*:-(whole suite)}"
+# Two pytest-xdist workers (HETRUN_TEST_WORKERS; 1 = one process, no xdist): the Slurm
+# tests run one after another on one of them (they share one cluster: tests/conftest.py
+# puts them in one xdist group), everything else spreads over both. Most Slurm-test time
+# is waiting on the scheduler, which leaves a core to the other worker.
+WORKERS="${HETRUN_TEST_WORKERS:-2}"
+XDIST=()
+if [ "$WORKERS" -gt 1 ]; then
+    XDIST=(-n "$WORKERS" --dist loadgroup)
+fi
 set +e
-# --durations=40: the slowest tests, for the suite-time budget (<= 30 min on 2 cores).
-"$PY" -m pytest -p no:cacheprovider --timeout=600 --durations=40 "$@"
+# --durations=40: the slowest tests, for the suite-time budget (<= 30 min on 2 cores);
+# tests/conftest.py adds the slowest files.
+"$PY" -m pytest -p no:cacheprovider -p no:benchmark --timeout=600 --durations=40 "${XDIST[@]}" "$@"
 rc=$?
 set -e
 

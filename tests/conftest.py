@@ -116,11 +116,47 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require(mark.kwargs["present"], mark.kwargs["what"])
 
 
+# tryfirst: the groups must be set before pytest-xdist reads them (its own
+# collection hook turns an ``xdist_group`` into the test id's @suffix).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A test that needs the cluster is a Slurm test, whether or not it says so.
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.slurm)
+    # Under pytest-xdist (scripts/test.sh: -n 2 --dist loadgroup) every Slurm test runs on one
+    # worker, one after another: they share one cluster whose nodes, partitions and preemption
+    # (a `high` job preempts whatever runs on its nodes) no two tests may use at once. The rest
+    # spread over the workers. The Slurm group is the longest unit, so it goes first, then the
+    # slow tests, so that no long test starts last.
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+    def rank(item: pytest.Item) -> int:
+        return 0 if item.get_closest_marker("slurm") else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: within a rank, files keep their order
+
+
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Seconds per test file (setup + call + teardown), for the suite's time budget;
+    # under xdist the controller sees every worker's reports.
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _FILE_SECONDS:
+        return
+    top = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest 25 test files (all files: {total:.0f} s of test time)")
+    for path, secs in top:
+        terminalreporter.write_line(f"{secs:9.1f}s  {path}")
 
 
 @pytest.fixture(scope="session")
