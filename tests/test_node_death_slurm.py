@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 from resume_compare import assert_same_checkpoints, example_spec, plan_dict
-from test_resume_exact import events, run_to_end
+from test_resume_exact import events, mpirun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -50,6 +51,21 @@ def _spec(memory_dir: str) -> dict[str, Any]:
     )
 
 
+def _mark_down_once_ended(cluster: Any, job_id: str, node: str, timeout: float = 120) -> None:
+    """Once the job's batch script has ended (no component RUNNING), set the killed node
+    DOWN, as Slurm itself does after SlurmdTimeout (300 s here): until then the component
+    that ran on it stays COMPLETING, since no slurmd there confirms its end. Not before:
+    a node set down under a running het job ends the whole job despite --no-kill."""
+    from hetrun.slurm_plugin.rundir import wait_for
+
+    def batch_ended() -> bool:
+        states = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.split()
+        return "RUNNING" not in states and "PENDING" not in states
+
+    assert wait_for(batch_ended, timeout, 0.5), cluster.run("squeue", "-j", job_id, check=False).stdout
+    cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=killed_by_test")
+
+
 @pytest.fixture(scope="module")
 def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     from hetrun.dag.spec import spec_from_dict
@@ -60,23 +76,32 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
     root = Path("/var/tmp/hetrun-tests") / f"node-death-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
-    # The reference: the same plan, uninterrupted, under mpirun on this host.
+    # The reference: the same plan, uninterrupted, under mpirun on this host, started
+    # before the throw-away cluster boots and running while it does (the environment is
+    # read when mpirun starts, so the job submitted below never sees the variable).
     ref = root / "reference"
     ref.mkdir()
     (ref / "plan.json").write_text(json.dumps(plan_dict(_spec(str(root / "ref-mem")))))
     old_mem = os.environ.get("HETRUN_MEMORY_DIR")
     os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")
     try:
-        assert run_to_end(ref, [], timeout=300) == [0], (ref / "mpirun-0.log").read_text()[-3000:]
+        reference = mpirun(ref, 0)
     finally:
         os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
 
     cluster = NodeCluster()
     old_conf = os.environ.get("SLURM_CONF")
-    cluster.start()
-    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
     job_id = None
     try:
+        cluster.start()
+        try:
+            # Done before the job starts: the heartbeat monitor's 4 s must not see a node
+            # slowed by the reference's ranks.
+            assert reference.wait(timeout=300) == 0, (ref / "mpirun-0.log").read_text()[-3000:]
+        finally:
+            if reference.poll() is None:
+                os.killpg(reference.pid, signal.SIGKILL)
+        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
         # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
         res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
         run_dir = Path(res.run.run_dir)
@@ -90,15 +115,14 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         victim = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
         killed_at = time.time()
         assert cluster.kill_node(victim), victim
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=400, poll_s=1)
+        _mark_down_once_ended(cluster, job_id.split(";")[0], victim)
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=120, poll_s=1)
         status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
                                 env={**os.environ, "COLUMNS": "220"})
         yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at, "final": final,
                "events": events(run_dir), "status": status}
     finally:
-        if job_id:
-            cluster.run("scancel", job_id, check=False)
-        cluster.stop()
+        cluster.stop()  # kills every process of the cluster, the job's included
         os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
     shutil.rmtree(root, ignore_errors=True)
 
