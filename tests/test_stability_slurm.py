@@ -104,6 +104,22 @@ done
 """
 
 
+def _job_end(job_id: str, timeout: float) -> list[tuple[str, str]]:
+    """(State, ExitCode) of each het component of a batch job once accounting says it ended."""
+    ended: list[tuple[str, str]] = []
+
+    def done() -> bool:
+        text = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
+                              capture_output=True, text=True, timeout=30, check=False).stdout
+        rows = [tuple(line.split("|")[:2]) for line in text.splitlines() if line.strip()]
+        busy = ("PENDING", "RUNNING", "REQUEUED", "COMPLETING", "CONFIGURING", "SUSPENDED", "RESIZING")
+        ended[:] = [(r[0].split()[0], r[1]) for r in rows if len(r) == 2]
+        return bool(ended) and not any(state in busy for state, _ in ended)
+
+    assert wait_for(done, timeout, 0.5), f"job {job_id} still running after {timeout} s: {ended}"
+    return ended
+
+
 @pytest.mark.slow
 def test_het_mpi_init_survives_many_starts(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
     """Without ring fences about 1 start in 12 segfaulted here under load; 20 in a row must pass."""
@@ -112,12 +128,21 @@ def test_het_mpi_init_survives_many_starts(slurm_cluster, shared_tmp: Path) -> N
     probe.write_text(MPI_PROBE)
     script = shared_tmp / "stress.sbatch"
     script.write_text(STRESS.format(n=n, py=sys.executable, probe=probe, out=shared_tmp))
+    # Not `sbatch --wait`: it polls after 2, 8 and 32 s more (Slurm 22.05), so it saw a
+    # 26 s job end at 42 s. The job's end is read from accounting every 0.5 s instead.
     proc = subprocess.run(
-        ["sbatch", "--parsable", "--wait", "-t", "10", f"--output={shared_tmp}/stress.out",
+        ["sbatch", "--parsable", "-t", "10", f"--output={shared_tmp}/stress.out",
          "-N1", "-n1", "--mem=500M", ":", "-N2", "-n2", "--ntasks-per-node=1", "--mem=500M", str(script)],
-        capture_output=True, text=True, timeout=600, check=False)
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    job_id = proc.stdout.strip().split(";")[0]
+    try:
+        ends = _job_end(job_id, timeout=600)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True, check=False)
     out = (shared_tmp / "stress.out").read_text() if (shared_tmp / "stress.out").exists() else ""
-    assert proc.returncode == 0, proc.stderr + out
+    # Every het component ended COMPLETED with exit 0 (what `sbatch --wait`'s status said).
+    assert ends and all(e == ("COMPLETED", "0:0") for e in ends), (ends, out)
     assert out.count("step ") == n, out
     # Every rank of every step got through MPI_Init and a collective. The step's rc is not
     # checked: an srun that hangs after its tasks ended (killed by timeout) is the other bug.
