@@ -10,9 +10,11 @@ finally completes. Every component's final checkpoint must then equal an
 uninterrupted run's (the same plan run by mpirun), tensor by tensor and RNG
 state by RNG state.
 
-Slurm holds a requeued job ~2 minutes before it may start again; the test
-makes it eligible at once (``scontrol update ... StartTime=now``) to keep
-CI short. ``HETRUN_STORM_SEED`` replays the moments of a failed run (printed).
+Slurm holds a requeued job (cred_expire + 1 s) before it may start again; the
+test makes it eligible at once (``scontrol update ... StartTime=now``) to keep
+CI short, and runs the uninterrupted reference beside the storm (its plan is
+written at submit; the ranks under Slurm mostly sleep in their pauses), not
+after it. ``HETRUN_STORM_SEED`` replays the moments of a failed run (printed).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 import shutil
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +131,17 @@ def test_preemption_storm_ends_bit_identical(slurm_cluster, shared_tmp: Path, ca
     doc["env"] = {"OMP_NUM_THREADS": "1", "HETRUN_JOB_DIR": str(job_dir)}
     res = submit_spec(spec_from_dict(doc), backend="sbatch", runs_dir=shared_tmp / "runs")
     run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
-    try:
-        _storm(job, run_dir, targets, rng, shared_tmp)
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=420, poll_s=1)
-    finally:
-        subprocess.run(["scancel", job], check=False, capture_output=True)
-    assert {c.state for c in final.components} == {"COMPLETED"}, final
-
     plan = json.loads((run_dir / "plan.json").read_text())
-    reference = _reference(shared_tmp / "reference", plan)
+    with ThreadPoolExecutor(1) as pool:
+        uninterrupted = pool.submit(_reference, shared_tmp / "reference", plan)
+        try:
+            _storm(job, run_dir, targets, rng, shared_tmp)
+            final = wait_for_end(res.run, SbatchBackend(), timeout_s=420, poll_s=1)
+        finally:
+            subprocess.run(["scancel", job], check=False, capture_output=True)
+        reference = uninterrupted.result()
+    assert {c.state for c in final.components} == {"COMPLETED"}, final
+    assert json.loads((run_dir / "plan.json").read_text()) == plan  # the reference ran the plan the job ended with
     ranks = {c["name"]: c["ntasks"] for c in plan["components"]}
     assert_same_checkpoints(reference, run_dir, ranks, its)
     restores = [e for e in events(run_dir) if e.get("ev") == "restore"]
