@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,13 @@ def test_api_script_as_command_component_preempted_three_times_resumes_bit_ident
         first = max(restored, default=-1)
         return any(e.get("ev") == "action" and e.get("iteration", -1) >= target for e in evs[first + 1:])
 
-    final = preempt_at_and_wait(res.run, shared_tmp, *(partial(past, 6 + a * 8, a) for a in range(3)),
-                                context=lambda: _events(run_dir)[-6:])
+    with ThreadPoolExecutor(1) as pool:
+        # The uninterrupted torchrun reference runs beside the preempted job, not after it.
+        uninterrupted = pool.submit(run_once, command(EXAMPLE, shared_tmp / "ref", steps, 2, 0.0),
+                                    shared_tmp / "ref_run")
+        final = preempt_at_and_wait(res.run, shared_tmp, *(partial(past, 6 + a * 8, a) for a in range(3)),
+                                    context=lambda: _events(run_dir)[-6:])
+        reference = uninterrupted.result()
     evs = _events(run_dir)
     assert [c.state for c in final.components] == ["COMPLETED"], evs[-8:]
     assert [e["outcome"] for e in evs if e["ev"] == "attempt_end"] == ["preempted"] * 3 + ["done"]
@@ -127,7 +133,6 @@ def test_api_script_as_command_component_preempted_three_times_resumes_bit_ident
         # ... and the next attempt resumed exactly at the newest of them: nothing lost.
         assert [e["iteration"] for e in restores] == [saved[0][-1]] * 2, (attempt, restores, saved)
         assert all(e["work_lost"] == 0 for e in restores), restores
-    reference = run_once(command(EXAMPLE, shared_tmp / "ref", steps, 2, 0.0), shared_tmp / "ref_run")
     assert reference.returncode == 0, reference.stdout
     assert_bit_identical(final_params(out), final_params(shared_tmp / "ref"))
     _report_says_it_in_the_command_s_terms(run_dir, steps)

@@ -173,6 +173,10 @@ def test_slurm_mixed_job_preempted_once_both_kinds_resume(slurm_cluster, shared_
 
     doc = _doc(slurm={"partition": "debug", "time": "00:10:00"})
     doc["workload_args"]["num_steps"] = 1024  # ~1 s iterations: time to preempt in the middle
+    # 25 iterations, not the example's 40: the preemption lands after the first checkpoint (4)
+    # and the evaluator's first step, and 5 checkpoints still follow it.
+    iterations = doc["training"]["iterations"] = 25
+    checkpoint_steps = [b - 1 for b in range(INTERVAL, iterations + 1, INTERVAL)]  # 4, 9, ..., 24
     res = submit_spec(spec_from_dict(doc), backend="sbatch", runs_dir=shared_tmp / "runs")
     run_dir = Path(res.run.run_dir)
 
@@ -197,4 +201,4 @@ def test_slurm_mixed_job_preempted_once_both_kinds_resume(slurm_cluster, shared_
     saved = sorted({e["iteration"] - 1 for e in evs if e.get("ev") == "checkpoint" and e.get("component") == "learner"})
     evaluated = [e["iteration"] for e in evs if e.get("component") == "evaluator" and e.get("type") == "step"]
     assert evaluated == saved, (evaluated, saved)
-    assert set(CHECKPOINT_STEPS) <= set(saved)
+    assert set(checkpoint_steps) <= set(saved)
