@@ -414,11 +414,13 @@ def test_server_down_at_restore_falls_back_and_says_so(own_s3: Any, tmp_path: Pa
     srv.kill()
     try:
         events: list[dict[str, Any]] = []
-        bucket = BucketTier(ObjectStore(store.url, env=srv.env()), on_event=events.append)
+        # A silent server is waited out for read_retry_s (20 s by default), then reported.
+        bucket = BucketTier(ObjectStore(store.url, env=srv.env(), read_retry_s=1.0), on_event=events.append)
         got = CheckpointStore([Tier(tmp_path / "empty"), bucket, Tier(tmp_path / "shared")]).restore()
         assert got is not None and got.step == 1 and got.tier == "shared" and _same(got.state, state)
         assert events and events[0]["ev"] == "ckpt_tier_failure" and events[0]["op"] == "list"
         assert "does not answer" in events[0]["error"] and "falling back" in events[0]["message"]
+        assert "(retried for " in events[0]["error"], events
     finally:
         srv.restart()
 
@@ -488,6 +490,100 @@ def test_throttling_is_retried_with_backoff(s3: Any, tmp_path: Path) -> None:
         assert got is not None and _same(got.state, state)
     finally:
         proxy.shutdown()
+
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    """A real HTTP hop in front of weed answering 500 InternalError (what weed answers while its
+    volume servers register after a restart) to the first ``server.failures`` GETs and HEADs;
+    the count lives on the server object, so no two tests share it."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        srv: Any = self.server
+        with srv.lock:
+            fail = self.command in ("GET", "HEAD") and srv.failures > 0
+            if fail:
+                srv.failures -= 1
+                srv.failed += 1
+        if fail:
+            msg = (b"<Error><Code>InternalError</Code><Message>We encountered an internal error. "
+                   b"Please try again.</Message></Error>")
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(msg)
+            return
+        conn = http.client.HTTPConnection(*srv.upstream, timeout=30)
+        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+        resp = conn.getresponse()
+        data = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        conn.close()
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
+
+
+def test_a_read_waits_out_server_errors_then_says_what_the_server_said(s3: Any) -> None:
+    from hetrun.runtime.ckpt import s3_client
+
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    proxy.upstream, proxy.lock, proxy.failures, proxy.failed = (  # type: ignore[attr-defined]
+        ("127.0.0.1", int(s3.endpoint.rsplit(":", 1)[1])), threading.Lock(), 0, 0)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        env = {**s3.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.server_address[1]}"}
+        store = ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}/train", env=env, read_retry_s=30)
+        store._client = s3_client.make_client(None, env=env, retries=0)  # the retries seen are hetrun's
+        store.put("manifests/000000000001.json", b'{"step": 1}')
+        proxy.failures = 5  # type: ignore[attr-defined]
+        assert store.get("manifests/000000000001.json") == b'{"step": 1}'
+        assert proxy.failed == 5  # type: ignore[attr-defined]
+        proxy.failures = 3  # type: ignore[attr-defined]
+        assert store.manifest_steps() == [1] and store.exists("manifests/000000000001.json")
+        # A server that keeps failing: reported after read_retry_s, in the server's words, with
+        # the server hint (not the credentials one). The write path is not retried so.
+        proxy.failures = 10**6  # type: ignore[attr-defined]
+        store.read_retry_s = 2.0
+        with pytest.raises(CheckpointError) as err:
+            store.get("manifests/000000000001.json")
+        msg = err.value.message
+        assert "the server answered HTTP 500 InternalError: We encountered an internal error" in msg, msg
+        assert "(retried for " in msg and err.value.hint == s3_client.SERVER_HINT
+        assert "credentials" not in (err.value.hint or "").replace("not a credentials problem", "")
+    finally:
+        proxy.shutdown()
+
+
+def test_a_missing_key_or_denied_read_is_not_retried(s3: Any) -> None:
+    from hetrun.runtime.ckpt import s3_client
+
+    calls: list[str] = []
+    store = ObjectStore(f"s3://{BUCKET}/{uuid.uuid4().hex[:10]}/train", env=s3.env(read_only=True), read_retry_s=30)
+    real = store.client
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            calls.append(name)
+            return getattr(real, name)
+
+    store._client = Counting()
+    with pytest.raises(CheckpointError, match="is missing from the bucket"):
+        store.get("manifests/000000000009.json")
+    assert calls == ["get_object"]
+    with pytest.raises(CheckpointError, match="access denied") as err:
+        store.put("manifests/000000000009.json", b"{}")
+    assert err.value.hint == s3_client.CREDENTIAL_HINT
 
 
 def test_cli_light_commands_do_not_import_the_s3_client(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,8 @@ class LocalS3:
             self.proc.wait(10)
 
     def restart(self, timeout: float = 60.0) -> None:
-        """Start again on the same ports and data (after :meth:`kill` or :meth:`stop`)."""
+        """Start again on the same ports and data (after :meth:`kill` or :meth:`stop`); returns
+        once every bucket serves a put and a get (:func:`_serves`)."""
         self.stop()
         fresh = start(self.root, timeout=timeout, _ports=self._ports, _keys=self)
         self.proc, self.pid = fresh.proc, fresh.pid
@@ -112,7 +114,8 @@ def _reachable(port: int) -> bool:
 
 def start(root: str | os.PathLike[str], *, timeout: float = 60.0, _ports: list[int] | None = None,
           _keys: LocalS3 | None = None) -> LocalS3:
-    """Start ``weed server -s3`` with its data under ``root``; returns once S3 answers."""
+    """Start ``weed server -s3`` with its data under ``root``; returns once it serves
+    object writes and reads (:func:`_serves`), not merely once its port opens."""
     exe = weed_binary()
     if exe is None:
         raise CheckpointError("the weed binary (SeaweedFS) is not installed",
@@ -145,21 +148,44 @@ def start(root: str | os.PathLike[str], *, timeout: float = 60.0, _ports: list[i
     def up() -> bool:
         if proc.poll() is not None:
             raise CheckpointError(f"weed exited with {proc.returncode} at start; see {root / 'weed.log'}")
-        return _reachable(s3) and _bucket_api_ready(srv)
+        return _reachable(s3) and _serves(srv)
 
     if not poll_until(up, Backoff(0.2, 1.0), timeout=timeout):
         srv.stop()
-        raise CheckpointError(f"weed's S3 API did not answer on port {s3} within {timeout:.0f} s",
+        raise CheckpointError(f"weed's S3 API did not serve a put and a get on port {s3} within {timeout:.0f} s",
                               hint=f"see {root / 'weed.log'}")
     return srv
 
 
-def _bucket_api_ready(srv: LocalS3) -> bool:
-    """The S3 gateway answers a signed ListBuckets (the port opens before the filer is ready)."""
+# A fresh server has no bucket to probe in: this one is made for it (and stays: deleting it
+# would drop a collection the next start must not wait for).
+PROBE_BUCKET = "hetrun-ready-probe"
+_PROBE_PREFIX = ".hetrun-ready/"
+
+
+def _serves(srv: LocalS3) -> bool:
+    """Reads and writes really work: in every bucket a probe object is put, read back
+    byte for byte and deleted, and one object already there is read. The gateway's port,
+    and even a signed ListBuckets, answer before weed's volume servers have registered;
+    until they have, object requests get 500 InternalError (after a restart, for seconds)."""
     from hetrun.runtime.ckpt import s3_client
 
     try:
-        s3_client.make_client(srv.endpoint, env=srv.env(), retries=0, timeout=2).list_buckets()
+        c = s3_client.make_client(srv.endpoint, env=srv.env(), retries=0, timeout=5)
+        buckets = [str(b["Name"]) for b in c.list_buckets().get("Buckets", [])]
+        if not buckets:
+            c.create_bucket(Bucket=PROBE_BUCKET)
+            buckets = [PROBE_BUCKET]
+        for bucket in buckets:
+            key, body = f"{_PROBE_PREFIX}{uuid.uuid4().hex}", os.urandom(64)
+            c.put_object(Bucket=bucket, Key=key, Body=body)
+            if c.get_object(Bucket=bucket, Key=key)["Body"].read() != body:
+                return False
+            c.delete_object(Bucket=bucket, Key=key)
+            listed = c.list_objects_v2(Bucket=bucket, MaxKeys=8).get("Contents") or []
+            old = next((str(o["Key"]) for o in listed if not str(o["Key"]).startswith(_PROBE_PREFIX)), None)
+            if old is not None:
+                c.get_object(Bucket=bucket, Key=old)["Body"].read()
     except Exception:
         return False
     return True

@@ -39,7 +39,7 @@ def check_writable(client: Any, url: S3Url, *, endpoint: str | None = None,
                                        "checkpoint.object_store.url") from None
         if code not in ("403", "AccessDenied"):  # a HEAD's 403 has no body: the PUT below says why
             raise CheckpointError(s3_client.describe(exc, f"bucket {url.bucket} at {where}"),
-                                  hint=s3_client.CREDENTIAL_HINT) from None
+                                  hint=s3_client.hint_for(exc)) from None
     probe = url.key(f".hetrun-probe/{socket.gethostname()}-{uuid.uuid4().hex[:8]}")
     try:
         with_backoff(lambda: client.put_object(Bucket=url.bucket, Key=probe, Body=b"hetrun write probe\n"))
@@ -48,7 +48,7 @@ def check_writable(client: Any, url: S3Url, *, endpoint: str | None = None,
     except Exception as exc:
         raise CheckpointError(f"cannot write checkpoints to {url}: "
                               + s3_client.describe(exc, f"cannot write {url.bucket}/{probe}"),
-                              hint=s3_client.CREDENTIAL_HINT) from None
+                              hint=s3_client.hint_for(exc)) from None
 
 
 def preflight(spec: Any, file: str) -> None:
@@ -66,4 +66,4 @@ def preflight(spec: Any, file: str) -> None:
                               "checkpoint.object_store.check: false to skip this check") from None
     except Exception as exc:  # the client could not be made (an unknown profile, ...)
         raise CheckpointError(s3_client.describe(exc, f"{where} {spec.url}"),
-                              hint=s3_client.CREDENTIAL_HINT) from None
+                              hint=s3_client.hint_for(exc)) from None

@@ -32,10 +32,10 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from hetrun.runtime.ckpt import object_preflight, s3_client
 from hetrun.runtime.ckpt.objects import check_hash
@@ -45,6 +45,7 @@ from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import CheckpointError
 from hetrun.rundir import DEFAULTS
 
+T = TypeVar("T")
 _MANIFEST_KEY_RE = re.compile(r"manifests/([0-9]{12})\.json")
 _SHARD_KEY_RE = re.compile(r"shards/([0-9]{12})/rank-([0-9]{6})(\.refs)?\.json")
 _LEASE_RE = re.compile(r"leases/([0-9]{12})/rank-([0-9]{6})")
@@ -89,10 +90,11 @@ class ObjectStore:
 
     def __init__(self, url: str | S3Url, *, endpoint: str | None = None, region: str | None = None,
                  profile: str | None = None, client: Any = None, threads: int = DEFAULTS.object_upload_threads,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, read_retry_s: float = s3_client.READ_RETRY_S) -> None:
         self.url = url if isinstance(url, S3Url) else s3_client.parse_url(url)
         self.endpoint, self.region, self.profile, self.env = endpoint, region, profile, env
         self.threads = max(1, threads)
+        self.read_retry_s = read_retry_s  # how long a read waits out a 5xx or a silent server
         self._client = client
 
     @classmethod
@@ -104,7 +106,8 @@ class ObjectStore:
 
     def child(self, name: str) -> ObjectStore:
         return ObjectStore(self.url.child(name), endpoint=self.endpoint, region=self.region,
-                           profile=self.profile, client=self._client, threads=self.threads, env=self.env)
+                           profile=self.profile, client=self._client, threads=self.threads, env=self.env,
+                           read_retry_s=self.read_retry_s)
 
     @property
     def client(self) -> Any:
@@ -120,8 +123,25 @@ class ObjectStore:
         return str(self.url)
 
     def _fail(self, exc: Exception, rel: str, what: str) -> CheckpointError:
-        return CheckpointError(s3_client.describe(exc, f"{what} {self.url}/{rel}"),
-                               hint=s3_client.CREDENTIAL_HINT)
+        if isinstance(exc, CheckpointError):  # already in words (the client could not be made)
+            return exc
+        return CheckpointError(s3_client.describe(exc, f"{what} {self.url}/{rel}"), hint=s3_client.hint_for(exc))
+
+    def _read(self, call: Callable[[], T]) -> T:
+        """A read request: throttling, 5xx answers and silence retried (s3_client.with_backoff)."""
+        return with_backoff(call, retry_s=self.read_retry_s)
+
+    def pages(self, rel_prefix: str, **kw: Any) -> Iterator[dict[str, Any]]:
+        """ListObjectsV2 pages under ``rel_prefix`` (1,000 keys each), each page a retried read;
+        ``kw``: more ListObjectsV2 arguments (``Delimiter``)."""
+        args: dict[str, Any] = {"Bucket": self.url.bucket, "Prefix": self.url.key(rel_prefix), **kw}
+        while True:
+            page = self._read(lambda a=dict(args): self.client.list_objects_v2(**a))
+            yield page
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+            args["ContinuationToken"] = token
 
     # -- single requests ------------------------------------------------------------
     def put(self, rel: str, data: bytes | memoryview) -> None:
@@ -151,8 +171,8 @@ class ObjectStore:
     def get(self, rel: str) -> bytes:
         key = self.url.key(rel)
         try:
-            resp = with_backoff(lambda: self.client.get_object(Bucket=self.url.bucket, Key=key))
-            return resp["Body"].read()
+            # The body is read inside the retried call: a server that dies mid-body is retried too.
+            return self._read(lambda: self.client.get_object(Bucket=self.url.bucket, Key=key)["Body"].read())
         except Exception as exc:
             if s3_client.is_missing(exc):
                 raise CheckpointError(f"{self.url}/{rel} is missing from the bucket") from None
@@ -168,7 +188,7 @@ class ObjectStore:
     def exists(self, rel: str) -> bool:
         key = self.url.key(rel)
         try:
-            with_backoff(lambda: self.client.head_object(Bucket=self.url.bucket, Key=key))
+            self._read(lambda: self.client.head_object(Bucket=self.url.bucket, Key=key))
             return True
         except Exception as exc:
             if s3_client.is_missing(exc):
@@ -191,10 +211,8 @@ class ObjectStore:
     def list(self, rel_prefix: str) -> Iterator[Listed]:
         """Every key under ``rel_prefix`` (paginated, 1,000 per request)."""
         base = self.url.key("")
-        paginator = self.client.get_paginator("list_objects_v2")
         try:
-            pages = paginator.paginate(Bucket=self.url.bucket, Prefix=self.url.key(rel_prefix))
-            for page in pages:
+            for page in self.pages(rel_prefix):
                 for o in page.get("Contents", []) or []:
                     yield Listed(o["Key"][len(base):], int(o.get("Size", 0)), o["LastModified"].timestamp())
         except Exception as exc:
@@ -306,9 +324,8 @@ def component_stores(store: ObjectStore) -> list[tuple[str, ObjectStore]]:
         return [(store.url.prefix.rsplit("/", 1)[-1] or store.url.bucket, store)]
     base = store.url.key("")
     try:
-        pages = store.client.get_paginator("list_objects_v2").paginate(
-            Bucket=store.url.bucket, Prefix=base, Delimiter="/")
-        names = [p["Prefix"][len(base):].strip("/") for page in pages for p in page.get("CommonPrefixes", []) or []]
+        names = [p["Prefix"][len(base):].strip("/") for page in store.pages("", Delimiter="/")
+                 for p in page.get("CommonPrefixes", []) or []]
     except Exception as exc:
         raise store._fail(exc, "", "cannot list") from exc
     out = []

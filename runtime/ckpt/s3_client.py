@@ -15,6 +15,7 @@ commands never load it (tests/test_cli_startup.py).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -24,13 +25,27 @@ from hetrun.dag.object_store_spec import S3Url, check_endpoint, is_s3_url, parse
 from hetrun.backoff import Backoff
 
 T = TypeVar("T")
-__all__ = ["S3Url", "check_endpoint", "is_s3_url", "make_client", "parse_url", "with_backoff"]
+__all__ = ["S3Url", "check_endpoint", "describe", "hint_for", "is_s3_url", "make_client", "parse_url",
+           "with_backoff"]
 
 # S3's "slow down" answers: retried along THROTTLE_BACKOFF, never a failure at once.
 THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
                             "TooManyRequests", "RequestThrottled", "503", "ServiceUnavailable"})
 THROTTLE_BACKOFF = Backoff(0.05, 2.0)
 THROTTLE_GIVE_UP_S = 60.0
+# A READ that meets trouble on the server's side (a 5xx: SeaweedFS answers 500 InternalError
+# while its volume servers register after a restart) or no answer at all is retried along
+# THROTTLE_BACKOFF this long before it is reported: a store that is briefly down costs a
+# restore a wait, not a fallback. Writes are not retried so: an upload that fails is the
+# next checkpoint's to send, and training never waits for it. botocore's own retries
+# (make_client's ``retries``, standard mode) come first, inside each attempt here.
+READ_RETRY_S = 20.0
+SERVER_ERROR_CODES = frozenset({"InternalError", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
+                                "PriorRequestNotComplete", "BadGateway", "GatewayTimeout"})
+UNREACHABLE = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
+                         "ReadTimeoutError", "ConnectionError", "ProxyConnectionError"})
+SERVER_HINT = ("the S3 server itself failed (an error on its side, not a credentials problem): "
+               "check its health and logs, then try again")
 
 
 def make_client(endpoint: str | None = None, *, region: str | None = None, profile: str | None = None,
@@ -70,8 +85,32 @@ def error_code(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+def http_status(exc: BaseException) -> int | None:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        status = (resp.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        return int(status) if isinstance(status, int) else None
+    return None
+
+
 def is_throttle(exc: BaseException) -> bool:
     return error_code(exc) in THROTTLE_CODES
+
+
+def is_server_error(exc: BaseException) -> bool:
+    """A 5xx answer (not a throttle): the request was fine, the server failed it."""
+    code = error_code(exc)
+    status = http_status(exc) or (int(code) if code.isdigit() else 0)
+    return not is_throttle(exc) and (status >= 500 or code in SERVER_ERROR_CODES)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    return type(exc).__name__ in UNREACHABLE
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth asking again: throttled, a server error, or no answer."""
+    return is_throttle(exc) or is_server_error(exc) or is_unreachable(exc)
 
 
 def is_missing(exc: BaseException) -> bool:
@@ -82,9 +121,15 @@ def describe(exc: BaseException, where: str) -> str:
     """One line saying what went wrong in the user's terms (never the credentials)."""
     code = error_code(exc)
     name = type(exc).__name__
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
-                "ReadTimeoutError", "ConnectionError"):
-        return f"{where}: the endpoint does not answer ({name})"
+    retried = getattr(exc, "hetrun_retried_s", None)
+    after = f" (retried for {retried:.{1 if retried < 10 else 0}f} s)" if retried is not None else ""
+    if is_unreachable(exc):
+        return f"{where}: the endpoint does not answer ({name}){after}"
+    if is_server_error(exc):
+        said = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Message") or "").strip()
+        status = http_status(exc)
+        return (f"{where}: the server answered {f'HTTP {status} ' if status else ''}{code}"
+                f"{': ' + said[:200] if said else ''}{after}")
     if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"):
         return f"{where}: no S3 credentials ({exc})"
     if code in ("NoSuchBucket",):
@@ -105,15 +150,28 @@ CREDENTIAL_HINT = ("hetrun reads S3 credentials only from AWS_ACCESS_KEY_ID/AWS_
                    "or AWS_ENDPOINT_URL")
 
 
-def with_backoff(call: Callable[[], T], *, give_up_s: float = THROTTLE_GIVE_UP_S,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
-    """``call()``, retried along THROTTLE_BACKOFF while the server says slow down."""
-    start = time.monotonic()
+def hint_for(exc: BaseException) -> str:
+    """The hint beside :func:`describe`'s line: the server's own trouble is not the credentials'."""
+    return SERVER_HINT if is_throttle(exc) or is_server_error(exc) else CREDENTIAL_HINT
+
+
+def with_backoff(call: Callable[[], T], *, give_up_s: float = THROTTLE_GIVE_UP_S, retry_s: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> T:
+    """``call()``, retried along THROTTLE_BACKOFF while the server says slow down (up to
+    ``give_up_s``) and, with ``retry_s`` > 0 (reads: READ_RETRY_S), while it answers a 5xx
+    or not at all (up to ``retry_s``). The error that ends the retries carries how long
+    they took (``hetrun_retried_s``, which :func:`describe` says)."""
+    start = clock()
     for delay in THROTTLE_BACKOFF.delays():
         try:
             return call()
         except Exception as exc:
-            if not is_throttle(exc) or time.monotonic() - start + delay > give_up_s:
+            spent = clock() - start
+            limit = give_up_s if is_throttle(exc) else retry_s if is_transient(exc) else 0.0
+            if spent + delay > limit:
+                if limit > 0:  # retried (botocore's own retries count: one attempt may use the window)
+                    with contextlib.suppress(AttributeError):  # a class with __slots__
+                        exc.hetrun_retried_s = spent  # type: ignore[attr-defined]
                 raise
         sleep(delay)
     raise AssertionError("unreachable: Backoff.delays() is endless")
