@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,9 @@ def test_plain_sbatch_srun_preempted_through_high_requeues_and_resumes_exactly(s
     job = subprocess.run(["sbatch", "--parsable", f"--chdir={shared_tmp}", str(script)],
                          capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     run_dir = shared_tmp / "runs" / job
+    pool = ThreadPoolExecutor(1)
+    # The uninterrupted torchrun reference runs beside the Slurm job, not after it.
+    uninterrupted = pool.submit(run_once, command(EXAMPLE, shared_tmp / "ref", STEPS, 2, 0.0), shared_tmp / "ref_run")
     try:
         _wait(lambda: any(e.get("ev") == "action" and e.get("iteration", -1) >= 8 for e in events(run_dir)),
               180, "step 8 of the first attempt")
@@ -73,6 +77,7 @@ def test_plain_sbatch_srun_preempted_through_high_requeues_and_resumes_exactly(s
               f"the requeued job to complete ({_field(job, 'JobState')})")
     finally:
         subprocess.run(["scancel", job], check=False, capture_output=True)
+        pool.shutdown(wait=True)
     log = (shared_tmp / f"slurm-{job}.out").read_text()
     evs = events(run_dir)
     stopped = {e["rank"]: e["iteration"] for e in evs if e["ev"] == "checkpoint"
@@ -84,6 +89,6 @@ def test_plain_sbatch_srun_preempted_through_high_requeues_and_resumes_exactly(s
     first_exits = [e for e in evs if e["ev"] == "exit" and e["code"] == 143]
     assert {e["rank"] for e in first_exits} == {0, 1}, log
     assert _field(job, "Restarts") == "1"
-    reference = run_once(command(EXAMPLE, shared_tmp / "ref", STEPS, 2, 0.0), shared_tmp / "ref_run")
+    reference = uninterrupted.result()
     assert reference.returncode == 0, reference.stdout
     assert_bit_identical(final_params(shared_tmp / "out"), final_params(shared_tmp / "ref"))

@@ -5,6 +5,7 @@ of the same spec writes."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,15 +49,20 @@ def cancelled_at_a_checkpoint(job: Path, runs: Path) -> Path:
 
 
 def test_cancelled_slurm_run_resumed_ends_as_an_uninterrupted_one(slurm_cluster: object, shared_tmp: Path) -> None:
-    whole = submit(job_file(shared_tmp), shared_tmp / "a", "--wait")
-    run_dir = cancelled_at_a_checkpoint(job_file(shared_tmp), shared_tmp / "b")
-    assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
-    res = cli("resume", str(run_dir), "--wait", timeout=900)
-    assert res.returncode == 0, res.stdout + res.stderr
-    ends = events_of(run_dir, ("attempt_end",))
-    assert [e["restart_count"] for e in ends] == [0, 1] and ends[-1]["outcome"] == "done", ends
-    starts = {e.get("restart_count") for e in events_of(run_dir, ("start",))}
-    assert starts == {0, 1}  # SLURM_RESTART_COUNT + HETRUN_RESTART_BASE reached the ranks
-    restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
-    assert len(restores) == 3 and all(e["restored_state"] for e in restores)
-    assert_same_checkpoints(whole, run_dir, {"learner": 1, "rollout": 2}, ITERATIONS)
+    # The uninterrupted run is a Slurm job of its own beside the one cancelled and resumed, not before it.
+    whole = submit(job_file(shared_tmp), shared_tmp / "a")
+    try:
+        run_dir = cancelled_at_a_checkpoint(job_file(shared_tmp), shared_tmp / "b")
+        assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
+        res = cli("resume", str(run_dir), "--wait", timeout=900)
+        assert res.returncode == 0, res.stdout + res.stderr
+        ends = events_of(run_dir, ("attempt_end",))
+        assert [e["restart_count"] for e in ends] == [0, 1] and ends[-1]["outcome"] == "done", ends
+        starts = {e.get("restart_count") for e in events_of(run_dir, ("start",))}
+        assert starts == {0, 1}  # SLURM_RESTART_COUNT + HETRUN_RESTART_BASE reached the ranks
+        restores = [e for e in events_of(run_dir, ("restore",)) if e.get("restart_count") == 1]
+        assert len(restores) == 3 and all(e["restored_state"] for e in restores)
+        assert wait_ended(whole) == ["COMPLETED", "COMPLETED"]
+        assert_same_checkpoints(whole, run_dir, {"learner": 1, "rollout": 2}, ITERATIONS)
+    finally:  # the uninterrupted job never outlives a failed test
+        subprocess.run(["scancel", str(find_run(str(whole), whole.parent).job_id)], check=False, capture_output=True)

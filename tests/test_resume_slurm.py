@@ -29,7 +29,7 @@ from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
 HERE = Path(__file__).parent
-ITERATIONS = 30
+ITERATIONS = 24  # preempted at iterations 3+ and 12+; 12 more (~5 s) leave room for the second preemption
 INTERVAL = 5
 LEARNERS = 2
 # A rank's startup stages, in the order it reaches them (runtime/entry.py startup event).
