@@ -29,7 +29,10 @@ from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.postmortem import KILL_MARK, finish_attempt, parse_mpirun, parse_srun
 from hetrun.slurm_plugin.rundir import append_event, events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+from preempt_helpers import release_if_held
 from setup_tools import MPIRUN
+
+from hetrun.rundir import TIME_KEY
 
 SRUN_KILLED = """\
 srun: error: n3: task 1: Killed
@@ -169,11 +172,19 @@ def _events(run_dir: Path, ev: str) -> list[dict[str, Any]]:
 
 
 def _kill_after_first_checkpoint(run_dir: Path, rank: int, restart: int = 0) -> dict[str, Any]:
-    """kill -9 of ``rank`` at a random moment after its attempt's first checkpoint."""
+    """kill -9 of ``rank`` at a random moment after its attempt's first checkpoint that every
+    rank has written (a kill after the rollouts' but before the learner's left no step to
+    restore: seen here under load)."""
     def ready() -> bool:
         starts = [e for e in _events(run_dir, "start") if e.get("restart_count", 0) == restart]
-        return len(starts) == 3 and any(e.get("restart_count", 0) == restart
-                                        for e in _events(run_dir, "checkpoint"))
+        if len(starts) != 3:
+            return False
+        since = min(float(e.get(TIME_KEY, 0)) for e in starts)  # this attempt's checkpoints only
+        steps: dict[Any, set[Any]] = {}
+        for e in _events(run_dir, "checkpoint"):
+            if float(e.get(TIME_KEY, 0)) >= since:
+                steps.setdefault(e.get("step"), set()).add(e.get("rank"))
+        return any(len(ranks) == 3 for ranks in steps.values())
     assert wait_for(ready, 240, 0.3), f"no checkpoint in attempt {restart}"
     time.sleep(random.uniform(0.0, 1.5))
     start = next(e for e in _events(run_dir, "start") if e["rank"] == rank and e.get("restart_count", 0) == restart)
@@ -223,7 +234,7 @@ def test_local_kill_9_ends_the_run_naming_the_rank(tmp_path: Path, rank: int) ->
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_local_failure_is_requeued_on_request_and_resumes(tmp_path: Path) -> None:
-    spec = _ppo_spec("kill-local-requeue", iterations=60, preemption={"max_failures": 1})
+    spec = _ppo_spec("kill-local-requeue", iterations=40, preemption={"max_failures": 1})
     res = submit_spec(spec, backend="local", runs_dir=tmp_path)
     run_dir = Path(res.run.run_dir)
     try:
@@ -290,12 +301,20 @@ def test_slurm_kill_9_ends_the_job_naming_rank_component_node(
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_slurm_failure_is_requeued_on_request_and_resumes(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    spec = _ppo_spec("kill-slurm-requeue", iterations=60, preemption={"max_failures": 1},
+    spec = _ppo_spec("kill-slurm-requeue", iterations=40, preemption={"max_failures": 1},
                      slurm={"time": "00:10:00"})
     res, run_dir = _slurm_run(shared_tmp, spec)
     try:
         victim = _kill_after_first_checkpoint(run_dir, 1)
-        assert wait_for(lambda: len(_events(run_dir, "attempt_end")) == 2, 400, 1), _events(run_dir, "attempt_end")
+        job = str(res.run.job_id).split(";")[0]
+
+        def second_attempt_ended() -> bool:
+            # The failure's requeue is the job's own (scontrol requeue), so Slurm holds it
+            # cred_expire + 1 s (16 s here): released at once, the hold is not under test.
+            release_if_held(job)
+            return len(_events(run_dir, "attempt_end")) == 2
+
+        assert wait_for(second_attempt_ended, 400, 0.5), _events(run_dir, "attempt_end")
     finally:
         subprocess.run(["scancel", str(res.run.job_id).split(";")[0]], capture_output=True, check=False)
     _assert_named(run_dir, victim, "srun")
