@@ -124,7 +124,8 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
     finally:
         cluster.stop()  # kills every process of the cluster, the job's included
         os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
-    shutil.rmtree(root, ignore_errors=True)
+    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):  # as shared_tmp (tests/conftest.py)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_job_finishes_inside_its_allocation(killed_run: dict[str, Any]) -> None:
