@@ -4,7 +4,8 @@ Fast checks build a run directory by hand (nothing runs); the mpi/slow ones run
 the CartPole PPO example for real (Open MPI ranks, real gymnasium): a cancelled
 run resumed ends with the same checkpoint as an uninterrupted one; resized to
 3 and to 1 rollout ranks it finishes, and two resizes from the same checkpoint
-end identically.
+end identically. The cancelled run is made once (module fixture); each test
+resumes its own copy of it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from setup_tools import MPIRUN
 
 from tests.resume_compare import assert_same_checkpoints, example_spec
 
-ITERATIONS = 120  # some seconds of PPO: the cancel lands mid-run
+# Some seconds of PPO: the cancel (after the first checkpoint, step 8) lands mid-run; it landed
+# at step 27 with the machine at load 9, and cancelled_run asserts it is before the end.
+ITERATIONS = 72
 SMALL_PPO = {"training": {"iterations": ITERATIONS, "pipeline_window": 1},
              "workload_args": {"num_envs": 4, "num_steps": 32, "update_epochs": 1, "num_minibatches": 2,
                                "eval_episodes": 1},
@@ -142,7 +145,9 @@ def wait_ended(run_dir: Path, timeout: float = 300) -> str:
 def cancelled_run(tmp: Path, job: Path | None = None) -> Path:
     """A PPO run (``job``, default SMALL_PPO's) cancelled once the first checkpoint every
     component holds is written."""
-    run_dir = submit(job or job_file(tmp), tmp / "runs")
+    job = job or job_file(tmp)
+    iterations = int(yaml.safe_load(job.read_text())["training"]["iterations"])
+    run_dir = submit(job, tmp / "runs")
     t_end = time.time() + 300
     while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
         state = json.loads((run_dir / "local.json").read_text()).get("state") \
@@ -153,16 +158,30 @@ def cancelled_run(tmp: Path, job: Path | None = None) -> Path:
     res = cli("cancel", str(run_dir))
     assert res.returncode == 0, res.stderr
     assert wait_ended(run_dir) == "CANCELLED"
-    assert max(store_steps(run_dir, "learner")) < ITERATIONS  # cancelled before the end
+    assert max(store_steps(run_dir, "learner")) < iterations  # cancelled before the end
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def cancelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SMALL_PPO run cancelled mid-run, shared: a test resumes a copy (``copy_of``), never this one."""
+    return cancelled_run(tmp_path_factory.mktemp("cancelled"))
+
+
+def copy_of(run_dir: Path, root: Path) -> Path:
+    """``run_dir`` copied to ``root/runs/<its name>`` (a run directory may move: read_run resolves it)."""
+    dest = root / "runs" / run_dir.name
+    shutil.copytree(run_dir, dest)
+    return dest
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 @needs_mpirun
-def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path) -> None:
+@pytest.mark.xdist_group("resume_cmd_cancelled_run")  # with the other reader of `cancelled`: one worker
+def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path, cancelled: Path) -> None:
     whole = submit(job_file(tmp_path / "a"), tmp_path / "a" / "runs", "--wait")
-    run_dir = cancelled_run(tmp_path / "b")
+    run_dir = copy_of(cancelled, tmp_path / "b")
     res = cli("resume", str(run_dir), "--wait")
     assert res.returncode == 0, res.stdout + res.stderr + (run_dir / "logs" / "local-supervisor.out").read_text()
     assert "as attempt 1" in res.stdout
@@ -180,12 +199,9 @@ def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path) -> N
 @pytest.mark.mpi
 @pytest.mark.slow
 @needs_mpirun
-def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path) -> None:
-    run_dir = cancelled_run(tmp_path)
-    copies = {}
-    for name in ("grow-a", "grow-b", "shrink"):
-        copies[name] = tmp_path / name / "runs" / run_dir.name
-        shutil.copytree(run_dir, copies[name])
+@pytest.mark.xdist_group("resume_cmd_cancelled_run")
+def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path, cancelled: Path) -> None:
+    copies = {name: copy_of(cancelled, tmp_path / name) for name in ("grow-a", "grow-b", "shrink")}
     for name, ranks in (("grow-a", 3), ("grow-b", 3), ("shrink", 1)):
         res = cli("resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--wait")
         assert res.returncode == 0, res.stdout + res.stderr

@@ -224,6 +224,7 @@ def rl_straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("resume_exact_rl_straight")  # both read one `rl_straight`: one worker
 @pytest.mark.parametrize("only_rank", [None, 1], ids=["every-rank", "one-rank"])
 def test_two_learners_and_a_rollout_preempted_twice_end_bit_identical(
         tmp_path: Path, rl_straight: Path, only_rank: int | None) -> None:

@@ -7,13 +7,17 @@ evaluator's model, the pipeline's saved policy versions).
 PPO runs pipelined (pipeline_window 2, rollout tolerance window 1: rollout i
 uses update i-2's weights) with two rollout ranks that run ahead of the
 learner; the MoE LM has two expert-parallel learner ranks and an evaluator.
-Two uninterrupted runs at different speeds also save identical content.
+Two uninterrupted runs at different speeds also save identical content. The
+uninterrupted pair depends only on the example and its overrides, so the two
+PPO cases share one pair (module fixture): ppo-shared-weights differs from ppo
+only in its preempted run.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,8 @@ from test_resume_exact import events, logs_of, run_to_end
 
 HERE = Path(__file__).parent
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow,
-              MPIRUN]
+# The PPO cases share one uninterrupted pair (``uninterrupted``): one worker under pytest-xdist.
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, MPIRUN, pytest.mark.xdist_group("resume_exact_examples")]
 
 PPO = {"workload": "resume_slow_workloads:SlowPPO",
        "workload_args": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32, "hidden": 16,
@@ -56,14 +60,32 @@ def make_run(root: Path, name: str, overrides: dict[str, Any], pause: float) -> 
     return root
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """(fast, slow) uninterrupted runs of a case's example and overrides, each pair run once."""
+    pairs: dict[str, tuple[Path, Path]] = {}
+
+    def get(case: str) -> tuple[Path, Path]:
+        name, overrides, _after = CASES[case]
+        key = json.dumps([name, overrides], sort_keys=True)
+        if key not in pairs:
+            root = tmp_path_factory.mktemp(case)
+            fast = make_run(root / "fast", name, overrides, pause=0.0)
+            assert run_to_end(fast, []) == [0], logs_of(fast)
+            slow = make_run(root / "slow", name, overrides, pause=0.05)
+            assert run_to_end(slow, []) == [0], logs_of(slow)
+            pairs[key] = (fast, slow)
+        return pairs[key]
+
+    return get
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_example_preempted_twice_saves_what_an_uninterrupted_run_saves(
-        tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch,
+        uninterrupted: Callable[[str], tuple[Path, Path]]) -> None:
     name, overrides, after = CASES[case]
-    fast = make_run(tmp_path / "fast", name, overrides, pause=0.0)
-    assert run_to_end(fast, []) == [0], logs_of(fast)
-    slow = make_run(tmp_path / "slow", name, overrides, pause=0.05)
-    assert run_to_end(slow, []) == [0], logs_of(slow)
+    fast, slow = uninterrupted(case)  # neither run has HETRUN_SHARED_WEIGHTS: set below, for this test only
     if case.endswith("shared-weights"):
         monkeypatch.setenv("HETRUN_SHARED_WEIGHTS", "1")
     preempted = make_run(tmp_path / "preempted", name, overrides, pause=0.25)
