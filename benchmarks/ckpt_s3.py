@@ -4,6 +4,7 @@ figure beside its peer in the same run.
 
     python benchmarks/ckpt_s3.py                # 134M GPT (benchmarks/ckpt_bench.py's)
     python benchmarks/ckpt_s3.py --small        # a 10M model, for a quick look
+    python benchmarks/ckpt_s3.py --restore-only # where a bucket restore's time goes (minutes)
 
 Sections:
   clients   the same 4 MiB random objects PUT in parallel by boto3 and by
@@ -18,6 +19,9 @@ Sections:
             verify) vs from the local tier (target <= 2x)
   stall     save() stall with the upload of the previous step in flight vs a
             writer with no object tier (target: unchanged)
+  restore_breakdown (--restore-only, alone) a bucket restore split into client
+            creation, download and the rest, beside a plain parallel GET of the
+            same objects and the local tier's restore, alternating rounds
 Every restore is checked bit-exact against the live state.
 """
 
@@ -109,7 +113,8 @@ def plain_put(srv: Any, files: list[Path], threads: int) -> float:
 class Tiered:
     """A checkpoint writer on a local tier with the object tier attached, as resume.py wires it."""
 
-    def __init__(self, srv: Any, name: str, threads: int, upload_threads: int, upload: bool = True) -> None:
+    def __init__(self, srv: Any, name: str, threads: int, upload_threads: int, upload: bool = True,
+                 **writer_kw: Any) -> None:
         from hetrun.runtime.ckpt import Tier
         from hetrun.runtime.ckpt.object_store import ObjectStore
         from hetrun.runtime.ckpt.object_upload import ObjectUploader
@@ -124,7 +129,8 @@ class Tiered:
         self.up = ObjectUploader(self.store, [self.tier], rank=0, world_size=1, keep=3,
                                  on_event=self.events.append) if upload else None
         self.writer = CheckpointWriter([self.tier], keep=3, threads=threads,
-                                       on_event=(lambda e: e["ok"] and self.up.submit(e["step"])) if upload else None)
+                                       on_event=(lambda e: e["ok"] and self.up.submit(e["step"])) if upload else None,
+                                       **writer_kw)
 
     def save(self, step: int, st: Any, *, wait_upload: bool = True) -> dict[str, Any]:
         before = set(_objects(self.dir))
@@ -169,6 +175,84 @@ def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
     assert remote is not None and remote.tier == "object" and same(remote.state, st)
     shutil.rmtree(ROOT / "cache", ignore_errors=True)
     return {"local_s": local_s, "bucket_s": bucket_s, "ratio": bucket_s / local_s, "bit_identical": True}
+
+
+def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Where a restore from the bucket spends its time (``--restore-only``): a 160 MB state of
+    40 random fp32 tensors saved three times (each a delta on the last, the default chain),
+    then per round, alternating: the local tier's restore; a plain parallel GET of the very
+    objects the restore needs (same client settings and threads, nothing else: the HTTP
+    ceiling); the tier's prefetch of them into a tmpfs cache (what the cache's disk writes
+    cost); the bucket restore split into client creation, download (the tier's parallel
+    prefetch of the chain) and the rest (listing, documents, decode, verify)."""
+    import statistics
+
+    from hetrun.runtime.ckpt import CheckpointStore, Tier, s3_client
+    from hetrun.runtime.ckpt.object_store import ObjectStore
+    from hetrun.runtime.ckpt.object_tier import BucketTier
+
+    class Timed(BucketTier):
+        fetch_s = 0.0
+
+        def prefetch(self, hashes: list[str]) -> None:
+            t0 = time.perf_counter()
+            super().prefetch(hashes)
+            self.fetch_s += time.perf_counter() - t0
+
+    gen = torch.Generator().manual_seed(0)
+    st = {f"t{i}": torch.randn(1_000_000, generator=gen) for i in range(40)}
+    chain = {} if args.max_delta_chain is None else {"max_delta_chain": args.max_delta_chain}
+    t = Tiered(srv, "synthetic", args.threads, args.upload_threads, **chain)
+    t.writer.prepare(st)
+    for step, scale in ((1, 0.0), (2, 1e-4), (3, 1e-3)):
+        for v in st.values():
+            v.add_(scale * torch.randn(v.shape, generator=gen))
+        t.save(step, st)
+    os.sync()
+    refs = json.loads(t.store.get("shards/000000000003/rank-000000.refs.json"))["objects"]
+    rows: list[dict[str, float]] = []
+    for _round in range(args.rounds):
+        row: dict[str, float] = {}
+        t0 = time.perf_counter()
+        local = CheckpointStore([Tier(t.dir)], threads=args.threads).restore()
+        row["local_s"] = time.perf_counter() - t0
+        assert local is not None and same(local.state, st)
+        del local
+        c = s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(args.upload_threads) as pool:
+            got = sum(pool.map(lambda h, c=c: len(c.get_object(
+                Bucket=BUCKET, Key=t.store.url.key(t.store.object_rel(h)))["Body"].read()), refs))
+        row["plain_get_s"] = time.perf_counter() - t0
+        # The tier's own prefetch into a cache in memory (tmpfs) instead of on disk: what the
+        # cache file writes cost (a diagnostic; the tier's cache is on disk).
+        shm = Path("/dev/shm") / f"hetrun-ckpt-s3-bench-{os.getpid()}"
+        if shm.parent.is_dir():
+            probe = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=args.upload_threads), shm)
+            probe.store.client  # noqa: B018
+            t0 = time.perf_counter()
+            probe.prefetch(refs)
+            row["download_tmpfs_s"] = time.perf_counter() - t0
+            shutil.rmtree(shm, ignore_errors=True)
+        tier = Timed(ObjectStore(t.store.url, env=t.store.env, threads=args.upload_threads), ROOT / "cache")
+        t0 = time.perf_counter()
+        tier.store.client  # noqa: B018 (made here to time it apart)
+        row["client_s"] = time.perf_counter() - t0
+        remote = CheckpointStore([tier], threads=args.threads).restore()
+        row["bucket_s"] = time.perf_counter() - t0
+        assert remote is not None and remote.tier == "object" and same(remote.state, st)
+        del remote
+        row["download_s"] = tier.fetch_s
+        row["rest_s"] = row["bucket_s"] - row["client_s"] - row["download_s"]
+        row["ratio"] = row["bucket_s"] / row["local_s"]
+        row["load1"] = os.getloadavg()[0]
+        shutil.rmtree(ROOT / "cache", ignore_errors=True)
+        rows.append(row)
+    t.close()
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {"max_delta_chain": args.max_delta_chain or "default", "objects": len(refs), "bytes_downloaded": got, "state_bytes": 160_000_000, "rounds": rows,
+            "median": med, "download_MBps": got / med["download_s"] / 1e6,
+            "plain_get_MBps": got / med["plain_get_s"] / 1e6}
 
 
 def gpt(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
@@ -236,6 +320,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="encoder/decoder threads")
     ap.add_argument("--upload-threads", type=int, default=8, help="parallel requests (hetrun and the plain PUT)")
     ap.add_argument("--client-mb", type=int, default=256, help="MB per client in the clients section")
+    ap.add_argument("--restore-only", action="store_true",
+                    help="only the restore breakdown (a synthetic 160 MB state, minutes instead of an hour)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --restore-only")
+    ap.add_argument("--max-delta-chain", type=int, default=None,
+                    help="--restore-only: the writer's max_delta_chain (default: the writer's; 1: standalone)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.vocab, args.dim, args.layers, args.heads, args.seq = (
@@ -247,8 +336,11 @@ def main() -> None:
     out: dict[str, Any] = {"argv": sys.argv[1:], "load_avg_start": os.getloadavg()}
     try:
         local_s3.make_bucket(srv, BUCKET)
-        out["clients"] = bench_clients(srv, args.client_mb, args.upload_threads)
-        out["gpt"] = gpt(args, srv)
+        if args.restore_only:
+            out["restore_breakdown"] = restore_breakdown(srv, args)
+        else:
+            out["clients"] = bench_clients(srv, args.client_mb, args.upload_threads)
+            out["gpt"] = gpt(args, srv)
     finally:
         srv.stop()
         out["load_avg_end"] = os.getloadavg()
