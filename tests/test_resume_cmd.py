@@ -28,10 +28,11 @@ from tests.resume_compare import assert_same_checkpoints, example_spec
 # Some seconds of PPO: the cancel (after the first checkpoint, step 8) lands mid-run; it landed
 # at step 27 with the machine at load 9, and cancelled_run asserts it is before the end.
 ITERATIONS = 72
+INTERVAL = 8  # checkpoint interval
 SMALL_PPO = {"training": {"iterations": ITERATIONS, "pipeline_window": 1},
              "workload_args": {"num_envs": 4, "num_steps": 32, "update_epochs": 1, "num_minibatches": 2,
                                "eval_episodes": 1},
-             "checkpoint": {"interval": 8, "keep": 20}}
+             "checkpoint": {"interval": INTERVAL, "keep": 20}}
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -202,14 +203,21 @@ def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path, canc
 @pytest.mark.xdist_group("resume_cmd_cancelled_run")
 def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path, cancelled: Path) -> None:
     copies = {name: copy_of(cancelled, tmp_path / name) for name in ("grow-a", "grow-b", "shrink")}
+    # The resized runs go on two checkpoint intervals past the checkpoint they restore, not to
+    # ITERATIONS: enough to train with the new rank count, checkpoint it, and compare.
+    restored = max(set(store_steps(cancelled, "learner")) & set(store_steps(cancelled, "rollout")))
+    end = min(ITERATIONS, (restored // INTERVAL + 2) * INTERVAL)
     for name, ranks in (("grow-a", 3), ("grow-b", 3), ("shrink", 1)):
-        res = cli("resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--wait")
+        res = cli("resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--set",
+                  f"training.iterations={end}", "--wait")
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"rollout: 2 -> {ranks} ranks" in res.stdout
         restores = [e for e in events_of(copies[name], ("restore",)) if e.get("restart_count") == 1]
         assert len(restores) == 1 + ranks and all(e["restored_state"] for e in restores)
+        assert {e["step"] for e in restores} == {restored}
         assert {e["resize"]["ranks"] for e in restores if e["component"] == "rollout"} == {ranks}
-    assert_same_checkpoints(copies["grow-a"], copies["grow-b"], {"learner": 1, "rollout": 3}, ITERATIONS)
+        assert end in store_steps(copies[name], "learner")  # trained on to the end with the new size
+    assert_same_checkpoints(copies["grow-a"], copies["grow-b"], {"learner": 1, "rollout": 3}, end)
 
 
 
