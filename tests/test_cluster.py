@@ -133,13 +133,24 @@ def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
     )
     env = {k: v for k, v in cluster.slurm_env().items() if not k.startswith(("OMPI_", "SLURM_JOB"))}
     proc = subprocess.run(
-        ["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
-        timeout=300, env=env, cwd=shared_tmp, check=False,
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+        timeout=60, env=env, cwd=shared_tmp, check=False,
     )
+    assert proc.returncode == 0, f"sbatch failed: {proc.stderr}"
     job_id = proc.stdout.strip().split(";")[0]
+    # The job's end from accounting, polled every 0.5 s: `sbatch --wait` polls at 2, 10,
+    # 42 s... after submit, so it sees a 20 s job at 42 s.
+    live = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED"}
+    deadline = time.monotonic() + 300
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = _sacct_states(job_id)
+        comps = [states.get(f"{job_id}+{i}", "PENDING").split()[0] for i in (0, 1)]
+        if not any(c in live for c in comps):
+            break
+        time.sleep(0.5)
     log = Path(str(out).replace("%j", job_id))
     text = log.read_text() if log.exists() else "(no output file)"
-    assert proc.returncode == 0, f"sbatch --wait failed: {proc.stderr}\n{text}"
 
     lines = text.splitlines()
     assert "SIZE 4 SUM 10" in lines, text
@@ -152,9 +163,9 @@ def test_het_job_runs_mpi_across_nodes_and_sacct_shows_it(
         assert het == "2"
         assert btl == TASK_ENV["OMPI_MCA_btl"] and iface == "lo"
 
-    # Accounting: both components are recorded as COMPLETED (slurmdbd lags a little).
+    # Accounting: both components are recorded as COMPLETED (slurmdbd lags a little),
+    # which also says the batch script exited 0.
     deadline = time.monotonic() + 60
-    states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = _sacct_states(job_id)
         if states.get(f"{job_id}+0") == "COMPLETED" and states.get(f"{job_id}+1") == "COMPLETED":
