@@ -341,7 +341,9 @@ WATCHDOG = [
     "    # $1: the job ids of the het components, comma-separated.",
     "    local gone=0 seen=0 waited=0 steps rc",
     '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
-    f"        sleep {WATCHDOG_POLL_S}",
+    # The sleep's output goes nowhere: killed mid-sleep, the watchdog leaves the sleep
+    # behind for up to a poll, and it must not hold sbatch's (or a caller's) pipes open.
+    f"        sleep {WATCHDOG_POLL_S} </dev/null >/dev/null 2>&1",
     f"        waited=$((waited + {WATCHDOG_POLL_S}))",
     '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
     "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then seen=1; gone=0; continue; fi",
