@@ -81,6 +81,10 @@ def _print(p: object) -> None:
     if p.decision == "resize":
         console.print(f"resume this run with these sizes: hetrun resubmit {p.run_dir} --resize auto")
         console.print("or a new run: hetrun submit JOB.yaml " + " ".join(f"--set {o}" for o in p.overrides()))
+    elif any(new.mem_mb != now.mem_mb for now, new in zip(p.current, p.proposed, strict=True)):
+        # Ranks kept, but a rank measured more memory than its component asks for.
+        console.print("a new run with the memory raised: hetrun submit JOB.yaml "
+                      + " ".join(f"--set {o}" for o in p.overrides()))
 
 
 def proposal_lines(p: object) -> list[str]:

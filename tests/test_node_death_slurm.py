@@ -59,7 +59,12 @@ def _mark_down_once_ended(cluster: Any, job_id: str, node: str, timeout: float =
     from hetrun.slurm_plugin.rundir import wait_for
 
     def batch_ended() -> bool:
-        states = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False).stdout.split()
+        # Only Slurm's word counts: a squeue that failed (slurmctld busy) says nothing, and
+        # setting the node down while the job still runs would end the whole job.
+        out = cluster.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False)
+        if out.returncode != 0:
+            return "Invalid job id" in out.stderr
+        states = out.stdout.split()
         return "RUNNING" not in states and "PENDING" not in states
 
     assert wait_for(batch_ended, timeout, 0.5), cluster.run("squeue", "-j", job_id, check=False).stdout
@@ -116,14 +121,16 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         killed_at = time.time()
         assert cluster.kill_node(victim), victim
         _mark_down_once_ended(cluster, job_id.split(";")[0], victim)
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=120, poll_s=1)
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
         status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
                                 env={**os.environ, "COLUMNS": "220"})
         yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at, "final": final,
                "events": events(run_dir), "status": status}
     finally:
-        cluster.stop()  # kills every process of the cluster, the job's included
+        # SLURM_CONF back first: if stop() fails, the Slurm tests after this one (same
+        # worker) must still talk to the shared cluster, not this deleted one.
         os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
+        cluster.stop()  # kills every process of the cluster, the job's included
     if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):  # as shared_tmp (tests/conftest.py)
         shutil.rmtree(root, ignore_errors=True)
 

@@ -128,8 +128,10 @@ def describe(exc: BaseException, where: str) -> str:
     if is_server_error(exc):
         said = str(((getattr(exc, "response", None) or {}).get("Error") or {}).get("Message") or "").strip()
         status = http_status(exc)
-        return (f"{where}: the server answered {f'HTTP {status} ' if status else ''}{code}"
-                f"{': ' + said[:200] if said else ''}{after}")
+        # A body-less answer (HEAD) has only the status as its code: not said twice.
+        shown = "" if code == str(status) else code
+        return (f"{where}: the server answered {f'HTTP {status} ' if status else ''}{shown}".rstrip()
+                + f"{': ' + said[:200] if said else ''}{after}")
     if name in ("NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"):
         return f"{where}: no S3 credentials ({exc})"
     if code in ("NoSuchBucket",):
