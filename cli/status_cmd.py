@@ -129,7 +129,19 @@ def show_status(runs: list[str] | None, runs_dir: Path | None, last: int, as_jso
 
         typer.echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
     else:
-        _print_table(chosen, query(chosen))
+        import threading
+
+        # The scheduler's answer (squeue, then sacct for jobs that left it: ~0.1 s, nearly
+        # all of it waiting) comes in on a thread while this one reads the run directories
+        # and imports the table's modules.
+        got: dict = {}
+        asking = threading.Thread(target=lambda: got.update(results=query(chosen)), daemon=True)
+        asking.start()
+        local = _local_details(chosen)
+        asking.join()
+        if "results" not in got:  # the query raised on its thread: ask again here, so it raises here
+            got["results"] = query(chosen)
+        _print_table(chosen, got["results"], local)
     if failures:
         raise failures[-1]
 
@@ -217,14 +229,23 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
     return out
 
 
-def _print_table(chosen: list, results: dict) -> None:
+def _local_details(chosen: list) -> dict:
+    """What the table shows from the run directories alone (placements; attempt counts, work
+    lost, the newest failure), keyed by run directory; also imports the table's modules."""
     from hetrun.reports.attempts import status_details
+    from rich.console import Console  # noqa: F401  (imported here, while squeue answers)
+    from rich.table import Table  # noqa: F401
+
+    return {run.run_dir: ({} if _never_placed(run.run_dir) else _placements(_placement_section(run.run_dir)),
+                          status_details(run.run_dir)) for run in chosen}
+
+
+def _print_table(chosen: list, results: dict, local: dict) -> None:
     from hetrun.reports.placement import FIXED_TEXT
     from rich.console import Console
     from rich.table import Table
 
-    placed = {run.run_dir: {} if _never_placed(run.run_dir) else _placements(_placement_section(run.run_dir))
-              for run in chosen}
+    placed = {run_dir: cells for run_dir, (cells, _) in local.items()}
     # The column only where some component was placed by hetrun: "fixed (from the YAML)" on
     # every row says nothing and takes the width the failure reasons need.
     show_placement = any(text != FIXED_TEXT for cells in placed.values() for text in cells.values())
@@ -237,7 +258,7 @@ def _print_table(chosen: list, results: dict) -> None:
         st = results[run.run_dir]
         # Whole-run figures on the run's first line, from the same functions as
         # `hetrun report` (report_attempts), so the two commands agree.
-        counts, lost, failed = status_details(run.run_dir)
+        counts, lost, failed = local[run.run_dir][1]
         for i, comp in enumerate(st.components):
             first = i == 0
             where = [placed[run.run_dir].get(comp.name, "-")] if show_placement else []
