@@ -103,6 +103,10 @@ class NodeCluster(SecondCluster):
             state = self.run("sinfo", "-h", "-n", node, "-o", "%T", check=False).stdout.strip()
             if state.rstrip("*") in ("idle", "mixed", "allocated"):
                 return
+            if state.startswith("completing"):
+                # A killed node's old job stays COMPLETING until SlurmdTimeout (no slurmd confirmed
+                # its end): DOWN ends that, as Slurm itself would, and then resume takes.
+                self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=revive", check=False)
             self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
             time.sleep(1)
         raise AssertionError(f"{node} not back after {timeout} s: {state}")
