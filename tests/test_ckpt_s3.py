@@ -425,6 +425,23 @@ def test_server_down_at_restore_falls_back_and_says_so(own_s3: Any, tmp_path: Pa
         srv.restart()
 
 
+def _relay(handler: http.server.BaseHTTPRequestHandler, upstream: tuple[str, int], body: bytes) -> None:
+    """Forward ``handler``'s request to weed at ``upstream`` and its answer back (no body for HEAD)."""
+    conn = http.client.HTTPConnection(*upstream, timeout=30)
+    conn.request(handler.command, handler.path, body=body, headers=dict(handler.headers))
+    resp = conn.getresponse()
+    data = resp.read()
+    handler.send_response(resp.status)
+    for k, v in resp.getheaders():
+        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(data)
+    conn.close()
+
+
 class _Throttler(http.server.BaseHTTPRequestHandler):
     """A real HTTP hop in front of weed answering 503 SlowDown to every other PUT
     at first (S3's throttling answer), forwarding everything else."""
@@ -452,18 +469,7 @@ class _Throttler(http.server.BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(msg)
                 return
-        conn = http.client.HTTPConnection(*_Throttler.upstream, timeout=30)
-        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-        resp = conn.getresponse()
-        data = resp.read()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        conn.close()
+        _relay(self, _Throttler.upstream, body)
 
     do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
 
@@ -517,19 +523,7 @@ class _Failing(http.server.BaseHTTPRequestHandler):
             if self.command != "HEAD":
                 self.wfile.write(msg)
             return
-        conn = http.client.HTTPConnection(*srv.upstream, timeout=30)
-        conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-        resp = conn.getresponse()
-        data = resp.read()
-        self.send_response(resp.status)
-        for k, v in resp.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-        conn.close()
+        _relay(self, srv.upstream, body)
 
     do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
 
