@@ -135,12 +135,19 @@ def show_status(runs: list[str] | None, runs_dir: Path | None, last: int, as_jso
         # all of it waiting) comes in on a thread while this one reads the run directories
         # and imports the table's modules.
         got: dict = {}
-        asking = threading.Thread(target=lambda: got.update(results=query(chosen)), daemon=True)
+
+        def ask() -> None:
+            try:
+                got["results"] = query(chosen)
+            except BaseException as exc:  # raised again on this thread below
+                got["error"] = exc
+
+        asking = threading.Thread(target=ask, daemon=True)
         asking.start()
         local = _local_details(chosen)
         asking.join()
-        if "results" not in got:  # the query raised on its thread: ask again here, so it raises here
-            got["results"] = query(chosen)
+        if "error" in got:
+            raise got["error"]
         _print_table(chosen, got["results"], local)
     if failures:
         raise failures[-1]
