@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrun.rundir import read_events
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -132,7 +134,7 @@ def bench_save(params: float, saves: int, work_dir: Path, kind: str = "mlp") -> 
         stalls.append(run.save(i, state)["stall_s"])
         step()  # the next save is incremental against this one
     run.close()  # waits for the last write
-    evs = [json.loads(x) for x in (work_dir / "api" / "events.jsonl").read_text().splitlines()]
+    evs = list(read_events(work_dir / "api"))
     res["api"] = {"stall_s": stalls, "first_stall_s": stalls[0],
                   "median_incremental_stall_s": statistics.median(stalls[1:]),
                   "bytes_on_disk": _du(work_dir / "api" / "ckpt"),

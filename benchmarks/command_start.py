@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrun.rundir import read_events
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "ddp_train_hetrun.py"
 RESULTS = ROOT / "benchmarks" / "results"
@@ -32,8 +34,7 @@ STEPS = 3
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+    return list(read_events(run_dir))
 
 
 def _first_step_end(evs: list[dict[str, Any]]) -> float:

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetrun import rundir
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"ppo": "ppo_cartpole.yaml", "moe": "moe_lm.yaml"}
 
@@ -53,13 +55,7 @@ def run_job(example: str, runs: Path, iterations: int, interval: int) -> Path:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return list(rundir.read_events(run_dir))
 
 
 def steady_rate(evs: list[dict[str, Any]]) -> float:

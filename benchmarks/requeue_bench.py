@@ -28,7 +28,6 @@ hetrun's post-mortem), the side-by-side peer.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import statistics
@@ -38,6 +37,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from hetrun.rundir import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "requeue.json"
@@ -66,13 +67,7 @@ def sh(argv: list[str], check: bool = True) -> str:
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
-    out = []
-    path = run_dir / "events.jsonl"
-    if path.exists():
-        for line in path.read_bytes().splitlines():
-            with contextlib.suppress(ValueError):  # a line being written
-                out.append(json.loads(line))
-    return out
+    return list(read_events(run_dir))  # a line still being written is left for the next poll
 
 
 def wait_for(pred: Any, timeout: float, what: str, poll: float = 0.5) -> Any:

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetrun.runtime.events import EVENTS_FILE
 from hetrun.runtime.plan_view import load_plan
 
 from hetrun.errors import HetrunError
+from hetrun.rundir import events_after
 
 from .attempts import AttemptCounts, count_attempts
 from .ckpt import store_root
-from .reader import event_time, parse_line
+from .reader import event_time
 from .throughput import ThroughputMeter
 
 
@@ -63,24 +63,10 @@ class LiveRun:
 
     def poll(self) -> bool:
         """Read what was appended; True when something new arrived."""
-        try:
-            with (self.run_dir / EVENTS_FILE).open("rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except OSError:
-            return False
-        end = data.rfind(b"\n")
-        if end < 0:
-            return False
-        self.offset += end + 1
-        for raw in data[: end + 1].splitlines():
-            try:
-                e = parse_line(raw)
-            except ValueError:
-                continue
-            if isinstance(e, dict):
-                self._feed(e)
-        return True
+        records, self.offset = events_after(self.run_dir, self.offset)
+        for e in records:
+            self._feed(e)
+        return bool(records)
 
     def _feed(self, e: dict[str, Any]) -> None:
         self.meter.feed(e)

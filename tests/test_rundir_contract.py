@@ -31,6 +31,29 @@ def test_every_writer_dates_its_line_with_time_and_old_t_lines_still_read(tmp_pa
     assert list(rundir.read_events(tmp_path / "none")) == []
 
 
+def test_one_reader_counts_what_it_skips_and_follows_a_growing_file(tmp_path: Path) -> None:
+    with rundir.EventLog(tmp_path, rank=0) as log:
+        log.emit("start")
+        log.emit("action", id="a")
+    with (tmp_path / rundir.EVENTS).open("a") as fh:  # a corrupt line, an old `t` line, a torn one
+        fh.write("not json\n" + json.dumps({"ev": "restore", "t": 3.0}) + "\n" + '{"ev": "exit", "ti')
+    for kinds in (None, ("restore", "start")):
+        stream = rundir.EventStream(tmp_path, kinds)
+        got = list(stream)
+        assert [e["ev"] for e in got] == (["start", "action", "restore"] if kinds is None else ["start", "restore"])
+        assert got[-1]["time"] == 3.0 and stream.lines == 5
+        assert stream.skipped == (2 if kinds is None else 1)  # a kinds scan never parses the corrupt line
+
+    records, offset = rundir.events_after(tmp_path, 0)
+    assert [e["ev"] for e in records] == ["start", "action", "restore"] and records[-1]["time"] == 3.0
+    with (tmp_path / rundir.EVENTS).open("a") as fh:  # the torn line completes, one more begins
+        fh.write('me": 4.0}\n{"ev": "sam')
+    records, offset = rundir.events_after(tmp_path, offset)
+    assert [e["ev"] for e in records] == ["exit"]
+    assert rundir.events_after(tmp_path, offset) == ([], offset)
+    assert rundir.events_after(tmp_path / "none", 0) == ([], 0)
+
+
 @pytest.mark.parametrize("every", [1, 2, 3, 7])
 def test_the_every_n_rule(every: int) -> None:
     runs = [i for i in range(30) if rundir.runs_at(every, i)]
