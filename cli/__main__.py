@@ -1,3 +1,3 @@
-from hetrun.cli.app import main
+from hetrun.cli.entry import main
 
 main()

@@ -5,19 +5,16 @@ Modules import only typer at the top; anything heavy (torch, mpi4py, the
 Slurm backends) is imported inside the command that needs it, so
 ``hetrun --help`` and ``hetrun status`` start fast.
 
-Library code raises ``HetrunError``; this module is the one place that turns
-it into a message on stderr and an exit code. No tracebacks for user errors.
+Library code raises ``HetrunError``; the console script (cli/entry.py) is the
+one place that turns it into a message on stderr and an exit code. No
+tracebacks for user errors.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 import typer
-
-from hetrun.errors import HetrunError
 
 app = typer.Typer(
     name="hetrun",
@@ -67,34 +64,8 @@ for _name in _COMMAND_MODULES:
     importlib.import_module(f"hetrun.cli.{_name}").register(app)
 
 
-def print_error(exc: HetrunError) -> None:
-    # Plain stderr write: rich is not needed for one line and costs start-up time.
-    sys.stderr.write(f"hetrun: error: {exc}\n")
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        if args[:1] == ["status"]:  # the plain forms skip Typer's start-up (cli/status_cmd.py: fast_args)
-            from hetrun.cli.status_cmd import fast_args, show_status
+    """The Typer application with hetrun's error handling (``hetrun.cli.entry.main``)."""
+    from hetrun.cli.entry import main as entry_main
 
-            parsed = fast_args(args[1:])
-            if parsed is not None:
-                show_status(**parsed)
-                return
-        app(args=argv, prog_name="hetrun", standalone_mode=True)
-    except HetrunError as exc:
-        print_error(exc)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("hetrun: interrupted\n")
-        sys.exit(130)
-    except BrokenPipeError:
-        # `hetrun plan ... | head` closes the pipe early; that is not an error.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
+    entry_main(argv)

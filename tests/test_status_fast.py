@@ -12,19 +12,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from hetrun.cli.status_cmd import fast_args
+from hetrun.cli.status_show import fast_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from status_scale import make_runs, shim  # the benchmark's runs: one home for their shape
 
 PROBE = """
 import sys
-from hetrun.cli.app import main
+from hetrun.cli.entry import main
 try:
     main({argv!r})
 except SystemExit:
     pass
-print("PYDANTIC=" + str("pydantic" in sys.modules))
+print("PYDANTIC=" + str("pydantic" in sys.modules) + " TYPER=" + str("typer" in sys.modules))
 """
 
 
@@ -53,9 +53,9 @@ def test_status_of_100_runs_one_squeue_no_pydantic_same_as_typer(slurm_cluster, 
 
     fast = run(["status", "--json"])
     assert sorted(log.read_text().split()) == ["sacct", "squeue"]  # one each, for 20 runs
-    assert "PYDANTIC=False" in fast
+    assert "PYDANTIC=False TYPER=False" in fast  # the console script's fast path: neither imported
     typer_path = run(["status", "--json", "--interval", "2"])  # --interval: only Typer parses it
-    assert "PYDANTIC=True" in typer_path
+    assert "PYDANTIC=True TYPER=True" in typer_path
     doc = json.loads(fast.rsplit("PYDANTIC", 1)[0])
     assert doc == json.loads(typer_path.rsplit("PYDANTIC", 1)[0]) and len(doc) == 20
     assert doc[0]["counts"]["preemptions"] == 1 and doc[0]["work_lost"] == 9

@@ -1,0 +1,264 @@
+"""The body of `hetrun status`, without Typer: the console script's fast path calls it
+directly for the plain forms (``fast_args``), the Typer command (cli/status_cmd.py) for the rest.
+
+One squeue call answers for every Slurm run (sacct once more for runs that
+have left squeue). Imports neither torch, mpi4py, Typer nor pydantic; rich only
+inside, while the scheduler answers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def _echo(text: str) -> None:
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
+
+
+def _elapsed(seconds: int | None) -> str:
+    if seconds is None:
+        return "-"
+    days, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{days}-{h:02d}:{m:02d}:{s:02d}" if days else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _restarts_text(from_events: int, from_scheduler: int) -> str:
+    """Restarts the runtime saw; the scheduler's count beside it only when it is higher
+    (an attempt requeued before any rank started leaves no event)."""
+    if from_scheduler > from_events:
+        return f"{from_events} (scheduler: {from_scheduler})"
+    return str(from_events)
+
+
+def _reason(comp, failure, first: bool, names: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """On an ended component, why the newest attempt failed (the failing rank and its own
+    error line, from the post-mortem; the scheduler's NonZeroExitCode says less), never a
+    bare FAILED: on the failing component's row, or on the first row when no component is
+    named. Otherwise the scheduler's reason."""
+    from hetrun.slurm_plugin.backends.base import ACTIVE_STATES
+
+    if failure is None or comp.state in ACTIVE_STATES:
+        return comp.reason or ""
+    mine = failure.component == comp.name or (first and failure.component not in names)
+    return failure.text if mine else comp.reason or ""
+
+
+def fast_args(argv: list[str]) -> dict | None:
+    """``hetrun status`` arguments parsed without Typer (whose parameter coercion imports
+    pydantic and builds every command: over a second of a status that should answer in
+    squeue's time), for the plain forms: RUN..., --runs-dir DIR, -n/--last N, --json. None for
+    anything else (--watch, --help, a bad value...): Typer parses those, with its messages."""
+    out: dict = {"runs": [], "runs_dir": None, "last": 20, "as_json": False}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        key, eq, value = word.partition("=")
+        if word == "--json":
+            out["as_json"] = True
+        elif key in ("--runs-dir", "--last", "-n") and (eq or i + 1 < len(argv)):
+            if not eq:
+                i += 1
+                value = argv[i]
+            if key == "--runs-dir":
+                out["runs_dir"] = Path(value)
+            elif value.lstrip("-").isdigit():
+                out["last"] = int(value)
+            else:
+                return None
+        elif word.startswith("-") or not word:
+            return None
+        else:
+            out["runs"].append(word)
+        i += 1
+    return out
+
+
+def show_status(runs: list[str] | None, runs_dir: Path | None, last: int, as_json: bool, *,
+                watch: bool = False, interval: float = 2.0) -> None:
+    """The body of `hetrun status` (its Typer command and ``fast_args``' path both call it)."""
+    from hetrun.slurm_plugin.rundir import find_run, list_runs, runs_root
+
+    root = runs_root(runs_dir)
+    chosen = [find_run(ref, root) for ref in runs] if runs else list_runs(root)
+    if not runs and last > 0:
+        chosen = chosen[-last:]
+    if not chosen:
+        _echo("[]" if as_json else f"no runs under {root}")
+        return
+    failures: list = []
+
+    def query(runs: list) -> dict:
+        return _query(runs, failures)
+
+    if watch:
+        from hetrun.cli.status_watch import watch as live_watch
+
+        live_watch(chosen, query, interval, sys.stdout.isatty(), _echo)
+        return
+    if as_json:
+        import json
+
+        _echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
+    else:
+        import threading
+
+        # The scheduler's answer (squeue, then sacct for jobs that left it: ~0.1 s, nearly
+        # all of it waiting) comes in on a thread while this one reads the run directories
+        # and imports the table's modules.
+        got: dict = {}
+
+        def ask() -> None:
+            try:
+                got["results"] = query(chosen)
+            except BaseException as exc:  # raised again on this thread below
+                got["error"] = exc
+
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        local = _local_details(chosen)
+        asking.join()
+        if "error" in got:
+            raise got["error"]
+        _print_table(chosen, got["results"], local)
+    if failures:
+        raise failures[-1]
+
+
+def _query(runs: list, failures: list) -> dict:
+    """One status call per backend for all its runs (one squeue for every Slurm run)."""
+    from hetrun.slurm_plugin.backends import get_backend, resolve_name
+    from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+
+    from hetrun.errors import HetrunError
+
+    by_backend: dict[str, list] = {}
+    for run in runs:
+        by_backend.setdefault(resolve_name(run.backend), []).append(run)
+    results = {}
+    for name, group in by_backend.items():
+        try:
+            results.update(get_backend(name).status(group))
+        except HetrunError as exc:
+            # One unreachable backend must not hide the runs of the others.
+            failures.append(exc)
+            reason = str(exc).splitlines()[0][:80]
+            for run in group:
+                results[run.run_dir] = RunStatus(
+                    run, [ComponentStatus(c, "ERROR", reason=reason) for c in run.components], name)
+    return results
+
+
+def _never_placed(run_dir: str) -> bool:
+    """No component of the run was ever placed by hetrun: its job.yaml names no placement, its
+    plan.json records no choice and no resume replaced the plan (then every cell would read
+    "fixed (from the YAML)": the table skips the YAML parse, the slow part of a status)."""
+    from hetrun.reports.placement import archived_plans
+    from hetrun.slurm_plugin.rundir import JOB_YAML, PLAN_JSON
+
+    try:
+        job = (Path(run_dir) / JOB_YAML).read_bytes()
+        plan = (Path(run_dir) / PLAN_JSON).read_bytes()
+    except OSError:
+        return False
+    return b"placement" not in job and b'"placement"' not in plan and not archived_plans(Path(run_dir))
+
+
+def _placement_section(run_dir: str) -> dict | None:
+    """The report's placement section (reports/placement.py) without sacct; None: no plan.json."""
+    from hetrun.reports.placement import placement_section
+    from hetrun.runtime.plan_view import load_plan
+
+    from hetrun.errors import RunDirError
+
+    try:
+        plan = load_plan(run_dir, validate=False).raw
+    except RunDirError:
+        return None
+    return placement_section(Path(run_dir), plan)
+
+
+def _placements(section: dict | None) -> dict[str, str]:
+    """Component -> where it is placed (and where it was before a resume moved it), from a run's
+    placement section; the details (score, start estimate, the candidates that lost) are in `hetrun report`."""
+    from hetrun.reports.placement import newest_by_component
+
+    return newest_by_component(section) if section else {}
+
+
+def _json_doc(chosen: list, results: dict) -> list[dict]:
+    """`hetrun status --json`: a record per run; each component with the scheduler's view and its
+    newest placement (a row of `hetrun report --json`'s placement section, or null)."""
+    from dataclasses import asdict
+
+    from hetrun.reports.attempts import counts_dict, status_details
+
+    out = []
+    for run in chosen:
+        st = results[run.run_dir]
+        counts, lost, failed = status_details(run.run_dir)
+        section = _placement_section(run.run_dir)
+        rows = {r["component"]: r for r in section["attempts"][-1]["components"]} if section else {}
+        cells = _placements(section)
+        out.append({"run": Path(run.run_dir).name, "run_dir": run.run_dir, "backend": run.backend,
+                    "job_id": run.job_id, "state": st.state, "counts": counts_dict(counts), "work_lost": lost,
+                    "failure": failed.text if failed else None,
+                    "components": [{**asdict(c), "placement": rows.get(c.name), "placement_text": cells.get(c.name)}
+                                   for c in st.components]})
+    return out
+
+
+def _local_details(chosen: list) -> dict:
+    """What the table shows from the run directories alone (placements; attempt counts, work
+    lost, the newest failure), keyed by run directory; also imports the table's modules."""
+    from hetrun.reports.attempts import status_details
+    from rich.console import Console  # noqa: F401  (imported here, while squeue answers)
+    from rich.table import Table  # noqa: F401
+
+    return {run.run_dir: ({} if _never_placed(run.run_dir) else _placements(_placement_section(run.run_dir)),
+                          status_details(run.run_dir)) for run in chosen}
+
+
+def _print_table(chosen: list, results: dict, local: dict) -> None:
+    from hetrun.reports.placement import FIXED_TEXT
+    from rich.console import Console
+    from rich.table import Table
+
+    placed = {run_dir: cells for run_dir, (cells, _) in local.items()}
+    # The column only where some component was placed by hetrun: "fixed (from the YAML)" on
+    # every row says nothing and takes the width the failure reasons need.
+    show_placement = any(text != FIXED_TEXT for cells in placed.values() for text in cells.values())
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("RUN", "BACKEND", "JOBID", "COMPONENT", "STATE", "NODES", "PLACEMENT", "ELAPSED", "RESTARTS",
+                "PREEMPT", "FAILED", "WORK LOST", "REASON"):
+        if col != "PLACEMENT" or show_placement:
+            table.add_column(col, no_wrap=col in ("RUN", "JOBID", "STATE"))
+    for run in chosen:
+        st = results[run.run_dir]
+        # Whole-run figures on the run's first line, from the same functions as
+        # `hetrun report` (report_attempts), so the two commands agree.
+        counts, lost, failed = local[run.run_dir][1]
+        for i, comp in enumerate(st.components):
+            first = i == 0
+            where = [placed[run.run_dir].get(comp.name, "-")] if show_placement else []
+            table.add_row(
+                Path(run.run_dir).name if first else "",
+                run.backend if first else "",
+                comp.job_id or run.job_id or "-",
+                comp.name, comp.state, comp.nodes or "-", *where, _elapsed(comp.elapsed_s),
+                _restarts_text(counts.restarts, comp.restarts) if first else "",
+                str(counts.preemptions) if first else "",
+                str(counts.failures) if first else "",
+                ("-" if lost is None else str(lost)) if first else "",
+                _reason(comp, failed, first, [c.name for c in st.components]),
+            )
+    console = Console(width=200 if not Console().is_terminal else None)
+    console.print(table)
+    from hetrun.reports.node_failures import node_failure_lines
+
+    for run in chosen:  # node failures recovered inside the allocation (spare_nodes): what, where from
+        for line in node_failure_lines(run.run_dir):
+            console.print(f"{Path(run.run_dir).name}: {line}", markup=False, highlight=False)
