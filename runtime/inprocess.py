@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.errors import HetrunError, RuntimeFailure
+from hetrun.rundir import PLAN_JSON
 
 from .api.run import save_state
 from .context import RankContext
@@ -75,7 +76,7 @@ def run_inprocess(
     if isinstance(plan_or_run_dir, PlanView):
         plan = plan_or_run_dir
     elif isinstance(plan_or_run_dir, dict):
-        plan = plan_from_dict(plan_or_run_dir, Path(run_dir or ".") / "plan.json")
+        plan = plan_from_dict(plan_or_run_dir, Path(run_dir or ".") / PLAN_JSON)
     else:
         run_dir = run_dir or plan_or_run_dir
         plan = load_plan(plan_or_run_dir)
