@@ -13,7 +13,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from hetrun.cli.spec_options import (
@@ -32,7 +32,7 @@ from hetrun.cli.spec_options import (
 
 if TYPE_CHECKING:
     from hetrun.dag.action import NodeCapacity
-    from hetrun.dag.plan import PlanBuild
+    from hetrun.dag.plan import Plan, PlanBuild, PlanDep
     from hetrun.dag.spec import JobSpec
     from rich.console import Console
 
@@ -73,16 +73,16 @@ def _capacities(spec: JobSpec, mode: str, job: Path) -> tuple[list[NodeCapacity]
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
-def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[dict[str, Any], list[str]]:
+def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[Plan, list[str]]:
     """plan.json as ``hetrun submit`` would write it: the ``placement: auto`` components (every
     one with ``--fit``) placed against the pool by submit's own fit step (``placement_fit.place``),
     when a controller answers; otherwise unplaced, and notes saying which and why."""
     from hetrun.slurm_plugin.placement_fit import auto_components, place
 
-    plan_d = json.loads(build.plan.to_json())
+    plan = build.plan
     names = auto_components(spec, fit)
     if not names:
-        return plan_d, []
+        return plan, []
     from hetrun.slurm_plugin.backends import choose_auto, get_backend
 
     from hetrun.errors import SlurmError
@@ -91,25 +91,24 @@ def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[dict[str, 
     why = probe.reason
     if probe.name == "sbatch":
         try:
-            place(spec, plan_d, get_backend("sbatch"), fit_all=fit)
-            return plan_d, []
+            return place(spec, plan, get_backend("sbatch"), fit_all=fit), []
         except SlurmError as exc:  # the controller answered the probe but not the pool's queries
             why = str(exc).splitlines()[0]
-    return plan_d, [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not placed in this script "
+    return plan, [f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} not placed in this script "
                     f"(their het blocks show the YAML's partition and an untyped GPU request): {why}",
                     "hetrun submit places them against the pool of the moment (and refuses them when "
                     "no controller answers)"]
 
 
-def _render_script(plan_d: dict[str, Any], spec: JobSpec, runs_dir: Path | None) -> tuple[str, str]:
+def _render_script(plan: Plan, spec: JobSpec, runs_dir: Path | None) -> tuple[str, str]:
     from hetrun.slurm_plugin.render import render_sbatch
     from hetrun.slurm_plugin.rundir import new_run_name, runs_root
 
     run_dir = runs_root(runs_dir).resolve() / new_run_name(spec.name)
-    return render_sbatch(plan_d, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
+    return render_sbatch(plan, spec, run_dir), f"run directory (created by hetrun submit): {run_dir}"
 
 
-def _deps_text(deps: list[Any]) -> str:
+def _deps_text(deps: list[PlanDep]) -> str:
     parts = []
     for d in deps:
         text = d.id if d.lag == 0 else f"{d.id}@-{d.lag}"
@@ -258,11 +257,11 @@ def register(app: typer.Typer) -> None:
             preflight(spec.checkpoint.object_store, str(job))
         caps, cap_source = _capacities(spec, capacity, job)
         build = build_plan_explained(spec, capacities=caps)
-        plan_d, unplaced = _placed_plan(build, spec, fit)
+        placed, unplaced = _placed_plan(build, spec, fit)
         if as_json:  # plan.json as submit writes it (the placement choices in it)
             for note in unplaced:
                 sys.stderr.write(f"hetrun: {note}\n")
-            sys.stdout.write(json.dumps(plan_d, indent=2) + "\n")
+            sys.stdout.write(placed.to_json())
             return
         from rich.console import Console
 
@@ -284,9 +283,9 @@ def register(app: typer.Typer) -> None:
                 console.print(line, markup=False)
         from hetrun.cli.submit_cmd import placement_lines
 
-        for line in placement_lines(plan_d) + [f"note: {n}" for n in unplaced]:
+        for line in placement_lines(placed) + [f"note: {n}" for n in unplaced]:
             console.print(line, markup=False)
-        script, note = _render_script(plan_d, spec, runs_dir)
+        script, note = _render_script(placed, spec, runs_dir)
         console.print(f"[bold]sbatch script[/bold] ({note})")
         console.file.flush()
         # Written raw: the script must come out byte for byte, never re-wrapped by rich.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from hetrun.cli.spec_options import (
@@ -20,6 +20,12 @@ from hetrun.cli.spec_options import (
     TimeOpt,
     overrides_from,
 )
+
+if TYPE_CHECKING:
+    from hetrun.dag.overrides import Overrides
+    from hetrun.dag.plan import Plan
+    from hetrun.slurm_plugin.resume_run import ResumePlan
+    from hetrun.slurm_plugin.rundir import RunInfo
 
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="Run directory, run name (prefix) or job id.")]
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
@@ -65,7 +71,7 @@ def register(app: typer.Typer) -> None:
         _run(run, runs_dir, ov, sizes, backend, dry_run, wait)
 
 
-def _find(ref: str, runs_dir: Path | None) -> Any:
+def _find(ref: str, runs_dir: Path | None) -> RunInfo:
     from hetrun.slurm_plugin.rundir import find_run, runs_root
 
     return find_run(ref, runs_root(runs_dir))
@@ -86,34 +92,34 @@ def _auto_sizes(run_dir: Path) -> tuple[dict[str, int], list[str]]:
     return sizes, [f"components.{c.name}.mem={c.mem_mb}M" for c in proposal.proposed]
 
 
-def _changes(run_dir: Path, rp: Any) -> str:
+def _changes(run_dir: Path, rp: ResumePlan) -> str:
     """What the new job changes in the components: ranks and memory, old -> new."""
     from hetrun.runtime.plan_view import load_plan
 
     old = {c["name"]: c for c in load_plan(run_dir, validate=False).raw.get("components", [])}
     out = [f"{c}: {a} -> {b} ranks" for c, (a, b) in rp.resized.items()]
-    for comp in rp.plan["components"]:
-        before = (old.get(comp["name"]) or {}).get("mem_mb")
-        if before is not None and before != comp["mem_mb"]:
-            out.append(f"{comp['name']}: mem {before}M -> {comp['mem_mb']}M")
+    for comp in rp.plan.components:
+        before = (old.get(comp.name) or {}).get("mem_mb")
+        if before is not None and before != comp.mem_mb:
+            out.append(f"{comp.name}: mem {before}M -> {comp.mem_mb}M")
     return "; ".join(out)
 
 
-def _newest_step(run_dir: Path, plan: dict[str, Any]) -> int | None:
+def _newest_step(run_dir: Path, plan: Plan) -> int | None:
     """The newest checkpoint step every component holds (what the ranks will restore)."""
     from hetrun.runtime.ckpt import open_store
     from hetrun.runtime.plan_view import checkpoint_root
 
-    root = checkpoint_root(run_dir, (plan.get("checkpoint") or {}).get("directory"))
+    root = checkpoint_root(run_dir, plan.checkpoint.directory)
     common: set[int] | None = None
-    for comp in plan["components"]:
-        path = root / str(comp["name"])
+    for comp in plan.components:
+        path = root / comp.name
         steps = set(open_store(path).steps()) if path.is_dir() else set()
         common = steps if common is None else common & steps
     return max(common) if common else None
 
 
-def _run(ref: str, runs_dir: Path | None, overrides: Any, sizes: dict[str, int] | None, backend: str | None,
+def _run(ref: str, runs_dir: Path | None, overrides: Overrides, sizes: dict[str, int] | None, backend: str | None,
          dry_run: bool, wait: bool) -> None:
     from hetrun.slurm_plugin import resume_run
 

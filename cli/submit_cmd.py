@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from hetrun.cli.spec_options import (
@@ -27,6 +27,13 @@ from hetrun.cli.spec_options import (
     load_job,
     overrides_from,
 )
+
+if TYPE_CHECKING:
+    from hetrun.dag.overrides import Overrides
+    from hetrun.dag.plan import Plan
+    from hetrun.dag.spec import JobSpec
+    from hetrun.slurm_plugin.rundir import RunInfo
+    from hetrun.slurm_plugin.submit import SubmitResult
 
 BackendOpt = Annotated[str, typer.Option(
     "--backend", "-b",
@@ -100,7 +107,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int | None,
-                  overrides: Any) -> tuple[Any, Path]:
+                  overrides: Overrides) -> tuple[JobSpec, Path]:
     """The job spec, and the directory its ranks run in (the YAML's, or where a script was submitted)."""
     from hetrun.dag.script_job import is_script, script_spec
 
@@ -117,28 +124,29 @@ def _spec_and_dir(job: Path, script_args: list[str] | None, tasks_per_node: int 
     return load_job(job, overrides), Path(job).parent
 
 
-def placement_lines(plan: Any, spec: Any = None) -> list[str]:
+def placement_lines(plan: Plan | None, spec: JobSpec | None = None) -> list[str]:
     """One line per placed component: where it goes and why (the words `hetrun report` uses).
     With ``spec``, its ``placement:`` says the mode (a fixed one placed only because of ``--fit``
     reads "by --fit"); without, a recorded ranked list says ranked, else auto."""
     from hetrun.reports.placement import component_row, row_lines
 
     modes = {n: c.placement for n, c in spec.components.items()} if spec is not None else {}
-    return [row_lines(component_row(comp, modes.get(comp.get("name"))
-                                    or ("ranked" if comp["placement"].get("ranked") else "auto"), None))[0]
-            for comp in (plan or {}).get("components", []) if comp.get("placement")]
+    return [row_lines(component_row(comp.model_dump(mode="json"), modes.get(comp.name)
+                                    or ("ranked" if comp.placement.ranked else "auto"), None))[0]
+            for comp in (plan.components if plan is not None else []) if comp.placement is not None]
 
 
-def print_placement(plan: Any, spec: Any = None) -> None:
+def print_placement(plan: Plan | None, spec: JobSpec | None = None) -> None:
     """Where each placed component goes and why (stderr: a dry run's stdout is the script)."""
     for line in placement_lines(plan, spec):
         sys.stderr.write(f"hetrun: {line}\n")
 
 
-def _print_dry_run(result: Any) -> None:
+def _print_dry_run(result: SubmitResult) -> None:
     import shlex
 
     dr = result.dry_run
+    assert dr is not None
     typer.echo(result.script, nl=False)
     sys.stderr.write(f"hetrun: dry run ({dr.backend}); would run: {shlex.join(dr.command)}\n")
     for note in dr.notes:
@@ -146,7 +154,7 @@ def _print_dry_run(result: Any) -> None:
     sys.stderr.write(f"hetrun: nothing was written; the run directory would be {result.run.run_dir}\n")
 
 
-def _wait(run: Any, wait_timeout: float | None) -> None:
+def _wait(run: RunInfo, wait_timeout: float | None) -> None:
     """Wait for the end; never a bare FAILED: the failing rank and its own error line."""
     from hetrun.slurm_plugin.backends.base import RunStatus
     from hetrun.slurm_plugin.submit import backend_for, wait_for_end

@@ -20,9 +20,9 @@ pool is unavailable and shows the derived needs only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hetrun.dag.needs import ComponentNeed, component_needs
 from hetrun.dag.spec import PLACED_MODES
@@ -42,6 +42,12 @@ from .placement import (
 from .pool import PoolSnapshot, Runner, collect
 from .quota import Quotas, label, read_quotas
 from .quota import check as check_quota
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import ComponentPlan, PlacementChoice, Plan
+    from hetrun.dag.spec import JobSpec
+
+    from .backends.base import Backend
 
 # A candidate over a quota with what runs now, where no candidate is inside the quotas:
 # below any candidate that fits now, so it wins only among candidates that all wait.
@@ -145,26 +151,25 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
     return {n: fits[n] for n in placed}
 
 
-def _snapshot(run: Runner | None, spec: Any, hours: float = 6.0) -> tuple[PoolSnapshot | None, Quotas | None,
+def _snapshot(run: Runner | None, spec: JobSpec, hours: float = 6.0) -> tuple[PoolSnapshot | None, Quotas | None,
                                                                            str | None]:
     """The pool and the submitter's quotas (account / QOS as the job's slurm: section names them)."""
     try:
         snap = collect(run, hours=hours)
     except SlurmError as exc:
         return None, None, str(exc).splitlines()[0]
-    slurm = getattr(spec, "slurm", None)
-    quotas = read_quotas(run or _default_runner, snap.running_use, account=getattr(slurm, "account", None),
-                         qos=getattr(slurm, "qos", None))
+    quotas = read_quotas(run or _default_runner, snap.running_use, account=spec.slurm.account,
+                         qos=spec.slurm.qos)
     return snap, quotas, None
 
 
-def _default_runner(argv: Any) -> str:
+def _default_runner(argv: Sequence[str]) -> str:
     from .backends.slurm_cli import run_slurm
 
     return run_slurm(list(argv)).stdout
 
 
-def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[str]], str] | None = None,
+def explain(spec: JobSpec, *, run: Runner | None = None, test_only: Callable[[list[str]], str] | None = None,
             hours: float = 6.0) -> FitReport:
     """Every component's needs and, when a cluster answers, its candidates (``hours``: the
     pool's failure-history window)."""
@@ -183,11 +188,11 @@ def explain(spec: Any, *, run: Runner | None = None, test_only: Callable[[list[s
     return FitReport(fits, snap.taken_at, quotas=quotas)
 
 
-def auto_components(spec: Any, fit_all: bool) -> list[str]:
+def auto_components(spec: JobSpec, fit_all: bool) -> list[str]:
     return [n for n, c in spec.components.items() if fit_all or c.placement in PLACED_MODES]
 
 
-def choose(spec: Any, *, fit_all: bool = False, run: Runner | None = None,
+def choose(spec: JobSpec, *, fit_all: bool = False, run: Runner | None = None,
            test_only: Callable[[list[str]], str] | None = None) -> FitReport:
     """The fit of every component to place (``placement: auto``, or all with ``fit_all``).
     Raises ``SlurmError`` without a pool and ``SpecError`` when nothing can hold one."""
@@ -284,15 +289,15 @@ def quota_lines(quotas: Quotas | None) -> list[str]:
                           + " in use" for lim in quotas.limits] + notes
 
 
-def _spread(comp: dict[str, Any], count: int) -> None:
-    """The plan.json component spread over ``count`` nodes, as the het block will ask for it."""
+def _spread(comp: ComponentPlan, count: int) -> dict[str, int]:
+    """The plan's component spread over ``count`` nodes, as the het block will ask for it
+    (the fields that change; none when ``count`` is its own node count)."""
     from hetrun.dag.needs import split_over
 
-    if count == comp["nodes"]:
-        return
-    tpn, gpn, mem = split_over(comp["nodes"], comp["tasks_per_node"], comp.get("gpus_per_node", 0),
-                               comp.get("mem_mb", 0), count)
-    comp.update(nodes=count, tasks_per_node=tpn, gpus_per_node=gpn, mem_mb=mem)
+    if count == comp.nodes:
+        return {}
+    tpn, gpn, mem = split_over(comp.nodes, comp.tasks_per_node, comp.gpus_per_node, comp.mem_mb, count)
+    return {"nodes": count, "tasks_per_node": tpn, "gpus_per_node": gpn, "mem_mb": mem}
 
 
 @dataclass(frozen=True)
@@ -365,7 +370,7 @@ def _best_shape(fit: ComponentFit) -> Need:
                 shapes[0])
 
 
-def _choice(fit: ComponentFit, pool_taken_at: float) -> Any:
+def _choice(fit: ComponentFit, pool_taken_at: float) -> PlacementChoice:
     """The plan.json ``placement`` record of one placed component (``ranked``: its list too)."""
     from hetrun.dag.plan import PlacementChoice
 
@@ -387,34 +392,33 @@ def _choice(fit: ComponentFit, pool_taken_at: float) -> Any:
                            ranked=ranked.partitions if ranked else [])
 
 
-def record(plan_d: dict[str, Any], report: FitReport) -> None:
-    """Each placed component's choice into ``plan_d`` (plan.json), for the script and for reports."""
-    for comp in plan_d["components"]:
-        fit = report.components.get(comp["name"])
-        if fit is None or fit.best is None:
-            continue
-        best = fit.best
-        choice = _choice(fit, report.pool_taken_at or time.time())
-        if best.node_count:
-            _spread(comp, best.node_count)
-        comp["placement"] = choice.model_dump(mode="json")
+def record(plan: Plan, report: FitReport) -> Plan:
+    """``plan`` with each placed component's choice (and, with ``node_counts:``, its spread shape)
+    recorded, for the script and for reports (plan.json ``components[i].placement``)."""
+    comps = []
+    for comp in plan.components:
+        fit = report.components.get(comp.name)
+        if fit is not None and fit.best is not None:
+            choice = _choice(fit, report.pool_taken_at or time.time())
+            shape = _spread(comp, fit.best.node_count) if fit.best.node_count else {}
+            comp = comp.model_copy(update={**shape, "placement": choice})
+        comps.append(comp)
+    return plan.model_copy(update={"components": comps})
 
 
-def place(spec: Any, plan_d: dict[str, Any], backend: Any, *, fit_all: bool = False) -> FitReport | None:
-    """The fit step of ``hetrun submit``: place the ``placement: auto`` components (every one
-    with ``fit_all``) on ``backend``'s cluster and record the choices in ``plan_d``.
-    Nothing to do (None) when no component asks for it."""
+def place(spec: JobSpec, plan: Plan, backend: Backend, *, fit_all: bool = False) -> Plan:
+    """The fit step of ``hetrun submit``: ``plan`` with the ``placement: auto`` components (every
+    one with ``fit_all``) placed on ``backend``'s cluster; ``plan`` itself when no component asks
+    for it (or the local backend, which has one place)."""
     if not auto_components(spec, fit_all):
-        return None
+        return plan
     if backend.name == "local":
         if fit_all:
             raise HetrunError("--fit places components on a Slurm cluster's pool; the local backend has none",
                               hint="submit with --backend sbatch, or leave --fit out")
-        return None  # placement: auto on this machine: there is only one place
+        return plan  # placement: auto on this machine: there is only one place
     run, test_only = with_runner_env(getattr(backend, "env", None))
-    report = choose(spec, fit_all=fit_all, run=run, test_only=test_only)
-    record(plan_d, report)
-    return report
+    return record(plan, choose(spec, fit_all=fit_all, run=run, test_only=test_only))
 
 
 def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Callable[[list[str]], str]]:
@@ -424,7 +428,7 @@ def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Calla
         return None, slurm_test_only()
     from .backends.slurm_cli import run_slurm
 
-    def run(argv: Any) -> str:
+    def run(argv: Sequence[str]) -> str:
         return run_slurm(list(argv), env=env).stdout
 
     return run, slurm_test_only(dict(env))

@@ -19,12 +19,15 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hetrun.errors import SpecError
-from hetrun.rundir import NODE_LOCAL_ROOTS, node_local_root  # noqa: F401  (submit's import path)
+from hetrun.rundir import node_local_root
 
 from .inventory import SlurmNode
+
+if TYPE_CHECKING:
+    from hetrun.dag.spec import JobSpec
 
 # Interpreters whose first positional argument is a script file the ranks open.
 _INTERPRETER = re.compile(r"^(python(\d+(\.\d+)?)?|bash|sh|dash|zsh|ksh|perl|ruby|Rscript)$")
@@ -40,7 +43,7 @@ def cluster_partitions(nodes: Sequence[SlurmNode]) -> list[str]:
     return list(names)
 
 
-def _named_partitions(spec: Any) -> list[tuple[str, str]]:
+def _named_partitions(spec: JobSpec) -> list[tuple[str, str]]:
     """(key path, partition) for every partition the job names."""
     out: list[tuple[str, str]] = []
     if spec.slurm.partition:
@@ -50,7 +53,7 @@ def _named_partitions(spec: Any) -> list[tuple[str, str]]:
     return out
 
 
-def check_partitions(spec: Any, nodes: Sequence[SlurmNode] | None, *, file: str | None = None) -> None:
+def check_partitions(spec: JobSpec, nodes: Sequence[SlurmNode] | None, *, file: str | None = None) -> None:
     """Refuse a partition the cluster does not have, listing the ones it has. ``nodes`` is
     sinfo's answer; None (no controller answered) checks nothing."""
     if not nodes:
@@ -109,7 +112,7 @@ def _existing(what: str, word: str, path: Path | None, key: str, file: str | Non
     return [(what, word, path)]
 
 
-def check_commands(spec: Any, job_dir: Path | None, *, to_slurm: bool, search_path: bool = True,
+def check_commands(spec: JobSpec, job_dir: Path | None, *, to_slurm: bool, search_path: bool = True,
                    file: str | None = None) -> None:
     """Refuse a command component whose program or script is missing, or (``to_slurm``) lies
     under a node-private directory. ``search_path``: look a bare program name up on this

@@ -24,7 +24,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from hetrun.dag import validators as v
 from hetrun.dag.sbatch_options import check_extra_option
@@ -46,6 +46,10 @@ EXTRA_JOB_WIDE = frozenset(
         "propagate", "get-user-env", "time-min", "batch", "reboot",
     }
 )
+
+
+# A gate: (value, key path) -> the value, checked; SpecError naming the key path otherwise.
+Gate: TypeAlias = Callable[[object, str], str]
 
 
 def _checked(check: Callable[[Any], str], value: object, key_path: str) -> str:
@@ -101,6 +105,14 @@ def env_key(value: object, key_path: str) -> str:
 def env_value(value: object, key_path: str) -> str:
     """An environment value: any single-line text; it is shell-quoted when rendered."""
     return _checked(v.check_env_value, value, key_path)
+
+
+def command(value: object, key_path: str) -> list[str]:
+    """A command component's argv (every word is shell-quoted when rendered)."""
+    try:
+        return v.check_command(value)
+    except ValueError as exc:
+        raise SpecError(str(exc), key_path=key_path, value=value) from None
 
 
 def extra_option(value: object, key_path: str) -> tuple[str, str | None]:

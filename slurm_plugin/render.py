@@ -6,27 +6,24 @@ with one ``srun`` across all het groups, forwards the preemption signal to it,
 and turns the runtime's exit code 85 ("checkpointed on a time-limit signal")
 into ``scontrol requeue``.
 
-Output is deterministic for a given (plan, spec, run_dir, python): golden
-files compare it byte for byte. Every user value is validated by
-``quoting`` before it is written (see that module for why ``#SBATCH`` lines
-are validated rather than quoted).
+What goes into the script is one typed ``BatchRequest``
+(``batch_request.build_request``: built and gated once from the spec and the
+placed plan); this module only writes it out. Output is deterministic for a
+given (request, run_dir, python): golden files compare it byte for byte.
+Values were gated by ``quoting`` when the request was built (see that module
+for why ``#SBATCH`` lines are validated rather than quoted); the bash part
+shell-quotes every word it writes.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from hetrun.dag.budgets import Budgets
-
-from hetrun.errors import SpecError
 from hetrun.rundir import (
     DEAD_NODES_PREFIX,
-    DEFAULTS,
-    GRACE_SECONDS_RANGE,
     HEARTBEAT_ENV,
     HEARTBEATS,
     IN_ALLOCATION_RESTARTS,
@@ -37,8 +34,12 @@ from hetrun.rundir import (
 )
 
 from . import quoting
+from .batch_request import BatchRequest, ComponentRequest, SlurmOptions, build_request
 from .postmortem import KILL_MARK
-from .rundir import restart_base
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import Plan
+    from hetrun.dag.spec import JobSpec
 
 REQUEUE_EXIT_CODE = 85
 # Spare nodes: a node whose heartbeat has not changed for this long (seconds;
@@ -47,173 +48,7 @@ NODE_TIMEOUT_S = NODE_TIMEOUT_DEFAULT_S
 _LOGS = f'"$HETRUN_RUN_DIR"/{LOGS}'
 
 
-def _field(obj: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a pydantic model, dataclass or mapping alike."""
-    if obj is None:
-        return default
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def _as_plan_dict(plan: Any) -> Mapping[str, Any]:
-    if isinstance(plan, Mapping):
-        return plan
-    to_json = getattr(plan, "to_json", None)
-    if to_json is None:
-        raise TypeError(f"expected a Plan or its JSON dict, got {type(plan).__name__}")
-    data = to_json()
-    if isinstance(data, str):
-        import json
-
-        data = json.loads(data)
-    return data
-
-
-@dataclass(frozen=True)
-class ComponentLines:
-    """What goes into one het component's ``#SBATCH`` block."""
-
-    name: str
-    nodes: int
-    tasks_per_node: int
-    cpus_per_task: int
-    gpus_per_node: int
-    mem_mb: int
-    command: tuple[str, ...] | None = None  # a command component's argv (None: it runs actions)
-    # placement: auto / ranked (plan.json components[i].placement): its own partition (ranked: "a,b") and GPU type
-    partition: str | None = None
-    gpu_type: str | None = None
-    spare_nodes: int = 0  # allocated beside ``nodes``, idle until a node dies (in-allocation restart)
-
-
-def _command(value: Any, key_path: str) -> tuple[str, ...] | None:
-    """The argv of a command component, re-checked as the last gate before the script."""
-    if value is None:
-        return None
-    from hetrun.dag.validators import check_command
-
-    try:
-        return tuple(check_command(value))
-    except ValueError as exc:
-        raise SpecError(str(exc), key_path=key_path, value=value) from None
-
-
-def _positive_int(value: Any, key_path: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise SpecError(f"expected an integer >= {minimum}, got {value!r}", key_path=key_path, value=value)
-    return value
-
-
-def _components(plan: Mapping[str, Any]) -> list[ComponentLines]:
-    comps = plan.get("components") or []
-    if not comps:
-        raise SpecError("the plan has no components", key_path="components",
-                        hint="declare at least one component under components:")
-    out = []
-    for i, c in enumerate(comps):
-        name = quoting.component_name(c["name"], f"components[{i}].name")
-        kp = f"components.{name}"
-        out.append(
-            ComponentLines(
-                name=name,
-                nodes=_positive_int(c["nodes"], f"{kp}.nodes"),
-                tasks_per_node=_positive_int(c["tasks_per_node"], f"{kp}.tasks_per_node"),
-                cpus_per_task=_positive_int(c.get("cpus_per_task", 1), f"{kp}.cpus_per_task"),
-                gpus_per_node=_positive_int(c.get("gpus_per_node", 0), f"{kp}.gpus_per_node", minimum=0),
-                mem_mb=_positive_int(c.get("mem_mb", 0), f"{kp}.mem_mb", minimum=0),
-                command=_command(c.get("command"), f"{kp}.command"),
-                spare_nodes=_positive_int(c.get("spare_nodes", 0), f"{kp}.spare_nodes", minimum=0),
-                **_placement(c.get("placement"), f"{kp}.placement"),
-            )
-        )
-    return out
-
-
-def _placement(choice: Any, key_path: str) -> dict[str, str | None]:
-    """The partition and GPU type ``hetrun submit`` chose for the component, re-checked."""
-    if choice is None:
-        return {}
-    gtype = str(_field(choice, "gres", "-")).partition(":")[2] or None
-    if gtype is not None:
-        gtype = quoting.gpu_type(gtype, f"{key_path}.gres")
-    ranked = _field(choice, "ranked", None) or []  # placement: ranked: every kept partition, best first
-    if ranked:
-        names = [quoting.one_partition(p, f"{key_path}.ranked[{i}]") for i, p in enumerate(ranked)]
-        return {"partition": ",".join(names), "gpu_type": gtype}
-    return {"partition": quoting.partition(_field(choice, "partition"), f"{key_path}.partition"),
-            "gpu_type": gtype}
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    """The validated ``slurm:`` and ``preemption:`` values the script needs."""
-
-    partition: str | None
-    account: str | None
-    qos: str | None
-    time: str | None
-    constraint: str | None
-    extra_job: tuple[str, ...]
-    extra_component: tuple[str, ...]
-    signal: str
-    grace_seconds: int
-    budgets: Budgets
-
-
-def slurm_options(spec: Any, plan: Mapping[str, Any]) -> SlurmOptions:
-    slurm = _field(spec, "slurm")
-    pre = _field(spec, "preemption") or plan.get("preemption") or {}
-
-    def opt(key: str, check: Any) -> str | None:
-        value = _field(slurm, key)
-        return None if value in (None, "") else check(value, f"slurm.{key}")
-
-    extra_job: list[str] = []
-    extra_comp: list[str] = []
-    for i, item in enumerate(_field(slurm, "extra") or []):
-        name, arg = quoting.extra_option(item, f"slurm.extra[{i}]")
-        line = f"--{name}" if arg is None else f"--{name}={arg}"
-        (extra_job if name in quoting.EXTRA_JOB_WIDE else extra_comp).append(line)
-
-    signal = quoting.signal_name(_field(pre, "signal") or DEFAULTS.preemption_signal)
-    grace = _field(pre, "grace_seconds", DEFAULTS.grace_seconds)
-    low, high = GRACE_SECONDS_RANGE  # the spec's bounds (a plan.json edited by hand lands here)
-    if isinstance(grace, bool) or not isinstance(grace, int) or not low <= grace <= high:
-        raise SpecError(f"expected {low}..{high} seconds, got {grace!r}",
-                        key_path="preemption.grace_seconds", value=grace)
-    limits = {}
-    for key in ("max_preemptions", "max_restarts", "max_failures"):
-        value = _field(pre, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise SpecError(f"expected an integer >= 0, got {value!r}", key_path=f"preemption.{key}", value=value)
-        limits[key] = value
-    return SlurmOptions(
-        partition=opt("partition", quoting.partition),
-        account=opt("account", quoting.slurm_name),
-        qos=opt("qos", quoting.slurm_name),
-        time=opt("time", quoting.time_limit),
-        constraint=opt("constraint", quoting.constraint),
-        extra_job=tuple(extra_job),
-        extra_component=tuple(extra_comp),
-        signal=signal,
-        grace_seconds=grace,
-        budgets=Budgets.from_preemption(limits),
-    )
-
-
-def _env(spec: Any, plan: Mapping[str, Any]) -> list[tuple[str, str]]:
-    env = _field(spec, "env")
-    if env is None:
-        env = plan.get("env") or {}
-    out = []
-    # Sorted: the script must not depend on dict order (golden files).
-    for key in sorted(env):
-        out.append((quoting.env_key(key, f"env.{key}"), quoting.env_value(env[key], f"env.{key}")))
-    return out
-
-
-def _component_block(c: ComponentLines, name: str, opts: SlurmOptions) -> list[str]:
+def _component_block(c: ComponentRequest, name: str, opts: SlurmOptions) -> list[str]:
     lines = [
         f"--job-name={name}",
         f"--nodes={c.nodes + c.spare_nodes}",
@@ -261,7 +96,7 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str,
     return words
 
 
-def command_srun(comp: ComponentLines, group: int, het_size: int, run_dir: Path, python: str) -> list[str]:
+def command_srun(comp: ComponentRequest, group: int, het_size: int, run_dir: Path, python: str) -> list[str]:
     """The srun words of a command component: its own step (its own rank space, no MPI),
     each rank through ``hetrun.runtime.command_rank``, which sets torchrun's variables
     and runs the user's argv (every word shell-quoted by the caller)."""
@@ -274,7 +109,7 @@ def command_srun(comp: ComponentLines, group: int, het_size: int, run_dir: Path,
             python, "-m", "hetrun.runtime.command_rank", str(run_dir), comp.name, "--", *comp.command]
 
 
-def launch_steps(comps: Sequence[ComponentLines], run_dir: Path, python: str) -> list[list[str]]:
+def launch_steps(comps: Sequence[ComponentRequest], run_dir: Path, python: str) -> list[list[str]]:
     """One srun per job step: the action components together (one MPI world), then
     each command component alone (its own torchrun-style world)."""
     actions = [(i, c.name) for i, c in enumerate(comps) if c.command is None]
@@ -436,10 +271,10 @@ def _postmortem_lines(opts: SlurmOptions, hetrun_python: str) -> list[str]:
     ]
 
 
-def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = None,
+def render_sbatch(plan: Plan, spec: JobSpec, run_dir: Path, *, python: str | None = None,
                   hetrun_python: str | None = None) -> str:
-    """The sbatch script for ``plan`` (a ``Plan`` or its JSON dict) and ``spec``
-    (a ``JobSpec`` or dict), running in ``run_dir`` (absolute).
+    """The sbatch script for ``plan`` (placed) under ``spec``, running in ``run_dir`` (absolute):
+    ``build_request`` then ``write_sbatch``.
 
     ``python`` (the ranks' interpreter) defaults to ``sys.executable``;
     ``hetrun_python`` runs hetrun's own post-mortem in the batch shell and
@@ -448,28 +283,7 @@ def render_sbatch(plan: Any, spec: Any, run_dir: Path, *, python: str | None = N
     """
     if not run_dir.is_absolute():
         raise ValueError(f"run_dir must be absolute, got {run_dir}")
-    return write_sbatch(batch_request(plan, spec), run_dir, python=python, hetrun_python=hetrun_python)
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """Everything the batch script is written from, gathered and validated once from the
-    plan and the spec (torchx's ``SlurmBatchRequest`` is the model); ``write_sbatch`` only
-    writes it out."""
-
-    name: str
-    components: tuple[ComponentLines, ...]
-    options: SlurmOptions
-    env: tuple[tuple[str, str], ...]  # sorted: the script must not depend on dict order
-    restart_base: int  # the first attempt's restart count (`hetrun resume` sets it)
-
-
-def batch_request(plan: Any, spec: Any) -> BatchRequest:
-    """The request for ``plan`` (a ``Plan`` or its JSON dict) and ``spec`` (a ``JobSpec`` or dict)."""
-    plan_d = _as_plan_dict(plan)
-    return BatchRequest(name=quoting.job_name(_field(spec, "name") or plan_d.get("name"), "name"),
-                        components=tuple(_components(plan_d)), options=slurm_options(spec, plan_d),
-                        env=tuple(_env(spec, plan_d)), restart_base=restart_base(plan_d))
+    return write_sbatch(build_request(spec, plan), run_dir, python=python, hetrun_python=hetrun_python)
 
 
 def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
@@ -493,18 +307,14 @@ def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
     return "\n".join(lines)
 
 
-def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetrun_py: str,
+def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, hetrun_py: str,
                    opts: SlurmOptions, traps: Sequence[str]) -> list[str]:
     """Spare nodes: the step and its post-mortem in a loop. Each step runs on the first
     ``nodes`` live nodes of each het group; a failed step the post-mortem would requeue
     (a failure within max_failures, not a preemption) restarts at once, inside the
     allocation, on the survivors plus a spare, the dead nodes excluded
     (``hetrun.slurm_plugin.node_recovery``); with no spare left it requeues as before."""
-    if any(c.command is not None for c in comps):
-        bad = next(c.name for c in comps if c.command is not None)
-        raise SpecError("spare_nodes in a job with a command component: the in-allocation restart runs "
-                        "action components only", key_path=f"components.{bad}.command",
-                        hint="remove spare_nodes, or run the command in a job of its own")
+    # The spec refuses spare_nodes on a command component (JobSpec's component checks).
     need = [str(c.nodes) for c in comps]
     tool = [hetrun_py, "-m", "hetrun.slurm_plugin.node_recovery"]
     step = quoting.sh_join(srun_command([c.name for c in comps], run_dir, py))
@@ -626,7 +436,7 @@ def _recovery_body(comps: Sequence[ComponentLines], run_dir: Path, py: str, hetr
     return body + finish
 
 
-def _header(name: str, comps: Sequence[ComponentLines], opts: SlurmOptions, run_dir: Path) -> list[str]:
+def _header(name: str, comps: Sequence[ComponentRequest], opts: SlurmOptions, run_dir: Path) -> list[str]:
     """The #SBATCH lines: job-wide options, then one block per het component."""
     rd = quoting.sbatch_path(run_dir, "run directory")
     out: list[str] = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.errors import RunDirError, SpecError
 from hetrun.planfile import read_plan
@@ -29,7 +29,7 @@ from hetrun.rundir import RunPaths
 
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES
-from .backends.local import STATE_FILE, plan_components
+from .backends.local import STATE_FILE
 from .render import render_sbatch
 from .rundir import (
     JOB_YAML,
@@ -44,7 +44,12 @@ from .rundir import (
     write_atomic,
     write_run,
 )
-from .submit import _plan_dict, check_visible_to_nodes, plan_for
+from .submit import check_visible_to_nodes, plan_for
+
+if TYPE_CHECKING:
+    from hetrun.dag.overrides import Overrides
+    from hetrun.dag.plan import Plan
+    from hetrun.dag.spec import JobSpec
 
 # Parts of the spec the stored state depends on: a resume may not change them.
 _FIXED = ("name", "workload", "workload_args", "training.kind", "training.micro_batches",
@@ -60,8 +65,8 @@ class ResumePlan:
 
     run: RunInfo
     restart: int  # restart count of the new job's first attempt
-    spec: Any
-    plan: dict[str, Any]
+    spec: JobSpec
+    plan: Plan
     script: str
     backend: str
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # component -> (old ranks, new ranks)
@@ -78,7 +83,7 @@ def last_restart(run_dir: Path) -> int | None:
     return max(counts) if counts else None
 
 
-def resize_sets(sizes: dict[str, int], spec: Any) -> list[str]:
+def resize_sets(sizes: dict[str, int], spec: JobSpec) -> list[str]:
     """``--set`` overrides giving each component its rank count (``tune``'s form)."""
     out = []
     for name, ranks in sizes.items():
@@ -115,7 +120,7 @@ def _get(data: dict[str, Any], dotted: str) -> Any:
     return data
 
 
-def check_compatible(old: Any, new: Any) -> None:
+def check_compatible(old: JobSpec, new: JobSpec) -> None:
     """Refuse overrides the run's checkpoints cannot survive."""
     a, b = json.loads(old.model_dump_json()), json.loads(new.model_dump_json())
     for key in _FIXED:
@@ -133,7 +138,7 @@ def check_compatible(old: Any, new: Any) -> None:
                                 hint="submit a new run instead (hetrun submit JOB.yaml)")
 
 
-def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | None = None,
+def prepare(run: RunInfo, overrides: Overrides | None = None, *, resize: dict[str, int] | None = None,
             backend: str | None = None) -> ResumePlan:
     """Check the run can continue and render what the new job will run; writes nothing."""
     from hetrun.dag.overrides import Overrides
@@ -148,11 +153,11 @@ def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | Non
     new = load_spec(run_dir / JOB_YAML, replace(ov, sets=sets), check_args=False)
     check_compatible(old, new)
     old_plan = read_plan(run_dir)
-    plan_d = _plan_dict(plan_for(new, backend_obj.name))
+    plan = plan_for(new, backend_obj.name)
     if old_plan.job_dir:
-        plan_d["job_dir"] = old_plan.job_dir
+        plan = plan.model_copy(update={"job_dir": old_plan.job_dir})
     before = {c.name: c.ntasks for c in old_plan.action_components}
-    after = dict(plan_components(plan_d))
+    after = {c.name: c.ntasks for c in plan.components if c.command is None}
     sizes = {c: (before.get(c, 0), n) for c, n in after.items()}
     changed = [c for c, (x, y) in sizes.items() if x != y]
     if changed and not resize:
@@ -164,9 +169,9 @@ def prepare(run: RunInfo, overrides: Any = None, *, resize: dict[str, int] | Non
     # attempt chose may be busy, or the sizes changed), as `hetrun submit` places them.
     from .placement_fit import place
 
-    place(new, plan_d, backend_obj)
-    script = render_sbatch(plan_d, new, run_dir)
-    return ResumePlan(run, restart, new, plan_d, script, backend_obj.name, sizes)
+    plan = place(new, plan, backend_obj)
+    script = render_sbatch(plan, new, run_dir)
+    return ResumePlan(run, restart, new, plan, script, backend_obj.name, sizes)
 
 
 def _close_open_attempt(run: RunInfo, restart: int | None) -> dict[str, Any] | None:
@@ -206,7 +211,7 @@ def submit(rp: ResumePlan) -> RunInfo:
     closed = _close_open_attempt(run, last_restart(run.path))
     write_atomic(run.path / JOB_YAML, rp.spec.to_yaml())
     keep_replaced_plan(run.path, rp.restart)
-    write_atomic(run.path / PLAN_JSON, json.dumps(rp.plan, indent=2) + "\n")
+    write_atomic(run.path / PLAN_JSON, rp.plan.to_json())
     write_atomic(run.path / SCRIPT, rp.script)
     (run.path / SCRIPT).chmod(0o755)
     append_event(run.path, "resume", restart_count=rp.restart, previous_job=run.job_id,
@@ -216,7 +221,7 @@ def submit(rp: ResumePlan) -> RunInfo:
         run.extra["previous_jobs"] = [*run.extra.get("previous_jobs", []), run.job_id]
     run.backend = rp.backend
     # every component, command ones too, as submit records them (plan_components lists one kind)
-    run.components = [str(c["name"]) for c in rp.plan["components"]]
+    run.components = [c.name for c in rp.plan.components]
     run.pids = {}
     stale = run.path / STATE_FILE  # the old local supervisor's record: its final state is not the new job's
     if stale.exists():

@@ -42,7 +42,12 @@ from . import quoting
 
 def restart_base(plan: Mapping[str, Any]) -> int:
     """The first attempt's restart count of a job (0 unless ``hetrun resume`` submitted it)."""
-    value = str((plan.get("env") or {}).get(RESTART_BASE_ENV, "0"))
+    return restart_base_of_env(plan.get("env") or {})
+
+
+def restart_base_of_env(env: Mapping[str, str]) -> int:
+    """``restart_base`` from the job's environment (``hetrun resume`` sets the variable)."""
+    value = str(env.get(RESTART_BASE_ENV, "0"))
     return int(value) if value.isdigit() else 0
 
 

@@ -8,21 +8,21 @@ dry run writes nothing at all: it returns the script and the command that
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import HetrunError, RunDirError, SlurmError, SpecError
+from hetrun.rundir import node_local_root
 
 from . import quoting
 from .backends import get_backend, resolve_name
 from .backends.base import ACTIVE_STATES, Backend, DryRun, RunStatus
 from .backends.sbatch import SbatchBackend
-from .prequeue import check_commands, node_local_root
+from .prequeue import check_commands
 from .render import render_sbatch
 from .rundir import (
     JOB_YAML,
@@ -37,6 +37,11 @@ from .rundir import (
     write_run,
 )
 
+if TYPE_CHECKING:
+    from hetrun.dag.overrides import Overrides
+    from hetrun.dag.plan import Plan
+    from hetrun.dag.spec import JobSpec
+
 
 @dataclass
 class SubmitResult:
@@ -44,17 +49,12 @@ class SubmitResult:
     script: str
     backend: str
     dry_run: DryRun | None = None
-    plan: dict[str, Any] | None = None  # plan.json's content (placement choices included)
+    plan: Plan | None = None  # what plan.json holds (placement choices included)
 
 
-def _plan_dict(plan: Any) -> dict[str, Any]:
-    data = plan.to_json() if hasattr(plan, "to_json") else plan
-    return json.loads(data) if isinstance(data, (str, bytes)) else dict(data)
-
-
-def _check_checkpoint_dir(spec: Any, run_dir: Path) -> None:
+def _check_checkpoint_dir(spec: JobSpec, run_dir: Path) -> None:
     """A relative checkpoint directory lives in the run directory and may not leave it."""
-    directory = getattr(getattr(spec, "checkpoint", None), "directory", None)
+    directory = spec.checkpoint.directory
     if directory and not Path(directory).is_absolute():
         quoting.safe_join(run_dir, directory, "checkpoint.directory")
 
@@ -66,7 +66,7 @@ def _workload_in_job_dir(workload: str, job_dir: Path) -> bool:
     return (job_dir / f"{top}.py").is_file() or (job_dir / top).is_dir()
 
 
-def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None) -> None:
+def check_visible_to_nodes(spec: JobSpec, runs_root_dir: Path, job_dir: Path | None) -> None:
     """Refuse paths the Slurm nodes cannot see, before anything is queued."""
     problems = [("the runs directory", runs_root_dir, "use --runs-dir (or $HETRUN_RUNS) on a shared file system")]
     directory = spec.checkpoint.directory
@@ -82,7 +82,7 @@ def check_visible_to_nodes(spec: Any, runs_root_dir: Path, job_dir: Path | None)
                               "the job's ranks would not find it", hint=fix + " (or use --backend local)")
 
 
-def check_command_settings(spec: Any) -> None:
+def check_command_settings(spec: JobSpec) -> None:
     """Settings a command component would silently not get are refused, not ignored: the
     run API inside a command stops on USR1 (or SIGTERM), whatever the job's
     ``preemption.signal`` says. (It applies the checkpoint section and the budgets.)"""
@@ -103,7 +103,7 @@ def resolve_job_dir(job_dir: str | Path) -> str:
     return str(path)
 
 
-def plan_for(spec: Any, backend: str, job_file: str | None = None) -> Any:
+def plan_for(spec: JobSpec, backend: str, job_file: str | None = None) -> Plan:
     """Build the plan; against the cluster's real nodes when submitting to Slurm, after
     refusing a partition the cluster does not have (``prequeue.check_partitions``)."""
     from hetrun.dag.plan import build_plan
@@ -120,13 +120,13 @@ def plan_for(spec: Any, backend: str, job_file: str | None = None) -> Any:
 
 
 def submit_spec(
-    spec: Any,
+    spec: JobSpec,
     *,
     backend: str | Backend = "auto",
     runs_dir: str | Path | None = None,
     dry_run: bool = False,
     python: str | None = None,
-    plan: Any = None,
+    plan: Plan | None = None,
     job_dir: str | Path | None = None,
     fit: bool = False,
     job_file: str | None = None,
@@ -144,12 +144,13 @@ def submit_spec(
     backend_obj = get_backend(backend) if isinstance(backend, str) else backend
     check_commands(spec, Path(job_dir) if job_dir is not None else None, to_slurm=backend_obj.name != "local",
                    file=job_file)
-    plan_d = _plan_dict(plan if plan is not None else plan_for(spec, backend_obj.name, job_file))
+    if plan is None:
+        plan = plan_for(spec, backend_obj.name, job_file)
     if job_dir is not None:
-        plan_d["job_dir"] = resolve_job_dir(job_dir)
+        plan = plan.model_copy(update={"job_dir": resolve_job_dir(job_dir)})
     from .placement_fit import place
 
-    place(spec, plan_d, backend_obj, fit_all=fit)
+    plan = place(spec, plan, backend_obj, fit_all=fit)
     root = runs_root(runs_dir)
     quoting.sbatch_path(root, "runs directory")
     if backend_obj.name != "local":
@@ -162,12 +163,13 @@ def submit_spec(
     else:
         raise RunDirError(f"could not find a free run directory name for {spec.name!r} in {root}")
     _check_checkpoint_dir(spec, run_dir)
-    script = render_sbatch(plan_d, spec, run_dir, python=python)
-    names = [str(c["name"]) for c in plan_d["components"]]
-    run = RunInfo(name=spec.name, run_dir=str(run_dir), backend=backend_obj.name, components=names)
+    script = render_sbatch(plan, spec, run_dir, python=python)
+    run = RunInfo(name=spec.name, run_dir=str(run_dir), backend=backend_obj.name,
+                  components=[c.name for c in plan.components])
 
     if dry_run:
-        return SubmitResult(run, script, backend_obj.name, backend_obj.dry_run(run, script, plan_d), plan_d)
+        dry = backend_obj.dry_run(run, script, plan.model_dump(mode="json"))
+        return SubmitResult(run, script, backend_obj.name, dry, plan)
 
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -178,7 +180,7 @@ def submit_spec(
                           hint="choose a writable --runs-dir (or $HETRUN_RUNS)") from exc
     quoting.inside(root, run_dir, "run directory")
     write_atomic(run_dir / JOB_YAML, spec.to_yaml())
-    write_atomic(run_dir / PLAN_JSON, json.dumps(plan_d, indent=2) + "\n")
+    write_atomic(run_dir / PLAN_JSON, plan.to_json())
     write_atomic(run_dir / SCRIPT, script)
     (run_dir / SCRIPT).chmod(0o755)
     write_run(run)
@@ -206,12 +208,12 @@ def submit_spec(
     elif isinstance(backend_obj, SbatchBackend):
         run.cluster = backend_obj.cluster_name()
     write_run(run)
-    return SubmitResult(run, script, backend_obj.name, plan=plan_d)
+    return SubmitResult(run, script, backend_obj.name, plan=plan)
 
 
 def submit_file(
     path: str | Path,
-    overrides: Any = None,
+    overrides: Overrides | None = None,
     **kwargs: Any,
 ) -> SubmitResult:
     """``hetrun submit JOB.yaml``: load (with overrides), plan, submit."""

@@ -6,7 +6,6 @@ shows it on a throw-away cluster whose types are A100 and v100."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +63,4 @@ def test_placement_on_an_upper_case_type_is_one_slurm_accepts(cluster, tmp_path:
     refused = cluster.run("sbatch", "--test-only", "-p", best.partition, "--gres=gpu:a100:1", "-t", "1",
                           "--wrap", "true", check=False)
     assert refused.returncode != 0 and "not available" in refused.stderr, refused.stderr  # why the case is kept
-    plan_d = json.loads(build_plan(spec).to_json())
-    record(plan_d, report)
-    assert "#SBATCH --gres=gpu:A100:1" in render_sbatch(plan_d, spec, tmp_path / "run")
+    assert "#SBATCH --gres=gpu:A100:1" in render_sbatch(record(build_plan(spec), report), spec, tmp_path / "run")

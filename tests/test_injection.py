@@ -11,7 +11,6 @@ payload-laden job is in test_submit_slurm.py.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 from hetrun.dag.plan import build_plan
-from hetrun.dag.spec import spec_from_dict
+from hetrun.dag.spec import JobSpec, SlurmSpec, spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
 from hetrun.slurm_plugin.submit import submit_spec
 
@@ -208,20 +207,29 @@ def test_refusals_name_the_field(tmp_path: Path) -> None:
 
 
 def test_renderer_refuses_payloads_that_bypass_the_spec(tmp_path: Path) -> None:
-    """The renderer is the last gate: a plan/spec dict built in code gets the same checks."""
+    """The request's gate is the last one: a spec or plan built in code without validation
+    (pydantic's model_construct, a field assigned after the fact) gets the same checks."""
     spec = spec_from_dict(base_spec())
-    plan = json.loads(build_plan(spec).to_json())
+    plan = build_plan(spec)
+
+    def bypass(**fields: Any) -> JobSpec:
+        return spec.model_copy(update=fields)
+
     for key, value in (("partition", "a\n#SBATCH --wrap=x"), ("time", "$(id)"), ("account", "a b"),
                        ("constraint", "x`id`"), ("extra", ["--wrap=id"]), ("extra", ["--export=NONE"])):
-        with pytest.raises(SpecError):
-            render_sbatch(plan, {"name": "inj", "slurm": {key: value}}, tmp_path, python="/usr/bin/python3")
-    with pytest.raises(SpecError):
-        render_sbatch(plan, {"name": "inj", "env": {"A": "x\ny"}}, tmp_path, python="/usr/bin/python3")
-    with pytest.raises(SpecError):
-        render_sbatch(plan, {"name": "../x"}, tmp_path, python="/usr/bin/python3")
-    bad_plan = dict(plan, components=[dict(plan["components"][0], name="a;b")])
-    with pytest.raises(SpecError):
-        render_sbatch(bad_plan, {"name": "inj"}, tmp_path, python="/usr/bin/python3")
+        with pytest.raises(SpecError, match=f"slurm\\.{key}"):
+            render_sbatch(plan, bypass(slurm=SlurmSpec.model_construct(**{key: value})), tmp_path,
+                          python="/usr/bin/python3")
+    with pytest.raises(SpecError, match=r"env\.A"):
+        render_sbatch(plan, bypass(env={"A": "x\ny"}), tmp_path, python="/usr/bin/python3")
+    with pytest.raises(SpecError, match="name"):
+        render_sbatch(plan, bypass(name="../x"), tmp_path, python="/usr/bin/python3")
+    bad_plan = plan.model_copy(update={"components": [plan.components[0].model_copy(update={"name": "a;b"})]})
+    with pytest.raises(SpecError, match=r"components\[0\]\.name"):
+        render_sbatch(bad_plan, spec, tmp_path, python="/usr/bin/python3")
+    bad_command = plan.model_copy(update={"components": [plan.components[0].model_copy(update={"command": ["a\nb"]})]})
+    with pytest.raises(SpecError, match=r"components\.learner\.command"):
+        render_sbatch(bad_command, spec, tmp_path, python="/usr/bin/python3")
 
 
 def test_runs_dir_payloads_never_escape(tmp_path: Path) -> None:

@@ -243,14 +243,13 @@ def test_node_count_is_a_dimension_and_goes_into_the_het_block(tmp_path: Path) -
                                         starts_in({"debug": 0, "high": 0}), ["trainer"])
     best = fits["trainer"].best
     assert (best.node_count, best.fits_now, len(best.nodes)) == (2, True, 2)
-    plan_d = json.loads(build_plan(spec).to_json())
-    placement_fit.record(plan_d, placement_fit.FitReport(fits, 0.0))
-    comp = plan_d["components"][0]
+    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, 0.0))
+    comp = json.loads(plan.to_json())["components"][0]
     assert (comp["nodes"], comp["tasks_per_node"], comp["ntasks"], comp["gpus_per_node"], comp["mem_mb"]) == \
         (2, 1, 2, 1, 500)
     assert comp["placement"]["node_count"] == 2 and any(" x1 nodes: score" in o for o in comp["placement"]["others"])
-    assert Plan.from_json(json.dumps(plan_d)).components[0].placement.node_count == 2
-    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert Plan.from_json(plan.to_json()).components[0].placement.node_count == 2
+    script = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     trainer = script.split("#SBATCH hetjob")[0]
     assert "#SBATCH --nodes=2" in trainer and "#SBATCH --ntasks-per-node=1" in trainer, trainer
     assert f"#SBATCH --gres=gpu:{best.gres.split(':')[1]}:1" in trainer

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hetrun.dag.needs import component_needs
 from hetrun.dag.plan import Plan, build_plan
-from hetrun.dag.spec import load_spec
+from hetrun.dag.spec import JobSpec, load_spec
 from hetrun.reports.placement import component_row, row_lines, short_text
 from hetrun.slurm_plugin import placement_fit
 from hetrun.slurm_plugin.render import render_sbatch
@@ -23,25 +23,28 @@ from test_placement_spec import AUTO, spec_error, starts_in, write
 RANKED = AUTO.replace("placement: auto", "placement: ranked").replace("slurm: {partition: debug,", "slurm: {")
 
 
-def placed(tmp_path: Path, text: str, snap, seconds: dict[str, float]) -> tuple[dict, object]:
-    """plan.json's dict after submit's fit step against ``snap``, and the spec."""
+def placed(tmp_path: Path, text: str, snap, seconds: dict[str, float]) -> tuple[Plan, JobSpec]:
+    """The plan after submit's fit step against ``snap``, and the spec."""
     spec = load_spec(write(tmp_path, text))
     fits = placement_fit.fit_components(component_needs(spec), snap, starts_in(seconds), ["trainer"])
-    plan_d = json.loads(build_plan(spec).to_json())
-    placement_fit.record(plan_d, placement_fit.FitReport(fits, snap.taken_at))
-    return plan_d, spec
+    return placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at)), spec
+
+
+def first(plan: Plan) -> dict:
+    """The first component as plan.json holds it."""
+    return json.loads(plan.to_json())["components"][0]
 
 
 def test_two_gpu_types_go_to_slurm_as_a_partition_list_with_untyped_gres(tmp_path: Path) -> None:
     # Slurm expects debug to start an hour later: high first, then debug.
-    plan_d, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
-    choice = plan_d["components"][0]["placement"]
+    plan, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
+    choice = first(plan)["placement"]
     assert choice["ranked"] == ["high", "debug"] and choice["partition"] == "high", choice
     assert choice["gres"] == "gpu"  # a100 and v100 both kept: the type is Slurm's to pick
     assert any(r.startswith("ranked: Slurm is handed high,debug best first") for r in choice["reasons"])
     assert all("; in the ranked list" in o for o in choice["others"]), choice["others"]
-    assert Plan.from_json(json.dumps(plan_d)).components[0].placement.ranked == ["high", "debug"]
-    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert Plan.from_json(plan.to_json()).components[0].placement.ranked == ["high", "debug"]
+    script = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     trainer, watcher = script.split("#SBATCH hetjob")
     assert "#SBATCH --partition=high,debug\n" in trainer and "#SBATCH --gres=gpu:2\n" in trainer, trainer
     assert "--partition" not in watcher
@@ -49,18 +52,18 @@ def test_two_gpu_types_go_to_slurm_as_a_partition_list_with_untyped_gres(tmp_pat
 
 def test_one_allowed_type_keeps_the_gres_typed(tmp_path: Path) -> None:
     text = RANKED.replace("gpu_types: [a100, v100]", "gpu_types: [v100]")
-    plan_d, spec = placed(tmp_path, text, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
-    choice = plan_d["components"][0]["placement"]
+    plan, spec = placed(tmp_path, text, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
+    choice = first(plan)["placement"]
     assert choice["gres"] == "gpu:v100" and sorted(choice["ranked"]) == ["debug", "high"], choice
-    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    script = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     assert f"#SBATCH --partition={','.join(choice['ranked'])}\n" in script and "--gres=gpu:v100:2" in script
 
 
 def test_candidates_of_another_node_count_are_left_out(tmp_path: Path) -> None:
     text = NODE_COUNTS.replace("placement: auto", "placement: ranked").replace("slurm: {partition: debug,", "slurm: {")
     # Every node half busy: the two-node shape starts now, so its count is the request's.
-    plan_d, _ = placed(tmp_path, text, half_busy({"n1", "n2", "n3", "n4"}), {"debug": 0, "high": 0})
-    comp = plan_d["components"][0]
+    plan, _ = placed(tmp_path, text, half_busy({"n1", "n2", "n3", "n4"}), {"debug": 0, "high": 0})
+    comp = first(plan)
     assert (comp["nodes"], comp["placement"]["node_count"], comp["placement"]["gres"]) == (2, 2, "gpu")
     assert any("candidate(s) left out" in r for r in comp["placement"]["reasons"])
     assert any(" x1 nodes: score" in o and "left out: another node count" in o for o in comp["placement"]["others"])
@@ -69,11 +72,11 @@ def test_candidates_of_another_node_count_are_left_out(tmp_path: Path) -> None:
 def test_report_and_submit_say_ranked(tmp_path: Path) -> None:
     from hetrun.cli.submit_cmd import placement_lines
 
-    plan_d, _ = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
-    row = component_row(plan_d["components"][0], "ranked", None)
+    plan, _ = placed(tmp_path, RANKED, snapshot(TYPES, busy={"n1", "n2"}), {"high": 0, "debug": 3600})
+    row = component_row(first(plan), "ranked", None)
     assert short_text(row) == "ranked: high,debug gpu 1 node"
     assert row_lines(row)[0].startswith("placed trainer on high,debug gpu 1 node (ranked: Slurm starts it")
-    assert placement_lines(plan_d)[0] == row_lines(row)[0]
+    assert placement_lines(plan)[0] == row_lines(row)[0]
     spec = load_spec(write(tmp_path, RANKED))
     fits = placement_fit.fit_components(component_needs(spec), snapshot(TYPES, busy={"n1", "n2"}),
                                         starts_in({"high": 0, "debug": 3600}))
@@ -96,10 +99,12 @@ def test_ranked_loads_survives_job_yaml_and_is_refused_where_auto_is(tmp_path: P
 def test_a_bad_partition_in_the_record_is_refused_before_the_script(tmp_path: Path, bad: str) -> None:
     from hetrun.errors import SpecError
 
-    plan_d, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
-    plan_d["components"][0]["placement"]["ranked"] = ["debug", bad]
+    plan, spec = placed(tmp_path, RANKED, snapshot(TYPES, busy=set()), {"debug": 0, "high": 0})
+    choice = plan.components[0].placement
+    assert choice is not None
+    choice.ranked = ["debug", bad]  # assigned after the fact: no model validation ran on it
     with pytest.raises(SpecError) as info:
-        render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+        render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     assert info.value.key_path == "components.trainer.placement.ranked[1]"
 
 

@@ -38,9 +38,8 @@ LAYOUT = {"n1": ("high", "a100"), "n2": ("high", "v100"), "n3": ("debug", "a100"
 def ranked_choice(tmp_path: Path, text: str, snap: pool.PoolSnapshot, seconds: dict[str, float]) -> dict:
     spec = load_spec(write(tmp_path, text))
     fits = placement_fit.fit_components(component_needs(spec), snap, starts_in(seconds), ["trainer"])
-    plan_d = json.loads(build_plan(spec).to_json())
-    placement_fit.record(plan_d, placement_fit.FitReport(fits, snap.taken_at))
-    return plan_d["components"][0]
+    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    return json.loads(plan.to_json())["components"][0]
 
 
 def test_untyped_gres_leaves_out_a_partition_that_also_holds_a_refused_type(tmp_path: Path) -> None:
@@ -128,11 +127,10 @@ def test_submit_says_by_fit_for_a_fixed_component_placed_by_fit(tmp_path: Path) 
     spec = load_spec(write(tmp_path, fixed))
     snap = split_pool({**LAYOUT, "n4": ("debug", "v100")})
     fits = placement_fit.fit_components(component_needs(spec), snap, starts_in({"debug": 0, "high": 0}), ["trainer"])
-    plan_d = json.loads(build_plan(spec).to_json())
-    placement_fit.record(plan_d, placement_fit.FitReport(fits, snap.taken_at))
-    line = placement_lines(plan_d, spec)[0]
+    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    line = placement_lines(plan, spec)[0]
     assert line.startswith("placed trainer on ") and " by --fit (score " in line, line
-    assert " by --fit" not in placement_lines(plan_d)[0]  # without the spec: no way to tell (as before)
+    assert " by --fit" not in placement_lines(plan)[0]  # without the spec: no way to tell (as before)
 
 
 def test_a_second_resume_keeps_the_plan_the_attempts_ran_with(tmp_path: Path) -> None:

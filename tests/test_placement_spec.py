@@ -142,13 +142,13 @@ def test_auto_lands_on_the_idle_gpu_type_and_goes_into_plan_and_script(tmp_path:
     best = fits["trainer"].best
     assert (best.gres, best.fits_now, best.start_in_s) == ("gpu:v100", True, pytest.approx(0, abs=2))
     report = placement_fit.FitReport(fits, snap.taken_at)
-    plan_d = json.loads(build_plan(spec).to_json())
-    placement_fit.record(plan_d, report)
+    plan = placement_fit.record(build_plan(spec), report)
+    plan_d = json.loads(plan.to_json())
     choice = plan_d["components"][0]["placement"]
     assert choice["gres"] == "gpu:v100" and choice["nodes"] and "placement" not in plan_d["components"][1]
     assert any("gpu:a100" in o for o in choice["others"])
-    assert Plan.from_json(json.dumps(plan_d)).components[0].placement.gpu_type == "v100"
-    script = render_sbatch(plan_d, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert Plan.from_json(plan.to_json()).components[0].placement.gpu_type == "v100"
+    script = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     trainer, watcher = script.split("#SBATCH hetjob")
     assert "#SBATCH --gres=gpu:v100:2" in trainer and f"#SBATCH --partition={best.partition}" in trainer
     assert "--partition" not in watcher and "--gres" not in watcher
@@ -216,12 +216,12 @@ def test_nothing_can_hold_it_and_the_local_backend(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="no partition / GPU type of the pool can ever hold component 'trainer'"):
         placement_fit.choose(spec, run=pool_run, test_only=starts_in({}))
 
-    class Local:
-        name = "local"
+    from hetrun.slurm_plugin.backends.local import LocalBackend
 
+    plan = build_plan(spec)
     with pytest.raises(HetrunError, match="--fit places components"):
-        placement_fit.place(spec, {}, Local(), fit_all=True)
-    assert placement_fit.place(spec, {}, Local()) is None  # auto on this one machine: nothing to choose
+        placement_fit.place(spec, plan, LocalBackend(), fit_all=True)
+    assert placement_fit.place(spec, plan, LocalBackend()) is plan  # auto on this one machine: nothing to choose
 
 
 def test_plan_explain_without_a_cluster_shows_the_needs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from hetrun.dag.plan import build_plan
-from hetrun.dag.spec import load_spec, spec_from_dict
+from hetrun.dag.spec import JobSpec, PreemptionSpec, load_spec, spec_from_dict
 from hetrun.slurm_plugin.render import render_sbatch
 
 from hetrun.errors import RunDirError, SpecError
@@ -57,7 +57,7 @@ def test_rendering_is_deterministic_and_valid_bash(example: Path) -> None:
     subprocess.run(["bash", "-n"], input=a, text=True, check=True)
 
 
-def _spec(**changes: object) -> object:
+def _spec(**changes: object) -> JobSpec:
     data: dict = {
         "name": "demo",
         "workload": "hetrun.examples.ppo:PPOWorkload",
@@ -76,8 +76,8 @@ def _spec(**changes: object) -> object:
     return spec_from_dict(data)
 
 
-def _script(spec: object) -> str:
-    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON, hetrun_python=PYTHON)  # type: ignore[arg-type]
+def _script(spec: JobSpec) -> str:
+    return render_sbatch(build_plan(spec), spec, RUN_DIR, python=PYTHON, hetrun_python=PYTHON)
 
 
 def _blocks(script: str) -> list[list[str]]:
@@ -165,13 +165,11 @@ def test_python_path_is_shell_quoted() -> None:
 
 
 def test_unknown_signal_rejected_by_renderer_too() -> None:
+    """A spec built in code without validation (model_construct) still meets the request's gate."""
     spec = _spec()
-    plan = build_plan(spec).to_json()
-    import json
-
-    data = json.loads(plan)
+    bypass = spec.model_copy(update={"preemption": PreemptionSpec.model_construct(signal="KILL")})
     with pytest.raises(SpecError, match=r"preemption\.signal"):
-        render_sbatch(data, {"name": "demo", "preemption": {"signal": "KILL"}}, RUN_DIR, python=PYTHON)
+        render_sbatch(build_plan(spec), bypass, RUN_DIR, python=PYTHON)
 
 
 DYING_SRUN = """#!/bin/bash

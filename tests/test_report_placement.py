@@ -49,11 +49,10 @@ slurm: {partition: debug, time: "00:05:00"}
 def _plan(job_yaml: Path, busy: set[str]) -> dict:
     """plan.json as `hetrun submit` writes it, the trainer placed against a pool with ``busy`` nodes."""
     spec = load_spec(job_yaml)
-    plan_d = json.loads(build_plan(spec).to_json())
     need = component_needs(spec)["trainer"]
     cands = placement.score(placement.Need.from_needs(need), snapshot(TYPES, busy=busy))
-    record(plan_d, FitReport({"trainer": ComponentFit(need, cands)}, pool_taken_at=1_700_000_000.0))
-    return plan_d
+    plan = record(build_plan(spec), FitReport({"trainer": ComponentFit(need, cands)}, pool_taken_at=1_700_000_000.0))
+    return json.loads(plan.to_json())
 
 
 def _run_dir(root: Path, busy: set[str]) -> Path:
