@@ -18,12 +18,13 @@ else spells a file name, opens ``events.jsonl`` by hand or repeats a default.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -300,10 +301,16 @@ def event_time(record: Mapping[str, Any]) -> float | None:
     return None
 
 
-try:  # ~4x json's speed on event lines; the stdlib parser reads the same lines
-    from orjson import loads as _parse_line
-except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib stays enough
-    _parse_line = json.loads
+@functools.cache
+def _line_parser() -> Callable[[bytes], Any]:
+    """orjson's loads (~4x json's speed on event lines) where installed, else the stdlib's,
+    which reads the same lines. Imported when events are first read, not with this module:
+    importing hetrun.rundir pulls the standard library only (tests/test_layering.py)."""
+    try:
+        from orjson import loads
+    except ImportError:  # pragma: no cover - orjson is a dependency; the stdlib stays enough
+        return json.loads
+    return loads  # type: ignore[no-any-return]
 
 
 class EventStream:
@@ -333,6 +340,7 @@ class EventStream:
             fh = self.path.open("rb")
         except OSError:
             return
+        parse = _line_parser()
         with fh:
             for raw in fh if self._needle is None else self._kept_lines(fh, self._needle):
                 self.lines += self._needle is None
@@ -340,7 +348,7 @@ class EventStream:
                     self.skipped += 1  # the torn last line of a killed run
                     break
                 try:
-                    record = _parse_line(raw)
+                    record = parse(raw)
                 except (ValueError, UnicodeDecodeError):
                     self.skipped += 1
                     continue
@@ -395,9 +403,10 @@ def events_after(run_dir: str | os.PathLike[str], offset: int) -> tuple[list[dic
         return [], offset
     end = data.rfind(b"\n") + 1
     records = []
+    parse = _line_parser()
     for raw in data[:end].splitlines():
         try:
-            record = _parse_line(raw)
+            record = parse(raw)
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(record, dict):
