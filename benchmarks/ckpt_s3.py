@@ -19,9 +19,10 @@ Sections:
             verify) vs from the local tier (target <= 2x)
   stall     save() stall with the upload of the previous step in flight vs a
             writer with no object tier (target: unchanged)
-  restore_breakdown (--restore-only, alone) a bucket restore split into client
-            creation, download and the rest, beside a plain parallel GET of the
-            same objects and the local tier's restore, alternating rounds
+  restore_breakdown (--restore-only, alone) bucket restores (chains kept short
+            by the uploader, and the local tier's chains) beside the local
+            tier's restore and a plain parallel GET of the objects each
+            downloaded, alternating rounds
 Every restore is checked bit-exact against the live state.
 """
 
@@ -179,37 +180,48 @@ def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
 
 def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Where a restore from the bucket spends its time (``--restore-only``): a 160 MB state of
-    40 random fp32 tensors saved three times (each a delta on the last, the default chain),
-    then per round, alternating: the local tier's restore; a plain parallel GET of the very
-    objects the restore needs (same client settings and threads, nothing else: the HTTP
-    ceiling); the tier's prefetch of them into a tmpfs cache (what the cache's disk writes
-    cost); the bucket restore split into client creation, download (the tier's parallel
-    prefetch of the chain) and the rest (listing, documents, decode, verify)."""
+    40 random fp32 tensors saved three times (each a delta on the last: the local tier's
+    default chain), uploaded twice side by side: with the uploader's ``max_fetch_ratio``
+    (default 1.2: chains the bucket keeps short) and with 64 (the local tier's chains, as
+    before). Then per round, alternating: the local tier's restore; each bucket's restore
+    (a fresh tier: client creation, download and decode pipelined, verify); a plain
+    parallel GET of exactly the objects that restore downloaded (same client settings and
+    threads, bytes discarded: the HTTP ceiling)."""
     import statistics
 
     from hetrun.runtime.ckpt import CheckpointStore, Tier, s3_client
     from hetrun.runtime.ckpt.object_store import ObjectStore
     from hetrun.runtime.ckpt.object_tier import BucketTier
 
-    class Timed(BucketTier):
-        fetch_s = 0.0
-
-        def prefetch(self, hashes: list[str]) -> None:
-            t0 = time.perf_counter()
-            super().prefetch(hashes)
-            self.fetch_s += time.perf_counter() - t0
-
     gen = torch.Generator().manual_seed(0)
     st = {f"t{i}": torch.randn(1_000_000, generator=gen) for i in range(40)}
     chain = {} if args.max_delta_chain is None else {"max_delta_chain": args.max_delta_chain}
     t = Tiered(srv, "synthetic", args.threads, args.upload_threads, **chain)
+    ratios = {"bounded": args.max_fetch_ratio or (t.up.max_fetch_ratio if t.up else None), "unbounded": 64.0}
+    stores = {"bounded": t.store}
+    other = ObjectStore(f"s3://{BUCKET}/unbounded-{uuid.uuid4().hex[:6]}/train", env=srv.env(),
+                        threads=args.upload_threads)
+    stores["unbounded"] = other
+    if args.max_fetch_ratio is not None:
+        assert t.up is not None
+        t.up.max_fetch_ratio = args.max_fetch_ratio
+    from hetrun.runtime.ckpt.object_upload import ObjectUploader
+
+    up2 = ObjectUploader(other, [t.tier], rank=0, world_size=1, keep=3, max_fetch_ratio=64.0)
     t.writer.prepare(st)
+    uploads: dict[str, list[dict[str, Any]]] = {"bounded": [], "unbounded": []}
     for step, scale in ((1, 0.0), (2, 1e-4), (3, 1e-3)):
         for v in st.values():
             v.add_(scale * torch.randn(v.shape, generator=gen))
-        t.save(step, st)
+        out = t.save(step, st)
+        uploads["bounded"].append({k: out[k] for k in ("uploaded_bytes", "upload_s", "local_added_bytes")})
+        up2.submit(step)
+        assert up2.wait(1800)
+        ev = up2.results[-1]
+        assert ev["ev"] == "ckpt_upload", ev
+        uploads["unbounded"].append({"uploaded_bytes": ev["uploaded_bytes"], "upload_s": ev["seconds"]})
+    up2.close(60)
     os.sync()
-    refs = json.loads(t.store.get("shards/000000000003/rank-000000.refs.json"))["objects"]
     rows: list[dict[str, float]] = []
     for _round in range(args.rounds):
         row: dict[str, float] = {}
@@ -218,41 +230,34 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
         row["local_s"] = time.perf_counter() - t0
         assert local is not None and same(local.state, st)
         del local
-        c = s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(args.upload_threads) as pool:
-            got = sum(pool.map(lambda h, c=c: len(c.get_object(
-                Bucket=BUCKET, Key=t.store.url.key(t.store.object_rel(h)))["Body"].read()), refs))
-        row["plain_get_s"] = time.perf_counter() - t0
-        # The tier's own prefetch into a cache in memory (tmpfs) instead of on disk: what the
-        # cache file writes cost (a diagnostic; the tier's cache is on disk).
-        shm = Path("/dev/shm") / f"hetrun-ckpt-s3-bench-{os.getpid()}"
-        if shm.parent.is_dir():
-            probe = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=args.upload_threads), shm)
-            probe.store.client  # noqa: B018
+        for name, store in stores.items():
             t0 = time.perf_counter()
-            probe.prefetch(refs)
-            row["download_tmpfs_s"] = time.perf_counter() - t0
-            shutil.rmtree(shm, ignore_errors=True)
-        tier = Timed(ObjectStore(t.store.url, env=t.store.env, threads=args.upload_threads), ROOT / "cache")
+            tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads), ROOT / "cache")
+            remote = CheckpointStore([tier], threads=args.threads).restore()
+            row[f"{name}_s"] = time.perf_counter() - t0
+            assert remote is not None and remote.tier == "object" and same(remote.state, st)
+            del remote
+            row[f"{name}_bytes"] = tier.fetched_bytes
+            row[f"{name}_ratio"] = row[f"{name}_s"] / row["local_s"]
+            fetched = list(tier.fetched)
+            tier.close()
+            shutil.rmtree(ROOT / "cache", ignore_errors=True)
+            c = s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(args.upload_threads) as pool:
+                list(pool.map(lambda h, c=c, store=store: len(c.get_object(
+                    Bucket=BUCKET, Key=store.url.key(store.object_rel(h)))["Body"].read()), fetched))
+            row[f"{name}_plain_get_s"] = time.perf_counter() - t0
+        # What client creation alone costs (the tier overlaps it with its first requests).
         t0 = time.perf_counter()
-        tier.store.client  # noqa: B018 (made here to time it apart)
+        s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
         row["client_s"] = time.perf_counter() - t0
-        remote = CheckpointStore([tier], threads=args.threads).restore()
-        row["bucket_s"] = time.perf_counter() - t0
-        assert remote is not None and remote.tier == "object" and same(remote.state, st)
-        del remote
-        row["download_s"] = tier.fetch_s
-        row["rest_s"] = row["bucket_s"] - row["client_s"] - row["download_s"]
-        row["ratio"] = row["bucket_s"] / row["local_s"]
         row["load1"] = os.getloadavg()[0]
-        shutil.rmtree(ROOT / "cache", ignore_errors=True)
         rows.append(row)
     t.close()
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-    return {"max_delta_chain": args.max_delta_chain or "default", "objects": len(refs), "bytes_downloaded": got, "state_bytes": 160_000_000, "rounds": rows,
-            "median": med, "download_MBps": got / med["download_s"] / 1e6,
-            "plain_get_MBps": got / med["plain_get_s"] / 1e6}
+    return {"max_delta_chain": args.max_delta_chain or "default", "max_fetch_ratio": ratios,
+            "state_bytes": 160_000_000, "uploads": uploads, "rounds": rows, "median": med}
 
 
 def gpt(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
@@ -325,6 +330,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --restore-only")
     ap.add_argument("--max-delta-chain", type=int, default=None,
                     help="--restore-only: the writer's max_delta_chain (default: the writer's; 1: standalone)")
+    ap.add_argument("--max-fetch-ratio", type=float, default=None,
+                    help="--restore-only: the uploader's max_fetch_ratio (default: the uploader's, 1.2)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.vocab, args.dim, args.layers, args.heads, args.seq = (

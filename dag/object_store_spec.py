@@ -23,6 +23,11 @@ _SEGMENT_RE = re.compile(r"[A-Za-z0-9._=+@,-]{1,200}")
 _ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?")
 _PROFILE_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _REGION_RE = re.compile(r"[a-z0-9-]{1,32}")
+# checkpoint.object_store.max_fetch_ratio (its one home): a chunk goes to the bucket as a
+# delta only while its delta chain there stays within this many times the chunk's raw
+# bytes, else it is re-encoded whole; so a restore from the bucket downloads at most
+# ~1.2x the state however long the local tier's chains are (benchmarks/ckpt_s3.md).
+DEFAULT_MAX_FETCH_RATIO = 1.2
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,11 @@ class ObjectStoreSpec(BaseModel):
     shard_wait_s: float = Field(DEFAULTS.object_shard_wait_s, ge=1, le=86_400,
                                 description="how long rank 0 waits for every rank's shard before it "
                                             "gives up on a step's upload (no manifest is written)")
+    max_fetch_ratio: float = Field(DEFAULT_MAX_FETCH_RATIO, ge=0, le=64,
+                                   description="a restore from the bucket downloads at most this many times "
+                                               "each chunk's raw bytes: a chunk whose delta chain would "
+                                               "exceed it is uploaded whole (re-encoded) instead of as a "
+                                               "delta; 0: always whole, 64: the local tier's chains")
     check: bool = Field(True, description="hetrun plan/submit check reachability, bucket and write "
                                           "access before the job is queued")
 

@@ -134,6 +134,41 @@ def test_incremental_upload_and_bucket_only_restore_is_bit_identical(s3: Any, tm
     assert bucket_only.verify(1) == [] and bucket_only.verify(3) == []
 
 
+def test_the_bucket_keeps_delta_chains_short_so_a_restore_fetches_about_the_state(s3: Any, tmp_path: Path) -> None:
+    # Every chunk changes at every step: the local tier chains deltas (max_delta_chain 4); the
+    # bucket re-encodes a chunk whole once its chain there would pass max_fetch_ratio x raw.
+    state = _state(11, n=200_000)
+    raw = sum(v.numel() * v.element_size() for v in state.values())
+    for ratio in (1.2, 64.0):  # the default, and the local tier's chains
+        store = _store(s3)
+        saver = Saver(tmp_path / str(ratio), store)
+        saver.up.max_fetch_ratio = ratio
+        g = torch.Generator().manual_seed(3)
+        events = []
+        for step in (1, 2, 3):
+            for k in ("w", "m"):
+                state[k] += 1e-3 * torch.randn(state[k].shape, generator=g)
+            events.append(saver.save(step, state))
+        saver.close()
+        assert all(e is not None and e["ok"] for e in events), events
+        reencoded = sum(e["reencoded_objects"] for e in events if e is not None)
+        assert (reencoded > 0) == (ratio < 64), events
+        tier = BucketTier(_store(s3, store.url.prefix.split("/")[0]))
+        got = CheckpointStore([tier]).restore()
+        assert got is not None and got.step == 3 and _same(got.state, state)
+        assert CheckpointStore([tier]).verify(3) == []
+        saved = {k: v.clone() for k, v in state.items()}
+        if ratio < 64:
+            assert tier.fetched_bytes <= ratio * raw, (tier.fetched_bytes, raw)
+        else:
+            assert tier.fetched_bytes > 1.2 * raw, (tier.fetched_bytes, raw)  # the whole local chain
+        tier.close()
+        # GC keeps whatever either encoding needs (the refs list the local chains).
+        assert store.gc(grace_s=0)[2] is None
+        got = CheckpointStore([BucketTier(store)]).restore()
+        assert got is not None and got.step == 3 and _same(got.state, saved)
+
+
 def test_manifest_is_written_last_and_only_when_every_rank_uploaded(s3: Any, tmp_path: Path) -> None:
     # Two ranks of one store: rank 1's shard missing -> rank 0 writes no manifest.
     store = _store(s3)
@@ -414,13 +449,15 @@ def test_server_down_at_restore_falls_back_and_says_so(own_s3: Any, tmp_path: Pa
     srv.kill()
     try:
         events: list[dict[str, Any]] = []
-        # A silent server is waited out for read_retry_s (20 s by default), then reported.
-        bucket = BucketTier(ObjectStore(store.url, env=srv.env(), read_retry_s=1.0), on_event=events.append)
+        # A killed server refuses the connection: reported at once (a silent server or a
+        # 5xx would be waited out for read_retry_s; 60 s here, so a retried refusal shows).
+        bucket = BucketTier(ObjectStore(store.url, env=srv.env(), read_retry_s=60.0), on_event=events.append)
         got = CheckpointStore([Tier(tmp_path / "empty"), bucket, Tier(tmp_path / "shared")]).restore()
         assert got is not None and got.step == 1 and got.tier == "shared" and _same(got.state, state)
         assert events and events[0]["ev"] == "ckpt_tier_failure" and events[0]["op"] == "list"
         assert "does not answer" in events[0]["error"] and "falling back" in events[0]["message"]
-        assert "(retried for " in events[0]["error"], events
+        assert "connection refused" in events[0]["error"], events
+        assert "(retried for " not in events[0]["error"], events
     finally:
         srv.restart()
 

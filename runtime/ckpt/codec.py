@@ -121,6 +121,19 @@ class Encoded:
         return sum(n for _, n in self.planes)
 
 
+def object_header(enc: Encoded, raw_len: int, base: str | None = None, depth: int = 0) -> dict[str, Any]:
+    """The object header of an encoded chunk (objects.py's file format): its planes and
+    transform, and, for a delta, its base object's name and its depth in the chain."""
+    header: dict[str, Any] = {"raw_len": int(raw_len), "itemsize": enc.itemsize,
+                              "planes": [[m, n] for m, n in enc.planes]}
+    if enc.xf:
+        header["xf"] = enc.xf
+    if enc.uses_base:
+        header["base"] = base
+    header["depth"] = depth if enc.uses_base else 0
+    return header
+
+
 class Scratch:
     """Reusable per-thread buffers (fresh memory costs a page fault per 4 KiB,
     which at GB/s rates is as slow as the work itself)."""

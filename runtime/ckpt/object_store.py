@@ -30,6 +30,7 @@ import contextlib
 import json
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from hetrun.dag.object_store_spec import DEFAULT_MAX_FETCH_RATIO
 from hetrun.runtime.ckpt import object_preflight, s3_client
 from hetrun.runtime.ckpt.objects import check_hash
 from hetrun.runtime.ckpt.s3_client import S3Url, with_backoff
@@ -72,6 +74,7 @@ class ObjectStoreConfig:
     profile: str | None = None
     upload_threads: int = DEFAULTS.object_upload_threads
     shard_wait_s: float = DEFAULTS.object_shard_wait_s
+    max_fetch_ratio: float = DEFAULT_MAX_FETCH_RATIO
 
     @classmethod
     def from_plan(cls, cfg: dict[str, Any] | None) -> ObjectStoreConfig | None:
@@ -81,7 +84,8 @@ class ObjectStoreConfig:
             return None
         return cls(url=str(obj["url"]), endpoint=obj.get("endpoint"), region=obj.get("region"),
                    profile=obj.get("profile"), upload_threads=int(obj.get("upload_threads") or DEFAULTS.object_upload_threads),
-                   shard_wait_s=float(obj.get("shard_wait_s") or DEFAULTS.object_shard_wait_s))
+                   shard_wait_s=float(obj.get("shard_wait_s") or DEFAULTS.object_shard_wait_s),
+                   max_fetch_ratio=float(obj.get("max_fetch_ratio", DEFAULT_MAX_FETCH_RATIO)))
 
 
 class ObjectStore:
@@ -96,6 +100,8 @@ class ObjectStore:
         self.threads = max(1, threads)
         self.read_retry_s = read_retry_s  # how long a read waits out a 5xx or a silent server
         self._client = client
+        self._client_lock = threading.Lock()
+        self._warming: threading.Thread | None = None
 
     @classmethod
     def from_config(cls, cfg: ObjectStoreConfig, component: str | None = None,
@@ -109,12 +115,35 @@ class ObjectStore:
                            profile=self.profile, client=self._client, threads=self.threads, env=self.env,
                            read_retry_s=self.read_retry_s)
 
+    def warm(self) -> ObjectStore:
+        """Start making the client on a thread of its own: boto3's import and its S3
+        service model cost 0.1-1.8 s of CPU (benchmarks/ckpt_s3.md), which then overlap
+        whatever the caller does before its first request. Errors surface at that request."""
+        with self._client_lock:
+            if self._client is None and self._warming is None:
+                self._warming = threading.Thread(target=self._warm, name="ckpt-s3-client", daemon=True)
+                self._warming.start()
+        return self
+
+    def _warm(self) -> None:
+        with contextlib.suppress(Exception):  # the first request makes it again and says why
+            self._make_client()
+
+    def _make_client(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                self._client = s3_client.make_client(self.endpoint, region=self.region, profile=self.profile,
+                                                     env=self.env, pool=max(16, 2 * self.threads))
+            return self._client
+
     @property
     def client(self) -> Any:
         if self._client is None:
+            warming = self._warming
+            if warming is not None and warming is not threading.current_thread():
+                warming.join()
             try:
-                self._client = s3_client.make_client(self.endpoint, region=self.region, profile=self.profile,
-                                                     env=self.env, pool=max(16, 2 * self.threads))
+                return self._make_client()
             except Exception as exc:
                 raise CheckpointError(s3_client.describe(exc, str(self.url)), hint=s3_client.CREDENTIAL_HINT) from exc
         return self._client

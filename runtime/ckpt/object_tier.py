@@ -5,8 +5,12 @@ cache directory on first use (download to a temporary name, then rename), so
 the store's reader decodes and verifies the very bytes every other tier holds:
 a restore from the bucket is bit-identical, a corrupted object fails its
 content hash exactly as on disk, and restore falls back to the next tier or
-an older checkpoint. Reading a shard fetches every object it needs in
-parallel (its refs document lists chunks and delta bases) before decoding.
+an older checkpoint. Reading a shard starts the download of its chunks on a
+pool of ``upload_threads`` in the order the reader decodes them, each chunk's
+delta bases right behind it on the same thread as its header names them
+(the bucket's encodings, which may be shorter than the local tier's:
+object_upload.py); the reader decodes each chunk as soon as its chain is in
+the cache, while the rest still downloads.
 
 A server that does not answer is a tier with no checkpoints (``failures``
 says why, ``on_event`` reports a ``ckpt_tier_failure``), never an exception
@@ -16,23 +20,23 @@ out of the listing: the other tiers still restore.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
 import threading
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from hetrun.runtime.ckpt.object_store import ObjectStore
-from hetrun.runtime.ckpt.objects import Tier
+from hetrun.runtime.ckpt.objects import Tier, check_hash
 
 from hetrun.errors import CheckpointError
 
 TIER_NAME = "object"
+_MAX_CHAIN = 64
 
 
 class BucketTier(Tier):
@@ -41,11 +45,16 @@ class BucketTier(Tier):
         self._own_cache = cache_dir is None
         root = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp(prefix="hetrun-s3cache-"))
         super().__init__(root, TIER_NAME)
-        self.store = store
+        self.store = store.warm()  # the client is made while the caller sets up
         self.on_event = on_event
         self.failures: list[str] = []
         self._steps: list[int] | None = None
         self._lock = threading.Lock()
+        # Objects being downloaded (or done): name -> its file in the cache, once there.
+        self._pending: dict[str, Future[Path]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.fetched_bytes = 0  # object bytes downloaded (benchmarks/ckpt_s3.py reads it)
+        self.fetched: list[str] = []  # and which objects
 
     def __repr__(self) -> str:
         return f"Tier({self.name}: {self.store})"
@@ -67,7 +76,12 @@ class BucketTier(Tier):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     def close(self) -> None:
-        """Remove the download cache (only one this tier made itself)."""
+        """Stop the downloads (those under way finish) and remove the download cache
+        (only one this tier made itself)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         if self._own_cache:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -81,14 +95,61 @@ class BucketTier(Tier):
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+        if rel.startswith("objects/"):
+            with self._lock:
+                self.fetched_bytes += len(data)
+                self.fetched.append(path.name)
         return path
 
+    def _claim(self, h: str) -> Future[Path] | None:
+        """A new pending entry for ``h`` (the caller downloads it), or None when it is
+        in the cache or someone already downloads it. Under ``self._lock``."""
+        if h in self._pending or self.object_path(h).is_file():
+            return None
+        fut: Future[Path] = Future()
+        self._pending[h] = fut
+        return fut
+
+    def _unclaim(self, h: str, fut: Future[Path], exc: BaseException) -> None:
+        """A failed download: its waiters get the error, a later read asks again."""
+        with self._lock:
+            if self._pending.get(h) is fut:
+                del self._pending[h]
+        fut.set_exception(exc)
+
     def prefetch(self, hashes: list[str]) -> None:
-        todo = [h for h in dict.fromkeys(hashes) if not self.object_path(h).is_file()]
-        if not todo:
-            return
-        with ThreadPoolExecutor(self.store.threads, thread_name_prefix="ckpt-s3-get") as pool:
-            list(pool.map(lambda h: self._fetch(self.object_rel(h)), todo))
+        """Start downloading these objects, in this order, and each one's delta bases
+        behind it (as its header names them); returns at once (reads wait per object)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.store.threads, thread_name_prefix="ckpt-s3-get")
+            for h in dict.fromkeys(hashes):
+                fut = self._claim(h)
+                if fut is not None:
+                    self._pool.submit(self._walk, h, fut)
+
+    def _walk(self, h: str, fut: Future[Path]) -> None:
+        """Download ``h``, then its base, its base's base … (each one nobody else has
+        claimed) on this thread: a chunk's chain arrives in the order it is decoded."""
+        for _depth in range(_MAX_CHAIN + 1):
+            try:
+                path = self._fetch(self.object_rel(h))
+            except BaseException as exc:
+                self._unclaim(h, fut, exc)
+                return
+            fut.set_result(path)
+            try:
+                base = Tier.read_object_header(self, h).get("base")
+                h = check_hash(base, "object base") if base else ""
+            except (CheckpointError, ValueError, AttributeError):
+                return  # the reader finds the corruption and says so
+            if not h:
+                return
+            with self._lock:
+                nxt = self._claim(h)
+            if nxt is None:
+                return
+            fut = nxt
 
     # -- Tier's reads -------------------------------------------------------------------
     def manifest_steps(self) -> list[int]:
@@ -117,23 +178,36 @@ class BucketTier(Tier):
         self.safe_path(rel, where)  # reject a forged path before any request
         try:
             self._fetch(rel, refresh=True)
-            refs = json.loads(self._fetch(rel.removesuffix(".json") + ".refs.json", refresh=True).read_bytes())
-            doc = super().read_shard(rel, sha, where)
-            self.prefetch([str(h) for h in refs.get("objects", [])])
         except CheckpointError as exc:
             self._failed("read", exc)
             raise
-        except (ValueError, TypeError) as exc:
-            raise CheckpointError(f"{where}: the refs document of {rel} is malformed; corrupt") from exc
+        doc = super().read_shard(rel, sha, where)
+        try:
+            chunks = [str(h) for td in doc["tensors"] for h, _n in td["chunks"]]
+        except (KeyError, TypeError, ValueError):
+            chunks = []  # malformed: the store's reader says so, with where
+        self.prefetch(chunks)  # (the refs document is GC's: it may list bases no longer needed)
         return doc
 
     def _ensure_object(self, h: str) -> None:
-        if not self.object_path(h).is_file():
-            try:
-                self._fetch(self.object_rel(h))
-            except CheckpointError as exc:
-                self._failed("read", exc)
-                raise
+        with self._lock:
+            fut = self._pending.get(h)
+            mine = self._claim(check_hash(h, "object name")) if fut is None else None
+        if fut is None and mine is None:
+            return  # in the cache
+        try:
+            if mine is not None:  # not prefetched: fetched here
+                try:
+                    mine.set_result(self._fetch(self.object_rel(h)))
+                except BaseException as exc:
+                    self._unclaim(h, mine, exc)
+                    raise
+            else:
+                assert fut is not None
+                fut.result()
+        except CheckpointError as exc:
+            self._failed("read", exc)
+            raise
 
     def has_object(self, h: str) -> bool:
         return self.object_path(h).is_file() or self.store.exists(self.store.object_rel(h))

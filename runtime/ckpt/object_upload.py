@@ -7,11 +7,17 @@ for it (and neither does the next checkpoint's write: a step still queued
 when a newer one commits is replaced by it). For a step, each rank:
 
 1. takes a lease (object_store.py: a GC then keeps off);
-2. sends the objects its shard needs (chunks + delta bases, read from the
-   tier it wrote) that the bucket lacks: an index of what it sent or saw,
-   seeded by one LIST of ``objects/`` on the first upload and after every GC
-   (``gc.generation``); in parallel, multipart above 64 MiB;
-3. sends its shard document and its refs document.
+2. sends the chunks of its shard that the bucket lacks: an index of what it
+   sent or saw, seeded by one LIST of ``objects/`` on the first upload and
+   after every GC (``gc.generation``); in parallel, multipart above 64 MiB.
+   A chunk goes as the very file the local tier holds while that is whole,
+   or a delta on a base the bucket holds whose chain there stays within
+   ``max_fetch_ratio`` x the chunk's raw bytes; otherwise it is re-encoded
+   whole (same name: the name is the hash of the raw bytes). So a restore
+   from the bucket downloads ~1x the state, not the local tier's whole delta
+   chain (1.9x with the default chain of 4: benchmarks/ckpt_s3.md);
+3. sends its shard document and its refs document (every object the LOCAL
+   encodings reach, a superset of what the bucket's need: GC keeps them all).
 
 Rank 0 then waits until every rank's shard document is in the bucket and
 writes the manifest LAST: a reader never sees a partial checkpoint. It drops
@@ -34,8 +40,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from hetrun.dag.object_store_spec import DEFAULT_MAX_FETCH_RATIO
+from hetrun.runtime.ckpt import codec
 from hetrun.runtime.ckpt.object_store import ObjectStore
-from hetrun.runtime.ckpt.objects import Tier, check_hash
+from hetrun.runtime.ckpt.objects import Tier, check_hash, object_parts
+from hetrun.runtime.ckpt.store import CheckpointStore
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import CheckpointError
@@ -47,13 +56,19 @@ _MAX_CHAIN = 64
 
 class ObjectUploader:
     def __init__(self, store: ObjectStore, tiers: list[Tier], *, rank: int, world_size: int, keep: int,
-                 on_event: Callable[[dict[str, Any]], None] | None = None, shard_wait_s: float = DEFAULTS.object_shard_wait_s) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None, shard_wait_s: float = DEFAULTS.object_shard_wait_s,
+                 max_fetch_ratio: float = DEFAULT_MAX_FETCH_RATIO) -> None:
         self.store = store
         self.tiers = tiers
         self.rank, self.world_size, self.keep = rank, world_size, keep
         self.on_event = on_event
         self.shard_wait_s = shard_wait_s
+        self.max_fetch_ratio = max_fetch_ratio
         self._known: set[str] = set()  # objects this rank sent or saw in the bucket
+        # Bytes a restore downloads for an object this rank sent (itself + its bucket bases);
+        # an object only listed is not in it, so nothing is sent as a delta on it.
+        self._chain_bytes: dict[str, int] = {}
+        self._local = threading.local()  # per upload thread: the codec's compressor and scratch
         self._generation: str | None = None
         self._listed = False
         self._cond = threading.Condition()
@@ -147,6 +162,19 @@ class ObjectUploader:
                         raise CheckpointError(f"chunk {h[:16]}… has an overlong delta chain; corrupt")
         return need
 
+    def _whole(self, decoder: CheckpointStore, h: str, nbytes: int, src: Tier, names: str) -> bytes:
+        """Object ``h`` re-encoded with no delta base: its raw bytes decoded from ``src``
+        (checked against its name) and encoded as the writer encodes a full chunk."""
+        loc = self._local
+        if getattr(loc, "cctx", None) is None:
+            loc.cctx, loc.scratch, loc.raw = codec.new_compressor(), codec.Scratch(), codec.Scratch()
+        raw = loc.raw.get("raw", nbytes)
+        decoder.decode_chunk(h, raw, names=names)
+        itemsize = int(src.read_object_header(h).get("itemsize", 1))
+        enc = codec.encode(raw, itemsize, None, compressor=loc.cctx, scratch=loc.scratch)
+        # The parts point into the scratch: joined before this thread's next encode.
+        return b"".join(object_parts(codec.object_header(enc, nbytes), enc.parts))
+
     def upload(self, step: int) -> dict[str, Any]:
         store = self.store
         store.take_lease(step, self.rank)
@@ -156,38 +184,53 @@ class ObjectUploader:
             # A GC deleted something since (believe nothing cached), or a first upload: one
             # LIST (1,000 keys a request) says what the bucket holds, instead of a HEAD per chunk.
             self._known = {o.rel.rsplit("/", 1)[-1] for o in store.list("objects/")}
+            self._chain_bytes = {h: n for h, n in self._chain_bytes.items() if h in self._known}
             self._generation, self._listed = gen, True
         src = self._source(step)
         shard_rel = src.shard_rel(step, self.rank)
         shard_bytes = (src.root / shard_rel).read_bytes()
-        need = self._closure(src, json.loads(shard_bytes))
+        shard = json.loads(shard_bytes)
+        need = self._closure(src, shard)
+        chunks = _chunks(shard)
         # Chunks this rank neither sent nor listed: missing when the LIST was just now, else
         # asked with HEAD (another rank of the store may have sent one since).
-        unknown = [] if fresh else [h for h in need if h not in self._known]
-        sent = sent_bytes = 0
+        unknown = [] if fresh else [h for h in chunks if h not in self._known]
+        sent = sent_bytes = reencoded = 0
+        decoder = CheckpointStore([src], threads=1)
+        names = str(shard.get("names", "sha256"))
 
-        def send(h: str) -> int:
+        def send(h: str) -> tuple[int, bool]:
             path = src.object_path(h)
             size = os.stat(path).st_size
-            store.put_file(store.object_rel(h), str(path), size)
-            return size
+            base = src.read_object_header(h).get("base")
+            chain = size if not base else size + self._chain_bytes.get(str(base), 1 << 62)
+            if chain <= max(size, self.max_fetch_ratio * chunks[h]):
+                store.put_file(store.object_rel(h), str(path), size)
+                self._chain_bytes[h] = chain
+                return size, False
+            data = self._whole(decoder, h, chunks[h], src, names)
+            store.put(store.object_rel(h), data)
+            self._chain_bytes[h] = len(data)
+            return len(data), True
 
         pool = ThreadPoolExecutor(store.threads, thread_name_prefix="ckpt-upload-io")
         try:
             present = _all(pool, lambda h: store.exists(store.object_rel(h)), unknown)
             self._known.update(h for h, there in zip(unknown, present, strict=True) if there)
-            missing = [h for h in need if h not in self._known]
-            for h, size in zip(missing, _all(pool, send, missing), strict=True):
+            missing = [h for h in chunks if h not in self._known]
+            for h, (size, whole) in zip(missing, _all(pool, send, missing), strict=True):
                 self._known.add(h)
                 sent += 1
                 sent_bytes += size
+                reencoded += whole
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
         refs = json.dumps({"step": step, "rank": self.rank, "objects": need}, separators=(",", ":")).encode()
         store.put(shard_rel.removesuffix(".json") + ".refs.json", refs)
         store.put(shard_rel, shard_bytes)  # the rank's part is complete once this exists
         sent_bytes += len(refs) + len(shard_bytes)
-        stats: dict[str, Any] = {"objects": len(need), "uploaded_objects": sent, "uploaded_bytes": sent_bytes}
+        stats: dict[str, Any] = {"objects": len(need), "uploaded_objects": sent, "uploaded_bytes": sent_bytes,
+                                 "reencoded_objects": reencoded}
         if self.rank == 0:
             stats.update(self._commit(step, src))
         return stats
@@ -224,6 +267,17 @@ class ObjectUploader:
         except CheckpointError as exc:  # best effort; `hetrun ckpt gc URL` finishes it
             out["gc_skipped"] = str(exc)
         return out
+
+
+def _chunks(shard: dict[str, Any]) -> dict[str, int]:
+    """The shard's chunks, in order, each once: object name -> raw bytes."""
+    out: dict[str, int] = {}
+    for td in shard.get("tensors", []):
+        for h, n in td.get("chunks", []):
+            if not isinstance(n, int) or n <= 0:
+                raise CheckpointError(f"chunk {str(h)[:16]}… has length {n!r}; the shard is corrupt")
+            out.setdefault(check_hash(h, "shard chunk"), n)
+    return out
 
 
 def _all(pool: ThreadPoolExecutor, fn: Callable[[str], Any], items: list[str]) -> list[Any]:

@@ -259,9 +259,7 @@ class Tier:
                      staged: Staged | None = None) -> int:
         path = self.object_path(h)
         path.parent.mkdir(exist_ok=True)
-        head = json.dumps(header, separators=(",", ":")).encode()
-        return atomic_write(path, [MAGIC, struct.pack("<I", len(head)), head, *parts],
-                            durable=durable, staged=staged)
+        return atomic_write(path, object_parts(header, parts), durable=durable, staged=staged)
 
     def read_object(self, h: str, into: ReadBuffer | None = None) -> tuple[dict[str, Any], memoryview]:
         """Header and payload of object ``h``; with ``into``, read into that
@@ -442,6 +440,12 @@ class ReadBuffer:
         if len(self._buf) < n:
             self._buf = bytearray(n)
         return memoryview(self._buf)[:n]
+
+
+def object_parts(header: dict[str, Any], parts: list[Any]) -> list[Any]:
+    """An object file's bytes, in order: ``MAGIC``, the header's length, the header, the payload."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return [MAGIC, struct.pack("<I", len(head)), head, *parts]
 
 
 def parse_object(data: Any, h: str) -> tuple[dict[str, Any], memoryview]:

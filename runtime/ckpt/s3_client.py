@@ -16,6 +16,7 @@ commands never load it (tests/test_cli_startup.py).
 from __future__ import annotations
 
 import contextlib
+import errno
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -36,7 +37,8 @@ THROTTLE_GIVE_UP_S = 60.0
 # A READ that meets trouble on the server's side (a 5xx: SeaweedFS answers 500 InternalError
 # while its volume servers register after a restart) or no answer at all is retried along
 # THROTTLE_BACKOFF this long before it is reported: a store that is briefly down costs a
-# restore a wait, not a fallback. Writes are not retried so: an upload that fails is the
+# restore a wait, not a fallback. A refused connection (nothing listens: a wrong endpoint,
+# a server not running) is reported at once, after botocore's own attempts (~4 s). Writes are not retried so: an upload that fails is the
 # next checkpoint's to send, and training never waits for it. botocore's own retries
 # (make_client's ``retries``, standard mode) come first, inside each attempt here.
 READ_RETRY_S = 20.0
@@ -108,9 +110,30 @@ def is_unreachable(exc: BaseException) -> bool:
     return type(exc).__name__ in UNREACHABLE
 
 
+def is_refused(exc: BaseException) -> bool:
+    """Nothing listens at the endpoint (connection refused): a wrong endpoint or a
+    server that is not running, never worth READ_RETRY_S of waiting (a silent or
+    failing server still is). botocore keeps the OS error in ``kwargs['error']``."""
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or getattr(e, "errno", None) == errno.ECONNREFUSED:
+            return True
+        if "Connection refused" in str(e):
+            return True
+        kw = getattr(e, "kwargs", None)
+        inner = kw.get("error") if isinstance(kw, dict) else None
+        todo += [inner if isinstance(inner, BaseException) else None, e.__cause__, e.__context__]
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
-    """Worth asking again: throttled, a server error, or no answer."""
-    return is_throttle(exc) or is_server_error(exc) or is_unreachable(exc)
+    """Worth asking again: throttled, a server error, or no answer (but not a refusal)."""
+    return is_throttle(exc) or is_server_error(exc) or (is_unreachable(exc) and not is_refused(exc))
 
 
 def is_missing(exc: BaseException) -> bool:
@@ -123,6 +146,8 @@ def describe(exc: BaseException, where: str) -> str:
     name = type(exc).__name__
     retried = getattr(exc, "hetrun_retried_s", None)
     after = f" (retried for {retried:.{1 if retried < 10 else 0}f} s)" if retried is not None else ""
+    if is_unreachable(exc) and is_refused(exc):
+        return f"{where}: the endpoint does not answer (connection refused: no S3 server listens there){after}"
     if is_unreachable(exc):
         return f"{where}: the endpoint does not answer ({name}){after}"
     if is_server_error(exc):

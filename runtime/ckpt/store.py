@@ -400,6 +400,14 @@ class CheckpointStore:
         assert last is not None
         raise last
 
+    def decode_chunk(self, h: str, out: np.ndarray, *, names: str = NAME_HASH) -> None:
+        """Object ``h`` decoded (its delta chain too) into ``out`` (uint8, the chunk's raw
+        length) and checked against its name, from the first tier that has it right
+        (the object uploader re-encodes a chunk from these bytes)."""
+        if names not in _NAME_HASHES:
+            raise CheckpointError(f"objects named with {names!r}, unknown to this hetrun version")
+        self._decode_object(check_hash(h, "object name"), out, self.tiers[0], None, names)
+
     def load_rank(self, step: int, rank: int, *, full_hash: bool = False,
                   into: Any = None) -> tuple[Any, dict[str, Any], Tier]:
         """Rank ``rank``'s state at ``step`` from the first tier where it verifies.

@@ -417,15 +417,11 @@ class CheckpointWriter:
             base = prev[0]
         enc = codec.encode(raw, itemsize, base, compressor=self._compressor(), scratch=self._scratch())
         t = self._stage("encode", t)
-        header: dict[str, Any] = {"raw_len": int(raw.size), "itemsize": enc.itemsize,
-                                  "planes": [[m, n] for m, n in enc.planes]}
-        if enc.xf:
-            header["xf"] = enc.xf
         depth = 0
         if enc.uses_base:
             assert prev is not None
-            header["base"], depth = prev[1], prev[2] + 1
-        header["depth"] = depth
+            depth = prev[2] + 1
+        header = codec.object_header(enc, raw.size, prev[1] if enc.uses_base and prev is not None else None, depth)
         tier.write_object(h, header, enc.parts, durable=self.durable, staged=self._staged)
         self._stage("write", t)
         self._new_objects.append(h)
