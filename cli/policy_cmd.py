@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from hetrun.slurm_plugin.policy.model import PolicySpec
+    from hetrun.slurm_plugin.policy.plan import PolicyPlan
 
 policy_app = typer.Typer(
     name="policy",
@@ -32,7 +36,7 @@ SECTIONS = (
 )
 
 
-def _plan(file: Path, offline: bool = False) -> tuple[Any, Any, Path | None]:
+def _plan(file: Path, offline: bool = False) -> tuple[PolicySpec, PolicyPlan, Path | None]:
     from hetrun.slurm_plugin.policy.apply import plan_live
     from hetrun.slurm_plugin.policy.model import load_policy
 
@@ -49,7 +53,7 @@ def _plan(file: Path, offline: bool = False) -> tuple[Any, Any, Path | None]:
     return policy, plan, conf
 
 
-def _print_plan(plan: Any) -> None:
+def _print_plan(plan: PolicyPlan) -> None:
     if plan.in_sync:
         typer.echo("in sync: the live cluster already matches the policy")
     for kinds, title in SECTIONS:
@@ -74,7 +78,7 @@ def _print_plan(plan: Any) -> None:
         typer.echo(frag)
 
 
-def _plan_json(plan: Any) -> dict[str, Any]:
+def _plan_json(plan: PolicyPlan) -> dict[str, Any]:
     return {
         "in_sync": plan.in_sync,
         "changes": [{"kind": c.kind, "target": c.target, "action": c.action, "why": c.why,
