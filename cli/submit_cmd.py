@@ -41,7 +41,7 @@ BackendOpt = Annotated[str, typer.Option(
 ScriptArgs = Annotated[Optional[list[str]], typer.Argument(
     help="Script mode: arguments for the program, after --.", show_default=False, metavar="[-- ARGS...]")]
 TasksPerNodeOpt = Annotated[Optional[int], typer.Option(
-    "--ntasks-per-node", min=1, max=1024, metavar="N",
+    "--ntasks-per-node", metavar="N",  # its range is the spec's (components.C.tasks_per_node)
     help="Script mode: ranks per node of the program (a YAML job: --set components.C.tasks_per_node=N).")]
 RunsDirOpt = Annotated[Optional[Path], typer.Option(
     "--runs-dir", envvar="HETRUN_RUNS", show_envvar=True,

@@ -60,4 +60,6 @@ def script_spec(path: str | os.PathLike[str], args: Sequence[str], *, python: st
     if overrides is not None and not overrides.is_empty():
         data = copy.deepcopy(data)
         paths = apply_overrides(data, overrides)
+    if tasks_per_node is not None:  # its range is the spec's: an error names the flag
+        paths[("components", SCRIPT_COMPONENT, "tasks_per_node")] = f"--ntasks-per-node {tasks_per_node}"
     return validate_spec_data(data, None, paths)

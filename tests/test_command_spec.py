@@ -185,6 +185,11 @@ def test_script_mode_makes_a_one_component_command_job(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="neither a job YAML"):
         (tmp_path / "notes.txt").write_text("x")
         script_spec(tmp_path / "notes.txt", [], python="/usr/bin/python3")
+    # --ntasks-per-node's range is the spec's own (one home): out of it, the error names the flag.
+    for bad in (0, 1025):
+        with pytest.raises(SpecError, match=f"--ntasks-per-node {bad}") as info:
+            script_spec(script, [], python="/usr/bin/python3", tasks_per_node=bad)
+        assert info.value.key_path == "components.main.tasks_per_node", info.value.key_path
 
 
 @pytest.mark.slow
