@@ -214,30 +214,53 @@ class AtariVector:
 
 
 def play_games(s: AtariSettings, games: int, seed: int, choose: Any, max_steps: int) -> np.ndarray:
-    """Real scores of ``games`` games, one per env, actions from ``choose(obs uint8 [N,C,H,W])``.
+    """Real scores of ``games`` games, game ``i`` reset with seed ``seed + i``.
 
-    A game still running after ``max_steps`` agent steps counts with its score so far.
+    ``choose(obs, running)`` picks the actions: ``obs`` uint8 [k, C, H, W] holds the
+    ``k`` games still running (in game order), ``running`` bool [games] says which
+    they are; it returns ``k`` actions. Only running games are stepped and shown to
+    the policy: a finished game's env is not played on (a lock-step vector env
+    would go on stepping it, and running the policy on it, until the longest game
+    ends). ``running`` lets a sampling policy draw from its stream exactly as if
+    every game were still running, so each game's actions are those a lock-step
+    batch of all ``games`` would draw. A lost life continues the same game (the
+    env's reset does that, EpisodicLife); a game still running after
+    ``max_steps`` agent steps counts with its score so far.
     """
-    vec = AtariVector(s, games, seed)
+    envs = [make_atari_env(s) for _ in range(games)]
+    trackers = [_score_of(env) for env in envs]
     scores = np.full(games, np.nan)
+    running = np.ones(games, dtype=bool)
     try:
+        obs = np.stack([env.reset(seed=seed + i)[0] for i, env in enumerate(envs)])
         for _ in range(max_steps):
-            vec.step(np.asarray(choose(vec.obs)))
-            for i, tracker in enumerate(vec.scores):
-                if tracker.finished and np.isnan(scores[i]):
-                    scores[i] = tracker.finished[0][0]
-                tracker.finished.clear()
-            if not np.isnan(scores).any():
+            playing = np.flatnonzero(running)
+            actions = np.asarray(choose(obs[playing], running.copy()))
+            for i, action in zip(playing, actions, strict=True):
+                o, _, terminated, truncated, _ = envs[i].step(int(action))
+                if trackers[i].finished:  # the game is over (GameScore sits below EpisodicLife)
+                    scores[i] = trackers[i].finished[0][0]
+                    running[i] = False
+                    continue
+                if terminated or truncated:  # a lost life: the reset goes on with the same game
+                    o, _ = envs[i].reset()
+                obs[i] = o
+            if not running.any():
                 break
-        running = np.isnan(scores)
-        scores[running] = [vec.scores[i].score for i in np.flatnonzero(running)]
+        scores[running] = [trackers[i].score for i in np.flatnonzero(running)]
     finally:
-        vec.close()
+        for env in envs:
+            env.close()
     return scores
 
 
 def random_policy_scores(s: AtariSettings, games: int, seed: int, max_steps: int) -> np.ndarray:
-    """The uniform-random baseline every Atari result is compared against."""
+    """The uniform-random baseline every Atari result is compared against.
+
+    One draw per game per step, finished games included (``play_games``), so a
+    game's actions do not depend on when the others end.
+    """
     n = num_actions(s)
     rng = np.random.default_rng(seed)
-    return play_games(s, games, seed, lambda obs: rng.integers(n, size=len(obs)), max_steps)
+    return play_games(s, games, seed, lambda obs, running: rng.integers(n, size=len(running))[running],
+                      max_steps)

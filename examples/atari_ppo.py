@@ -289,9 +289,13 @@ class AtariPPOWorkload(PPOWorkload):
         seed = int(np.random.SeedSequence([int(self.ctx.seed), 1, self.version]).generate_state(1)[0])
         gen = torch.Generator().manual_seed(seed)
 
-        def choose(obs: np.ndarray) -> np.ndarray:
-            probs = torch.softmax(self.actor(torch.from_numpy(obs)), -1)
-            return torch.multinomial(probs, 1, generator=gen).squeeze(1).numpy()
+        def choose(obs: np.ndarray, running: np.ndarray) -> np.ndarray:
+            # The policy runs on the running games only; the draw covers every game (finished
+            # ones get a uniform row), so the stream gives each game what a full batch would.
+            probs = torch.full((len(running), self.n_actions), 1.0 / self.n_actions)
+            logits = self.agent.policy(self.agent.features(torch.from_numpy(obs)))
+            probs[torch.from_numpy(running)] = torch.softmax(logits, -1)
+            return torch.multinomial(probs, 1, generator=gen).squeeze(1).numpy()[running]
 
         scores = play_games(self.settings, n, seed % (2**31 - n), choose, self.cfg.eval_max_steps)
         return {

@@ -5,11 +5,19 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from hetrun.examples.atari_envs import AtariSettings, AtariVector, make_atari_env, num_actions
+from hetrun.examples.atari_envs import (
+    AtariSettings,
+    AtariVector,
+    make_atari_env,
+    num_actions,
+    play_games,
+    random_policy_scores,
+)
 from hetrun.examples.atari_ppo import AtariPPOWorkload
 from hetrun.runtime.context import RankContext
 
@@ -160,3 +168,57 @@ def test_gae_takes_the_behaviour_values_the_rollout_computed_unless_told_to_use_
     assert torch.equal(rewards, batch["rewards"])
     with pytest.raises(SpecError, match="gae_values"):
         AtariPPOWorkload(ctx(0, "learner"), **SMALL, gae_values="critic")
+
+
+def _lock_step_scores(s: AtariSettings, games: int, seed: int, choose: Any, max_steps: int) -> np.ndarray:
+    """The reference: every game stepped in one lock-step vector env (finished ones reset and
+    played on) until all are over; each game's first score, or its score so far at the cap."""
+    vec = AtariVector(s, games, seed)
+    scores = np.full(games, np.nan)
+    for _ in range(max_steps):
+        vec.step(np.asarray(choose(vec.obs)))
+        for i, tracker in enumerate(vec.scores):
+            if tracker.finished and np.isnan(scores[i]):
+                scores[i] = tracker.finished[0][0]
+            tracker.finished.clear()
+        if not np.isnan(scores).any():
+            break
+    running = np.isnan(scores)
+    scores[running] = [vec.scores[i].score for i in np.flatnonzero(running)]
+    vec.close()
+    return scores
+
+
+def test_evaluation_plays_only_running_games_and_scores_what_a_lock_step_batch_scores() -> None:
+    s = AtariSettings(env_id="ALE/Breakout-v5")
+    shown: list[int] = []
+    rng = np.random.default_rng(5)
+
+    def uniform(obs: np.ndarray, running: np.ndarray) -> np.ndarray:
+        shown.append(len(obs))
+        return rng.integers(4, size=len(running))[running]
+
+    scores = play_games(s, 3, 5, uniform, max_steps=400)
+    assert shown[0] == 3 and shown[-1] == 1  # finished games drop out of the batch
+    ref_rng = np.random.default_rng(5)
+    expected = _lock_step_scores(s, 3, 5, lambda obs: ref_rng.integers(4, size=len(obs)), 400)
+    assert np.array_equal(scores, expected)
+    assert np.array_equal(random_policy_scores(s, 3, 5, 400), expected)
+    capped = play_games(s, 3, 5, lambda obs, running: np.zeros(len(obs), dtype=np.int64), max_steps=30)
+    assert len(capped) == 3 and not np.isnan(capped).any()  # games still running count their score so far
+
+    # The trained policy's evaluation: sampled actions, seeded by (seed, version), same scores.
+    wl = AtariPPOWorkload(ctx(0, "learner"), **{**SMALL, "eval_episodes": 3, "eval_max_steps": 400})
+    got = wl.evaluate()
+    seed = int(np.random.SeedSequence([3, 1, 0]).generate_state(1)[0])
+    gen = torch.Generator().manual_seed(seed)
+
+    def sampled(obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            probs = torch.softmax(wl.actor(torch.from_numpy(obs)), -1)
+        return torch.multinomial(probs, 1, generator=gen).squeeze(1).numpy()
+
+    ref = _lock_step_scores(s, 3, seed % (2**31 - 3), sampled, 400)
+    assert got["eval_episodes"] == 3
+    assert (got["eval_return_mean"], got["eval_return_min"], got["eval_return_max"]) == (
+        float(ref.mean()), float(ref.min()), float(ref.max()))
