@@ -96,7 +96,8 @@ def test_job_file_object_store_section_is_validated(tmp_path: Path) -> None:
                       ({"url": "http://b/x"}, "not an s3:// URL"),
                       ({"url": "s3://ok-b/x", "endpoint": "http://AKIA:s3cr3t@127.0.0.1:1"}, "carries credentials"),
                       ({"url": "s3://ok-b/../x"}, "is not allowed"),
-                      ({"url": "s3://ok-b/x", "secret_key": "s3cr3t"}, "secret_key")]:
+                      ({"url": "s3://ok-b/x", "secret_key": "s3cr3t"}, "secret_key"),
+                      ({"url": "s3://ok-b/x", "max_fetch_ratio": -1}, "max_fetch_ratio: input should be greater")]:
         job = tmp_path / "job.yaml"
         job.write_text(json.dumps({**base, "checkpoint": {"object_store": bad}}))
         with pytest.raises(SpecError) as err:
