@@ -168,8 +168,7 @@ def submit_spec(
                   components=[c.name for c in plan.components])
 
     if dry_run:
-        dry = backend_obj.dry_run(run, script, plan.model_dump(mode="json"))
-        return SubmitResult(run, script, backend_obj.name, dry, plan)
+        return SubmitResult(run, script, backend_obj.name, backend_obj.dry_run(run, script, plan), plan)
 
     try:
         root.mkdir(parents=True, exist_ok=True)

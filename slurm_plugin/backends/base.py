@@ -8,11 +8,14 @@ exactly what ``submit`` would do with it, without doing it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..rundir import RunInfo
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import Plan
 
 # States a run or component can be in, in Slurm's words (local runs use them too).
 ACTIVE_STATES = frozenset(
@@ -73,7 +76,7 @@ class Backend(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
+    def dry_run(self, run: RunInfo, script: str, plan: Plan) -> DryRun:
         """Exactly what ``submit(run)`` would run, without running it."""
 
     @abstractmethod

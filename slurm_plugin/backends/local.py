@@ -34,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.errors import SlurmError
 from hetrun.planfile import read_plan
@@ -42,6 +42,9 @@ from hetrun.planfile import read_plan
 from ..postmortem import REQUEUE_EXIT_CODE, TERM_EXIT_CODE, finish_attempt
 from ..rundir import LOGS, RunInfo, read_run, restart_base, utc_now_iso, write_atomic
 from .base import Backend, ComponentStatus, DryRun, RunStatus
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import Plan
 
 STATE_FILE = "local.json"
 # Open MPI as root, and over loopback only (the machine's other interfaces may
@@ -336,11 +339,12 @@ class LocalBackend(Backend):
     def _supervisor_argv(self, run: RunInfo) -> list[str]:
         return [self.python, "-m", "hetrun.slurm_plugin.backends.local", str(run.path)]
 
-    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
-        comps = plan_components(plan)
+    def dry_run(self, run: RunInfo, script: str, plan: Plan) -> DryRun:
+        data = plan.model_dump(mode="json")  # what plan.json will hold, as the supervisor reads it
+        comps = plan_components(data)
         launcher, cmds = launch_commands(run.path, comps, self.python) if comps else ("processes", [])
         cmds += [[*(f"{k}={v}" for k, v in extra.items()), *argv]
-                 for argv, extra in command_processes(run.path, plan, self.python)]
+                 for argv, extra in command_processes(run.path, data, self.python)]
         notes = [f"launcher: {launcher}; hetjob.sbatch is written for the record only"]
         return DryRun(self.name, self._supervisor_argv(run), script,
                       notes + ["the supervisor runs: " + shlex.join(c) for c in cmds])

@@ -17,8 +17,7 @@ from __future__ import annotations
 import importlib
 import re
 import subprocess
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.errors import SlurmError
 
@@ -26,6 +25,9 @@ from ..rundir import RunInfo
 from .base import DryRun
 from .sbatch import SbatchBackend
 from .slurm_cli import RetryPolicy
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import Plan
 
 REQUIRED_SERIES = "25.11"
 
@@ -74,7 +76,7 @@ class PyslurmBackend(SbatchBackend):
         super().__init__(policy)
         self._pyslurm: Any = importlib.import_module("pyslurm")
 
-    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
+    def dry_run(self, run: RunInfo, script: str, plan: Plan) -> DryRun:
         dr = super().dry_run(run, script, plan)
         dr.backend = self.name
         dr.notes.append("pyslurm matches the cluster; the same script is submitted through sbatch")

@@ -13,13 +13,16 @@ import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetrun.errors import SlurmError
 
 from ..rundir import SCRIPT, RunInfo
 from .base import Backend, ComponentStatus, DryRun, RunStatus
 from .slurm_cli import RetryPolicy, run_slurm
+
+if TYPE_CHECKING:
+    from hetrun.dag.plan import Plan
 
 
 def _leader(job_id: str | None) -> str | None:
@@ -77,7 +80,7 @@ class SbatchBackend(Backend):
     def submit_command(self, run: RunInfo) -> list[str]:
         return ["sbatch", "--parsable", str(run.path / SCRIPT)]
 
-    def dry_run(self, run: RunInfo, script: str, plan: Mapping[str, Any]) -> DryRun:
+    def dry_run(self, run: RunInfo, script: str, plan: Plan) -> DryRun:
         return DryRun(self.name, self.submit_command(run), script)
 
     def test_only(self, script_path: Path) -> str:
