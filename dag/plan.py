@@ -177,7 +177,9 @@ class Plan(BaseModel):
                                   "import workload modules that live next to the YAML from it")
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2) + "\n"
+        """plan.json's text: json.dumps' form (ASCII: non-ASCII values escaped), as every
+        writer of the file (submit, resume, `hetrun plan --json`) writes it."""
+        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes, source: str = rundir.PLAN_JSON) -> Plan:
