@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hetrun.runtime import preempt, resume
@@ -132,48 +133,57 @@ def spares_in(plan: Any) -> bool:
     return plan is not None and any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
 
 
-def start_heartbeat(run_dir: Any, node: str) -> threading.Thread:
-    """Rewrite ``logs/alive/<node>`` with a growing counter every ``heartbeat_s()`` from a
-    daemon thread, as long as this process lives: the batch script's monitor
-    (slurm_plugin/render.py) takes a node whose counter has not changed for
+# The beat itself: a bash loop beside the rank, not a thread in it. Measured
+# (benchmarks/heartbeat_gaps.py, load average 25 on 2 cores): a Python thread's beat
+# waits for the GIL, which a starved main thread holds while it is off the CPU, and
+# stopped for up to 5.7 s in a healthy rank; a sleeper process is woken on time. It
+# ignores the stop signals (a preempted rank checkpoints for up to grace_seconds and
+# must not look dead meanwhile) and ends within one period of its rank: SIGKILLed
+# with the node, or ``kill -0`` finds the rank gone.
+_BEAT = r"""
+trap '' TERM INT HUP USR1 USR2
+rank=$1 path=$2 period=$3 tmp=$4 count=0
+while kill -0 "$rank" 2>/dev/null; do
+    count=$((count + 1))
+    printf '%s\n' "$count" > "$tmp" 2>/dev/null && mv -f "$tmp" "$path" 2>/dev/null
+    sleep "$period"
+done
+"""
+
+
+def start_heartbeat(run_dir: Any, node: str) -> subprocess.Popen[bytes]:
+    """Rewrite ``logs/alive/<node>`` with a growing counter every ``heartbeat_s()`` for as
+    long as this process lives (a bash loop beside it, see _BEAT): the batch script's
+    monitor (slurm_plugin/render.py) takes a node whose counter has not changed for
     ``$HETRUN_NODE_TIMEOUT`` s for dead (a killed node, whose processes all died with it;
     Slurm itself notices only after SlurmdTimeout). The content, not the mtime: the monitor
     compares what it reads with what it read before, on its own clock (no skew), and
-    opening the file revalidates an NFS client's attribute cache."""
+    opening the file revalidates an NFS client's attribute cache. Whole lines only (a
+    rename), so the monitor never reads a half-written one; a slow write of the shared
+    run directory only delays a beat."""
     path = RunPaths(str(run_dir)).heartbeats / node
     os.makedirs(path.parent, exist_ok=True)
     tmp = path.parent / f".{node}.tmp"  # a dot name: the monitor's `rm logs/alive/*` leaves it
-    period = heartbeat_s()
-
-    def beat() -> None:
-        count = 0
-        while not _STOP.is_set():
-            count += 1
-            try:
-                tmp.write_text(f"{count}\n")
-                os.replace(tmp, path)  # whole lines only: the monitor never reads a half-written one
-            except OSError:
-                pass  # the run directory is shared: a slow moment must not end the rank
-            _STOP.wait(period)
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # ended on purpose: the monitor must not take the exit for a death
-
-    _STOP.clear()
-    t = threading.Thread(target=beat, name="hetrun-heartbeat", daemon=True)
-    t.start()
-    _BEATING.append(t)
-    return t
+    proc = subprocess.Popen(["bash", "-c", _BEAT, "hetrun-heartbeat", str(os.getpid()), str(path),
+                             f"{heartbeat_s():g}", str(tmp)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+    _BEATING.append((proc, path))
+    return proc
 
 
-_STOP = threading.Event()
-_BEATING: list[threading.Thread] = []
+_BEATING: list[tuple[subprocess.Popen[bytes], Path]] = []
 
 
 def stop_heartbeat() -> None:
-    """The rank ends normally (done, or an agreed stop): remove its node's heartbeat file."""
-    _STOP.set()
+    """The rank ends normally (done, or an agreed stop): stop the beat and remove its node's
+    heartbeat file, so the monitor does not take the exit for a death."""
     while _BEATING:
-        _BEATING.pop().join(timeout=2)
+        proc, path = _BEATING.pop()
+        proc.kill()  # SIGKILL: the loop ignores the stop signals
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:

@@ -226,3 +226,34 @@ def test_heartbeat_is_a_counter_that_advances_and_its_period_is_an_env_variable(
     finally:
         recovery.stop_heartbeat()
     assert not path.exists()  # ended on purpose: not taken for a death
+
+
+
+def test_heartbeat_survives_stop_signals_and_ends_with_its_rank(tmp_path: Path) -> None:
+    """The beat is a process beside the rank (a starved rank's GIL stopped a thread's beat for
+    seconds, benchmarks/node_death.md): it must not end at a preemption's SIGTERM while the
+    rank checkpoints, and must stop once the rank is gone, so a dead rank looks silent."""
+    import signal
+    import subprocess
+    import time
+
+    from hetrun.runtime import recovery
+
+    path, tmp = tmp_path / "n1", tmp_path / ".n1.tmp"
+    rank = subprocess.Popen(["sleep", "2.5"])  # stands for the rank: the beat watches its pid
+    beat = subprocess.Popen(["bash", "-c", recovery._BEAT, "beat", str(rank.pid), str(path), "0.05", str(tmp)])
+    try:
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        beat.send_signal(signal.SIGTERM)  # a stop signal (preemption): the beat must go on
+        time.sleep(0.3)
+        first = path.read_text()
+        time.sleep(0.5)
+        assert path.read_text() != first and beat.poll() is None, "the beat stopped at SIGTERM"
+        rank.wait(timeout=30)
+        assert beat.wait(timeout=30) == 0  # it saw its rank gone
+        assert path.read_text().strip().isdigit()  # whole lines only
+    finally:
+        rank.kill()
+        beat.kill()
