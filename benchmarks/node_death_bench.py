@@ -2,23 +2,33 @@
 memory tier's steady cost. Results: benchmarks/node_death.md, raw trials in
 benchmarks/results/node_death.json.
 
-    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --kills 10 --requeue-kills 2
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --kills 4 --requeue-kills 1 --pairs 0
     flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --overhead-only --pairs 3
 
 Cluster: tests/node_cluster.py's throw-away 4-node cluster (hrnode; its nodes may be
 killed). Job: examples/ppo_cartpole.yaml made small and endless (learner on one
 node, the rollout on one node + ``spare_nodes: 2``, memory tier every iteration,
-interval checkpoint every 10, ``max_failures`` high). Each job takes two node
-deaths, alternately ``kill`` (SIGKILL to every process of the rollout's emulated
-node: slurmd, slurmstepd, the rank; its tmpfs goes with them) and ``down``
-(``scontrol update NodeName=X State=DOWN``), then is cancelled and the nodes
+interval checkpoint every 10, ``max_failures`` high, ``HETRUN_NODE_TIMEOUT`` the
+product's default unless ``--node-timeout``). Each job takes two node deaths:
+``kill`` (SIGKILL to every process of the rollout's emulated node: slurmd,
+slurmstepd, the rank; its tmpfs goes with them) twice, or with ``--down`` a kill
+and then ``scontrol update NodeName=X State=DOWN`` (Slurm 22.05 then cancels the
+whole het job: benchmarks/node_death.md); then it is cancelled and the nodes
 revived for the next job. Per death: kill -> node_failure event (the batch
 script's decision), -> every rank restored, -> the first action of the resumed
-step ends; work lost (the restore lines' ``work_lost``) and the state's source.
+step ends; work lost (the restore lines' ``work_lost``, the largest over the
+ranks, and per component) and the state's source; and ``stages``: seconds from
+the kill to each step on the way (the monitor's verdict, srun ended, step
+ended, post-mortem, the new ranks' srun start / MPI ready / torch imported /
+executor ready, memory agreed, state loaded), from the batch script's own
+timestamped lines and the ranks' startup and restore events.
 
 The requeue path, in the same run: the same job without spare nodes (no
-``--no-kill``; ``max_failures`` requeues it through the queue), one ``kill``
-each; the same three times.
+``--no-kill``, no heartbeat monitor; ``max_failures`` requeues it through the
+queue), one ``kill`` each, up to ``--requeue-wait`` s (a survivor gives up on its
+dead peer after ``HETRUN_COLLECTIVE_TIMEOUT``, 120 s, and the requeued job waits
+until Slurm has ended the old one, which needs the dead node marked down:
+``SlurmdTimeout``, 300 s on this cluster as by Slurm's default); the same times.
 
 Steady overhead: the same job (no spare, no kill) on the cluster, learner and
 rollout on two nodes (the replica crosses nodes), memory tier off
@@ -48,7 +58,10 @@ from test_resume_exact import events  # noqa: E402
 BASE = Path("/var/tmp/hetrun-bench/node_death")
 
 
-def spec(spares: int, memory_every: int, iterations: int, memory_dir: str) -> dict[str, Any]:
+def spec(spares: int, memory_every: int, iterations: int, memory_dir: str,
+         node_timeout: int | None = None) -> dict[str, Any]:
+    # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
+    timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
     return example_spec(
         "ppo_cartpole",
         workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
@@ -57,7 +70,7 @@ def spec(spares: int, memory_every: int, iterations: int, memory_dir: str) -> di
         checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
         preemption={"max_failures": 100},
         slurm={"partition": "debug", "time": "01:00:00"},
-        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, "HETRUN_NODE_TIMEOUT": "4"},
+        env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, **timeout},
     )
 
 
@@ -82,7 +95,56 @@ def rollout_node(run_dir: Path, restart: int) -> str | None:
                  and e.get("restart_count", 0) == restart), None)
 
 
-def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str) -> dict[str, Any]:
+def batch_marks(run_dir: Path) -> list[tuple[float, str]]:
+    """(time, what) of the batch script's timestamped lines ("hetrun: <EPOCHREALTIME> ...")."""
+    out = []
+    for log in sorted((run_dir / "logs").glob("batch-*.out")):
+        for line in log.read_text(errors="replace").splitlines():
+            words = line.split(" ", 2)
+            if len(words) == 3 and words[0] == "hetrun:":
+                try:
+                    out.append((float(words[1]), words[2]))
+                except ValueError:
+                    continue
+    return out
+
+
+def stages(run_dir: Path, t0: float, restart: int) -> dict[str, float | None]:
+    """Seconds from the kill to each stage of the recovery of attempt ``restart`` (the failed
+    one): the batch script's own timestamps, then the new ranks' startup and restore events."""
+    after = [(t, what) for t, what in batch_marks(run_dir) if t >= t0]
+
+    def mark(prefix: str) -> float | None:
+        return next((round(t - t0, 3) for t, what in after if what.startswith(prefix)), None)
+
+    evs = events(run_dir)
+    nxt = restart + 1
+    ups = [e for e in evs if e.get("ev") == "startup" and e.get("restart_count") == nxt]
+    mem = [e for e in evs if e.get("ev") == "memory_restore" and e.get("time", 0) > t0]
+    rs = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == nxt]
+    end = next((e for e in evs if e.get("ev") == "attempt_end" and e.get("restart_count") == restart), None)
+
+    def rel(values: list[float]) -> float | None:
+        return round(max(values) - t0, 3) if values else None
+
+    return {
+        "silent_node_killed_s": mark("node "),  # the heartbeat monitor's verdict and SIGKILL
+        "srun_ended_by_monitor_s": mark("srun still waits"),
+        "step_ended_s": mark("step ended"),
+        "postmortem_s": mark("post-mortem"),
+        "attempt_end_s": rel([end["time"]]) if end else None,
+        "ranks_srun_start_s": rel([e["srun_start"] for e in ups if e.get("srun_start")]),
+        "ranks_mpi_ready_s": rel([e["mpi_ready"] for e in ups if e.get("mpi_ready")]),
+        "ranks_torch_imported_s": rel([e["torch_imported"] for e in ups if e.get("torch_imported")]),
+        "ranks_executor_ready_s": rel([e["executor_ready"] for e in ups if e.get("executor_ready")]),
+        "memory_agreed_s": rel([e["time"] for e in mem]),
+        "state_loaded_s": rel([e["loaded"] for e in rs if e.get("loaded")]),
+        "slowest_load_s": max((round(e["loaded"] - e["agreed"], 3) for e in rs if e.get("loaded")
+                               and e.get("agreed")), default=None),
+    }
+
+
+def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300) -> dict[str, Any]:
     """Kill the rollout's node of attempt ``restart`` once it has run a few steps; time the recovery."""
     assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 150), "no start"
     base = learner_iter(run_dir)
@@ -101,10 +163,13 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str) -> d
         rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == nxt]
         return rs if len(rs) == 2 else None
 
-    rs = wait(restored, 300)
-    trial: dict[str, Any] = {"mode": mode, "node": node, "restart": nxt, "killed_at": t0}
+    rs = wait(restored, wait_s, poll=0.5)
+    trial: dict[str, Any] = {"mode": mode, "node": node, "restart": nxt, "killed_at": t0,
+                             "load": os.getloadavg()[0]}
     if not rs:
-        trial["error"] = "no restore within 300 s"
+        trial["error"] = f"no restore within {wait_s:g} s"
+        trial["stages"] = stages(run_dir, t0, restart)
+        print(json.dumps(trial), flush=True)
         return trial
     t_restored = max(e["time"] for e in rs)
     first = wait(lambda: min((e["end"] for e in events(run_dir) if e.get("ev") == "action"
@@ -118,27 +183,30 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str) -> d
         restored_s=round(t_restored - t0, 3),
         first_step_s=None if first is None else round(first - t0, 3),
         work_lost=max((e.get("work_lost") or 0) for e in rs),
+        work_lost_by_component={e.get("component"): e.get("work_lost") for e in rs},
         source=sorted({e.get("source") or "store" for e in rs}), step=rs[0].get("step"),
-        action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"))
+        action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"),
+        stages=stages(run_dir, t0, restart))
     print(json.dumps(trial), flush=True)
     return trial
 
 
-def submit(cluster: NodeCluster, spares: int, tag: str) -> tuple[Path, str]:
+def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None) -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    res = submit_spec(spec_from_dict(spec(spares, 1, 100000, "/tmp")), backend="sbatch", runs_dir=BASE / tag)
+    res = submit_spec(spec_from_dict(spec(spares, 1, 100000, "/tmp", node_timeout)), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
-def deaths(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
+def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None) -> list[dict[str, Any]]:
+    """Two deaths per job (two spares): kill then kill, or with ``down`` kill then down."""
     trials: list[dict[str, Any]] = []
     while len(trials) < kills:
-        run_dir, job = submit(cluster, 2, "spare")
+        run_dir, job = submit(cluster, 2, "spare", node_timeout)
         try:
-            for restart, mode in enumerate(("kill", "down")):
+            for restart, mode in enumerate(("kill", "down" if down else "kill")):
                 if len(trials) < kills:
                     try:
                         trials.append(one_death(cluster, run_dir, restart, mode))
@@ -155,12 +223,15 @@ def deaths(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
     return trials
 
 
-def requeues(cluster: NodeCluster, kills: int) -> list[dict[str, Any]]:
+def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, Any]]:
+    """The peer: no spare nodes, so no --no-kill and no heartbeat monitor; the job goes through
+    the queue (max_failures requeues it) once a survivor gives up on the dead peer
+    (HETRUN_COLLECTIVE_TIMEOUT) and once Slurm has ended the old job (SlurmdTimeout)."""
     trials = []
     for _ in range(kills):
         run_dir, job = submit(cluster, 0, "requeue")
         try:
-            t = one_death(cluster, run_dir, 0, "kill")
+            t = one_death(cluster, run_dir, 0, "kill", wait_s)
             t["path"] = "requeue"
             trials.append(t)
         finally:
@@ -208,6 +279,10 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--overhead-only", action="store_true")
+    p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
+    p.add_argument("--node-timeout", type=int, default=None,
+                   help="HETRUN_NODE_TIMEOUT for the spare-node jobs (default: the product's)")
+    p.add_argument("--requeue-wait", type=float, default=600, help="seconds the requeue path may take")
     p.add_argument("--shared-cluster", action="store_true", help="--overhead-only on the shared test cluster")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
     args = p.parse_args()
@@ -221,8 +296,9 @@ def main() -> None:
     cluster.start()
     try:
         if not args.overhead_only:
-            result["spare"] = deaths(cluster, args.kills)
-            result["requeue"] = requeues(cluster, args.requeue_kills)
+            result["node_timeout"] = args.node_timeout
+            result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout)
+            result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]
                 if ok:
