@@ -20,7 +20,15 @@ from typing import Any
 import pytest
 from hetrun.slurm_plugin.rundir import append_event, events_of
 
-from tests.test_resume_cmd import cancelled_run, cli, hand_made_run, job_file, needs_mpirun
+from tests.test_resume_cmd import (
+    INTERVAL,
+    cancelled_run,
+    cli,
+    hand_made_run,
+    job_file,
+    needs_mpirun,
+    store_steps,
+)
 
 MIB = 1024 * 1024
 
@@ -106,8 +114,13 @@ def test_auto_resumes_a_real_run_with_the_proposed_sizes(tmp_path: Path) -> None
     run_dir = cancelled_run(tmp_path, job)
     proposed = {c["name"]: c for c in tune_json(run_dir)["proposed"]}
     assert {n: c["ranks"] for n, c in proposed.items()} == {"learner": 2, "rollout": 1}, proposed
-    res = cli("resubmit", str(run_dir), "--resize", "auto", "--wait")
+    # The resized attempt goes on two checkpoint intervals past the checkpoint it restores, not
+    # to the 40th iteration: enough to train with the new sizes and checkpoint them.
+    restored = max(set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout")))
+    end = min(40, (restored // INTERVAL + 2) * INTERVAL)
+    res = cli("resubmit", str(run_dir), "--resize", "auto", "--set", f"training.iterations={end}", "--wait")
     assert res.returncode == 0, res.stdout + res.stderr
+    assert end in store_steps(run_dir, "learner")  # trained on to the end with the new sizes
     assert "as attempt 1" in res.stdout and "learner: 1 -> 2 ranks; rollout: 2 -> 1 ranks" in res.stdout
     plan = json.loads((run_dir / "plan.json").read_text())
     assert {c["name"]: (c["ntasks"], c["mem_mb"]) for c in plan["components"]} == \
