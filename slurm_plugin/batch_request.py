@@ -43,7 +43,8 @@ class ComponentRequest:
     gpus_per_node: int
     mem_mb: int
     command: tuple[str, ...] | None = None  # a command component's argv (None: it runs actions)
-    # placement: auto / ranked (plan.json components[i].placement): its own partition (ranked: "a,b") and GPU type
+    # Its partition: the placement's (placement: auto / ranked, plan.json components[i].placement;
+    # ranked: "a,b"), else the job's slurm.partition; None: Slurm's default. The GPU type: the placement's.
     partition: str | None = None
     gpu_type: str | None = None
     spare_nodes: int = 0  # allocated beside ``nodes``, idle until a node dies (in-allocation restart)
@@ -89,10 +90,12 @@ def _placement(choice: PlacementChoice | None, key_path: str) -> tuple[str | Non
     return quoting.partition(choice.partition, f"{key_path}.partition"), gtype
 
 
-def _component(i: int, c: ComponentPlan) -> ComponentRequest:
+def _component(i: int, c: ComponentPlan, job_partition: str | None) -> ComponentRequest:
     name = quoting.component_name(c.name, f"components[{i}].name")
     kp = f"components.{name}"
     partition, gpu_type = _placement(c.placement, f"{kp}.placement")
+    if partition is None:
+        partition = job_partition
     return ComponentRequest(
         name=name, nodes=c.nodes, tasks_per_node=c.tasks_per_node, cpus_per_task=c.cpus_per_task,
         gpus_per_node=c.gpus_per_node, mem_mb=c.mem_mb,
@@ -137,9 +140,10 @@ def build_request(spec: JobSpec, plan: Plan) -> BatchRequest:
     # Sorted: the script must not depend on dict order (golden files).
     env = tuple((quoting.env_key(k, f"env.{k}"), quoting.env_value(spec.env[k], f"env.{k}"))
                 for k in sorted(spec.env))
+    options = slurm_options(spec)
     return BatchRequest(name=quoting.job_name(spec.name, "name"),
-                        components=tuple(_component(i, c) for i, c in enumerate(plan.components)),
-                        options=slurm_options(spec), env=env, restart_base=restart_base_of_env(spec.env))
+                        components=tuple(_component(i, c, options.partition) for i, c in enumerate(plan.components)),
+                        options=options, env=env, restart_base=restart_base_of_env(spec.env))
 
 
 __all__ = ["BatchRequest", "ComponentRequest", "SlurmOptions", "build_request", "slurm_options"]

@@ -60,7 +60,7 @@ def _component_block(c: ComponentRequest, name: str, opts: SlurmOptions) -> list
     if c.mem_mb:
         lines.append(f"--mem={c.mem_mb}M")
     for key in ("partition", "account", "qos", "time", "constraint"):
-        value = c.partition if key == "partition" and c.partition else getattr(opts, key)
+        value = c.partition if key == "partition" else getattr(opts, key)
         if value is not None:
             lines.append(f"--{key}={value}")
     lines.extend(opts.extra_component)

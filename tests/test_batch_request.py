@@ -52,7 +52,7 @@ def test_the_request_holds_the_specs_values_typed_and_frozen() -> None:
     assert (learner.name, learner.nodes, learner.tasks_per_node, learner.gpus_per_node, learner.mem_mb) == \
         ("learner", 1, 2, 2, 2048)
     assert (rollout.name, rollout.nodes, rollout.mem_mb, rollout.command, rollout.partition) == \
-        ("rollout", 2, 1024, None, None)
+        ("rollout", 2, 1024, None, "debug")  # not placed: the job's partition
     o = req.options
     assert (o.partition, o.account, o.qos, o.time, o.signal, o.grace_seconds) == \
         ("debug", "proj1", None, "00:10:00", "USR1", 45)
