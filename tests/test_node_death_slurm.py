@@ -45,8 +45,8 @@ def _spec(memory_dir: str) -> dict[str, Any]:
         checkpoint={"interval": 1000, "keep": 3, "memory_every": 1},
         preemption={"max_failures": 2},
         slurm={"partition": "debug", "time": "00:10:00"},
-        # A node's heartbeat unchanged for 4 s means dead here (real clusters: 30 s by default),
-        # so the restart beats SlurmdTimeout (60 s on this cluster).
+        # A node's heartbeat unchanged for 4 s means dead (the default, set here so the test
+        # does not follow a change of it), so the restart beats SlurmdTimeout.
         env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, "HETRUN_NODE_TIMEOUT": "4"},
     )
 
