@@ -235,9 +235,12 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     this = {"ev": "attempt_end", "restart_count": restart, "outcome": result}
     counts = count_attempts([*previous, this], restart_count=restart)
     requeue, why = should_requeue(result, counts, budgets or Budgets.from_preemption(attempt.preemption))
-    if result == "failed" and not requeue and not deaths and _deterministic(attempt.runtime_failures):
+    if result == "failed" and not requeue and not any(d.signal for d in deaths) \
+            and _deterministic(attempt.runtime_failures):
         # The rank's own exception or exit code: a requeue would fail the same way, so the
         # max_failures hint (which could only help a node or signal death) is not given.
+        # srun's own line for that rank ("task 0: Exited with exit code 1") is the same
+        # exit seen from outside, not a signal: it does not bring the hint back.
         why = "failed; not requeued: the rank's own error would most likely recur on a restart (fix it, then `hetrun resume`)"
     reason = forced_reason or why
     ignored = [e for e in events_of(run_dir, ("stop_ignored",)) if e.get("restart_count") == restart]

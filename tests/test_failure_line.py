@@ -199,6 +199,18 @@ def test_the_max_failures_hint_only_where_a_requeue_could_help(tmp_path: Path) -
                  detected_by="runtime", restart_count=0, action="forward", iteration=3, message="ValueError: x")
     _, end = finish_attempt(raised, restart=0, exit_code=6, launcher="mpirun", log_text="")
     assert "max_failures" not in end["reason"] and "would most likely recur" in end["reason"], end
+    # The same on Slurm: a command script that raised exits 1, and srun also reports that exit.
+    (tmp_path / "exited").mkdir()
+    exited = _run_dir(tmp_path / "exited")
+    append_event(exited, "start", rank=0, component="learner", node="n1", comp_rank=0, restart_count=0)
+    append_event(exited, "rank_failure", rank=0, component="learner", node="n1", signal=None, exit_code=1,
+                 detected_by="runtime", restart_count=0, command=True,
+                 message="python3 exited with code 1; its last line: ValueError: bad config value")
+    srun_log = "srun: error: n1: task 0: Exited with exit code 1\nhetrun: first task death seen, SIGKILL to the " \
+               "other tasks of the step\nsrun: error: n2: task 0: Killed\n"
+    _, end = finish_attempt(exited, restart=0, exit_code=1, launcher="srun", log_text=srun_log)
+    assert "max_failures" not in end["reason"] and "would most likely recur" in end["reason"], end
+    assert "ValueError: bad config value" in end["reason"], end
     killed = _run_dir(tmp_path / "killed")
     append_event(killed, "rank_failure", rank=1, component="rollout", node="n2", signal="SIGKILL", exit_code=None,
                  detected_by="runtime", restart_count=0, message="python3 killed by SIGKILL", command=True)
