@@ -104,3 +104,18 @@ def test_slurm_het_job_runs_the_job(name: str, slurm_cluster, shared_tmp: Path) 
     nodesets = list(comps.values())
     assert len(nodesets) == 2 and not (nodesets[0] & nodesets[1]), comps
     assert all(e["job_id"] for e in starts)
+    if name == "ppo":
+        _first_screen_of_the_demo_job(run_dir)
+
+
+def _first_screen_of_the_demo_job(run_dir: Path) -> None:
+    """Issue 24: the report of the demo's job (examples/ppo_cartpole.yaml, here a real Slurm run
+    of it) fits one screen and leads with the outcome; the long sections wait behind flags."""
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and 15 <= len(lines) <= 40, out.stdout + out.stderr
+    assert lines[1] == "done" and lines[2].startswith("result: eval_return_mean "), out.stdout
+    assert [ln.split(" ")[0].rstrip(":") for ln in lines[3:6]] == ["throughput", "wasted", "wall"], out.stdout
+    assert sum(ln.startswith("checkpoints ") for ln in lines) <= 2  # one line per component at most
+    assert lines[-1].startswith("more: --ranks, --checkpoints"), out.stdout
