@@ -82,6 +82,11 @@ class BucketTier(Tier):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:  # downloads cancelled before they began: nobody waits on them forever
+            left = [f for f in self._pending.values() if not f.done()]
+            self._pending.clear()
+        for f in left:
+            f.set_exception(CheckpointError(f"{self.store}: the bucket tier was closed during a read"))
         if self._own_cache:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -141,7 +146,7 @@ class BucketTier(Tier):
             try:
                 base = Tier.read_object_header(self, h).get("base")
                 h = check_hash(base, "object base") if base else ""
-            except (CheckpointError, ValueError, AttributeError):
+            except (CheckpointError, OSError, ValueError, AttributeError):
                 return  # the reader finds the corruption and says so
             if not h:
                 return
