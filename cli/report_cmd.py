@@ -123,7 +123,7 @@ def _print_cost(console, rep) -> None:
     cur = c["currency"]
     per = []
     if c.get("per_iteration") is not None:
-        per.append(f"{c['per_iteration']:.4f} {cur}/iteration")
+        per.append(f"{c['per_iteration']:.4f} {cur}/{_unit(rep)}")
     if c.get("per_million_env_steps") is not None:
         per.append(f"{c['per_million_env_steps']:.4f} {cur}/M env steps")
     comps = ", ".join(f"{name} {row['cost']:.4f}" for name, row in c["components"].items())
@@ -168,9 +168,15 @@ def _print_accounting(console, rep) -> None:
     console.print(t)
 
 
+def _unit(rep) -> str:
+    """The job's own unit of work: a command job (every component a program) counts the
+    steps it logs through the run API, an action job its iterations."""
+    return "step" if rep.components and all(c.command for c in rep.components) else "iteration"
+
+
 def _lost_text(rep) -> str:
     """Work lost over all restarts, in the job's own unit (a command job's steps)."""
-    unit = "step(s)" if rep.components and all(c.command for c in rep.components) else "iteration(s)"
+    unit = f"{_unit(rep)}(s)"
     secs = sum(r["work_lost_s"] or 0 for r in rep.restart_history)
     if rep.work_lost is None:
         return "work lost not recorded (no restore line says it)"
@@ -185,7 +191,7 @@ def _print_restarts(console, rep, details: bool = False) -> None:
     if not rep.restart_history:
         return
     t = Table(show_edge=False, pad_edge=False, title="restarts")
-    lost = "LOST STEPS" if rep.components and all(c.command for c in rep.components) else "LOST ITERS"
+    lost = "LOST STEPS" if _unit(rep) == "step" else "LOST ITERS"
     for col in ("RESTART", "CAUSE", "QUEUE WAIT", "TO 1ST STEP", "RESTORED", lost, "LOST TIME"):
         t.add_column(col)
     for r in rep.restart_history:

@@ -54,3 +54,22 @@ def test_a_command_that_logs_no_steps_is_not_called_idle(tmp_path: Path) -> None
     assert "actions 0" not in text and "env steps" not in text, text
     doc = json.loads(_report(str(w.dir), "--json"))
     assert doc["cost"]["idle_unmeasured"] == ["main"] and doc["cost"]["wasted_share"] == 0.0
+
+
+def test_a_command_job_that_logs_steps_is_reported_in_steps(tmp_path: Path) -> None:
+    w = RunWriter(tmp_path / "run")
+    (w.dir / "plan.json").write_text(json.dumps({"name": "ddp", "components": [
+        {"name": "trainer", "nodes": 1, "tasks_per_node": 1, "ntasks": 1, "command": ["python3", "x.py"]}]}))
+    (w.dir / "run.json").write_text(json.dumps({"name": "ddp", "job_id": "local-1", "backend": "local"}))
+    w.ev(ev="start", rank=0, component="trainer", node="n1", time=1000.0, restart_count=0, command=True)
+    for step in range(4):  # what the run API writes for each run.log(step, loss=...)
+        w.ev(ev="action", rank=0, component="trainer", node="n1", type="step", id="step", iteration=step,
+             start=1000.0 + 10 * step, end=1010.0 + 10 * step, metrics={"loss": 4.0 - step}, time=1010.0 + 10 * step)
+    w.ev(ev="exit", rank=0, component="trainer", node="n1", time=1041.0, code=0)
+    w.batch_line(ev="attempt_end", restart_count=0, outcome="done", requeued=False, exit_code=0, t=1042.0)
+    lines = _report(str(w.dir)).splitlines()
+    text = "\n".join(lines)
+    assert lines[1] == "done" and lines[2] == "result: loss 1 at step 3", text
+    assert "work: trainer 4 steps logged (last step 3: loss=1)" in text, text
+    cost = next(ln for ln in lines if ln.startswith("cost "))
+    assert " USD/step " in cost and "iteration" not in text and "actions 0" not in text, text
