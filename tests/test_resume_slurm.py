@@ -138,6 +138,15 @@ def test_preempted_twice_through_the_high_partition_resumes_and_finishes(slurm_c
         # Slurm's StartTime is whole seconds: only its stage may look (slightly) negative.
         assert all(v >= (-1 if k == "slurm_start_to_batch_s" else 0)
                    for k, v in t.items() if k.endswith("_s")), timings
+    # Issue 24: a clean preemption reads as one in the logs a user opens, not as a crash: each
+    # learner's own log says it saved and stopped, and the launcher's log explains srun's 143.
+    logs = run_dir / "logs"
+    for rank in range(LEARNERS):
+        own = next(logs.glob(f"learner-*-{rank}.out")).read_text()
+        assert own.count(f"hetrun: rank {rank} (learner) stopped cleanly for preemption (SIGTERM)") == 2, own
+    srun = "".join(p.read_text() for p in sorted(logs.glob("srun-*.err")))
+    for attempt in (0, 1):
+        assert f"hetrun: attempt {attempt} stopped cleanly (preempted)" in srun and "not a crash" in srun, srun
     assert ITERATIONS in open_store(run_dir / "ckpt" / "learner").steps()
     # The user's view: 2 restarts and no work lost.
     out = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
