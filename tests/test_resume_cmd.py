@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +59,8 @@ def hand_made_run(tmp: Path) -> Path:
     run_dir = tmp / "runs" / "ppo-cartpole-20260101-000000-abcd"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "job.yaml").write_text(spec.to_yaml())
-    plan = build_plan(spec)
-    (run_dir / "plan.json").write_text(plan.to_json())
+    plan = json.loads(build_plan(spec).to_json())
+    (run_dir / "plan.json").write_text(json.dumps(plan))
     (run_dir / "hetjob.sbatch").write_text(render_sbatch(plan, spec, run_dir))
     (run_dir / "local.json").write_text(json.dumps({"state": "CANCELLED"}))
     write_run(RunInfo(name="ppo-cartpole", run_dir=str(run_dir), backend="local", job_id="local-1",
@@ -182,12 +181,9 @@ def copy_of(run_dir: Path, root: Path) -> Path:
 @needs_mpirun
 @pytest.mark.xdist_group("resume_cmd_cancelled_run")  # with the other reader of `cancelled`: one worker
 def test_cancelled_run_resumed_ends_as_an_uninterrupted_one(tmp_path: Path, cancelled: Path) -> None:
+    whole = submit(job_file(tmp_path / "a"), tmp_path / "a" / "runs", "--wait")
     run_dir = copy_of(cancelled, tmp_path / "b")
-    # The uninterrupted run and the resumed one are independent runs: side by side.
-    with ThreadPoolExecutor(1) as pool:
-        uninterrupted = pool.submit(submit, job_file(tmp_path / "a"), tmp_path / "a" / "runs", "--wait")
-        res = cli("resume", str(run_dir), "--wait")
-        whole = uninterrupted.result()
+    res = cli("resume", str(run_dir), "--wait")
     assert res.returncode == 0, res.stdout + res.stderr + (run_dir / "logs" / "local-supervisor.out").read_text()
     assert "as attempt 1" in res.stdout
     ends = events_of(run_dir, ("attempt_end",))
@@ -211,13 +207,9 @@ def test_resize_rollout_ranks_grow_and_shrink_deterministically(tmp_path: Path, 
     # ITERATIONS: enough to train with the new rank count, checkpoint it, and compare.
     restored = max(set(store_steps(cancelled, "learner")) & set(store_steps(cancelled, "rollout")))
     end = min(ITERATIONS, (restored // INTERVAL + 2) * INTERVAL)
-    sizes = {"grow-a": 3, "grow-b": 3, "shrink": 1}
-    # Three independent copies: resumed side by side, not one after another.
-    with ThreadPoolExecutor(len(sizes)) as pool:
-        done = {name: pool.submit(cli, "resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--set",
-                                  f"training.iterations={end}", "--wait") for name, ranks in sizes.items()}
-    for name, ranks in sizes.items():
-        res = done[name].result()
+    for name, ranks in (("grow-a", 3), ("grow-b", 3), ("shrink", 1)):
+        res = cli("resubmit", str(copies[name]), "--resize", f"rollout={ranks}", "--set",
+                  f"training.iterations={end}", "--wait")
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"rollout: 2 -> {ranks} ranks" in res.stdout
         restores = [e for e in events_of(copies[name], ("restore",)) if e.get("restart_count") == 1]

@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -208,13 +207,10 @@ def logs_of(run_dir: Path) -> str:
 @pytest.mark.slow
 def test_preempted_twice_ends_bit_identical_to_an_uninterrupted_run(tmp_path: Path) -> None:
     straight = make_run(tmp_path / "straight", sleep=0.0)
+    assert run_to_end(straight, []) == [0], (straight / "mpirun-0.log").read_text()[-3000:]
+
     preempted = make_run(tmp_path / "preempted", sleep=0.15)
-    # The uninterrupted run goes beside the preempted one (mostly asleep in its pauses), not
-    # before it: the two share nothing but the plan.
-    with ThreadPoolExecutor(1) as pool:
-        straight_codes = pool.submit(run_to_end, straight, [])
-        codes = run_to_end(preempted, [6, 14])
-        assert straight_codes.result() == [0], (straight / "mpirun-0.log").read_text()[-3000:]
+    codes = run_to_end(preempted, [6, 14])
     assert codes == [85, 85, 0], logs_of(preempted)
     assert_agreed_stops(preempted, world=RANKS, stops=2, after=[6, 14])
     assert_bit_identical(straight, preempted, ranks=RANKS, last=ITERATIONS)

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,44 +61,35 @@ def make_run(root: Path, name: str, overrides: dict[str, Any], pause: float) -> 
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Future[tuple[Path, Path]]]]:
-    """(fast, slow) uninterrupted runs of a case's example and overrides, each pair run once, on a
-    thread of its own: the first test of a pair runs its preempted run (mostly asleep in its
-    pauses) beside them rather than after them."""
-    pairs: dict[str, Future[tuple[Path, Path]]] = {}
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """(fast, slow) uninterrupted runs of a case's example and overrides, each pair run once."""
+    pairs: dict[str, tuple[Path, Path]] = {}
 
-    def run_pair(root: Path, name: str, overrides: dict[str, Any]) -> tuple[Path, Path]:
-        fast = make_run(root / "fast", name, overrides, pause=0.0)
-        assert run_to_end(fast, []) == [0], logs_of(fast)
-        slow = make_run(root / "slow", name, overrides, pause=0.05)
-        assert run_to_end(slow, []) == [0], logs_of(slow)
-        return fast, slow
+    def get(case: str) -> tuple[Path, Path]:
+        name, overrides, _after = CASES[case]
+        key = json.dumps([name, overrides], sort_keys=True)
+        if key not in pairs:
+            root = tmp_path_factory.mktemp(case)
+            fast = make_run(root / "fast", name, overrides, pause=0.0)
+            assert run_to_end(fast, []) == [0], logs_of(fast)
+            slow = make_run(root / "slow", name, overrides, pause=0.05)
+            assert run_to_end(slow, []) == [0], logs_of(slow)
+            pairs[key] = (fast, slow)
+        return pairs[key]
 
-    with ThreadPoolExecutor(1) as pool:
-        def get(case: str) -> Future[tuple[Path, Path]]:
-            name, overrides, _after = CASES[case]
-            key = json.dumps([name, overrides], sort_keys=True)
-            if key not in pairs:
-                pairs[key] = pool.submit(run_pair, tmp_path_factory.mktemp(case), name, overrides)
-            return pairs[key]
-
-        yield get
+    return get
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_example_preempted_twice_saves_what_an_uninterrupted_run_saves(
         tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch,
-        uninterrupted: Callable[[str], Future[tuple[Path, Path]]]) -> None:
+        uninterrupted: Callable[[str], tuple[Path, Path]]) -> None:
     name, overrides, after = CASES[case]
-    pair = uninterrupted(case)
+    fast, slow = uninterrupted(case)  # neither run has HETRUN_SHARED_WEIGHTS: set below, for this test only
     if case.endswith("shared-weights"):
-        # Neither uninterrupted run may have it (their mpirun reads this process's environment
-        # when it starts): both have ended before it is set, for this test only.
-        pair.result()
         monkeypatch.setenv("HETRUN_SHARED_WEIGHTS", "1")
     preempted = make_run(tmp_path / "preempted", name, overrides, pause=0.25)
     assert run_to_end(preempted, after, timeout=180) == [85, 85, 0], logs_of(preempted)
-    fast, slow = pair.result()
 
     plan = json.loads((fast / "plan.json").read_text())
     ranks = {c["name"]: c["ntasks"] for c in plan["components"]}
