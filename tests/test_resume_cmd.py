@@ -59,8 +59,8 @@ def hand_made_run(tmp: Path) -> Path:
     run_dir = tmp / "runs" / "ppo-cartpole-20260101-000000-abcd"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "job.yaml").write_text(spec.to_yaml())
-    plan = json.loads(build_plan(spec).to_json())
-    (run_dir / "plan.json").write_text(json.dumps(plan))
+    plan = build_plan(spec)
+    (run_dir / "plan.json").write_text(plan.to_json())
     (run_dir / "hetjob.sbatch").write_text(render_sbatch(plan, spec, run_dir))
     (run_dir / "local.json").write_text(json.dumps({"state": "CANCELLED"}))
     write_run(RunInfo(name="ppo-cartpole", run_dir=str(run_dir), backend="local", job_id="local-1",
