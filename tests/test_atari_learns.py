@@ -18,14 +18,21 @@ errors (random: 75.4 +- 39.7 over the 24 seeded games, the same everywhere):
     24           (2.84)            -                    -                 -
     32           passed            84.2  (0.8)          100.0 (2.3)       122.1 (3.7)
     48           -                 -                    116.2 (3.5)       163.3 (7.8)
+    64           159.6 (7.5)       -                    -                 -
 
 At 32 iterations two of four runs fell below 2.5; every run rises with the
 budget (seed 1 by ~1.2 standard errors per 16 iterations), so at 64 the
 slowest learner seen (0.8 at 32) extrapolates to ~3.2. Seeds 1 and 2 were
 measured on 3 December with this exact run and evaluations at 16, 32 and 48
 (an evaluation draws from its own generator, seeded by the policy version,
-and does not change training); 64 itself was not yet run to the end when it
-was committed.
+and does not change training); seed 0 at 64 on 3 December 19:00 (this VM).
+
+Halving the run's cost with 42x42 frames (frame_size: 42; the update costs
+~1/3, an iteration ~1/2 of CPU) was measured on 3 December and rejected: it
+learns slower and levels off (seed 0: 1.16, 1.16, 2.96; seed 1: -0.31, 2.63,
+2.48; seed 2: 2.54, 2.59, 1.99 at 16, 32, 48 iterations, seed 0's 48 resumed
+from its checkpoint at 47; seed 4: 0.12 at 16), two of three below 2.5 at 48. Fewer iterations at 84x84 would leave the
+fresh VM's seed 0 (0.8 at 32) unmeasured in between.
 """
 
 from __future__ import annotations
