@@ -173,10 +173,11 @@ def test_slurm_mixed_job_preempted_once_both_kinds_resume(slurm_cluster, shared_
 
     doc = _doc(slurm={"partition": "debug", "time": "00:10:00"})
     doc["workload_args"]["num_steps"] = 1024  # ~1 s iterations: time to preempt in the middle
-    # 25 iterations, not the example's 40: the preemption lands after the first checkpoint (4)
-    # and the evaluator's first step, and 5 checkpoints still follow it.
-    iterations = doc["training"]["iterations"] = 25
-    checkpoint_steps = [b - 1 for b in range(INTERVAL, iterations + 1, INTERVAL)]  # 4, 9, ..., 24
+    # 20 iterations, not the example's 40: the preemption lands after the first checkpoint (4)
+    # and the evaluator's first step (iteration 11 in 2 runs at load 5-10), and checkpoints 14
+    # and 19 still follow it: the evaluator resumes and evaluates what it had not.
+    iterations = doc["training"]["iterations"] = 20
+    checkpoint_steps = [b - 1 for b in range(INTERVAL, iterations + 1, INTERVAL)]  # 4, 9, 14, 19
     res = submit_spec(spec_from_dict(doc), backend="sbatch", runs_dir=shared_tmp / "runs")
     run_dir = Path(res.run.run_dir)
 
