@@ -38,7 +38,7 @@ THROTTLE_GIVE_UP_S = 60.0
 # while its volume servers register after a restart) or no answer at all is retried along
 # THROTTLE_BACKOFF this long before it is reported: a store that is briefly down costs a
 # restore a wait, not a fallback. A refused connection (nothing listens: a wrong endpoint,
-# a server not running) is reported at once, after botocore's own attempts (~4 s). Writes are not retried so: an upload that fails is the
+# a server not running) is reported at once, after botocore's own attempts (2-5 s). Writes are not retried so: an upload that fails is the
 # next checkpoint's to send, and training never waits for it. botocore's own retries
 # (make_client's ``retries``, standard mode) come first, inside each attempt here.
 READ_RETRY_S = 20.0
