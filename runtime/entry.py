@@ -26,6 +26,7 @@ from hetrun.errors import HetrunError, RunDirError
 
 from . import mpi_wait
 from .events import EventLog
+from .gc_pause import collector_paused
 from .plan_view import PlanView, load_plan
 from .resume import restart_count
 from .sampler import start_for
@@ -168,10 +169,11 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
     # torch is what every workload needs and the longest import of a start:
     # dated here so the startup event shows it apart from process groups.
     world.timings["torch_import_start"] = time.time()
-    import torch  # noqa: F401
+    with collector_paused():  # runtime/gc_pause.py: the imports' objects are not garbage
+        import torch  # noqa: F401
 
-    world.timings["torch_imported"] = time.time()
-    from .executor import Executor, RankFailed
+        world.timings["torch_imported"] = time.time()
+        from .executor import Executor, RankFailed
 
     try:
         executor = Executor(plan, world, log, run_dir)

@@ -74,6 +74,7 @@ from .dispatch import (
     sub_actions,
 )
 from .events import EventLog
+from .gc_pause import collector_paused
 from .hooks import Hooks, load_hooks
 from .plan_view import ActionSpec, Dep, PlanView
 from .state_history import StateHistory, pick_for
@@ -299,7 +300,10 @@ class Executor:
 
     # ------------------------------------------------------------------- run
     def run(self) -> int:
-        start = self._start()
+        # The workload's imports, its model and optimizer (whose first use imports
+        # torch._dynamo) and the restore: runtime/gc_pause.py.
+        with collector_paused():
+            start = self._start()
         assert self.agreement is not None
         last_done = start - 1
         for it in range(start, self.plan.iterations):
