@@ -77,3 +77,16 @@ def test_the_kinds_scan_keeps_what_the_line_reader_kept(tmp_path: Path, torn: bo
     assert len(list(everything)) == 4
     assert (kept.lines, kept.skipped) == (everything.lines, everything.skipped) == (5 if torn else 4, int(torn))
 
+
+
+def test_the_table_is_drawn_as_before_and_cut_only_to_a_terminal() -> None:
+    from hetrun.cli.status_show import _table_text
+
+    header, rows = ["RUN", "STATE", "REASON"], [["r1", "FAILED", "rank 3 raised ValueError: bad"], ["", "DONE", ""]]
+    lines = _table_text(header, rows, None).splitlines()
+    assert lines == ["RUN ┃ STATE  ┃ REASON",
+                     "━━━━╇━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━",
+                     "r1  │ FAILED │ rank 3 raised ValueError: bad",
+                     "    │ DONE   │"]
+    cut = _table_text(header, rows, 30).splitlines()
+    assert cut[2] == "r1  │ FAILED │ rank 3 raised …" and all(len(x) <= 30 for x in cut)
