@@ -39,12 +39,18 @@ def test_the_default_report_leads_with_the_outcome_and_fits_one_screen(tmp_path:
     assert doc["checkpoint_history"]["summary"]["learner"]["count"] == 1
 
 
+def _command_run(root: Path, name: str, component: str) -> RunWriter:
+    """A local run of one single-rank command component, started at t=1000."""
+    w = RunWriter(root / "run")
+    (w.dir / "plan.json").write_text(json.dumps({"name": name, "components": [
+        {"name": component, "nodes": 1, "tasks_per_node": 1, "ntasks": 1, "command": ["python3", "x.py"]}]}))
+    (w.dir / "run.json").write_text(json.dumps({"name": name, "job_id": "local-1", "backend": "local"}))
+    w.ev(ev="start", rank=0, component=component, node="n1", time=1000.0, restart_count=0, command=True)
+    return w
+
+
 def test_a_command_that_logs_no_steps_is_not_called_idle(tmp_path: Path) -> None:
-    w = RunWriter(tmp_path / "run")
-    (w.dir / "plan.json").write_text(json.dumps({"name": "quiet", "components": [
-        {"name": "main", "nodes": 1, "tasks_per_node": 1, "ntasks": 1, "command": ["python3", "x.py"]}]}))
-    (w.dir / "run.json").write_text(json.dumps({"name": "quiet", "job_id": "local-1", "backend": "local"}))
-    w.ev(ev="start", rank=0, component="main", node="n1", time=1000.0, restart_count=0, command=True)
+    w = _command_run(tmp_path, "quiet", "main")
     w.ev(ev="exit", rank=0, component="main", node="n1", time=1060.0, code=0)
     w.batch_line(ev="attempt_end", restart_count=0, outcome="done", requeued=False, exit_code=0, t=1061.0)
     text = _report(str(w.dir))
@@ -57,11 +63,7 @@ def test_a_command_that_logs_no_steps_is_not_called_idle(tmp_path: Path) -> None
 
 
 def test_a_command_job_that_logs_steps_is_reported_in_steps(tmp_path: Path) -> None:
-    w = RunWriter(tmp_path / "run")
-    (w.dir / "plan.json").write_text(json.dumps({"name": "ddp", "components": [
-        {"name": "trainer", "nodes": 1, "tasks_per_node": 1, "ntasks": 1, "command": ["python3", "x.py"]}]}))
-    (w.dir / "run.json").write_text(json.dumps({"name": "ddp", "job_id": "local-1", "backend": "local"}))
-    w.ev(ev="start", rank=0, component="trainer", node="n1", time=1000.0, restart_count=0, command=True)
+    w = _command_run(tmp_path, "ddp", "trainer")
     for step in range(4):  # what the run API writes for each run.log(step, loss=...)
         w.ev(ev="action", rank=0, component="trainer", node="n1", type="step", id="step", iteration=step,
              start=1000.0 + 10 * step, end=1010.0 + 10 * step, metrics={"loss": 4.0 - step}, time=1010.0 + 10 * step)
