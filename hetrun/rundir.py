@@ -316,6 +316,13 @@ def _line_parser() -> Callable[[bytes], Any]:
     return loads  # type: ignore[no-any-return]
 
 
+def _dated(record: dict[str, Any]) -> dict[str, Any]:
+    """A line from before one time key gets ``time`` from its ``t``."""
+    if TIME_KEY not in record and _OLD_TIME_KEY in record:
+        record[TIME_KEY] = record[_OLD_TIME_KEY]
+    return record
+
+
 class EventStream:
     """The one reader of ``events.jsonl``: iterate a run's events once, oldest first.
 
@@ -358,9 +365,7 @@ class EventStream:
                 if not isinstance(record, dict):
                     self.skipped += 1
                 elif self.kinds is None or record.get("ev") in self.kinds:
-                    if TIME_KEY not in record and _OLD_TIME_KEY in record:
-                        record[TIME_KEY] = record[_OLD_TIME_KEY]
-                    yield record
+                    yield _dated(record)
 
     def _kept_lines(self, fh: Any, needle: re.Pattern[bytes]) -> Iterator[bytes]:
         """The lines holding one of the kinds, found by one regular-expression scan per 8 MiB
@@ -413,9 +418,7 @@ def events_after(run_dir: str | os.PathLike[str], offset: int) -> tuple[list[dic
         except (ValueError, UnicodeDecodeError):
             continue
         if isinstance(record, dict):
-            if TIME_KEY not in record and _OLD_TIME_KEY in record:
-                record[TIME_KEY] = record[_OLD_TIME_KEY]
-            records.append(record)
+            records.append(_dated(record))
     return records, offset + end
 
 
