@@ -24,7 +24,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from hetrun.dag import validators as v
 from hetrun.dag.sbatch_options import check_extra_option
@@ -48,11 +48,13 @@ EXTRA_JOB_WIDE = frozenset(
 )
 
 
+_T = TypeVar("_T")
+
 # A gate: (value, key path) -> the value, checked; SpecError naming the key path otherwise.
 Gate: TypeAlias = Callable[[object, str], str]
 
 
-def _checked(check: Callable[[Any], str], value: object, key_path: str) -> str:
+def _checked(check: Callable[[Any], _T], value: object, key_path: str) -> _T:
     """``check(value)`` with its ValueError turned into a SpecError naming ``key_path``."""
     try:
         return check(value)
@@ -109,10 +111,7 @@ def env_value(value: object, key_path: str) -> str:
 
 def command(value: object, key_path: str) -> list[str]:
     """A command component's argv (every word is shell-quoted when rendered)."""
-    try:
-        return v.check_command(value)
-    except ValueError as exc:
-        raise SpecError(str(exc), key_path=key_path, value=value) from None
+    return _checked(v.check_command, value, key_path)
 
 
 def extra_option(value: object, key_path: str) -> tuple[str, str | None]:

@@ -85,7 +85,7 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str,
     # HETRUN_COLLECTIVE_TIMEOUT. srun's own --kill-on-bad-exit=1 does end it,
     # but with SIGTERM, which the survivors take for a preemption (and srun
     # then waits KillWait): ~20 s measured. The batch script's srun reader
-    # (SRUN_READER) SIGKILLs the step on the first death instead: 0.2-0.4 s.
+    # (srun_reader) SIGKILLs the step on the first death instead: 0.2-0.4 s.
     words = ["srun", "--mpi=pmix", "--kill-on-bad-exit=0"]
     if len(components) == 1 and groups == [0]:
         return [*words, f"--output={logs}/{components[0]}-%j-%t.out", *runtime]
@@ -205,34 +205,37 @@ WATCHDOG = [
 # their grace deadline); the newest complete checkpoint stays the restore
 # point. The reader marks the log where it did so: the post-mortem names only
 # the deaths before the mark, not the peers it killed.
-SRUN_READER = [
-    "",
-    f"_hetrun_kill_mark={quoting.sh(KILL_MARK)}",
-    "_hetrun_srun_reader() {",
-    "    # $1: the job ids of the het components, comma-separated. Slurm's SIGTERM",
-    "    # (preemption, cancel) reaches every process of the batch step: this one reads on.",
-    "    trap '' TERM INT",
-    "    local line ended=0 steps id",
-    "    while IFS= read -r line; do",
-    '        printf \'%s\\n\' "$line" >> "$_hetrun_srun_log"',
-    '        case "$line" in',
-    "            *': Exited with exit code 85'|*': Exited with exit code 143') ended=1 ;;",
-    "            'srun: error: '*': task'*': '*)",
-    '                if [ "$ended" -eq 1 ]; then continue; fi',
-    "                ended=1",
-    "                # The steps squeue lists, and step 0 of every component (this script's one srun):",
-    "                # a step srun has begun to terminate may be gone from squeue already.",
-    "                steps=\" $(squeue -h -s -j \"$1\" -o %i 2>/dev/null | grep \'[.][0-9][0-9]*$\' | tr \'\\n\' \' \')\"",
-    "                for id in ${1//,/ }; do",
-    '                    case "$steps" in *" $id."*) ;; *) steps="$steps $id.0" ;; esac',
-    "                done",
-    '                printf \'%s\\n\' "$_hetrun_kill_mark" >> "$_hetrun_srun_log"',
-    '                echo "hetrun: a task died ($line); SIGKILL to the step\'s other tasks:" $steps >&2',
-    '                scancel -s KILL $steps 2>/dev/null ;;',
-    "        esac",
-    "    done",
-    "}",
-]
+def srun_reader(*, kill_in_background: bool = False) -> list[str]:
+    """The srun reader's lines; ``kill_in_background``: its scancel does not block the reader
+    (spare nodes: see _batch_body)."""
+    return [
+        "",
+        f"_hetrun_kill_mark={quoting.sh(KILL_MARK)}",
+        "_hetrun_srun_reader() {",
+        "    # $1: the job ids of the het components, comma-separated. Slurm's SIGTERM",
+        "    # (preemption, cancel) reaches every process of the batch step: this one reads on.",
+        "    trap '' TERM INT",
+        "    local line ended=0 steps id",
+        "    while IFS= read -r line; do",
+        '        printf \'%s\\n\' "$line" >> "$_hetrun_srun_log"',
+        '        case "$line" in',
+        "            *': Exited with exit code 85'|*': Exited with exit code 143') ended=1 ;;",
+        "            'srun: error: '*': task'*': '*)",
+        '                if [ "$ended" -eq 1 ]; then continue; fi',
+        "                ended=1",
+        "                # The steps squeue lists, and step 0 of every component (this script's one srun):",
+        "                # a step srun has begun to terminate may be gone from squeue already.",
+        "                steps=\" $(squeue -h -s -j \"$1\" -o %i 2>/dev/null | grep \'[.][0-9][0-9]*$\' | tr \'\\n\' \' \')\"",
+        "                for id in ${1//,/ }; do",
+        '                    case "$steps" in *" $id."*) ;; *) steps="$steps $id.0" ;; esac',
+        "                done",
+        '                printf \'%s\\n\' "$_hetrun_kill_mark" >> "$_hetrun_srun_log"',
+        '                echo "hetrun: a task died ($line); SIGKILL to the step\'s other tasks:" $steps >&2',
+        '                scancel -s KILL $steps 2>/dev/null' + (" &" if kill_in_background else "") + " ;;",
+        "        esac",
+        "    done",
+        "}",
+    ]
 
 
 def _het_job_ids(n: int) -> str:
@@ -512,9 +515,7 @@ def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], 
     # Spare nodes: the reader's scancel in the background. It returns only when a dead node's
     # slurmd fails to answer (MessageTimeout: 11 s measured); blocked there the reader held
     # the script 2 s after srun ended (its wait below). The first death line is logged before.
-    reader = [line.replace("scancel -s KILL $steps 2>/dev/null ;;", "scancel -s KILL $steps 2>/dev/null & ;;")
-              for line in SRUN_READER] if spares else SRUN_READER
-    body += WATCHDOG + reader
+    body += WATCHDOG + srun_reader(kill_in_background=spares)
     body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
     return body
 

@@ -257,6 +257,17 @@ def test_spares_no_node_list_runs_the_post_mortem_and_in_allocation_restarts_cou
     assert proc.returncode == 0, proc.stderr
 
 
+def test_only_a_spare_nodes_script_sends_the_readers_kill_to_the_background() -> None:
+    """With spares, the srun reader's scancel must not block it on a dead node's slurmd."""
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    plain = [ln.strip() for ln in _script(_spec(components=comps)).splitlines() if "scancel -s KILL $steps" in ln]
+    comps["rollout"]["spare_nodes"] = 1
+    spares = [ln.strip() for ln in _script(_spec(components=comps, preemption={"max_failures": 1})).splitlines()
+              if "scancel -s KILL $steps" in ln]
+    assert "scancel -s KILL $steps 2>/dev/null ;;" in plain and not any("& ;;" in ln for ln in plain)
+    assert "scancel -s KILL $steps 2>/dev/null & ;;" in spares
+
+
 def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> None:
     """The spare-nodes monitor, run by bash: a node whose heartbeat file changes is alive
     however old its mtime looks (NFS attribute caching, clock skew); one whose file stops

@@ -69,8 +69,8 @@ def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[
     cfg = ObjectStoreConfig.from_plan(checkpoint_cfg) or _from_env()
     if cfg is None:
         return None
-    # The client is made while the caller builds its writer and lists the file tiers.
-    store = ObjectStore.from_config(cfg, component).warm()
+    # BucketTier starts making the client (ObjectStore.warm) while the caller builds its writer.
+    store = ObjectStore.from_config(cfg, component)
     uploader = ObjectUploader(store, tiers, rank=rank, world_size=world_size, keep=keep, on_event=emit,
                               shard_wait_s=cfg.shard_wait_s, max_fetch_ratio=cfg.max_fetch_ratio)
     return RankObjectTier(uploader, BucketTier(store, on_event=emit))

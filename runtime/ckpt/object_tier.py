@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.runtime.ckpt.object_store import ObjectStore
-from hetrun.runtime.ckpt.objects import Tier, check_hash
+from hetrun.runtime.ckpt.objects import MAX_CHAIN, Tier, check_hash
 
 from hetrun.errors import CheckpointError
 
 TIER_NAME = "object"
-_MAX_CHAIN = 64
 
 
 class BucketTier(Tier):
@@ -136,7 +135,7 @@ class BucketTier(Tier):
     def _walk(self, h: str, fut: Future[Path]) -> None:
         """Download ``h``, then its base, its base's base … (each one nobody else has
         claimed) on this thread: a chunk's chain arrives in the order it is decoded."""
-        for _depth in range(_MAX_CHAIN + 1):
+        for _depth in range(MAX_CHAIN + 1):
             try:
                 path = self._fetch(self.object_rel(h))
             except BaseException as exc:

@@ -43,7 +43,7 @@ from typing import Any
 from hetrun.dag.object_store_spec import DEFAULT_MAX_FETCH_RATIO
 from hetrun.runtime.ckpt import codec
 from hetrun.runtime.ckpt.object_store import ObjectStore
-from hetrun.runtime.ckpt.objects import Tier, check_hash, object_parts
+from hetrun.runtime.ckpt.objects import MAX_CHAIN, Tier, check_hash, object_parts
 from hetrun.runtime.ckpt.store import CheckpointStore
 
 from hetrun.backoff import Backoff, poll_until
@@ -51,7 +51,6 @@ from hetrun.errors import CheckpointError
 from hetrun.rundir import DEFAULTS
 
 TIER_NAME = "object"
-_MAX_CHAIN = 64
 
 
 class ObjectUploader:
@@ -158,7 +157,7 @@ class ObjectUploader:
                     base = src.read_object_header(cur).get("base")
                     cur = check_hash(base, "object base") if base else None
                     depth += 1
-                    if depth > _MAX_CHAIN:
+                    if depth > MAX_CHAIN:
                         raise CheckpointError(f"chunk {h[:16]}… has an overlong delta chain; corrupt")
         return need
 

@@ -442,6 +442,9 @@ class ReadBuffer:
         return memoryview(self._buf)[:n]
 
 
+# The longest delta chain a chunk may have (base, delta of it, ...): a longer one is corrupt.
+MAX_CHAIN = 64
+
 def object_parts(header: dict[str, Any], parts: list[Any]) -> list[Any]:
     """An object file's bytes, in order: ``MAGIC``, the header's length, the header, the payload."""
     head = json.dumps(header, separators=(",", ":")).encode()

@@ -28,11 +28,10 @@ import xxhash
 import zstandard
 from hetrun.runtime.ckpt import codec, objects, state, zstd_direct
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
-from hetrun.runtime.ckpt.objects import ReadBuffer, Tier, atomic_write, check_hash
+from hetrun.runtime.ckpt.objects import MAX_CHAIN, ReadBuffer, Tier, atomic_write, check_hash
 
 from hetrun.errors import CheckpointError
 
-_MAX_CHAIN = 64
 # Objects are mapped, not read: saves a copy of every raw plane (see Tier.map_object).
 USE_MMAP = True
 # A delta plane needs only the same plane of its base, recursively: decode
@@ -274,8 +273,8 @@ class CheckpointStore:
                    ) -> tuple[list[np.ndarray], codec.Layout]:
         """Object ``h``'s planes in plane space, its chain decoded by updating
         planes in place (no interleave per chain level). Returns (planes, layout)."""
-        if depth > _MAX_CHAIN:
-            raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
+        if depth > MAX_CHAIN:
+            raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {MAX_CHAIN}; corrupt")
         t = time.perf_counter()
         if USE_MMAP:
             header, payload = tier.map_object(h)
@@ -309,8 +308,8 @@ class CheckpointStore:
         return dst.views(flat)
 
     def _open(self, h: str, nbytes: int, tier: Tier, depth: int, ctx: _DecodeCtx, *, populate: bool) -> _Node:
-        if depth > _MAX_CHAIN:
-            raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {_MAX_CHAIN}; corrupt")
+        if depth > MAX_CHAIN:
+            raise CheckpointError(f"chunk {h[:16]}… has a delta chain longer than {MAX_CHAIN}; corrupt")
         t = time.perf_counter()
         header, payload = tier.map_object(h, populate=populate)
         ctx.add("read", t)
@@ -621,7 +620,7 @@ def copy_object_tree(src: Tier, dst: Tier, h: str, *, durable: bool) -> int:
     while cur and not dst.has_object(cur):
         chain.append(cur)
         cur = src.read_object_header(cur).get("base")
-        if len(chain) > _MAX_CHAIN:
+        if len(chain) > MAX_CHAIN:
             raise CheckpointError(f"chunk {h[:16]}… has an overlong delta chain; corrupt")
     copied = 0
     for obj in reversed(chain):

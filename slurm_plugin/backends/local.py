@@ -269,7 +269,7 @@ class _Supervisor:
             if failed_rc is None and not (self.cancelled or self.requeue_asked):
                 failed_rc = next((code for code in codes if code not in (None, *_STOP_CODES)), None)
                 if failed_rc is not None:
-                    # As the batch script's srun reader on Slurm (render.SRUN_READER): a rank that
+                    # As the batch script's srun reader on Slurm (render.srun_reader): a rank that
                     # failed ends the others now (an evaluator waiting for checkpoints, peers in a
                     # collective), not at their own timeouts. SIGKILL, not TERM: survivors would
                     # take a TERM for a preemption and checkpoint past the failure; the newest
