@@ -130,6 +130,11 @@ class ComponentPlan(BaseModel):
         default=None, description="set by hetrun submit for a placement: auto (or --fit) component")
     spare_nodes: int = Field(default=0, description="idle nodes held for an in-allocation restart")
 
+    @property
+    def runs_actions(self) -> bool:
+        """An action component (its ranks run the plan's actions), not a command's."""
+        return self.command is None
+
     @model_serializer(mode="wrap")
     def _without_null_command(self, handler: Any) -> dict[str, Any]:
         # An action component's entry reads as before: "command" / "placement" only where there is one.
@@ -224,6 +229,12 @@ class Plan(BaseModel):
             if a.id == action_id:
                 return a
         raise KeyError(action_id)
+
+    @property
+    def action_components(self) -> list[ComponentPlan]:
+        """The components whose ranks run actions (one MPI world), in plan order; the same
+        rule as the run directory's view (hetrun/planfile.py PlanView.action_components)."""
+        return [c for c in self.components if c.runs_actions]
 
     def component(self, name: str) -> ComponentPlan:
         for c in self.components:

@@ -157,7 +157,7 @@ def prepare(run: RunInfo, overrides: Overrides | None = None, *, resize: dict[st
     if old_plan.job_dir:
         plan = plan.model_copy(update={"job_dir": old_plan.job_dir})
     before = {c.name: c.ntasks for c in old_plan.action_components}
-    after = {c.name: c.ntasks for c in plan.components if c.command is None}
+    after = {c.name: c.ntasks for c in plan.action_components}
     sizes = {c: (before.get(c, 0), n) for c, n in after.items()}
     changed = [c for c, (x, y) in sizes.items() if x != y]
     if changed and not resize:

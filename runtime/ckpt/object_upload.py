@@ -143,25 +143,24 @@ class ObjectUploader:
                 return t
         raise CheckpointError(f"step {step}: shard {rel} is in none of the tiers (retired before its upload)")
 
-    def _closure(self, src: Tier, shard: dict[str, Any]) -> list[str]:
-        """Every object the shard needs: its chunks and their delta bases."""
-        need: list[str] = []
-        seen: set[str] = set()
+    def _closure(self, src: Tier, shard: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Every object the shard needs (its chunks and their delta bases), in walk order,
+        with its header: each header is read once here and reused by the upload."""
+        need: dict[str, dict[str, Any]] = {}
         for td in shard.get("tensors", []):
             for h, _n in td.get("chunks", []):
                 cur: str | None = check_hash(h, "shard chunk")
                 depth = 0
-                while cur and cur not in seen:
-                    seen.add(cur)
-                    need.append(cur)
-                    base = src.read_object_header(cur).get("base")
+                while cur and cur not in need:
+                    header = need[cur] = src.read_object_header(cur)
+                    base = header.get("base")
                     cur = check_hash(base, "object base") if base else None
                     depth += 1
                     if depth > MAX_CHAIN:
                         raise CheckpointError(f"chunk {h[:16]}… has an overlong delta chain; corrupt")
         return need
 
-    def _whole(self, decoder: CheckpointStore, h: str, nbytes: int, src: Tier, names: str) -> bytes:
+    def _whole(self, decoder: CheckpointStore, h: str, nbytes: int, itemsize: int, names: str) -> bytes:
         """Object ``h`` re-encoded with no delta base: its raw bytes decoded from ``src``
         (checked against its name) and encoded as the writer encodes a full chunk."""
         loc = self._local
@@ -169,7 +168,6 @@ class ObjectUploader:
             loc.cctx, loc.scratch, loc.raw = codec.new_compressor(), codec.Scratch(), codec.Scratch()
         raw = loc.raw.get("raw", nbytes)
         decoder.decode_chunk(h, raw, names=names)
-        itemsize = int(src.read_object_header(h).get("itemsize", 1))
         enc = codec.encode(raw, itemsize, None, compressor=loc.cctx, scratch=loc.scratch)
         # The parts point into the scratch: joined before this thread's next encode.
         return b"".join(object_parts(codec.object_header(enc, nbytes), enc.parts))
@@ -201,13 +199,13 @@ class ObjectUploader:
         def send(h: str) -> tuple[int, bool]:
             path = src.object_path(h)
             size = os.stat(path).st_size
-            base = src.read_object_header(h).get("base")
+            base = need[h].get("base")
             chain = size if not base else size + self._chain_bytes.get(str(base), 1 << 62)
             if chain <= max(size, self.max_fetch_ratio * chunks[h]):
                 store.put_file(store.object_rel(h), str(path), size)
                 self._chain_bytes[h] = chain
                 return size, False
-            data = self._whole(decoder, h, chunks[h], src, names)
+            data = self._whole(decoder, h, chunks[h], int(need[h].get("itemsize", 1)), names)
             store.put(store.object_rel(h), data)
             self._chain_bytes[h] = len(data)
             return len(data), True
@@ -224,7 +222,7 @@ class ObjectUploader:
                 reencoded += whole
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        refs = json.dumps({"step": step, "rank": self.rank, "objects": need}, separators=(",", ":")).encode()
+        refs = json.dumps({"step": step, "rank": self.rank, "objects": list(need)}, separators=(",", ":")).encode()
         store.put(shard_rel.removesuffix(".json") + ".refs.json", refs)
         store.put(shard_rel, shard_bytes)  # the rank's part is complete once this exists
         sent_bytes += len(refs) + len(shard_bytes)
