@@ -3,7 +3,7 @@ memory tier's steady cost. Results: benchmarks/node_death.md, raw trials in
 benchmarks/results/node_death.json.
 
     flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --kills 4 --requeue-kills 1 --pairs 0
-    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --overhead-only --pairs 3
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_bench.py --overhead-only --shared-cluster --pairs 3
 
 Cluster: tests/node_cluster.py's throw-away 4-node cluster (hrnode; its nodes may be
 killed). Job: examples/ppo_cartpole.yaml made small and endless (learner on one
@@ -32,8 +32,10 @@ until Slurm has ended the old one, which needs the dead node marked down:
 
 Steady overhead: the same job (no spare, no kill) on the cluster, learner and
 rollout on two nodes (the replica crosses nodes), memory tier off
-(``checkpoint.memory_every: 0``) and on (1), alternately, ``--pairs`` times;
-seconds per learner iteration over iterations 5..N (median of each setting).
+(``checkpoint.memory_every: 0``), every iteration (1) and adaptive (``auto``),
+interleaved, ``--pairs`` rounds; seconds per learner iteration over iterations
+``--skip``..N (median of each setting), and each run's own share: the tier's
+measured seconds over the rank's training time.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from test_resume_exact import events  # noqa: E402
 BASE = Path("/var/tmp/hetrun-bench/node_death")
 
 
-def spec(spares: int, memory_every: int, iterations: int, memory_dir: str,
+def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
          node_timeout: int | None = None) -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
@@ -242,34 +244,55 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     return trials
 
 
-def overhead(cluster: NodeCluster | None, pairs: int, iterations: int) -> dict[str, Any]:
-    """Seconds per learner iteration, memory tier off vs on, as Slurm jobs on the cluster
-    (learner and rollout on two nodes: the replica crosses nodes), alternately."""
+MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
+
+
+def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int) -> dict[str, Any]:
+    """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
+    as Slurm jobs on the cluster (learner and rollout on two nodes: the replica crosses
+    nodes), interleaved (the order rotates each round); iterations ``skip``..N, so the
+    adaptive N (agreed from iteration 8, applied from 16) is settled in the window. Beside
+    the A/B, each run's own share: the tier's seconds per rank (``memory_tier`` events,
+    every snapshot's encode + checksum + tmpfs write + send) over the rank's training time."""
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
     from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
     if cluster is not None:
         os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    out: dict[str, list[float]] = {"off": [], "on": []}
+    out: dict[str, list[float]] = {label: [] for label, _ in MODES}
+    share: dict[str, list[float]] = {label: [] for label, _ in MODES}
+    chosen: dict[str, list[Any]] = {label: [] for label, _ in MODES}
+    runs = []
     for i in range(pairs):
-        for label, every in (("off", 0), ("on", 1)) if i % 2 == 0 else (("on", 1), ("off", 0)):
+        for label, every in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
             res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp")), backend="sbatch",
                               runs_dir=BASE / "overhead")
             wait_for_end(res.run, SbatchBackend(), timeout_s=900, poll_s=1)
             d = Path(res.run.run_dir)
-            acts = [e for e in events(d) if e.get("ev") == "action" and e.get("component") == "learner"]
-            t5 = min(e["start"] for e in acts if e["iteration"] == 5)
+            evs = events(d)
+            acts = [e for e in evs if e.get("ev") == "action" and e.get("component") == "learner"]
+            t_skip = min(e["start"] for e in acts if e["iteration"] == skip)
             tn = max(e["end"] for e in acts)
-            per = (tn - t5) / (iterations - 5)
-            tier = [e for e in events(d) if e.get("ev") == "memory_tier"]
+            per = (tn - t_skip) / (iterations - skip)
+            t0 = min(e["start"] for e in acts)
+            tier = [e for e in evs if e.get("ev") == "memory_tier"]
+            # The tier's share of the training time, per rank (the slowest rank's figure).
+            pct = max((100 * e["seconds"] / (tn - t0) for e in tier), default=0.0)
             out[label].append(per)
-            print(json.dumps({"overhead_run": label, "s_per_iter": round(per, 5), "load": os.getloadavg()[0],
-                              "tier_s": [e.get("seconds") for e in tier], "bytes": [e.get("bytes") for e in tier]}),
-                  flush=True)
-    off, on = statistics.median(out["off"]), statistics.median(out["on"])
-    return {"off_s_per_iter": out["off"], "on_s_per_iter": out["on"], "median_off": off, "median_on": on,
-            "overhead_pct": round(100 * (on - off) / off, 2)}
+            share[label].append(round(pct, 3))
+            chosen[label].append(sorted({e.get("every") for e in tier}))
+            row = {"overhead_run": label, "s_per_iter": round(per, 5), "load": os.getloadavg()[0],
+                   "tier_pct": round(pct, 3), "every": chosen[label][-1],
+                   "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
+                   "bytes": [e.get("bytes") for e in tier], "run_dir": str(d)}
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+    med = {label: statistics.median(v) for label, v in out.items()}
+    return {"runs": runs, "s_per_iter": out, "median_s_per_iter": med, "tier_pct": share, "every": chosen,
+            "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
+                                    for label in med if label != "off"},
+            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"}}
 
 
 def main() -> None:
@@ -277,7 +300,8 @@ def main() -> None:
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--requeue-kills", type=int, default=2)
     p.add_argument("--pairs", type=int, default=3)
-    p.add_argument("--iterations", type=int, default=60)
+    p.add_argument("--iterations", type=int, default=80)
+    p.add_argument("--skip", type=int, default=20, help="overhead: iterations before the measured window")
     p.add_argument("--overhead-only", action="store_true")
     p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
     p.add_argument("--node-timeout", type=int, default=None,
@@ -289,7 +313,7 @@ def main() -> None:
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
     if args.overhead_only and args.shared_cluster:
         # No node is killed: the shared test cluster (2 of its nodes) will do.
-        result["overhead"] = overhead(None, args.pairs, args.iterations)
+        result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip)
         _save(args.out, result)
         return
     cluster = NodeCluster()
@@ -305,7 +329,7 @@ def main() -> None:
                     result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
                     result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
         if args.pairs:
-            result["overhead"] = overhead(cluster, args.pairs, args.iterations)
+            result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip)
     finally:
         cluster.stop()
     _save(args.out, result)

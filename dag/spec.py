@@ -289,16 +289,27 @@ class CheckpointSpec(_Section):
                     "standalone). Longer: fewer bytes; shorter: faster restore (benchmarks/ckpt.md)",
     )
 
-    memory_every: int | None = Field(
-        DEFAULTS.memory_every, ge=0, le=1_000_000_000,
+    memory_every: int | Literal["auto"] | None = Field(
+        DEFAULTS.memory_every,
         description="snapshot every rank's state into node-local memory (and replicate it to another node) "
-                    "every N iterations; 0 = off; default: with spare_nodes, adaptive (the smallest power of two "
-                    "whose snapshots take <= 2% of training), else off")
+                    "every N iterations; 0 = off; auto = adaptive (the smallest power of two N <= 16 whose "
+                    "snapshots take <= 2% of training; a node death then costs <= N iterations); "
+                    "default: auto with spare_nodes, else off")
     memory_replicas: int = Field(DEFAULTS.memory_replicas, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
 
     object_store: ObjectStoreSpec | None = Field(
         None, description="S3-compatible cold tier after the file tiers: {url: s3://BUCKET/PREFIX, "
                           "endpoint: ...}; credentials only from AWS_* variables / ~/.aws (docs/OBJECT_STORE.md)")
+
+    @field_validator("memory_every", mode="before")
+    @classmethod
+    def _memory_every(cls, value: Any) -> Any:
+        # One message for both spellings (the union's two errors would name pydantic's branches).
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000_000:
+            raise ValueError(f"expected a whole number of iterations >= 0 (0 = off) or 'auto', got {value!r}")
+        return value
 
     @field_validator("directory")
     @classmethod

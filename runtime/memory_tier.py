@@ -35,7 +35,13 @@ from .ckpt import memory
 TAG_REPLICA = 0x4D54  # "MT": a replica blob
 TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
-MAX_EVERY = 64
+# Adaptive N's cap, so the work a node death can cost stays bounded: with N the restore
+# goes back to the last multiple of N, at most N iterations (docs/PREEMPTION.md).
+MAX_EVERY = 16
+# The ranks agree on N every AGREE_EVERY steps (non-blocking; applied at the next multiple):
+# often enough that a run of a few dozen iterations leaves N = 1 early, rarely enough
+# that the allreduce has arrived when it is needed (ranks run at most a few iterations apart).
+AGREE_EVERY = 8
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -80,8 +86,9 @@ class MemorySnapshots:
         self.nodes: list[str] = list(self.comm.allgather(node))
         # every None: adaptive. Each rank wants the smallest power of two N whose snapshot cost
         # stays within BUDGET of its iterations, and the ranks agree on the largest (an
-        # allreduce MAX every MAX_EVERY steps, applied there): every rank snapshots the same
-        # steps, so the newest `keep` a node holds are steps every rank has.
+        # allreduce MAX every AGREE_EVERY steps, applied at the next): every rank uses the same
+        # N at the same step, so every rank snapshots the same steps and the newest `keep` a
+        # node holds are steps every rank has.
         self.adaptive = every is None
         self._agreeing: tuple[Any, Any, Any] | None = None  # (request, sent, received) in flight
         self.every = 1 if every is None else max(1, int(every))
@@ -117,11 +124,11 @@ class MemorySnapshots:
         return k
 
     def _agree(self, step: int) -> None:
-        """At each multiple of MAX_EVERY (a step every rank's loop passes, and a multiple of
-        every N, so switching there keeps the ranks' snapshot steps equal): apply the N the
+        """At each multiple of AGREE_EVERY (a step every rank's loop passes): apply the N the
         ranks agreed on at the previous one, and start the next agreement (non-blocking: the
-        result has MAX_EVERY iterations to arrive)."""
-        if step % MAX_EVERY:
+        result has AGREE_EVERY iterations to arrive). Every rank switches at the same step,
+        so the ranks' snapshot steps (multiples of N) stay equal."""
+        if step % AGREE_EVERY:
             return
         import numpy as np
         from mpi4py import MPI

@@ -29,6 +29,8 @@ from hetrun.runtime.memory_tier import MemorySnapshots
 from hetrun.errors import SpecError
 from hetrun.rundir import DEFAULTS, HEARTBEAT_DEFAULT_S, HEARTBEAT_ENV, NODE_TIMEOUT_ENV, RunPaths
 
+ADAPTIVE = "auto"  # checkpoint.memory_every's spelling of the adaptive N (dag/spec.py)
+
 # Snapshots each node keeps per rank: ranks of a pipelined job run up to a few
 # iterations apart, and the restore needs a step every rank still holds.
 KEEP = 8
@@ -36,9 +38,12 @@ KEEP = 8
 
 def memory_every(plan: Any) -> int | None:
     """N of ``checkpoint.memory_every``: 0 off, None adaptive (MemorySnapshots picks N).
-    Unset: the default (hetrun.rundir.DEFAULTS: adaptive) when a component has spare_nodes, else off."""
+    ``auto``: adaptive. Unset: the default (hetrun.rundir.DEFAULTS: adaptive) when a component
+    has spare_nodes, else off."""
     cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
     value = cfg.get("memory_every", DEFAULTS.memory_every)
+    if value == ADAPTIVE:
+        return None
     if value is None:
         return None if spares_in(plan) else 0
     return int(value)
