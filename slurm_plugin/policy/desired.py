@@ -3,7 +3,9 @@
 - one QOS per tier: Priority spaced by rank (first = highest), and with
   ``preemption: true`` a ``Preempt`` list of every lower tier and
   ``PreemptMode=requeue``; ``DenyOnLimit`` so a job over a Max* limit is
-  refused at submission instead of pending forever;
+  refused at submission instead of pending forever; with ``checkpointed`` a
+  second QOS ``<tier>_ckpt`` per tier, just below it, with a ``GraceTime``
+  (preemption by work lost: ``ckpt_priority``);
 - one account per team with its association limits (GrpTRES = quota,
   MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
   tier) and one user association per listed user, whose own GrpTRES is
@@ -30,6 +32,9 @@ from hetrun.slurm_plugin.policy.state import AssocState, QosState
 # Priority distance between adjacent tiers: large enough that with
 # PriorityWeightQOS dominating the other weights a higher tier always wins.
 TIER_PRIORITY_STEP = 1000
+# How far below its tier a ``<tier>_ckpt`` QOS sits (scheduling.checkpointed): a tenth of a step,
+# so the tiers' order is untouched and checkpointing jobs are the first preemption candidates.
+CKPT_PRIORITY_GAP = TIER_PRIORITY_STEP // 10
 
 
 @dataclass(frozen=True)
@@ -60,14 +65,33 @@ def tier_priority(policy: PolicySpec, rank: int, tier: str) -> int:
     return (len(policy.tier_names) - rank) * TIER_PRIORITY_STEP
 
 
-def _qos_for_tier(policy: PolicySpec, rank: int, tier: str) -> QosState:
+def tier_qos_names(policy: PolicySpec, tiers: list[str]) -> tuple[str, ...]:
+    """The QOS of ``tiers``: each tier's own, and its ``<tier>_ckpt`` with ``checkpointed``."""
+    names = [policy.qos_name(t) for t in tiers]
+    if policy.checkpointed is not None:
+        names += [policy.ckpt_qos_name(t) for t in tiers]
+    return tuple(sorted(names))
+
+
+def ckpt_priority(policy: PolicySpec, rank: int, tier: str) -> int:
+    """The ``<tier>_ckpt`` QOS Priority: below the tier's own (preempt/qos takes candidates in
+    rising QOS priority, so checkpointing jobs go first), above the next tier down (the tiers'
+    scheduling order holds): CKPT_PRIORITY_GAP below, or half way to the next tier when closer."""
+    names = policy.tier_names
+    own = tier_priority(policy, rank, tier)
+    below = tier_priority(policy, rank + 1, names[rank + 1]) if rank + 1 < len(names) else 0
+    return own - min(CKPT_PRIORITY_GAP, (own - below) // 2)
+
+
+def _qos_for_tier(policy: PolicySpec, rank: int, tier: str, ckpt: bool = False) -> QosState:
     names = policy.tier_names
     limits = policy.tiers.get(tier) or TierLimits.model_validate({})
-    lower = tuple(sorted(policy.qos_name(t) for t in names[rank + 1:])) if policy.preemption else ()
-    priority = tier_priority(policy, rank, tier)
+    lower = tier_qos_names(policy, names[rank + 1:]) if policy.preemption else ()
+    priority = ckpt_priority(policy, rank, tier) if ckpt else tier_priority(policy, rank, tier)
     wall = v.time_seconds(str(limits.max_wall)) if limits.max_wall is not None else None
+    grace = policy.checkpointed.grace_time if ckpt and policy.checkpointed else 0
     return QosState(
-        name=policy.qos_name(tier),
+        name=policy.ckpt_qos_name(tier) if ckpt else policy.qos_name(tier),
         priority=priority,
         preempt=lower,
         preempt_mode="requeue" if policy.preemption else "cluster",
@@ -75,14 +99,25 @@ def _qos_for_tier(policy: PolicySpec, rank: int, tier: str) -> QosState:
         grp_tres=limits.grp_tres.as_slurm() if limits.grp_tres else {},
         max_tres_per_user=limits.max_tres_per_user.as_slurm() if limits.max_tres_per_user else {},
         flags=("DenyOnLimit",),
+        grace_time=grace,
     )
+
+
+def _ckpt_problems(policy: PolicySpec) -> list[str]:
+    out = []
+    for i, tier in enumerate(policy.tier_names):
+        own, ckpt = tier_priority(policy, i, tier), ckpt_priority(policy, i, tier)
+        if ckpt >= own:
+            out.append(f"scheduling.checkpointed: tier {tier!r} (priority {own}) has no room below it for "
+                       f"{policy.ckpt_qos_name(tier)}; space the tiers' priorities at least 2 apart")
+    return out
 
 
 def _assocs(policy: PolicySpec) -> dict[tuple[str, str], AssocState]:
     out: dict[tuple[str, str], AssocState] = {}
     for name, acct in policy.accounts.items():
         tiers = acct.tiers if acct.tiers is not None else policy.tier_names
-        qos = tuple(sorted(policy.qos_name(t) for t in tiers))
+        qos = tier_qos_names(policy, tiers)
         default = policy.default_tier if policy.default_tier in tiers else (tiers[-1] if tiers else None)
         state = AssocState(
             account=name,
@@ -229,11 +264,16 @@ def desired_state(policy: PolicySpec, cgroup: CgroupSupport | None = None) -> De
     """``cgroup``: the nodes' cgroup support (``isolation.detect_cgroup``); None = not
     checked (an off-line plan): cgroup.conf then lets Slurm autodetect the version."""
     qos = {policy.qos_name(t): _qos_for_tier(policy, i, t) for i, t in enumerate(policy.tier_names)}
+    if policy.checkpointed is not None:
+        qos.update({policy.ckpt_qos_name(t): _qos_for_tier(policy, i, t, ckpt=True)
+                    for i, t in enumerate(policy.tier_names)})
     parts: dict[str, dict[str, str]] = {}
     if policy.time_slicing:
         parts[policy.time_slicing.partition] = {
             "OverSubscribe": f"FORCE:{policy.time_slicing.jobs_per_core}"}
     problems = [isolation_problem(isolation_of(policy), cgroup) if cgroup else None]
+    if policy.checkpointed is not None:
+        problems += _ckpt_problems(policy)
     sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
     reserve = None
     if sched and sched.backfill and sched.backfill.min_reserve_tier is not None:

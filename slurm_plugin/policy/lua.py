@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib import resources
 
 from hetrun.dag import validators as v
-from hetrun.slurm_plugin.policy.model import PolicySpec
+from hetrun.slurm_plugin.policy.model import CKPT_SUFFIX, PolicySpec
 
 PLACEHOLDER = "--@POLICY@--"
 HETRUN_CLASSES = ("low", "normal", "high", "critical")  # hetrun.dag.spec.QosClass
@@ -69,7 +69,10 @@ def _quotas(policy: PolicySpec) -> dict[str, object]:
 
 def policy_table(policy: PolicySpec) -> dict[str, object]:
     table: dict[str, object] = {
-        "tiers": {t: policy.qos_name(t) for t in policy.tier_names},
+        # ``--qos=<tier>`` and, with scheduling.checkpointed, ``--qos=<tier>_ckpt``
+        "tiers": {t: policy.qos_name(t) for t in policy.tier_names}
+        | ({f"{t}{CKPT_SUFFIX}": policy.ckpt_qos_name(t) for t in policy.tier_names}
+           if policy.checkpointed is not None else {}),
         "classes": {c: policy.qos_name(t) for c, t in class_to_tier(policy).items()},
         "quotas": _quotas(policy),
         "accounts": {name: True for name in policy.accounts},

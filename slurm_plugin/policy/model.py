@@ -113,12 +113,30 @@ class Backfill(_Section):
                              "so idle ones stay free for jobs that can start now")
 
 
+# The QOS of a tier's jobs that checkpoint (``scheduling.checkpointed``): ``<tier>_ckpt``.
+CKPT_SUFFIX = "_ckpt"
+
+
+class Checkpointed(_Section):
+    """Preemption by work lost, through Slurm alone: each tier gets a second QOS
+    ``<tier>_ckpt`` for jobs that checkpoint and stop at an agreed step on SIGTERM
+    (hetrun jobs, scripts using the run API). Its Priority sits just below the tier's,
+    so preempt/qos, which picks candidates in rising QOS priority, takes them before
+    the tier's plain jobs (which lose all their work); its GraceTime is the time they
+    get between SIGTERM and SIGKILL to reach that step and save."""
+
+    grace_time: int = Field(30, ge=1, le=3600, description="GraceTime (s) of the <tier>_ckpt QOS: "
+                            "SIGTERM, then this long to stop at an agreed step and save before SIGKILL")
+
+
 class Scheduling(_Section):
     priority: list[str] = Field(min_length=1, max_length=16,
                                 description="tiers, highest first; each becomes a Slurm QOS")
     preemption: bool = Field(False, description="a tier preempts (requeues) jobs of every tier below it")
     default: str | None = Field(None, description="tier of jobs that name none (default: the lowest)")
     backfill: Backfill | None = None
+    checkpointed: Checkpointed | None = Field(
+        None, description="a <tier>_ckpt QOS per tier: checkpointing jobs are preempted first, with a grace time")
 
     @field_validator("priority")
     @classmethod
@@ -294,6 +312,8 @@ class PolicySpec(_Section):
         sched = self.resources.gpu.scheduling if self.resources.gpu else None
         if sched and sched.default is not None:
             self._known_tier(sched.default, ("resources", "gpu", "scheduling", "default"))
+        if sched and sched.checkpointed is not None:
+            self._check_checkpointed(sched)
         if sched and sched.backfill and sched.backfill.min_reserve_tier is not None:
             self._known_tier(sched.backfill.min_reserve_tier,
                              ("resources", "gpu", "scheduling", "backfill", "min_reserve_tier"))
@@ -318,6 +338,17 @@ class PolicySpec(_Section):
             for fname in ("quota", "max_per_user"):
                 if getattr(acct, fname) is not None:
                     getattr(acct, fname).check(("accounts", aname, fname))
+
+    def _check_checkpointed(self, sched: Scheduling) -> None:
+        path = ("resources", "gpu", "scheduling", "checkpointed")
+        if not sched.preemption:
+            raise SpecIssue("checkpointed orders preemption, but preemption is off", path=path,
+                            hint="set resources.gpu.scheduling.preemption: true, or remove checkpointed")
+        for i, tier in enumerate(sched.priority):
+            if tier.endswith(CKPT_SUFFIX) or f"{tier}{CKPT_SUFFIX}" in sched.priority:
+                raise SpecIssue(f"tier {tier!r} clashes with the {CKPT_SUFFIX} QOS that checkpointed adds",
+                                path=("resources", "gpu", "scheduling", "priority", i),
+                                hint=f"rename the tier so no name ends in {CKPT_SUFFIX}")
 
     def _known_tier(self, tier: str, path: tuple[str | int, ...]) -> None:
         if tier not in self.tier_names:
@@ -355,6 +386,15 @@ class PolicySpec(_Section):
         if not gpu or not gpu.scheduling:
             return None
         return gpu.scheduling.default or gpu.scheduling.priority[-1]
+
+    @property
+    def checkpointed(self) -> Checkpointed | None:
+        gpu = self.resources.gpu
+        return gpu.scheduling.checkpointed if gpu and gpu.scheduling else None
+
+    def ckpt_qos_name(self, tier: str) -> str:
+        """The QOS of ``tier``'s checkpointing jobs (``scheduling.checkpointed``)."""
+        return self.qos_name(tier + CKPT_SUFFIX)
 
     @property
     def preemption(self) -> bool:

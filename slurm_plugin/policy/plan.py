@@ -30,7 +30,7 @@ _OPTION = {
     "priority": "Priority", "preempt": "Preempt", "preempt_mode": "PreemptMode",
     "max_wall": "MaxWall", "grp_tres": "GrpTRES", "max_tres_per_user": "MaxTRESPerUser",
     "flags": "Flags", "fairshare": "Fairshare", "qos": "QOS", "default_qos": "DefaultQOS",
-    "parent": "Parent",
+    "parent": "Parent", "grace_time": "GraceTime",
 }
 _IDENTITY = {"name", "account", "user"}
 # scontrol prints these with units or placeholders; compare what they mean.

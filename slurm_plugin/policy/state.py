@@ -20,7 +20,7 @@ from hetrun.errors import SlurmError
 
 Runner = Callable[[Sequence[str]], str]
 
-QOS_FORMAT = "Name,Priority,Preempt,PreemptMode,MaxWall,GrpTRES,MaxTRESPU,Flags"
+QOS_FORMAT = "Name,Priority,Preempt,PreemptMode,MaxWall,GrpTRES,MaxTRESPU,Flags,GraceTime"
 # Associations have no MaxTRESPerUser (a QOS limit): a per-user cap inside an
 # account is the GrpTRES of that user's own association.
 ASSOC_FORMAT = "Account,User,Partition,Fairshare,GrpTRES,MaxWall,QOS,DefaultQOS,ParentName"
@@ -36,6 +36,7 @@ class QosState:
     grp_tres: dict[str, int] = field(default_factory=dict)
     max_tres_per_user: dict[str, int] = field(default_factory=dict)
     flags: tuple[str, ...] = ()
+    grace_time: int = 0  # seconds between preemption's SIGTERM and SIGKILL (0: KillWait only)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,12 @@ def format_wall(seconds: int | None) -> str:
     return f"{days}-{hms}" if days else hms
 
 
+def parse_grace(text: str) -> int:
+    """QOS GraceTime in seconds; sacctmgr prints none as ``00:00:00`` (a zero time limit elsewhere)."""
+    text = text.strip()
+    return 0 if text.strip("0:-") == "" else parse_wall(text) or 0
+
+
 def _names(text: str) -> tuple[str, ...]:
     return tuple(sorted(n for n in text.strip().split(",") if n))
 
@@ -103,11 +110,12 @@ def parse_qos(text: str) -> dict[str, QosState]:
     out: dict[str, QosState] = {}
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 8:
+        if len(parts) not in (8, 9):  # 8: read before GraceTime was in QOS_FORMAT
             continue
-        name, prio, preempt, mode, wall, grp, maxpu, flags = parts
+        name, prio, preempt, mode, wall, grp, maxpu, flags = parts[:8]
+        grace = parse_grace(parts[8]) if len(parts) == 9 else 0
         out[name] = QosState(name, int(prio or 0), _names(preempt), (mode or "cluster").lower(),
-                             parse_wall(wall), parse_tres(grp), parse_tres(maxpu), _names(flags))
+                             parse_wall(wall), parse_tres(grp), parse_tres(maxpu), _names(flags), grace)
     return out
 
 
