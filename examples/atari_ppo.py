@@ -225,10 +225,10 @@ class AtariPPOWorkload(PPOWorkload):
         return self._vec
 
     @torch.no_grad()
-    def rollout(self, policy_version: int) -> dict[str, Tensor]:
+    def collect(self, policy_version: int) -> dict[str, Tensor]:
         """``num_steps`` agent steps of ``num_envs`` games; env-major tensors.
 
-        Keys as PPOWorkload.rollout's (obs uint8 [N,T,C,H,W], last_obs [N,C,H,W]);
+        Keys as PPOWorkload.collect's (obs uint8 [N,T,C,H,W], last_obs [N,C,H,W]);
         ``truncated`` is all zeros: a game capped by ALE ends like a lost one.
         """
         vec = self._games()

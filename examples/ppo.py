@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from hetrun.errors import CheckpointError
 
+from .cpu_share import CpuPhase, node_cpus
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
     capture_env_state,
@@ -76,6 +77,10 @@ def env_major(x: Tensor) -> Tensor:
 
 class PPOWorkload(Workload):
     """One instance per rank: ``PPOWorkload(ctx, **workload_args)``."""
+
+    # This rank's phase file when learner_threads is auto (examples/cpu_share.py); built on first use.
+    _cpu_phase: CpuPhase | None = None
+    _update_thread_counts: list[int]  # threads of each step of the update in progress
 
     def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
         super().__init__(ctx, **workload_args)
@@ -125,8 +130,20 @@ class PPOWorkload(Workload):
         self.actor.load_state_dict(state)
         self.version = int(version)
 
-    @torch.no_grad()
     def rollout(self, policy_version: int) -> dict[str, Tensor]:
+        """``collect``'s batch, this rank marked busy on its node meanwhile (learner_threads: auto),
+        so that a learner there uses this rank's core only while it waits for weights."""
+        phase = self._phase("rollout")
+        if phase is None:
+            return self.collect(policy_version)
+        phase.mark(busy=True)
+        try:
+            return self.collect(policy_version)
+        finally:
+            phase.mark(busy=False)
+
+    @torch.no_grad()
+    def collect(self, policy_version: int) -> dict[str, Tensor]:
         """Step ``num_envs`` envs ``num_steps`` times with the held policy; env-major tensors.
 
         Keys: obs [N,T,D], actions/logprobs/rewards/dones/truncated [N,T],
@@ -188,6 +205,26 @@ class PPOWorkload(Workload):
             "episode_returns": torch.tensor(finished_returns, dtype=torch.float32),
             "episode_lengths": torch.tensor(finished_lengths, dtype=torch.int64),
         }
+
+    # ------------------------------------------------------------ cores per phase
+
+    def _phase(self, role: str) -> CpuPhase | None:
+        """This rank's phase file, only where ranks share a node as processes (not in-process)."""
+        if self.cfg.learner_threads != "auto" or self.ctx.mode != "mpi":
+            return None
+        if self._cpu_phase is None:
+            self._cpu_phase = CpuPhase(self.ctx.run_dir, self.ctx.node, role, self.ctx.rank)
+        return self._cpu_phase
+
+    def _update_threads(self) -> None:
+        """The update's torch threads for its next step: learner_threads, or with auto the node's
+        cores its rollout ranks leave idle right now (re-read before every minibatch step, as
+        they start and stop stepping their games in the middle of an update)."""
+        phase = self._phase("learner")
+        want = self.cfg.threads_for_learner() if phase is None else phase.update_threads(node_cpus())
+        if want != torch.get_num_threads():
+            torch.set_num_threads(want)
+        self._update_thread_counts.append(want)
 
     # ------------------------------------------------------------ learner side
 
@@ -284,7 +321,8 @@ class PPOWorkload(Workload):
             # The update's phase runs with the learner's threads (learner_threads), put back at
             # the end of optimize(): a process that also evaluates or rolls out keeps its own.
             self._threads_outside_update = torch.get_num_threads()
-            torch.set_num_threads(self.cfg.threads_for_learner())
+            self._update_thread_counts = []
+            self._update_threads()
             self._prepare(batch)
         minibatch, parts = self._first_minibatch_parts(num_micro)
         return self._loss(minibatch, minibatch[parts[micro]])
@@ -322,6 +360,7 @@ class PPOWorkload(Workload):
             raise RuntimeError("optimize() before forward(): no batch to learn from")
         self._step()
         for minibatch in self._schedule[1:]:
+            self._update_threads()
             self._loss(minibatch, minibatch).backward()
             self._average_grads_across_learners()
             self._step()
@@ -334,6 +373,9 @@ class PPOWorkload(Workload):
             policy_version=float(self.version),
             env_steps=float(self.env_steps),
             explained_variance=explained if math.isfinite(explained) else 0.0,
+            # Mean torch threads of the update's steps: with learner_threads auto, how much of
+            # the update ran on the cores its rollout ranks left idle.
+            update_threads=float(np.mean(self._update_thread_counts)),
         )
         if self.recent_returns:
             metrics["episodic_return"] = float(np.mean(self.recent_returns))

@@ -40,11 +40,13 @@ class PPOWorkloadArgs(BaseModel):
     torch_threads: int = Field(1, gt=0)
     # The learner's update may use more cores than a rollout's small policy batches can: in a
     # pipelined job on one node the learner's peers (rollout ranks) leave their cores idle
-    # while they wait for weights. "auto": as many threads as CPUs this process may run on
-    # (its affinity mask: what Slurm's cgroup or the local launcher gives it).
+    # while they wait for weights. "auto": before every minibatch step, the CPUs this process
+    # may run on (its affinity mask: what Slurm's cgroup or binding gives it; the local
+    # launcher runs ranks unbound) less one per rollout rank on its node stepping its games
+    # right now, shared by the node's learners (examples/cpu_share.py).
     learner_threads: int | Literal["auto"] | None = Field(
-        None, description="torch threads of learner ranks (None: torch_threads; auto: the CPUs this "
-        "process may run on)")
+        None, description="torch threads of learner ranks (None: torch_threads; auto: the node's CPUs "
+        "its rollout ranks leave idle at each minibatch step)")
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOWorkloadArgs:
@@ -64,13 +66,14 @@ class PPOWorkloadArgs(BaseModel):
         return self
 
     def threads_for_learner(self) -> int:
-        """torch threads a learner rank runs its update with."""
+        """torch threads a learner rank runs its update with, where no rank shares its node
+        (auto: every CPU it may run on; with rollout ranks beside it, PPOWorkload asks its node)."""
         if self.learner_threads is None:
             return self.torch_threads
         if self.learner_threads == "auto":
-            import os
+            from .cpu_share import node_cpus
 
-            return max(1, len(os.sched_getaffinity(0)))
+            return node_cpus()
         return self.learner_threads
 
     @classmethod

@@ -11,7 +11,7 @@ else spells a file name, opens ``events.jsonl`` by hand or repeats a default.
 ``RunPaths`` (submitit's ``JobPaths`` is the model) names every path::
 
     <runs root>/<name>-<YYYYmmdd-HHMMSS>-<4 hex>/
-        run.json  job.yaml  plan.json  hetjob.sbatch  events.jsonl
+        run.json  job.yaml  plan.json  hetjob.sbatch  events.jsonl  status-cache.json
         logs/                 batch and rank logs, plan-before-attempt-N.json
         ckpt/<component>/     one checkpoint store per component (checkpoint.directory)
 """
@@ -39,6 +39,9 @@ SCRIPT = "hetjob.sbatch"
 EVENTS = "events.jsonl"
 LOGS = "logs"
 CKPT = "ckpt"  # the checkpoint stores' place when the job sets no checkpoint.directory
+# `hetrun status`'s answer for a run whose job has ended (cli/status_cache.py): written by
+# status, keyed by the files it derives from, so a changed run is read again, never shown stale
+STATUS_CACHE = "status-cache.json"
 
 # -- environment variables ------------------------------------------------------------
 RUNS_ENV = "HETRUN_RUNS"  # where run directories are created (the CLI's --runs-dir; attach()'s default)
@@ -66,6 +69,9 @@ HEARTBEATS = "alive"  # logs/alive/<node>: touched by the node's lowest rank whi
 IN_ALLOCATION_RESTARTS = "in-allocation-restarts"  # one "<job id> <restart count>" line per restart
 DEAD_NODES_PREFIX = ".dead-nodes-"  # + job id: nodes found dead in this job, never used again
 SILENT_NODES_PREFIX = ".silent-nodes-"  # + job id: nodes the monitor found silent this step
+# logs/cpu-phase/<node>/<component>-<rank>: one byte, "1" while that rank computes, "0" while it
+# waits; a learner's update takes the node's cores its rollout ranks leave idle (examples/cpu_share.py)
+CPU_PHASE = "cpu-phase"
 
 # Directories every compute node has its own copy of: what one node (or the submit host)
 # writes there, the other nodes and a requeued job cannot see (the local cluster's slurmd
@@ -169,8 +175,15 @@ class RunPaths:
         return self.root / LOGS
 
     @property
+    def status_cache(self) -> Path:
+        return self.root / STATUS_CACHE
+
+    @property
     def heartbeats(self) -> Path:
         return self.logs / HEARTBEATS
+
+    def cpu_phase(self, node: str) -> Path:
+        return self.logs / CPU_PHASE / node
 
     @property
     def in_allocation_restarts(self) -> Path:

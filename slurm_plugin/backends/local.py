@@ -142,7 +142,10 @@ def launch_commands(run_dir: Path, comps: Sequence[tuple[str, int]], python: str
     python = python or sys.executable
     mpirun = mpirun if mpirun is not None else shutil.which("mpirun")
     if mpirun:
-        argv = [mpirun, "--oversubscribe"]
+        # --bind-to none: with at most 2 ranks Open MPI pins each rank to one core by default, so a
+        # learner could never use the core its rollout leaves idle while it waits for weights
+        # (learner_threads: auto read a 1-CPU mask). The ranks share this host; the OS places them.
+        argv = [mpirun, "--oversubscribe", "--bind-to", "none"]
         for i, (name, ntasks) in enumerate(comps):
             if i:
                 argv.append(":")
