@@ -122,8 +122,13 @@ def _job_end(job_id: str, timeout: float) -> list[tuple[str, str]]:
 
 @pytest.mark.slow
 def test_het_mpi_init_survives_many_starts(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    """Without ring fences about 1 start in 12 segfaulted here under load; 20 in a row must pass."""
-    n = 20
+    """Without ring fences about 1 start in 12 segfaulted here under load; 10 in a row must pass.
+
+    10 starts, not 20 (issue 23): the fix is configuration (the rendered script's and the
+    cluster's mpi.conf ring fence, both also checked as text), and this stress test, which sets
+    ring itself, is not recorded failing in any commit since (git log). Against the old 1-in-12 rate, 10 starts
+    still catch it in 58% of runs (20: 82%) at half the test's time."""
+    n = 10
     probe = shared_tmp / "probe.py"
     probe.write_text(MPI_PROBE)
     script = shared_tmp / "stress.sbatch"
