@@ -2,8 +2,10 @@
 directly for the plain forms (``fast_args``), the Typer command (cli/status_cmd.py) for the rest.
 
 One squeue call answers for every Slurm run (sacct once more for runs that
-have left squeue). Imports neither torch, mpi4py, Typer, pydantic nor rich (the
-table is plain columns; --watch draws with rich).
+have left squeue); a run whose job has ended is answered from its run directory's
+status cache (cli/status_cache.py) without either, once a status has seen it end.
+Imports neither torch, mpi4py, Typer, pydantic nor rich (the table is plain
+columns; --watch draws with rich).
 """
 
 from __future__ import annotations
@@ -35,17 +37,18 @@ def _restarts_text(from_events: int, from_scheduler: int) -> str:
     return str(from_events)
 
 
-def _reason(comp, failure, first: bool, names: list[str]) -> str:  # type: ignore[no-untyped-def]
-    """On an ended component, why the newest attempt failed (the failing rank and its own
-    error line, from the post-mortem; the scheduler's NonZeroExitCode says less), never a
-    bare FAILED: on the failing component's row, or on the first row when no component is
-    named. Otherwise the scheduler's reason."""
+def _reason(comp, failure: list | None, first: bool, names: list[str]) -> str:  # type: ignore[no-untyped-def]
+    """On an ended component, why the newest attempt failed (``failure``: [the failing rank's
+    component, the text: the rank and its own error line, from the post-mortem; the
+    scheduler's NonZeroExitCode says less]), never a bare FAILED: on the failing component's
+    row, or on the first row when no component is named. Otherwise the scheduler's reason."""
     from hetrun.slurm_plugin.backends.base import ACTIVE_STATES
 
     if failure is None or comp.state in ACTIVE_STATES:
         return comp.reason or ""
-    mine = failure.component == comp.name or (first and failure.component not in names)
-    return failure.text if mine else comp.reason or ""
+    component, text = failure
+    mine = component == comp.name or (first and component not in names)
+    return text if mine else comp.reason or ""
 
 
 def fast_args(argv: list[str]) -> dict | None:
@@ -92,45 +95,96 @@ def show_status(runs: list[str] | None, runs_dir: Path | None, last: int, as_jso
         return
     failures: list = []
 
-    def query(runs: list) -> dict:
-        return _query(runs, failures)
-
     if watch:
         from hetrun.cli.status_watch import watch as live_watch
 
-        live_watch(chosen, query, interval, sys.stdout.isatty(), _echo)
+        live_watch(chosen, lambda runs: _query(runs, failures), interval, sys.stdout.isatty(), _echo)
         return
+    from hetrun.cli import status_cache
+
+    keys = {run.run_dir: status_cache.fingerprint(run.run_dir) for run in chosen}
+    cached = _from_cache(chosen, keys)
+    todo = [run for run in chosen if run.run_dir not in cached]
     if as_json:
         import json
 
-        _echo(json.dumps(_json_doc(chosen, query(chosen)), indent=2, default=str))
+        _echo(json.dumps(_json_doc(chosen, _query(chosen, failures, cached)), indent=2, default=str))
     else:
         import threading
 
         # The scheduler's answer (squeue, then sacct for jobs that left it: ~0.1 s, nearly
         # all of it waiting) comes in on a thread while this one reads the run directories
-        # and imports the table's modules.
+        # and imports the table's modules. Runs answered by their cache ask nothing.
         got: dict = {}
 
         def ask() -> None:
             try:
-                got["results"] = query(chosen)
+                got["results"] = _query(todo, failures)
             except BaseException as exc:  # raised again on this thread below
                 got["error"] = exc
 
         asking = threading.Thread(target=ask, daemon=True)
-        asking.start()
-        local = _local_details(chosen)
-        asking.join()
+        if todo:
+            asking.start()
+        local = {run.run_dir: _local_summary(run.run_dir) for run in todo}
+        if todo:
+            asking.join()
         if "error" in got:
             raise got["error"]
-        _print_table(chosen, got["results"], local)
+        results = {**{run_dir: st for run_dir, (st, _) in cached.items()}, **got.get("results", {})}
+        local.update({run_dir: summary for run_dir, (_, summary) in cached.items()})
+        _keep_final(todo, results, local, keys)
+        _print_table(chosen, results, local)
     if failures:
         raise failures[-1]
 
 
-def _query(runs: list, failures: list) -> dict:
-    """One status call per backend for all its runs (one squeue for every Slurm run)."""
+_SUMMARY_KEYS = frozenset({"placements", "restarts", "preemptions", "failures", "work_lost", "failure",
+                           "node_failures"})  # what _local_summary returns
+
+
+def _from_cache(runs: list, keys: dict) -> dict:
+    """Run directory -> (RunStatus: sacct's final answer as it was, the table's figures) for
+    the runs whose status cache matches ``keys`` (cli/status_cache.py)."""
+    from hetrun.cli import status_cache
+
+    records = {run.run_dir: rec for run in runs if (rec := status_cache.read(run.run_dir, keys[run.run_dir]))
+               and set(rec["local"]) == _SUMMARY_KEYS}
+    if not records:
+        return {}
+    from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
+
+    out = {}
+    for run in runs:
+        if run.run_dir in records:
+            try:
+                comps = [ComponentStatus(**c) for c in records[run.run_dir]["components"]]
+            except TypeError:  # a record of another shape: read the run afresh
+                continue
+            out[run.run_dir] = (RunStatus(run, comps, "status-cache"), records[run.run_dir]["local"])
+    return out
+
+
+def _keep_final(runs: list, results: dict, local: dict, keys: dict) -> None:
+    """Cache the answer of each run the scheduler has seen end (cli/status_cache.py)."""
+    from dataclasses import asdict
+
+    from hetrun.cli import status_cache
+    from hetrun.slurm_plugin.backends.base import ACTIVE_STATES
+
+    for run in runs:
+        st = results[run.run_dir]
+        if status_cache.is_final(st.components, run.components, st.source, ACTIVE_STATES):
+            status_cache.write(run.run_dir, keys[run.run_dir], [asdict(c) for c in st.components], local[run.run_dir])
+
+
+def _query(runs: list, failures: list, cached: dict | None = None) -> dict:
+    """One status call per backend for all its runs (one squeue for every Slurm run); the
+    runs in ``cached`` (their status cache matched) are answered from it, asking nothing."""
+    results = {run.run_dir: cached[run.run_dir][0] for run in runs if run.run_dir in (cached or {})}
+    runs = [run for run in runs if run.run_dir not in results]
+    if not runs:
+        return results
     from hetrun.slurm_plugin.backends import get_backend, resolve_name
     from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus
 
@@ -139,7 +193,6 @@ def _query(runs: list, failures: list) -> dict:
     by_backend: dict[str, list] = {}
     for run in runs:
         by_backend.setdefault(resolve_name(run.backend), []).append(run)
-    results = {}
     for name, group in by_backend.items():
         try:
             results.update(get_backend(name).status(group))
@@ -212,13 +265,18 @@ def _json_doc(chosen: list, results: dict) -> list[dict]:
     return out
 
 
-def _local_details(chosen: list) -> dict:
-    """What the table shows from the run directories alone (placements; attempt counts, work
-    lost, the newest failure), keyed by run directory."""
+def _local_summary(run_dir: str) -> dict:
+    """What the table shows of a run from its directory alone, as plain JSON values (what
+    the status cache keeps): placements; attempt counts, work lost and the newest failure
+    (the functions `hetrun report` calls, so the two agree); node failures recovered."""
     from hetrun.reports.attempts import status_details
+    from hetrun.reports.node_failures import node_failure_lines
 
-    return {run.run_dir: ({} if _never_placed(run.run_dir) else _placements(_placement_section(run.run_dir)),
-                          status_details(run.run_dir)) for run in chosen}
+    counts, lost, failed = status_details(run_dir)
+    return {"placements": {} if _never_placed(run_dir) else _placements(_placement_section(run_dir)),
+            "restarts": counts.restarts, "preemptions": counts.preemptions, "failures": counts.failures,
+            "work_lost": lost, "failure": [failed.component, failed.text] if failed else None,
+            "node_failures": node_failure_lines(run_dir)}
 
 
 def _table_text(header: list[str], rows: list[list[str]], width: int | None) -> str:
@@ -247,7 +305,7 @@ def _table_text(header: list[str], rows: list[list[str]], width: int | None) -> 
 def _print_table(chosen: list, results: dict, local: dict) -> None:
     from hetrun.reports.placement import FIXED_TEXT
 
-    placed = {run_dir: cells for run_dir, (cells, _) in local.items()}
+    placed = {run_dir: summary["placements"] for run_dir, summary in local.items()}
     # The column only where some component was placed by hetrun: "fixed (from the YAML)" on
     # every row says nothing and takes the width the failure reasons need.
     show_placement = any(text != FIXED_TEXT for cells in placed.values() for text in cells.values())
@@ -259,7 +317,8 @@ def _print_table(chosen: list, results: dict, local: dict) -> None:
         st = results[run.run_dir]
         # Whole-run figures on the run's first line, from the same functions as
         # `hetrun report` (report_attempts), so the two commands agree.
-        counts, lost, failed = local[run.run_dir][1]
+        mine = local[run.run_dir]
+        lost, failed = mine["work_lost"], mine["failure"]
         for i, comp in enumerate(st.components):
             first = i == 0
             where = [placed[run.run_dir].get(comp.name, "-")] if show_placement else []
@@ -268,16 +327,14 @@ def _print_table(chosen: list, results: dict, local: dict) -> None:
                 run.backend if first else "",
                 comp.job_id or run.job_id or "-",
                 comp.name, comp.state, comp.nodes or "-", *where, _elapsed(comp.elapsed_s),
-                _restarts_text(counts.restarts, comp.restarts) if first else "",
-                str(counts.preemptions) if first else "",
-                str(counts.failures) if first else "",
+                _restarts_text(mine["restarts"], comp.restarts) if first else "",
+                str(mine["preemptions"]) if first else "",
+                str(mine["failures"]) if first else "",
                 ("-" if lost is None else str(lost)) if first else "",
                 " ".join(_reason(comp, failed, first, [c.name for c in st.components]).split()),
             ])
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     _echo(_table_text(header, rows, width))
-    from hetrun.reports.node_failures import node_failure_lines
-
     for run in chosen:  # node failures recovered inside the allocation (spare_nodes): what, where from
-        for line in node_failure_lines(run.run_dir):
+        for line in local[run.run_dir]["node_failures"]:
             _echo(f"{Path(run.run_dir).name}: {line}")

@@ -1,7 +1,9 @@
 """`hetrun status` with many runs (issue 24): its plain forms skip Typer's start-up (whose
 parameter coercion imports pydantic) and print what the Typer path prints; with 100 runs in
 the directory it makes one squeue call (and one sacct for the runs that left the queue);
-the event reader's fast scan keeps exactly the lines the line-by-line reader kept."""
+a run whose job has ended is answered from its status cache afterwards (no Slurm call), and
+read afresh once a file it came from changes; the event reader's fast scan keeps exactly
+the lines the line-by-line reader kept."""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ from pathlib import Path
 import pytest
 from hetrun.cli.status_show import fast_args
 
+from hetrun.rundir import STATUS_CACHE
+
+# The benchmark's runs and ended jobs: one home for their shape.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from status_scale import make_runs, shim  # the benchmark's runs: one home for their shape
+from status_scale import ended_het_job, finished_het_jobs, make_runs, shim
 
 PROBE = """
 import sys
@@ -61,6 +66,55 @@ def test_status_of_100_runs_one_squeue_no_pydantic_same_as_typer(slurm_cluster, 
     assert doc[0]["counts"]["preemptions"] == 1 and doc[0]["work_lost"] == 9
     table = run(["status", "--last", "0"])
     assert table.count("bench-") == 100 and sorted(log.read_text().split()) == ["sacct", "squeue"]
+    assert not list(runs.glob(f"*/{STATUS_CACHE}"))  # jobs neither squeue nor sacct knows: nothing final
+
+
+def test_an_ended_run_is_answered_from_its_cache_until_a_file_it_came_from_changes(
+        slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    # Het jobs of this cluster that ended and left squeue (earlier Slurm tests leave plenty;
+    # on a fresh cluster one is submitted and waited for: 2-3 minutes).
+    ended = finished_het_jobs(limit=3) or [ended_het_job(shared_tmp)]
+    runs, bin_dir, log = shared_tmp / "runs", shared_tmp / "bin", shared_tmp / "calls.log"
+    bin_dir.mkdir()
+    make_runs(runs, 3, ended)
+    shim(bin_dir, log)
+    env = {**os.environ, "HETRUN_RUNS": str(runs), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def status(*args: str) -> tuple[str, list[str]]:
+        log.write_text("")
+        proc = subprocess.run([sys.executable, "-m", "hetrun.cli", "status", *args], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert proc.returncode == 0 and not proc.stderr, proc.stderr
+        return proc.stdout, sorted(log.read_text().split())
+
+    first, calls = status()
+    assert calls == ["sacct", "squeue"] and len(list(runs.glob(f"*/{STATUS_CACHE}"))) == 3
+    assert "UNKNOWN" not in first and first.count("bench-") == 3, first
+    assert status() == (first, [])  # the same table, no Slurm command
+    first_json, calls = status("--json")
+    assert calls == [] and [r["counts"]["preemptions"] for r in json.loads(first_json)] == [1, 1, 1]
+
+    # A line appended to one run's events: that run is read again (sacct), the others not.
+    changed = sorted(runs.iterdir())[1]
+    with (changed / "events.jsonl").open("a") as fh:
+        fh.write(json.dumps({"ev": "attempt_end", "restart_count": 1, "outcome": "preempted", "requeued": True,
+                             "exit_code": 0, "reason": "bench", "time": 2000}) + "\n")
+    again, calls = status("--json")
+    assert calls == ["sacct", "squeue"]
+    assert [r["counts"]["preemptions"] for r in json.loads(again)] == [1, 2, 1]
+    table, calls = status()  # the table writes the new record; then no call again
+    assert calls == ["sacct", "squeue"] and status() == (table, [])
+    assert table != first and table.count("│ 2       │") == 1, table
+
+    # run.json rewritten with a job neither squeue nor sacct knows (as a resubmit rewrites it):
+    # never the old job's cached state; a cache that does not parse is read afresh.
+    record = json.loads((changed / "run.json").read_text())
+    (changed / "run.json").write_text(json.dumps({**record, "job_id": "987654"}))
+    (sorted(runs.iterdir())[0] / STATUS_CACHE).write_text("{not json")
+    table, calls = status()
+    assert calls == ["sacct", "squeue"] and "gone from squeue and sacct" in table, table
+    assert status()[1] == ["sacct", "squeue"]  # the unknown job is never cached
+    assert json.loads((sorted(runs.iterdir())[0] / STATUS_CACHE).read_text())["version"] == 1
 
 
 @pytest.mark.parametrize("torn", [False, True])
@@ -90,3 +144,16 @@ def test_the_table_is_drawn_as_before_and_cut_only_to_a_terminal() -> None:
                      "    │ DONE   │"]
     cut = _table_text(header, rows, 30).splitlines()
     assert cut[2] == "r1  │ FAILED │ rank 3 raised …" and all(len(x) <= 30 for x in cut)
+
+
+def test_only_sacct_s_end_states_for_every_component_are_final() -> None:
+    from hetrun.cli.status_cache import is_final
+    from hetrun.slurm_plugin.backends.base import ACTIVE_STATES, ComponentStatus
+
+    names = ["learner", "rollout"]
+    done = [ComponentStatus("learner", "COMPLETED"), ComponentStatus("rollout", "CANCELLED")]
+    assert is_final(done, names, "sacct", ACTIVE_STATES)
+    assert not is_final(done, names, "squeue", ACTIVE_STATES)  # the controller holds it: requeue can revive it
+    assert not is_final(done[:1], names, "sacct", ACTIVE_STATES)  # a component sacct did not list (yet)
+    for not_ended in ("RUNNING", "REQUEUED", "PENDING", "UNKNOWN", "ERROR"):
+        assert not is_final([done[0], ComponentStatus("rollout", not_ended)], names, "sacct", ACTIVE_STATES)
