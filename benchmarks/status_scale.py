@@ -6,9 +6,9 @@ The run directories are written here (Slurm backend, 2,000 events each with a re
 - "finished": the job ids of two-component het jobs of this cluster that have ended and left
   squeue (taken from sacct; a few reused when there are fewer than 100), what a user's runs
   directory mostly holds. The warm-up status sees them end and writes each run's status cache
-  (cli/status_cache.py); ``status`` is then answered from it. ``status_first_sight`` removes the
-  caches before each call: the status that first sees the runs ended (squeue + sacct, every
-  events file scanned, the caches written);
+  (cli/status_cache.py); ``status`` is then answered from it. ``status_first_sight`` (the same
+  runs in a directory of their own) removes the caches before each call: the status that first
+  sees the runs ended (squeue + sacct, every events file scanned, the caches written);
 - "unknown": job ids of jobs that never existed, so every status asks squeue and then sacct
   (nothing final to cache).
 Issue 24's target: `hetrun status` (its default: the newest 20 runs) within squeue + 0.3 s with
@@ -121,17 +121,18 @@ def main() -> None:
         sys.exit("no ended two-component het job in this cluster's sacct: run one (e.g. the test suite's "
                  "Slurm tests) and wait until it leaves squeue (MinJobAge)")
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
-        finished, unknown = Path(tmp) / "finished", Path(tmp) / "unknown"
+        finished, first, unknown = Path(tmp) / "finished", Path(tmp) / "first", Path(tmp) / "unknown"
         bin_dir, log = Path(tmp) / "bin", Path(tmp) / "calls.log"
         bin_dir.mkdir()
         make_runs(finished, args.runs, ended)
+        make_runs(first, args.runs, ended)
         make_runs(unknown, args.runs)
         shim(bin_dir, log)
         env = {**os.environ, "HETRUN_RUNS": str(finished), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
         hetrun = [sys.executable, "-m", "hetrun.cli"]
         cmds = {"squeue": ["squeue"], "squeue_json": ["squeue", "--json"],
                 "status": [*hetrun, "status"], "status_all": [*hetrun, "status", "--last", "0"],
-                "status_first_sight": [*hetrun, "status"],
+                "status_first_sight": [*hetrun, "status", "--runs-dir", str(first)],
                 "status_unknown": [*hetrun, "status", "--runs-dir", str(unknown)]}
         times: dict[str, list[float]] = {k: [] for k in cmds}
         for cmd in cmds.values():  # warm-up: page cache, the controller's connection, the status caches
@@ -140,7 +141,7 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved: every command sees the same load
             for key, cmd in cmds.items():
                 if key == "status_first_sight":
-                    drop_caches(finished)
+                    drop_caches(first)
                 log.write_text("")
                 timed(cmd, env, times[key])
                 if key in calls:
