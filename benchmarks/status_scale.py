@@ -14,7 +14,10 @@ The run directories are written here (Slurm backend, 2,000 events each with a re
 Issue 24's target: `hetrun status` (its default: the newest 20 runs) within squeue + 0.3 s with
 100 runs in the directory; `--last 0` (all of them) is measured too.
 
-    python3 benchmarks/status_scale.py [--runs 100] [--repeat 7]
+    python3 benchmarks/status_scale.py [--runs 100] [--repeat 7] [--before GIT_REF]
+
+``--before REF`` adds ``status_before``: cli/status_show.py as it was at REF (from git), run
+over the "finished" runs beside the rest, for a before/after in the same minutes.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--before", metavar="GIT_REF", help="also time cli/status_show.py as it was at this commit")
     args = ap.parse_args()
     ended = finished_het_jobs()
     if not ended:
@@ -134,6 +138,14 @@ def main() -> None:
                 "status": [*hetrun, "status"], "status_all": [*hetrun, "status", "--last", "0"],
                 "status_first_sight": [*hetrun, "status", "--runs-dir", str(first)],
                 "status_unknown": [*hetrun, "status", "--runs-dir", str(unknown)]}
+        if args.before:  # the old module beside the new package: show_status(runs, runs_dir, last, as_json)
+            old = Path(tmp) / "before"
+            old.mkdir()
+            (old / "status_show_before.py").write_text(subprocess.run(
+                ["git", "show", f"{args.before}:cli/status_show.py"], cwd=Path(__file__).resolve().parents[1],
+                capture_output=True, text=True, check=True).stdout)
+            cmds["status_before"] = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(old)!r}); "
+                                     "from status_show_before import show_status; show_status([], None, 20, False)"]
         times: dict[str, list[float]] = {k: [] for k in cmds}
         for cmd in cmds.values():  # warm-up: page cache, the controller's connection, the status caches
             subprocess.run(cmd, env=env, capture_output=True, check=True)
