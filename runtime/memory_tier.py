@@ -8,8 +8,8 @@ into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
 ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
-least two nodes). Received replicas are written whenever a rank passes a
-snapshot point (``progress``); ``close`` drains every send with a
+least two nodes). Received replicas are written whenever a rank starts an
+iteration (``due`` calls ``progress``); ``close`` drains every send with a
 non-blocking barrier (no rank leaves while a peer still sends to it).
 
 Restore (``restore``, collective over the world, at a step's start): each
@@ -95,6 +95,7 @@ class MemorySnapshots:
         self._cost: float | None = None  # EWMA seconds per snapshot
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
+        self._between = 0.0  # seconds of progress() in due() since the last snapshot
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
         self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
@@ -109,6 +110,16 @@ class MemorySnapshots:
             dt = now - self._last
             self._iter_s = dt if self._iter_s is None else 0.8 * self._iter_s + 0.2 * dt
         self._last = now
+        if self.size > 1:
+            # Every iteration, not only at snapshot points: with N > 1 a replica would
+            # otherwise be written on its partner's node only at the partner's next snapshot,
+            # N iterations later, and a node dying meanwhile would cost 2N (an improbe and a
+            # few Tests: microseconds). Its time (mostly writing the replicas received) is
+            # the tier's too: counted, and charged to the next snapshot's cost.
+            self.progress()
+            spent = time.perf_counter() - now
+            self.seconds += spent
+            self._between += spent
         if self.adaptive:
             self._agree(step)
         return step % self.every == 0
@@ -150,8 +161,11 @@ class MemorySnapshots:
             self._sends.append((self.comm.Isend([blob, _byte()], dest=p, tag=TAG_REPLICA), blob))
         self.taken += 1
         self.bytes = len(blob)
-        cost = time.perf_counter() - t0
-        self.seconds += cost
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        # One snapshot's cost to this rank: its own encode + write + send, and the replicas
+        # it received and wrote since the last one (the partners snapshot the same steps).
+        cost, self._between = spent + self._between, 0.0
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
     def progress(self) -> None:

@@ -87,7 +87,7 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
-    m.adaptive, m.every, m._cost, m._iter_s, m._last = False, 1, None, None, None
+    m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size, m._between = False, 1, None, None, None, 1, 0.0
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
     m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
     assert m.wanted() == 8 and m._cost / (8 * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
@@ -160,6 +160,8 @@ def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
     assert agreed["wanted"] == [2, 4, 8, 8]
     for every in agreed["every"]:
         assert every[:15] == [1] * 15 and every[15:] == [8] * 5, every
+    # 6. replicas written between snapshots: no rank took another snapshot for them to land.
+    assert got["landed"]["ok"] and got["landed"]["taken"] == [4] * 4
 
 
 def _rank_main(base: Path, out: Path) -> None:
@@ -213,6 +215,20 @@ def _rank_main(base: Path, out: Path) -> None:
         mem._agree(step)
         chosen.append(mem.every)
     results["agreed"] = {"wanted": comm.allgather(mem.wanted()), "every": comm.allgather(chosen)}
+    # 6. With N > 1 a replica lands on its partner's node as the partner starts its next
+    # iterations (due), not only at its next snapshot N iterations later.
+    from hetrun.runtime.memory_tier import partners
+
+    mem.adaptive, mem.every = False, 4
+    mem.snapshot(40, _tree(40, rank))
+    senders = [q for q in range(mem.size) if rank in partners(mem.nodes, q, 1)]
+    landed, polls = False, 0
+    while not landed and polls < 5000:
+        assert not mem.due(41 + polls % 3)  # no snapshot due at 41..43
+        mine = all(40 in mem.tier.steps(q) for q in senders)
+        landed = all(comm.allgather(mine))
+        polls += 1
+    results["landed"] = {"ok": landed, "taken": comm.allgather(mem.taken)}
     mem.close()
     if rank == 0:
         out.write_text(json.dumps(results))
