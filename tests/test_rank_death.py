@@ -6,6 +6,12 @@ the local Slurm cluster) at a random moment after its first checkpoint, and
 make a rank exit during start-up, before MPI_Init. Each job sets
 HETRUN_COLLECTIVE_TIMEOUT far above the test's wait: a job that only ended
 through that timeout (the old behaviour) fails the test.
+
+Which rank dies where (issue 23: the kill -9 runs were once run for both ranks
+under both launchers): under srun the learner (het group 0) by kill -9 and a
+rollout rank (world rank 1, het group 1: srun's task -> global rank mapping) in
+the failure-requeue run; under mpirun, which numbers the ranks itself and ends
+the job whichever rank dies, a rollout rank (2 by kill -9, 1 in the requeue run).
 """
 
 from __future__ import annotations
@@ -213,7 +219,7 @@ needs_mpirun = MPIRUN
 @needs_mpirun
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("rank", [2, 0], ids=["rollout", "learner"])
+@pytest.mark.parametrize("rank", [2], ids=["rollout"])
 def test_local_kill_9_ends_the_run_naming_the_rank(tmp_path: Path, rank: int) -> None:
     res = submit_spec(_ppo_spec(f"kill-local-{rank}", iterations=400), backend="local", runs_dir=tmp_path)
     run_dir = Path(res.run.run_dir)
@@ -279,7 +285,7 @@ def _slurm_run(shared_tmp: Path, spec: Any) -> tuple[Any, Path]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("rank", [2, 0], ids=["rollout", "learner"])
+@pytest.mark.parametrize("rank", [0], ids=["learner"])
 def test_slurm_kill_9_ends_the_job_naming_rank_component_node(
         slurm_cluster, shared_tmp: Path, rank: int) -> None:  # type: ignore[no-untyped-def]
     res, run_dir = _slurm_run(shared_tmp, _ppo_spec(f"kill-slurm-{rank}", iterations=400,
