@@ -5,11 +5,13 @@ the scheduler says about it can change (Slurm can requeue an ended job only whil
 controller still lists it), and what the table reads from the run directory (events,
 plan, job file, archived plans) changes only if a file does. So the first status that
 sees it so writes the row's figures to ``status-cache.json`` (``hetrun.rundir.STATUS_CACHE``),
-keyed by the size and mtime of every file they came from; a later status reads that
-instead of asking sacct (~0.1 s per call) and scanning the events: a stat per file.
-A key that no longer matches (a resubmit rewrote run.json, a line was appended, a resume
-archived a plan) or a record that does not parse is ignored and the run read afresh.
-Plain JSON, never pickle. A run directory status cannot write to is shown all the same.
+keyed by the size, mtime and inode of every file they came from (a file replaced by a
+rename, as run.json is rewritten, has a new inode even within one timestamp tick); a later
+status reads that instead of asking sacct (~0.1 s per call) and scanning the events: a
+stat per file. A key that no longer matches (a resubmit rewrote run.json, a line was
+appended, a resume archived a plan) or a record that does not parse is ignored and the
+run read afresh. Plain JSON, never pickle. A run directory status cannot write to is
+shown all the same.
 """
 
 from __future__ import annotations
@@ -31,15 +33,15 @@ _NOT_FINAL = frozenset({"UNKNOWN", "ERROR", "NOT_SUBMITTED"})
 
 
 def fingerprint(run_dir: str) -> list[list[Any]]:
-    """[name, size, mtime_ns] of each source file (None, None: absent). Taken before the
+    """[name, size, mtime_ns, inode] of each source file (Nones: absent). Taken before the
     files are read, so a change while status reads them shows as a stale key next time."""
     out: list[list[Any]] = []
     for name in _SOURCES:
         try:
             st = os.stat(os.path.join(run_dir, name))
-            out.append([name, st.st_size, st.st_mtime_ns])
+            out.append([name, st.st_size, st.st_mtime_ns, st.st_ino])
         except OSError:
-            out.append([name, None, None])
+            out.append([name, None, None, None])
     return out
 
 

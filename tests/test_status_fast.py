@@ -157,3 +157,19 @@ def test_only_sacct_s_end_states_for_every_component_are_final() -> None:
     assert not is_final(done[:1], names, "sacct", ACTIVE_STATES)  # a component sacct did not list (yet)
     for not_ended in ("RUNNING", "REQUEUED", "PENDING", "UNKNOWN", "ERROR"):
         assert not is_final([done[0], ComponentStatus("rollout", not_ended)], names, "sacct", ACTIVE_STATES)
+
+
+def test_the_key_changes_with_any_source_file_even_a_same_size_same_mtime_rename(tmp_path: Path) -> None:
+    from hetrun.cli.status_cache import fingerprint, read, write
+
+    (tmp_path / "run.json").write_text('{"job_id": "11"}')
+    key = fingerprint(str(tmp_path))
+    write(str(tmp_path), key, [{"name": "a", "state": "COMPLETED"}], {"restarts": 0})
+    assert read(str(tmp_path), key) is not None and read(str(tmp_path), fingerprint(str(tmp_path))) is not None
+    st = (tmp_path / "run.json").stat()
+    (tmp_path / "new.json").write_text('{"job_id": "12"}')  # as run.json is rewritten: temp file, rename
+    os.utime(tmp_path / "new.json", ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp_path / "new.json", tmp_path / "run.json")
+    assert read(str(tmp_path), fingerprint(str(tmp_path))) is None
+    (tmp_path / "events.jsonl").write_text("{}\n")  # a file that was absent appears
+    assert fingerprint(str(tmp_path)) != key
