@@ -18,6 +18,13 @@ needed: a rank that never wrote one is simply not counted, and a stale ``1``
 from a rank that died only makes the learner use fewer threads.
 
 Ranks on other nodes never meet here: the directory is per node name.
+
+Other work on the host is not in those files; where this process may run on
+every CPU of the host, the kernel's count of runnable threads right now
+(``/proc/loadavg``) caps the threads too. More torch threads than idle cores
+is far worse than one thread: on this 2-core machine at load 14 an Atari
+update took 46-49 s with 2 threads against 10-13 s with one (OpenMP threads
+spinning at barriers for a thread that is not running; benchmarks/atari.md).
 """
 
 from __future__ import annotations
@@ -37,10 +44,27 @@ def node_cpus() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def threads_for_update(cpus: int, busy_rollouts: int, learners: int) -> int:
+def threads_for_update(cpus: int, busy_rollouts: int, learners: int, runnable_elsewhere: int | None = None) -> int:
     """torch threads for one learner's next step: the cores no busy rollout rank holds, shared
-    evenly by the node's learners; at least one."""
-    return max(1, (cpus - busy_rollouts) // max(1, learners))
+    evenly by the node's learners, and no more than the cores nothing else is running on
+    (``runnable_elsewhere``: threads of other processes runnable now; None: unknown); at least one."""
+    share = (cpus - busy_rollouts) // max(1, learners)
+    if runnable_elsewhere is not None:
+        share = min(share, cpus - runnable_elsewhere)
+    return max(1, share)
+
+
+def runnable_elsewhere(own_threads: int, cpus: int) -> int | None:
+    """Threads of other processes runnable on the host right now: /proc/loadavg's running count
+    less this process's ``own_threads``. None where it says nothing about our CPUs (a mask
+    narrower than the host: the count is the host's) or cannot be read."""
+    if cpus != os.cpu_count():
+        return None
+    try:
+        running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return max(0, running - own_threads)
 
 
 class CpuPhase:
@@ -77,12 +101,13 @@ class CpuPhase:
                 continue
         return out
 
-    def update_threads(self, cpus: int) -> int:
-        """``threads_for_update`` for this learner, from the other ranks' files right now."""
+    def update_threads(self, cpus: int, elsewhere: int | None = None) -> int:
+        """``threads_for_update`` for this learner, from the other ranks' files right now
+        (``elsewhere``: ``runnable_elsewhere``'s count, None: not known)."""
         others = self.others()
         busy_rollouts = sum(busy for name, busy in others.items() if not name.startswith("learner-"))
         learners = 1 + sum(name.startswith("learner-") for name in others)
-        return threads_for_update(cpus, busy_rollouts, learners)
+        return threads_for_update(cpus, busy_rollouts, learners, elsewhere)
 
     def close(self) -> None:
         if self._fd >= 0:

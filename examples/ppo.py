@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from hetrun.errors import CheckpointError
 
-from .cpu_share import CpuPhase, node_cpus
+from .cpu_share import CpuPhase, node_cpus, runnable_elsewhere
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
     capture_env_state,
@@ -221,7 +221,12 @@ class PPOWorkload(Workload):
         cores its rollout ranks leave idle right now (re-read before every minibatch step, as
         they start and stop stepping their games in the middle of an update)."""
         phase = self._phase("learner")
-        want = self.cfg.threads_for_learner() if phase is None else phase.update_threads(node_cpus())
+        if phase is None:
+            want = self.cfg.threads_for_learner()
+        else:
+            cpus = node_cpus()
+            # Other work on the host caps it too (examples/cpu_share.py's docstring says why).
+            want = phase.update_threads(cpus, runnable_elsewhere(torch.get_num_threads(), cpus))
         if want != torch.get_num_threads():
             torch.set_num_threads(want)
         self._update_thread_counts.append(want)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from hetrun.examples import ppo
-from hetrun.examples.cpu_share import CpuPhase, threads_for_update
+from hetrun.examples.cpu_share import CpuPhase, runnable_elsewhere, threads_for_update
 from hetrun.examples.ppo import PPOConfig, PPOWorkload
 from hetrun.runtime.context import RankContext
 from hetrun.runtime.mpi_launch import loopback_mpi_env
@@ -33,6 +33,17 @@ SMALL = {"num_envs": 4, "num_steps": 32, "update_epochs": 2, "num_minibatches": 
 ])
 def test_threads_for_update(cpus: int, busy: int, learners: int, want: int) -> None:
     assert threads_for_update(cpus, busy, learners) == want
+
+
+def test_other_runnable_work_caps_the_threads() -> None:
+    assert threads_for_update(2, 0, 1, runnable_elsewhere=0) == 2
+    assert threads_for_update(2, 0, 1, runnable_elsewhere=1) == 1  # another process on a core
+    assert threads_for_update(2, 0, 1, runnable_elsewhere=12) == 1  # a loaded host: never 2 threads
+    assert threads_for_update(8, 1, 1, runnable_elsewhere=2) == 6
+    cpus = os.cpu_count() or 1
+    got = runnable_elsewhere(torch.get_num_threads(), cpus)
+    assert got is not None and got >= 0  # the host's count: this process may run on every CPU
+    assert runnable_elsewhere(1, cpus + 1) is None  # a mask that is not the host's: the count says nothing
 
 
 def test_phase_files_are_per_node_and_counted_by_role(tmp_path: Path) -> None:
