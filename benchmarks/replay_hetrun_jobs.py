@@ -100,7 +100,9 @@ class Submitter:
         self._done: dict[str, dict[str, Any]] = {}
         self.k = 0
 
-    def submit(self, name: str, partition: str, tiers: bool) -> None:
+    def submit(self, name: str, partition: str, tiers: bool, qos: str = HETRUN_TIER) -> None:
+        """``qos``: the tier (``normal``) or, on the policy side with ``scheduling.checkpointed``,
+        its checkpointing QOS (``normal_ckpt``): a hetrun job stops at an agreed step on SIGTERM."""
         auto = self.k % PLACEMENT_AUTO_EVERY == 1
         self.k += 1
         job_dir = self.base / "jobs"
@@ -110,7 +112,7 @@ class Submitter:
         argv = [sys.executable, "-m", "hetrun.cli", "submit", str(path), "--backend", "sbatch",
                 "--runs-dir", str(self.base / "runs")]
         if tiers and self.account:
-            argv += ["-A", self.account, "-q", HETRUN_TIER]  # the pool's lua maps the tier onto its QOS
+            argv += ["-A", self.account, "-q", qos]  # the pool's lua maps the tier onto its QOS
         self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True)
 

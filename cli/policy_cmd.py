@@ -163,11 +163,14 @@ def status_cmd(file: FileArg) -> None:
     for c in drift:
         typer.echo(f"  {c.action} {c.kind} {c.target}")
     jobs = json.loads(run_slurm(["squeue", "--json"]).stdout).get("jobs") or []
-    typer.echo("tier      QOS                 running  pending")
-    for tier in policy.tier_names:
-        qos = policy.qos_name(tier)
+    rows = [(tier, policy.qos_name(tier)) for tier in policy.tier_names]
+    if policy.checkpointed is not None:  # each tier's checkpointing QOS, after the plain ones
+        rows += [(f"{tier}_ckpt", policy.ckpt_qos_name(tier)) for tier in policy.tier_names]
+    width = max([9, *(len(label) for label, _ in rows)])
+    typer.echo(f"{'tier':<{width}} {'QOS':<19} running  pending")
+    for label, qos in rows:
         states = [str(j.get("job_state", "")).upper() for j in jobs if j.get("qos") == qos]
-        typer.echo(f"{tier:<9} {qos:<19} {states.count('RUNNING'):>7}  {states.count('PENDING'):>7}")
+        typer.echo(f"{label:<{width}} {qos:<19} {states.count('RUNNING'):>7}  {states.count('PENDING'):>7}")
 
 
 def register(app: typer.Typer) -> None:

@@ -102,6 +102,12 @@ def test_job_submit_lua_maps_the_ckpt_tiers() -> None:
     assert '["normal_ckpt"] = "pool_normal_ckpt"' in render_job_submit_lua(_policy())
 
 
+def test_without_grace_time_the_ckpt_qos_has_none_killwait_applies() -> None:
+    qos = desired_state(_policy(POLICY.replace("{grace_time: 45}", "{}"))).qos
+    assert {q.grace_time for q in qos.values()} == {0}
+    assert qos["pool_high_ckpt"].priority == 1900
+
+
 def test_without_checkpointed_nothing_changes() -> None:
     qos = desired_state(_policy(POLICY.replace("      checkpointed: {grace_time: 45}\n", ""))).qos
     assert sorted(qos) == ["pool_critical", "pool_high", "pool_normal"]
@@ -112,6 +118,7 @@ def test_without_checkpointed_nothing_changes() -> None:
     (("preemption: true", "preemption: false"), "checkpointed orders preemption, but preemption is off"),
     (("[critical, high, normal]", "[critical, high_ckpt, normal]"), "clashes with the _ckpt QOS"),
     (("grace_time: 45", "grace_time: 0"), "grace_time"),
+    (("grace_time: 45", "grace_time: 2h"), "grace_time"),
     (("grace_time: 45", "grace: 45"), "grace"),
 ])
 def test_refusals(edit: tuple[str, str], message: str) -> None:

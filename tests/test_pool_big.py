@@ -56,6 +56,7 @@ resources:
     scheduling:
       priority: ["critical", "high", "normal"]
       preemption: true
+      checkpointed: {{}}
   cpu:
     cores: 256
     memory: 22Gi
@@ -158,15 +159,24 @@ def test_apply_makes_sacctmgr_match_the_yaml_and_a_second_apply_changes_nothing(
     assert any("add qos hrpool_critical" in ln for ln in ran), applied.stdout
     assert "not written" not in applied.stdout, "slurm.conf started with every setting the policy needs"
     # Tier i of n: Priority (n-i)*1000, Preempt every lower tier, requeued (docs/POLICY.md).
-    qos = {row[0]: row[1:] for row in _sacctmgr(pool, "show", "qos", "format=Name,Priority,Preempt,PreemptMode,Flags")}
-    assert qos["hrpool_critical"] == ["3000", "hrpool_high,hrpool_normal", "requeue", "DenyOnLimit"]
-    assert qos["hrpool_high"] == ["2000", "hrpool_normal", "requeue", "DenyOnLimit"]
-    assert qos["hrpool_normal"] == ["1000", "", "requeue", "DenyOnLimit"]
-    assoc = {tuple(row[:2]): row[2:] for row in _sacctmgr(
+    # With checkpointed, each tier's <tier>_ckpt QOS sits 100 below it (no GraceTime set), and
+    # every Preempt list names the lower tiers' _ckpt QOS too. Lists compared as sets.
+    qos = {row[0]: [row[1], set(filter(None, row[2].split(","))), *row[3:]] for row in _sacctmgr(
+        pool, "show", "qos", "format=Name,Priority,Preempt,PreemptMode,Flags,GraceTime")}
+    lower_than_high = {"hrpool_normal", "hrpool_normal_ckpt"}
+    lower_than_critical = {"hrpool_high", "hrpool_high_ckpt", *lower_than_high}
+    assert qos["hrpool_critical"] == ["3000", lower_than_critical, "requeue", "DenyOnLimit", "00:00:00"]
+    assert qos["hrpool_critical_ckpt"] == ["2900", lower_than_critical, "requeue", "DenyOnLimit", "00:00:00"]
+    assert qos["hrpool_high"] == ["2000", lower_than_high, "requeue", "DenyOnLimit", "00:00:00"]
+    assert qos["hrpool_high_ckpt"] == ["1900", lower_than_high, "requeue", "DenyOnLimit", "00:00:00"]
+    assert qos["hrpool_normal"] == ["1000", set(), "requeue", "DenyOnLimit", "00:00:00"]
+    assert qos["hrpool_normal_ckpt"] == ["900", set(), "requeue", "DenyOnLimit", "00:00:00"]
+    assoc = {tuple(row[:2]): [row[2], set(row[3].split(",")), row[4]] for row in _sacctmgr(
         pool, "show", "assoc", "cluster=hrpool", "format=Account,User,GrpTRES,QOS,DefaultQOS")}
-    assert assoc[(TEAM, "")] == [f"gres/gpu={TEAM_GPUS}", "hrpool_high,hrpool_normal", "hrpool_normal"]
-    assert assoc[(TEAM, "root")][1:] == ["hrpool_high,hrpool_normal", "hrpool_normal"]
-    every_tier = "hrpool_critical,hrpool_high,hrpool_normal"
+    team_qos = {"hrpool_high", "hrpool_high_ckpt", "hrpool_normal", "hrpool_normal_ckpt"}
+    assert assoc[(TEAM, "")] == [f"gres/gpu={TEAM_GPUS}", team_qos, "hrpool_normal"]
+    assert assoc[(TEAM, "root")][1:] == [team_qos, "hrpool_normal"]
+    every_tier = {"hrpool_critical", "hrpool_critical_ckpt", *team_qos}
     assert assoc[(BIG, "")] == ["", every_tier, "hrpool_normal"]
     assert assoc[(BIG, "root")][1:] == [every_tier, "hrpool_normal"]
 
@@ -285,7 +295,10 @@ def test_pool_json_shows_pending_demand_and_policy_status_the_tiers(
         assert lines[0] == "in sync", status.stdout
         tiers = {ln.split()[0]: ln.split()[1:] for ln in lines[2:]}
         assert tiers == {"critical": ["hrpool_critical", "0", "0"], "high": ["hrpool_high", "0", "0"],
-                         "normal": ["hrpool_normal", str(FILLERS), "1"]}, status.stdout
+                         "normal": ["hrpool_normal", str(FILLERS), "1"],
+                         "critical_ckpt": ["hrpool_critical_ckpt", "0", "0"],
+                         "high_ckpt": ["hrpool_high_ckpt", "0", "0"],
+                         "normal_ckpt": ["hrpool_normal_ckpt", "0", "0"]}, status.stdout
     finally:
         pool.run("scancel", waiting, check=False)
 
@@ -311,6 +324,39 @@ def test_a_critical_job_preempts_and_requeues_a_normal_one(pool: BigPool, a100_f
         assert len(requeued) < FILLERS, "a 1-node job needs one 6-node job's nodes, not all of them"
     finally:
         pool.run("scancel", critical, *a100_full, check=False)
+
+
+@pytest.mark.usefixtures("applied")
+def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: BigPool) -> None:
+    """Preemption by work lost, by Slurm alone: the a100 nodes held by three plain normal jobs
+    and one (as large) asking for normal_ckpt; a 1-node critical job takes the checkpointing
+    job's nodes (preempt/qos picks candidates in rising QOS priority), the plain ones run on."""
+    def filler(qos: str) -> str:
+        return job_id(sbatch(pool, "-A", BIG, f"--qos={qos}", "-p", "gpu-a100", f"-N{FILLER_NODES}", *WHOLE_NODE,
+                             "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", f"fill-{qos}", "--wrap", "sleep 600"))
+
+    ckpt = filler("normal_ckpt")  # submitted first: the oldest, so age would not pick it
+    plain = [filler("normal") for _ in range(FILLERS - 1)]
+    critical = None
+    seen: dict[str, dict[str, Any]] = {}
+    try:
+        assert wait_for(lambda: _running(pool, [ckpt, *plain]), 120), {
+            i: jobs(pool).get(i, {}).get("state_reason") for i in [ckpt, *plain]}
+        assert jobs(pool)[ckpt]["qos"] == "hrpool_normal_ckpt"
+        critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", "gpu-a100", "-N1", *WHOLE_NODE,
+                                 "--gres=gpu:a100:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+
+        def started() -> bool:
+            seen.update(jobs(pool))
+            return seen[critical]["job_state"] == "RUNNING"
+
+        assert wait_for(started, 120), {i: (seen.get(i, {}).get("job_state"), seen.get(i, {}).get("restart_cnt"))
+                                        for i in [critical, ckpt, *plain]}
+        assert seen[ckpt]["restart_cnt"] == 1, "the checkpointing job is the one preempted"
+        assert [seen[i]["restart_cnt"] for i in plain] == [0] * len(plain)
+        assert all(seen[i]["job_state"] == "RUNNING" for i in plain)
+    finally:
+        pool.run("scancel", *[i for i in (critical, ckpt, *plain) if i], check=False)
 
 
 def test_numa_aware_isolation_is_refused_where_the_pool_claims_more_cpus_than_the_host(

@@ -4,8 +4,8 @@
   ``preemption: true`` a ``Preempt`` list of every lower tier and
   ``PreemptMode=requeue``; ``DenyOnLimit`` so a job over a Max* limit is
   refused at submission instead of pending forever; with ``checkpointed`` a
-  second QOS ``<tier>_ckpt`` per tier, just below it, with a ``GraceTime``
-  (preemption by work lost: ``ckpt_priority``);
+  second QOS ``<tier>_ckpt`` per tier, just below it, with an optional
+  ``GraceTime`` (preemption by work lost: ``ckpt_priority``);
 - one account per team with its association limits (GrpTRES = quota,
   MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
   tier) and one user association per listed user, whose own GrpTRES is
@@ -89,7 +89,7 @@ def _qos_for_tier(policy: PolicySpec, rank: int, tier: str, ckpt: bool = False) 
     lower = tier_qos_names(policy, names[rank + 1:]) if policy.preemption else ()
     priority = ckpt_priority(policy, rank, tier) if ckpt else tier_priority(policy, rank, tier)
     wall = v.time_seconds(str(limits.max_wall)) if limits.max_wall is not None else None
-    grace = policy.checkpointed.grace_time if ckpt and policy.checkpointed else 0
+    grace = (policy.checkpointed.grace_time or 0) if ckpt and policy.checkpointed else 0
     return QosState(
         name=policy.ckpt_qos_name(tier) if ckpt else policy.qos_name(tier),
         priority=priority,
