@@ -1,6 +1,11 @@
 """Whole jobs through the runtime: the toy job, PPO and the MoE LM, a few iterations each,
-through the local backend (mpirun) and as real Slurm het jobs on the local cluster
-(2 components, >= 4 ranks across 3 nodes). Events must record every action."""
+as real Slurm het jobs on the local cluster (2 components, >= 4 ranks across 3 nodes), and
+the toy job through the local backend (mpirun). Events must record every action.
+
+The MoE LM through the local backend is not run here as well (issue 23: it proved two claims
+that other runs carry): its every action recorded is the Slurm case's check, and the example
+through the local backend is tests/test_moe_runtime.py's (4 expert-parallel learner ranks and
+an evaluator, every rank exiting 0)."""
 
 from __future__ import annotations
 
@@ -81,7 +86,7 @@ def _check_run(run_dir: Path, proc: subprocess.CompletedProcess[str]) -> list[di
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["toy", "moe"])
+@pytest.mark.parametrize("name", ["toy"])
 def test_local_backend_runs_the_job(name: str, tmp_path: Path) -> None:
     job = _job_file(name, tmp_path)
     proc, run_dir = _submit(job, "local", tmp_path / "runs", JOBS[name][1], timeout=300)
