@@ -7,7 +7,8 @@ benchmarks/results/node_death.json.
 
 Cluster: tests/node_cluster.py's throw-away 4-node cluster (hrnode; its nodes may be
 killed). Job: examples/ppo_cartpole.yaml made small and endless (learner on one
-node, the rollout on one node + ``spare_nodes: 2``, memory tier every iteration,
+node, the rollout on one node + ``spare_nodes: 2``, memory tier every iteration
+(``--memory-every N|auto``; with auto, ``--kill-after 24`` lets N settle first),
 interval checkpoint every 10, ``max_failures`` high, ``HETRUN_NODE_TIMEOUT`` the
 product's default unless ``--node-timeout``). Each job takes two node deaths:
 ``kill`` (SIGKILL to every process of the rollout's emulated node: slurmd,
@@ -146,11 +147,12 @@ def stages(run_dir: Path, t0: float, restart: int) -> dict[str, float | None]:
     }
 
 
-def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300) -> dict[str, Any]:
+def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300,
+              after: int = 4) -> dict[str, Any]:
     """Kill the rollout's node of attempt ``restart`` once it has run a few steps; time the recovery."""
     assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 150), "no start"
     base = learner_iter(run_dir)
-    assert wait(lambda: learner_iter(run_dir) >= base + 4, 200), "no progress"
+    assert wait(lambda: learner_iter(run_dir) >= base + after, 200 + 5 * after), "no progress"
     time.sleep(0.5 * (restart % 3))  # a different moment of the iteration each time
     node = rollout_node(run_dir, restart)
     assert node is not None
@@ -193,25 +195,27 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
     return trial
 
 
-def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None) -> tuple[Path, str]:
+def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None,
+           memory_every: int | str = 1) -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    res = submit_spec(spec_from_dict(spec(spares, 1, 100000, "/tmp", node_timeout)), backend="sbatch", runs_dir=BASE / tag)
+    res = submit_spec(spec_from_dict(spec(spares, memory_every, 100000, "/tmp", node_timeout)), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
-def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None) -> list[dict[str, Any]]:
+def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None,
+           memory_every: int | str = 1, kill_after: int = 4) -> list[dict[str, Any]]:
     """Two deaths per job (two spares): kill then kill, or with ``down`` kill then down."""
     trials: list[dict[str, Any]] = []
     while len(trials) < kills:
-        run_dir, job = submit(cluster, 2, "spare", node_timeout)
+        run_dir, job = submit(cluster, 2, "spare", node_timeout, memory_every)
         try:
             for restart, mode in enumerate(("kill", "down" if down else "kill")):
                 if len(trials) < kills:
                     try:
-                        trials.append(one_death(cluster, run_dir, restart, mode))
+                        trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after))
                     except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
                         trials.append({"mode": mode, "restart": restart + 1, "run_dir": str(run_dir),
                                        "error": f"before the kill: {exc}"})
@@ -306,6 +310,10 @@ def main() -> None:
     p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
     p.add_argument("--node-timeout", type=int, default=None,
                    help="HETRUN_NODE_TIMEOUT for the spare-node jobs (default: the product's)")
+    p.add_argument("--memory-every", type=lambda x: x if x == "auto" else int(x), default=1,
+                   help="checkpoint.memory_every of the spare-node jobs: N or auto (default 1)")
+    p.add_argument("--kill-after", type=int, default=4,
+                   help="learner iterations each attempt runs before its kill (auto settles its N from 16)")
     p.add_argument("--requeue-wait", type=float, default=600, help="seconds the requeue path may take")
     p.add_argument("--shared-cluster", action="store_true", help="--overhead-only on the shared test cluster")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
@@ -321,7 +329,9 @@ def main() -> None:
     try:
         if not args.overhead_only:
             result["node_timeout"] = args.node_timeout
-            result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout)
+            result["memory_every"] = args.memory_every
+            result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout, args.memory_every,
+                                    args.kill_after)
             result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]
