@@ -135,6 +135,7 @@ def main() -> None:
         env = {**os.environ, "HETRUN_RUNS": str(finished), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
         hetrun = [sys.executable, "-m", "hetrun.cli"]
         cmds = {"squeue": ["squeue"], "squeue_json": ["squeue", "--json"],
+                "python_floor": [sys.executable, "-c", "pass"],  # the interpreter alone: the load's share
                 "status": [*hetrun, "status"], "status_all": [*hetrun, "status", "--last", "0"],
                 "status_first_sight": [*hetrun, "status", "--runs-dir", str(first)],
                 "status_unknown": [*hetrun, "status", "--runs-dir", str(unknown)]}
