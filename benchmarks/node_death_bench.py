@@ -283,11 +283,16 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
             tier = [e for e in evs if e.get("ev") == "memory_tier"]
             # The tier's share of the training time, per rank (the slowest rank's figure).
             pct = max((100 * e["seconds"] / (tn - t0) for e in tier), default=0.0)
+            # ... and at the N the run ended with, over the iterations it was in effect.
+            at_n = [(e.get("by_every") or {}).get(str(e.get("every"))) for e in tier]
+            steady = max((100 * b["seconds"] / b["wall_s"] for b in at_n if b and b["wall_s"] > 0), default=None)
             out[label].append(per)
             share[label].append(round(pct, 3))
             chosen[label].append(sorted({e.get("every") for e in tier}))
             row = {"overhead_run": label, "s_per_iter": round(per, 5), "load": os.getloadavg()[0],
                    "tier_pct": round(pct, 3), "every": chosen[label][-1],
+                   "tier_pct_at_final_n": None if steady is None else round(steady, 3),
+                   "iterations_at_final_n": [b and b["iterations"] for b in at_n],
                    "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
                    "bytes": [e.get("bytes") for e in tier], "run_dir": str(d)}
             runs.append(row)

@@ -96,6 +96,9 @@ class MemorySnapshots:
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
         self._between = 0.0  # seconds of progress() in due() since the last snapshot
+        # N -> [the tier's seconds, wall seconds, iterations] while that N was in effect:
+        # the tier's share at the N it settled on, beside the whole run's (benchmarks/node_death.md).
+        self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
         self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
@@ -109,6 +112,9 @@ class MemorySnapshots:
         if self._last is not None:
             dt = now - self._last
             self._iter_s = dt if self._iter_s is None else 0.8 * self._iter_s + 0.2 * dt
+            span = self.by_every.setdefault(self.every, [0.0, 0.0, 0])
+            span[1] += dt
+            span[2] += 1
         self._last = now
         if self.size > 1:
             # Every iteration, not only at snapshot points: with N > 1 a replica would
@@ -120,6 +126,7 @@ class MemorySnapshots:
             spent = time.perf_counter() - now
             self.seconds += spent
             self._between += spent
+            self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         if self.adaptive:
             self._agree(step)
         return step % self.every == 0
@@ -163,6 +170,7 @@ class MemorySnapshots:
         self.bytes = len(blob)
         spent = time.perf_counter() - t0
         self.seconds += spent
+        self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
         # it received and wrote since the last one (the partners snapshot the same steps).
         cost, self._between = spent + self._between, 0.0

@@ -88,7 +88,9 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
     m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size, m._between = False, 1, None, None, None, 1, 0.0
+    m.by_every = {}
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
+    assert m.due(4) and m.by_every[1][2] == 1  # one iteration timed at N = 1
     m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
     assert m.wanted() == 8 and m._cost / (8 * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
     m._cost = 10.0
