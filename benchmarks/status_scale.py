@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -101,10 +102,15 @@ def shim(bin_dir: Path, log: Path) -> None:
         p.chmod(0o755)
 
 
-def timed(cmd: list[str], env: dict[str, str], times: list[float]) -> None:
+def timed(cmd: list[str], env: dict[str, str], times: list[float], cpu: list[float]) -> None:
+    """Wall time, and CPU time (user + system of the command and the processes it waited for:
+    what the load does not inflate, unlike the wall time on a shared machine)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, env=env, capture_output=True, check=True)
     times.append(time.perf_counter() - t0)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
 
 
 def drop_caches(root: Path) -> None:
@@ -148,6 +154,7 @@ def main() -> None:
             cmds["status_before"] = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(old)!r}); "
                                      "from status_show_before import show_status; show_status([], None, 20, False)"]
         times: dict[str, list[float]] = {k: [] for k in cmds}
+        cpu: dict[str, list[float]] = {k: [] for k in cmds}
         for cmd in cmds.values():  # warm-up: page cache, the controller's connection, the status caches
             subprocess.run(cmd, env=env, capture_output=True, check=True)
         calls: dict[str, list[str]] = {k: [] for k in cmds if k.startswith("status")}
@@ -156,7 +163,7 @@ def main() -> None:
                 if key == "status_first_sight":
                     drop_caches(first)
                 log.write_text("")
-                timed(cmd, env, times[key])
+                timed(cmd, env, times[key], cpu[key])
                 if key in calls:
                     calls[key] += log.read_text().split()
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -165,6 +172,7 @@ def main() -> None:
             "runs": args.runs, "repeat": args.repeat, "load_average_1m": round(os.getloadavg()[0], 2),
             "ended_jobs_used": len(ended),
             **{f"{k}_median_s": round(v, 3) for k, v in med.items()},
+            "cpu_median_s": {k: round(statistics.median(v), 3) for k, v in cpu.items()},
             "status_spread_s": [round(min(times["status"]), 3), round(max(times["status"]), 3)],
             "status_minus_squeue_s": round(over, 3), "target_s": 0.3, "met": over <= 0.3,
             "first_sight_minus_squeue_s": round(med["status_first_sight"] - med["squeue"], 3),
