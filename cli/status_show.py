@@ -143,13 +143,22 @@ _SUMMARY_KEYS = frozenset({"placements", "restarts", "preemptions", "failures", 
                            "node_failures"})  # what _local_summary returns
 
 
+def _summary_ok(summary: dict) -> bool:
+    """A cached ``_local_summary`` of the shape the table reads (else the run is read afresh)."""
+    failure = summary.get("failure")
+    return (set(summary) == _SUMMARY_KEYS and isinstance(summary["placements"], dict)
+            and isinstance(summary["node_failures"], list)
+            and all(isinstance(summary[k], int) for k in ("restarts", "preemptions", "failures"))
+            and (failure is None or (isinstance(failure, list) and len(failure) == 2)))
+
+
 def _from_cache(runs: list, keys: dict) -> dict:
     """Run directory -> (RunStatus: sacct's final answer as it was, the table's figures) for
     the runs whose status cache matches ``keys`` (cli/status_cache.py)."""
     from hetrun.cli import status_cache
 
     records = {run.run_dir: rec for run in runs if (rec := status_cache.read(run.run_dir, keys[run.run_dir]))
-               and set(rec["local"]) == _SUMMARY_KEYS}
+               and _summary_ok(rec["local"])}
     if not records:
         return {}
     from hetrun.slurm_plugin.backends.base import ComponentStatus, RunStatus

@@ -173,3 +173,14 @@ def test_the_key_changes_with_any_source_file_even_a_same_size_same_mtime_rename
     assert read(str(tmp_path), fingerprint(str(tmp_path))) is None
     (tmp_path / "events.jsonl").write_text("{}\n")  # a file that was absent appears
     assert fingerprint(str(tmp_path)) != key
+
+
+def test_a_cached_summary_of_another_shape_is_not_used() -> None:
+    from hetrun.cli.status_show import _summary_ok
+
+    good = {"placements": {}, "restarts": 1, "preemptions": 1, "failures": 0, "work_lost": 9,
+            "failure": ["learner", "rank 0 raised ValueError"], "node_failures": []}
+    assert _summary_ok(good) and _summary_ok({**good, "failure": None})
+    for bad in ({**good, "failure": "text"}, {**good, "restarts": "1"}, {k: v for k, v in good.items() if k != "failures"},
+                {**good, "extra": 1}):
+        assert not _summary_ok(bad), bad
