@@ -33,6 +33,13 @@ learns slower and levels off (seed 0: 1.16, 1.16, 2.96; seed 1: -0.31, 2.63,
 2.48; seed 2: 2.54, 2.59, 1.99 at 16, 32, 48 iterations, seed 0's 48 resumed
 from its checkpoint at 47; seed 4: 0.12 at 16), two of three below 2.5 at 48. Fewer iterations at 84x84 would leave the
 fresh VM's seed 0 (0.8 at 32) unmeasured in between.
+
+Halving the update instead (update_epochs: 1, num_minibatches: 16: the same 16
+gradient steps per iteration on half the samples; ~355 CPU s for 48 iterations
+and three evaluations against ~560 for this test) was measured on 3 December
+22:11-23:03 (load 5-27) and rejected: it levels off near 100 points (seed 0:
+0.00, 2.22, 2.09; seed 1: 0.32, 2.96, 1.96; seed 2: 1.37, 2.14, 2.97 at 16, 32,
+48 iterations), two of three below 2.5 at 48, where two epochs reach 3.5 and 7.8.
 """
 
 from __future__ import annotations
