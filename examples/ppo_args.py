@@ -43,10 +43,12 @@ class PPOWorkloadArgs(BaseModel):
     # while they wait for weights. "auto": before every minibatch step, the CPUs this process
     # may run on (its affinity mask: what Slurm's cgroup or binding gives it; the local
     # launcher runs ranks unbound) less one per rollout rank on its node stepping its games
-    # right now, shared by the node's learners (examples/cpu_share.py).
+    # right now, shared by the node's learners (examples/cpu_share.py). The thread count then
+    # depends on timing, and torch's CPU kernels round differently per thread count: "auto"
+    # gives up bit-identical runs and exact resume (a fixed number keeps them).
     learner_threads: int | Literal["auto"] | None = Field(
         None, description="torch threads of learner ranks (None: torch_threads; auto: the node's CPUs "
-        "its rollout ranks leave idle at each minibatch step)")
+        "its rollout ranks leave idle at each minibatch step; not bit-reproducible)")
 
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOWorkloadArgs:
