@@ -9,6 +9,7 @@ its script directory).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -32,6 +33,23 @@ def run_ranks(np_: int, script: str, *args: str, timeout: float,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-_TAIL:] + proc.stderr[-_TAIL:]
     return proc
+
+
+def json_records(text: str) -> list[Any]:
+    """Every JSON object the ranks printed, in order. mpirun forwards each rank's output in
+    chunks as they arrive, so one rank's line and its newline can land on either side of
+    another rank's (seen: two records on one line in a CI run): decode objects, not lines."""
+    decoder = json.JSONDecoder()
+    out, i = [], text.find("{")
+    while i >= 0:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except ValueError:  # a brace in some other output: skip it
+            i = text.find("{", i + 1)
+            continue
+        out.append(obj)
+        i = text.find("{", end)
+    return out
 
 
 def open_alltoall_comm(backend: str, world: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from mpi_helpers import needs_mpirun, run_ranks
+from mpi_helpers import json_records, needs_mpirun, run_ranks
 
 LATE_S = 1.5
 
@@ -18,7 +18,7 @@ LATE_S = 1.5
 @needs_mpirun
 def test_late_rank_does_not_cost_the_waiting_rank_a_core() -> None:
     proc = run_ranks(2, __file__, timeout=120)
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = [r for r in json_records(proc.stdout) if isinstance(r, dict) and "rank" in r]
     by_rank = {r["rank"]: r for r in lines}
     assert set(by_rank) == {0, 1}, proc.stdout
     waiter = by_rank[0]
