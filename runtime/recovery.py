@@ -15,19 +15,16 @@ writes it as before (``resume.restore_if_any``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from hetrun.runtime import preempt, resume
+from hetrun.runtime.heartbeat import _BEAT, heartbeat_s, spares_in, start_heartbeat, stop_heartbeat  # noqa: F401
 from hetrun.runtime.memory_tier import MemorySnapshots
 
-from hetrun.errors import SpecError
-from hetrun.rundir import DEFAULTS, HEARTBEAT_DEFAULT_S, HEARTBEAT_ENV, NODE_TIMEOUT_ENV, RunPaths
+from hetrun.rundir import DEFAULTS
 
 ADAPTIVE = "auto"  # checkpoint.memory_every's spelling of the adaptive N (dag/spec.py)
 
@@ -115,80 +112,6 @@ def _root(world_size: int) -> str:
     from hetrun.runtime.ckpt.memory import default_root
 
     return os.path.join(default_root(), f"w{world_size}")
-
-
-def heartbeat_s(env: Any = None) -> float:
-    """Seconds between two heartbeats: ``$HETRUN_HEARTBEAT_S`` (docs/PREEMPTION.md), else the default."""
-    env = os.environ if env is None else env
-    raw = env.get(HEARTBEAT_ENV)
-    if raw in (None, ""):
-        return HEARTBEAT_DEFAULT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise SpecError(f"${HEARTBEAT_ENV}={raw!r} is not a positive number of seconds",
-                        key_path=f"env.{HEARTBEAT_ENV}", value=raw,
-                        hint=f"set it to e.g. {HEARTBEAT_DEFAULT_S}, well below ${NODE_TIMEOUT_ENV}")
-    return value
-
-
-def spares_in(plan: Any) -> bool:
-    return plan is not None and any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
-
-
-# The beat itself: a bash loop beside the rank, not a thread in it. Measured
-# (benchmarks/heartbeat_gaps.py, load average 25 on 2 cores): a Python thread's beat
-# waits for the GIL, which a starved main thread holds while it is off the CPU, and
-# stopped for up to 5.7 s in a healthy rank; a sleeper process is woken on time. It
-# ignores the stop signals (a preempted rank checkpoints for up to grace_seconds and
-# must not look dead meanwhile) and ends within one period of its rank: SIGKILLed
-# with the node, or ``kill -0`` finds the rank gone.
-_BEAT = r"""
-trap '' TERM INT HUP USR1 USR2
-rank=$1 path=$2 period=$3 tmp=$4 count=0
-while kill -0 "$rank" 2>/dev/null; do
-    count=$((count + 1))
-    printf '%s\n' "$count" > "$tmp" 2>/dev/null && mv -f "$tmp" "$path" 2>/dev/null
-    sleep "$period"
-done
-"""
-
-
-def start_heartbeat(run_dir: Any, node: str) -> subprocess.Popen[bytes]:
-    """Rewrite ``logs/alive/<node>`` with a growing counter every ``heartbeat_s()`` for as
-    long as this process lives (a bash loop beside it, see _BEAT): the batch script's
-    monitor (slurm_plugin/render.py) takes a node whose counter has not changed for
-    ``$HETRUN_NODE_TIMEOUT`` s for dead (a killed node, whose processes all died with it;
-    Slurm itself notices only after SlurmdTimeout). The content, not the mtime: the monitor
-    compares what it reads with what it read before, on its own clock (no skew), and
-    opening the file revalidates an NFS client's attribute cache. Whole lines only (a
-    rename), so the monitor never reads a half-written one; a slow write of the shared
-    run directory only delays a beat."""
-    path = RunPaths(str(run_dir)).heartbeats / node
-    os.makedirs(path.parent, exist_ok=True)
-    tmp = path.parent / f".{node}.tmp"  # a dot name: the monitor's `rm logs/alive/*` leaves it
-    proc = subprocess.Popen(["bash", "-c", _BEAT, "hetrun-heartbeat", str(os.getpid()), str(path),
-                             f"{heartbeat_s():g}", str(tmp)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
-    _BEATING.append((proc, path))
-    return proc
-
-
-_BEATING: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-
-def stop_heartbeat() -> None:
-    """The rank ends normally (done, or an agreed stop): stop the beat and remove its node's
-    heartbeat file, so the monitor does not take the exit for a death."""
-    while _BEATING:
-        proc, path = _BEATING.pop()
-        proc.kill()  # SIGKILL: the loop ignores the stop signals
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        with contextlib.suppress(OSError):
-            os.unlink(path)
 
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:
