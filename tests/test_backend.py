@@ -123,8 +123,9 @@ def test_timeouts_count_as_unreachable(tmp_path: Path) -> None:
 
 
 def test_sacct_parsable_and_exit_codes() -> None:
-    raw = ("7+0|job|COMPLETED|00:01:05|n1|0:0\n7+0.batch|batch|COMPLETED|00:01:05|n1|0:0\n"
-           "7+1|job|CANCELLED by 0|1-00:00:02|n[2-3]|0:15\n7+1.0|python|CANCELLED|00:00:01|n2|0:15\n")
+    raw = ("7+0|7|COMPLETED|65|n1|0:0|2026-01-01T00:00:00|job\n7+0.batch|7.batch|COMPLETED|65|n1|0:0|"
+           "2026-01-01T00:00:00|batch\n7+1|8|CANCELLED by 0|86402|n[2-3]|0:15|2026-01-01T00:00:00|job\n"
+           "7+1.0|8.0|CANCELLED|1|n2|0:15|2026-01-01T00:00:00|python\n")
     recs = _parse_sacct_parsable(raw)
     assert [(r["het_job_id"], r["het_offset"], r["state"], r["elapsed_s"]) for r in recs] == [
         ("7", 0, "COMPLETED", 65), ("7", 1, "CANCELLED", 86402)]

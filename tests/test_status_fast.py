@@ -117,6 +117,58 @@ def test_an_ended_run_is_answered_from_its_cache_until_a_file_it_came_from_chang
     assert json.loads((sorted(runs.iterdir())[0] / STATUS_CACHE).read_text())["version"] == 1
 
 
+def test_status_reads_sacct_text_as_the_json_reader_reads_the_same_jobs(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    # status asks `sacct -X -D -P` (~0.1 s; --json ~0.45 s): each ended het job of this cluster
+    # (the newest 100, and every one that was requeued) read both ways must agree with the
+    # report's --json reader (reports/sacct.py): state, job id, nodes, elapsed, attempts.
+    from hetrun.reports.sacct import accounting_rows
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+
+    acct = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-S", "2000-01-01", "--format=JobID,State"],
+                          capture_output=True, text=True, check=True).stdout
+    requeued = {line.split("+")[0] for line in acct.splitlines() if "+" in line and "|REQUEUED" in line}
+    every = finished_het_jobs(limit=10**6) or [ended_het_job(shared_tmp)]
+    ids = sorted(set(every[:100]) | (requeued & set(every)), key=int)
+    text = SbatchBackend()._sacct(ids)
+    doc = json.loads(subprocess.run(["sacct", "--json", "-D", "-j", ",".join(ids)], capture_output=True, text=True,
+                                    check=True).stdout)
+    for leader in ids:
+        rows = accounting_rows(doc, leader, ["c0", "c1"])
+        newest = {r["component"]: r for r in rows}  # rows are in attempt order: the last one counts
+        mine = {f"c{r['het_offset']}": r for r in text if r["het_job_id"] == leader}
+        assert sorted(mine) == sorted(newest) == ["c0", "c1"], (leader, rows, mine)
+        for comp, row in newest.items():
+            got = mine[comp]
+            assert (got["state"], got["job_id"], got["nodes"], got["elapsed_s"], got["restarts"]) == (
+                row["state"], row["job_id"], row["nodes"], row["elapsed_s"], row["attempt"]), (leader, row, got)
+            # 22.05's --json says return code 0 for a FAILED job whose ExitCode is 9:0; the text is right.
+            json_code = int(row["exit_code"].split(":")[0])
+            assert got["exit_code"] == json_code or (json_code == 0 and got["state"] != "COMPLETED"), (row, got)
+    assert any(r["restarts"] for r in text) == bool(requeued & set(ids))
+
+
+def test_the_sacct_text_parse_keeps_one_record_per_component_and_attempt() -> None:
+    from hetrun.slurm_plugin.backends.sbatch import _latest_attempts, _parse_sacct_parsable
+
+    raw = "\n".join([
+        "9+1|10|REQUEUED|4|n2|0:0|2026-01-01T00:00:01|a|b",  # listed first, submitted first
+        "9+0|9|PREEMPTED|4|n1|0:15|2026-01-01T00:00:01|a|b",
+        "9+0|9|CANCELLED by 0|0|None assigned|0:0|2026-01-01T00:00:09|a|b",
+        "9+0.batch|9.batch|CANCELLED|0|n1|0:15|2026-01-01T00:00:09|batch",
+        "9+1.0|10.0|CANCELLED|0|n2|0:15|2026-01-01T00:00:09|python",
+        "9+1|10|NODE_FAIL|61|n3|1:0|2026-01-01T00:00:09|a|b",
+        "12|12|COMPLETED|7|n4|0:0|2026-01-01T00:00:03|plain",
+        "13|13|||||",  # torn line (fewer fields): skipped
+    ])
+    recs = _parse_sacct_parsable(raw)
+    assert [r["job_id"] for r in recs] == ["10", "9", "12", "9", "10"]  # steps out; in submit order
+    assert recs[0]["name"] == "a|b" and recs[2]["het_offset"] == 0 and recs[2]["het_job_id"] == "12"
+    out = {(r["het_job_id"], r["het_offset"]): r for r in _latest_attempts(recs)}
+    assert {k: (r["state"], r["restarts"], r["elapsed_s"], r["exit_code"], r["nodes"]) for k, r in out.items()} == {
+        ("9", 0): ("CANCELLED", 1, 0, 0, "None assigned"), ("9", 1): ("NODE_FAIL", 1, 61, 1, "n3"),
+        ("12", 0): ("COMPLETED", 0, 7, 0, "n4")}
+
+
 @pytest.mark.parametrize("torn", [False, True])
 def test_the_kinds_scan_keeps_what_the_line_reader_kept(tmp_path: Path, torn: bool) -> None:
     from hetrun.reports.reader import EventStream

@@ -173,21 +173,14 @@ class SbatchBackend(Backend):
 
     # -- accounting -----------------------------------------------------------
     def _sacct(self, job_ids: Sequence[str]) -> list[dict[str, Any]]:
-        """Job-level records (no steps) for the het jobs ``job_ids``, one sacct call."""
+        """Job-level records (no steps), one per het component, for the het jobs ``job_ids``:
+        one ``sacct -X -D -P`` call. Parsable text, not ``--json``: the same fields, ~0.1 s
+        against ~0.45 s for --json on 22.05 (issue 24: the first status after runs end)."""
         ids = ",".join(j for j in job_ids if j)
         if not ids:
             return []
-        try:
-            raw = self._run(["sacct", "--json", "-j", ids])
-            return _latest_attempts([_sacct_json_record(j) for j in json.loads(raw).get("jobs") or []])
-        except (SlurmError, json.JSONDecodeError) as exc:
-            # Older sacct has no --json; the parsable format carries the same fields.
-            if isinstance(exc, SlurmError) and "unrecognized option" not in str(exc) \
-                    and "invalid option" not in str(exc):
-                raise
-        raw = self._run(["sacct", "-P", "-n", "-j", ids,
-                         "--format=JobID,JobName,State,Elapsed,NodeList,ExitCode"])
-        return _parse_sacct_parsable(raw)
+        raw = self._run(["sacct", "-X", "-D", "-P", "-n", "-j", ids, f"--format={SACCT_FORMAT}"])
+        return _latest_attempts(_parse_sacct_parsable(raw))
 
     def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
         leader = _leader(run.job_id)
@@ -229,25 +222,8 @@ def _exit_code(value: Any) -> int | None:
     return code >> 8 if code & 0x7F == 0 else 128 + (code & 0x7F)
 
 
-def _sacct_json_record(job: Mapping[str, Any]) -> dict[str, Any]:
-    het = job.get("het") or {}
-    jid = _int(job.get("job_id"))
-    time_ = job.get("time") or {}
-    return {
-        "job_id": str(jid),
-        "het_job_id": str(_int(het.get("job_id")) or jid),
-        "het_offset": _int(het.get("job_offset")) or 0,
-        "name": job.get("name"),
-        "state": _state(job.get("state")),
-        "elapsed_s": _int(time_.get("elapsed")),
-        "nodes": str(job.get("nodes") or ""),
-        "exit_code": _exit_code(job.get("exit_code")),
-        "restarts": _int(job.get("restart_cnt")) or 0,
-    }
-
-
 def _latest_attempts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per het component: sacct --json lists every attempt of a requeued
+    """One record per het component: sacct -D lists every attempt of a requeued
     job (oldest first); keep the last and count the earlier ones as restarts."""
     latest: dict[tuple[str, int], dict[str, Any]] = {}
     attempts: dict[tuple[str, int], int] = {}
@@ -263,22 +239,32 @@ def _latest_attempts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# What status reads of each allocation. JobName last: the one free-text field, so a name
+# holding the delimiter cannot shift the others. ElapsedRaw: seconds; Submit orders attempts.
+SACCT_FORMAT = "JobID,JobIDRaw,State,ElapsedRaw,NodeList,ExitCode,Submit,JobName"
+
+
 def _parse_sacct_parsable(raw: str) -> list[dict[str, Any]]:
+    """``sacct -P -n --format=SACCT_FORMAT`` lines -> one record per allocation and attempt
+    (``-D``: a requeued job's attempts, oldest first), steps (``J+0.batch``, ``J+1.0``) left
+    out. The het leader and offset come from JobID (``J+1``), the component's own id from
+    JobIDRaw; "CANCELLED by 0" is CANCELLED; ExitCode ``code:signal`` keeps the code."""
     out = []
     for line in raw.splitlines():
         fields = line.split("|")
-        if len(fields) < 6 or "." in fields[0]:
-            continue  # steps (123+0.batch, 123+0.0) are not components
-        jobid, name, state, elapsed, nodes, exit_code = fields[:6]
+        if len(fields) < 8 or "." in fields[0]:
+            continue
+        jobid, raw_id, state, elapsed, nodes, exit_code, submit = fields[:7]
         het, _, offset = jobid.partition("+")
+        code = exit_code.split(":")[0]
         out.append({
-            "job_id": jobid, "het_job_id": het, "het_offset": int(offset or 0), "name": name,
-            "state": state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 0" -> CANCELLED
-            "elapsed_s": _parse_elapsed(elapsed), "nodes": nodes,
-            "exit_code": int(exit_code.split(":")[0]) if exit_code.split(":")[0].isdigit() else None,
-            "restarts": 0,
+            "job_id": raw_id or jobid, "het_job_id": het, "het_offset": int(offset) if offset.isdigit() else 0,
+            "name": "|".join(fields[7:]), "state": state.split()[0] if state.strip() else "UNKNOWN",
+            "elapsed_s": int(elapsed) if elapsed.isdigit() else None, "nodes": nodes,
+            "exit_code": int(code) if code.isdigit() else None, "restarts": 0, "submit": submit,
         })
-    return out
+    # Attempts in submit order (ISO times sort as text; a tie keeps sacct's order).
+    return sorted(out, key=lambda r: r["submit"])
 
 
 def _from_sacct(run: RunInfo, records: Sequence[Mapping[str, Any]]) -> list[ComponentStatus]:
