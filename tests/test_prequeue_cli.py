@@ -66,6 +66,17 @@ def test_a_missing_script_is_refused_before_the_queue(slurm_cluster, shared_tmp:
 
 
 @pytest.mark.parametrize("point", list(POINTS))
+def test_a_missing_program_is_refused_before_the_queue(slurm_cluster, shared_tmp: Path, point: str) -> None:
+    job, runs = _job(shared_tmp), shared_tmp / "runs"
+    job.write_text(job.read_text().replace("[python3, ", "[pythn3-hetrun-missing, "))
+    rc, err = _run(point, job, runs)
+    assert rc == 2, err
+    assert "job.yaml: components.trainer.command: program 'pythn3-hetrun-missing' is not on PATH" in err, err
+    assert "fix: give its full path" in err and "Traceback" not in err
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.parametrize("point", list(POINTS))
 def test_a_script_under_tmp_is_refused_when_bound_for_slurm(slurm_cluster, shared_tmp: Path, point: str) -> None:
     with tempfile.TemporaryDirectory(prefix="hetrun-prequeue-", dir="/tmp") as private:
         job = _job(Path(private))
