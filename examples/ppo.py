@@ -310,6 +310,11 @@ class PPOWorkload(Workload):
                 self._stats.setdefault(key, []).append(float(value))
         return loss * (len(part) / len(minibatch))
 
+    def _minibatch_backward(self, minibatch: Tensor) -> None:
+        """One minibatch's gradients into the parameters' ``.grad`` (the Atari example sums them
+        over parts computed on the cores its rollouts leave idle: examples/atari_ppo.py)."""
+        self._loss(minibatch, minibatch).backward()
+
     def _first_minibatch_parts(self, num_micro: int) -> tuple[Tensor, list[Tensor]]:
         minibatch = self._schedule[0]
         return minibatch, list(torch.arange(len(minibatch)).tensor_split(num_micro))
@@ -366,7 +371,7 @@ class PPOWorkload(Workload):
         self._step()
         for minibatch in self._schedule[1:]:
             self._update_threads()
-            self._loss(minibatch, minibatch).backward()
+            self._minibatch_backward(minibatch)
             self._average_grads_across_learners()
             self._step()
         self.version += 1
