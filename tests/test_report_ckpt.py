@@ -55,10 +55,14 @@ def test_every_checkpoint_with_its_bytes_ratio_and_what_verified_it(tmp_path: Pa
     assert (second["verified"], third["verified"]) == ("-", "restored")
     verified = build_report(run_dir, verify_checkpoints=True).checkpoint_history["rows"]
     assert [r["verified"] for r in verified] == ["-", "ok", "ok"]
-    out = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir), "--checkpoints"], capture_output=True,
+    # The store is listed without torch (its import was 3 of the 4 s a report took on the demo run).
+    probe = ("import sys\nfrom hetrun.cli.entry import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    assert not e.code, e.code\nprint('TORCH=' + str('torch' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, "report", str(run_dir), "--checkpoints"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     assert "checkpoints" in out.stdout and "restored" in out.stdout and "pruned by checkpoint.keep" in out.stdout
+    assert out.stdout.rstrip().endswith("TORCH=False"), out.stdout[-300:]
 
 
 def test_no_store_is_a_note_not_an_error(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import blake3
 import numpy as np
 import xxhash
 import zstandard
-from hetrun.runtime.ckpt import codec, objects, state, zstd_direct
+from hetrun.runtime.ckpt import codec, objects, zstd_direct
 from hetrun.runtime.ckpt.collective import Collective, SoloCollective
 from hetrun.runtime.ckpt.objects import MAX_CHAIN, ReadBuffer, Tier, atomic_write, check_hash
 
@@ -447,6 +447,10 @@ class CheckpointStore:
         if names not in _NAME_HASHES:
             raise CheckpointError(f"shard names its objects with {names!r}, unknown to this hetrun version",
                                   hint="restore with the hetrun version that wrote the checkpoint")
+        # Imported here, not at the top: state imports torch (~3 s on a loaded 2-core machine),
+        # which `hetrun report` listing the store (info, verify) never needs.
+        from hetrun.runtime.ckpt import state
+
         targets = state.targets_in(skeleton, into) if into is not None else {}
         values: list[Any] = []
         jobs: list[tuple[str, np.ndarray, tuple[str, str] | None]] = []
