@@ -116,6 +116,16 @@ def _print_resources(console, rep) -> None:
         console.print(f"note: {res['note']}", markup=False, highlight=False)
 
 
+def _amount(v: float) -> str:
+    """Four decimals; a non-zero amount below 0.0001 with three significant digits instead
+    (the demo run's 0.00003 USD/iteration printed as 0.0000 said nothing)."""
+    import math
+
+    if v == 0 or not math.isfinite(v) or abs(v) >= 1e-4:
+        return f"{v:.4f}"
+    return f"{v:.{2 - math.floor(math.log10(abs(v)))}f}"
+
+
 def _print_cost(console, rep) -> None:
     c = rep.cost
     if not c:
@@ -123,13 +133,14 @@ def _print_cost(console, rep) -> None:
     cur = c["currency"]
     per = []
     if c.get("per_iteration") is not None:
-        per.append(f"{c['per_iteration']:.4f} {cur}/{_unit(rep)}")
+        per.append(f"{_amount(c['per_iteration'])} {cur}/{_unit(rep)}")
     if c.get("per_million_env_steps") is not None:
-        per.append(f"{c['per_million_env_steps']:.4f} {cur}/M env steps")
-    comps = ", ".join(f"{name} {row['cost']:.4f}" for name, row in c["components"].items())
-    console.print(f"cost {c['total']:.4f} {cur} ({comps}; from {c['source']})"
+        per.append(f"{_amount(c['per_million_env_steps'])} {cur}/M env steps")
+    comps = ", ".join(f"{name} {_amount(row['cost'])}" for name, row in c["components"].items())
+    console.print(f"cost {_amount(c['total'])} {cur} ({comps}; from {c['source']})"
                   + (f"  {'  '.join(per)}" if per else "")
-                  + f"  {rep.node_hours:.4f} node-h, {rep.core_hours:.4f} core-h, {rep.gpu_hours:.4f} GPU-h",
+                  + f"  {_amount(rep.node_hours)} node-h, {_amount(rep.core_hours)} core-h, "
+                    f"{_amount(rep.gpu_hours)} GPU-h",
                   markup=False, highlight=False)
 
 

@@ -66,3 +66,10 @@ def test_cli_bad_price_table_is_a_message_not_a_traceback(tmp_path: Path) -> Non
                          capture_output=True, text=True, timeout=60, env={**os.environ})
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "p.yaml: gpu_hour: must be a number >= 0, got 'lots'" in out.stderr, out.stderr
+
+
+def test_a_small_amount_keeps_its_digits_zero_stays_zero() -> None:
+    from hetrun.cli.report_cmd import _amount
+
+    assert [_amount(v) for v in (0.0, 0.0012, 0.00030, 3.04e-05, 1.5e-07, 22.0486)] == [
+        "0.0000", "0.0012", "0.0003", "0.0000304", "0.000000150", "22.0486"]
