@@ -95,7 +95,8 @@ class ComponentSpec(_Section):
         0, ge=0, le=1000,
         description="extra nodes allocated with the component and left idle; when a rank or node dies the "
                     "job's batch script restarts the step on the survivors plus a spare, inside the allocation "
-                    "(action components only; docs/PREEMPTION.md, node failure)")
+                    "(a job of action components, or of one command component resuming through the run API; "
+                    "docs/PREEMPTION.md, node failure)")
     node_counts: list[int] = Field(default_factory=list, max_length=16,
                                    description="placement: auto / ranked only: node counts it may be spread over, its "
                                                "ranks, GPUs and memory in total staying those of nodes: (e.g. "
@@ -443,11 +444,16 @@ class JobSpec(_Section):
                                     hint="each action type runs in exactly one component")
                 owner[act] = cname
             _check_placement(cname, comp)
-            if comp.spare_nodes and comp.is_command:
-                raise SpecIssue(f"spare_nodes {comp.spare_nodes} on command component {cname!r}: in-allocation "
-                                "restart is supported for action components only",
+            if comp.spare_nodes and any(c.is_command for c in self.components.values()) \
+                    and len(self.components) > 1:
+                # The in-allocation restart reruns one srun step (slurm_plugin/render.py); a command
+                # component is a step of its own, so such a job has several.
+                raise SpecIssue(f"spare_nodes {comp.spare_nodes} on component {cname!r} in a job with a command "
+                                f"component and {len(self.components)} components: in-allocation restart is "
+                                "supported for a job of action components, or of one command component",
                                 path=("components", cname, "spare_nodes"),
-                                hint="remove spare_nodes (use preemption.max_failures to requeue a failed command)")
+                                hint="run the command component as a job of its own with spare_nodes, or remove "
+                                     "spare_nodes (preemption.max_failures requeues a failed job)")
             if comp.spare_nodes and self.preemption.max_failures < 1:
                 # The in-allocation restart is a retry of a failed attempt: without a failure
                 # budget it never runs, and the spares are allocated (and paid for) for nothing.

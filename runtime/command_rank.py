@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hetrun.runtime import command_stop, preempt
+from hetrun.runtime import command_stop, heartbeat, preempt
 from hetrun.runtime.api.env import first_host, tasks_on_node
 from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
@@ -216,7 +216,18 @@ def main(args: Sequence[str] | None = None) -> int:
                     detected_by="runtime", command=True)
         return NOT_FOUND_EXIT
     log = _log_path(run_dir, component, int(env["RANK"]))
-    return _run([program, *argv[1:]], env, cwd, events, log, plan, run_dir)
+    # Spare nodes: each node's lowest rank beats for its node (the executor's beat,
+    # runtime/heartbeat.py), so the batch script's monitor finds a dead node in seconds
+    # (a survivor's collective on a dead peer may otherwise wait for its own timeout).
+    beating = heartbeat.spares_in(plan) and env["LOCAL_RANK"] == "0"
+    if beating:
+        heartbeat.start_heartbeat(run_dir, node)
+    try:
+        return _run([program, *argv[1:]], env, cwd, events, log, plan, run_dir)
+    finally:
+        if beating:
+            # Ended (done, stopped or failed, all recorded above): not a dead node.
+            heartbeat.stop_heartbeat()
 
 
 if __name__ == "__main__":

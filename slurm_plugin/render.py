@@ -317,18 +317,34 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
     (a failure within max_failures, not a preemption) restarts at once, inside the
     allocation, on the survivors plus a spare, the dead nodes excluded
     (``hetrun.slurm_plugin.node_recovery``); with no spare left it requeues as before."""
-    # The spec refuses spare_nodes on a command component (JobSpec's component checks).
+    # One srun: the action components' (one MPI world), or a single command component's
+    # (the spec refuses spares in a job of several steps: JobSpec's component checks).
     need = [str(c.nodes) for c in comps]
     tool = [hetrun_py, "-m", "hetrun.slurm_plugin.node_recovery"]
-    step = quoting.sh_join(srun_command([c.name for c in comps], run_dir, py))
-    # Each het group's part of the one srun: its node count, task count and live node list.
-    parts = step.split(" : ") if len(comps) > 1 else [step]
-    for g, c in enumerate(comps):
-        where = f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[{g}]}}"'
-        # srun --no-kill: on a node failure srun would otherwise SIGTERM the survivors, which
-        # they take for a preemption; hetrun's reader and heartbeat monitor end the step instead.
-        parts[g] = parts[g].replace("srun ", f"srun --no-kill {where} ", 1) if g == 0 else f"{where} {parts[g]}"
-    step = " : ".join(parts)
+    steps = launch_steps(comps, run_dir, py)
+    if len(steps) != 1:
+        raise ValueError("spare_nodes: in-allocation restart needs the job to be one srun step "
+                         f"(this one has {len(steps)}: command components run alone)")
+    step = quoting.sh_join(steps[0])
+    # After a restart, --overlap: the failed step keeps its resources on the survivors until the
+    # dead node's slurmstepd answers (never, until Slurm marks the node down): without it srun
+    # waits ("Requested nodes are busy") for the whole SlurmdTimeout. Its tasks are all dead.
+    overlap = "${_hetrun_overlap:+--overlap}"
+    if comps[0].command is not None:
+        # A command component's own srun (command_srun): its group alone, no MPI.
+        c = comps[0]
+        where = f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[0]}}" {overlap}'
+        step = step.replace("srun ", f"srun --no-kill {where} ", 1)
+    else:
+        # Each het group's part of the one srun: its node count, task count and live node list.
+        parts = step.split(" : ") if len(comps) > 1 else [step]
+        for g, c in enumerate(comps):
+            where = (f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[{g}]}}" '
+                     + overlap)
+            # srun --no-kill: on a node failure srun would otherwise SIGTERM the survivors, which
+            # they take for a preemption; hetrun's reader and heartbeat monitor end the step instead.
+            parts[g] = parts[g].replace("srun ", f"srun --no-kill {where} ", 1) if g == 0 else f"{where} {parts[g]}"
+        step = " : ".join(parts)
     run = _run_steps([["__STEP__"]], traps, len(comps))
     run = [line.replace(quoting.sh_join(["__STEP__"]), step) for line in run]
     # A SIGKILLed srun (a dead node) can leave a process holding the reader's FIFO: the
@@ -402,6 +418,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "        fi",
         "    done",
         "}",
+        "_hetrun_overlap=''",
         "while :; do",
         '    rm -f "$_hetrun_stuck"',
         f'    mapfile -t _hetrun_nl < <({quoting.sh_join([*tool, "nodes"])} "$HETRUN_RUN_DIR" \\',
@@ -430,6 +447,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         '            echo "${SLURM_JOB_ID} ${SLURM_RESTART_COUNT:-0}" >> "$_hetrun_inalloc"',
         "            export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
         '            echo "hetrun: restarting inside the allocation (attempt $SLURM_RESTART_COUNT)" >&2',
+        "            _hetrun_overlap=1",
         "            continue",
         "        fi",
         "    fi",

@@ -1,0 +1,156 @@
+"""A node dies under a command component (issue 25, the run API), on a real Slurm cluster
+of its own: the job's batch script, not the queue, restarts the step on the survivor
+plus a spare, and the user's script resumes from its newest ``run.save`` in the store.
+
+One run shared by every assertion: examples/ddp_train_hetrun.py (2 ranks, gloo) as a
+2-node command component with ``spare_nodes: 1`` on a throw-away 4-node cluster
+(tests/node_cluster.py: its nodes may be killed; it starts in ~2 s). Mid-run every
+process of rank 1's node is SIGKILLed (slurmd, slurmstepd, the rank); the surviving
+rank's gloo call fails at once, the batch script finds the dead node (heartbeat or
+probe step), excludes it and starts a new step on the survivor plus the spare inside
+the same allocation (one job id, Slurm's restart count 0). The run ends bit-identical
+to an uninterrupted torchrun of the same script, and status/report say what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from api_helpers import EXAMPLE, assert_bit_identical, command, final_params, run_once
+from test_node_death_slurm import _mark_down_once_ended
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 30
+SAVE_EVERY = 5
+KILL_AFTER = 12  # steps rank 0 has logged before the kill
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line being written
+    return out
+
+
+def _spec(out: Path) -> Any:
+    from hetrun.dag.spec import spec_from_dict
+
+    argv = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out), "--step-time", "0.25",
+            "--save-every", str(SAVE_EVERY)]
+    return spec_from_dict({
+        "name": "ddp-node-death",
+        "components": {"trainer": {"nodes": 2, "spare_nodes": 1, "tasks_per_node": 1, "mem": "500M",
+                                   "command": argv}},
+        "preemption": {"max_failures": 2},
+        "slurm": {"partition": "debug", "time": "00:10:00"},
+        # The default node timeout, set so the test does not follow a change of it.
+        "env": {"OMP_NUM_THREADS": "1", "HETRUN_NODE_TIMEOUT": "4"},
+    })
+
+
+@pytest.fixture(scope="module")
+def killed_command_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+    from hetrun.slurm_plugin.rundir import wait_for
+    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+    from node_cluster import NodeCluster
+
+    root = Path("/var/tmp/hetrun-tests") / f"node-death-cmd-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    # The reference first, alone: the job's 4 s heartbeat timeout must not meet its load.
+    reference = run_once(command(EXAMPLE, root / "ref-out", STEPS, 2, 0.0), root / "ref-run")
+    assert reference.returncode == 0, reference.stdout[-3000:]
+    cluster = NodeCluster()
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        cluster.start()
+        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+        res = submit_spec(_spec(root / "out"), backend="sbatch", runs_dir=root / "runs")
+        run_dir, job_id = Path(res.run.run_dir), str(res.run.job_id)
+
+        def stepped(n: int) -> bool:
+            return any(e.get("ev") == "action" and e.get("rank") == 0 and e.get("iteration", -1) >= n
+                       for e in _events(run_dir))
+
+        assert wait_for(lambda: stepped(KILL_AFTER), 300, 0.3), _events(run_dir)[-5:]
+        starts = [e for e in _events(run_dir) if e.get("ev") == "start" and e.get("command")]
+        # Rank 1's node: the batch script runs on rank 0's (the first node), which cannot be lost.
+        victim = next(e["node"] for e in starts if e.get("comp_rank") == 1)
+        killed_at = time.time()
+        assert cluster.kill_node(victim), victim
+        _mark_down_once_ended(cluster, job_id, victim)
+        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+        cli = {"capture_output": True, "text": True, "timeout": 120, "env": {**os.environ, "COLUMNS": "220"}}
+        status = subprocess.run([sys.executable, "-m", "hetrun.cli", "status", str(run_dir)], **cli)
+        report = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)], **cli)
+        yield {"run_dir": run_dir, "job_id": job_id, "victim": victim, "killed_at": killed_at, "final": final,
+               "events": _events(run_dir), "status": status, "report": report, "out": root / "out",
+               "ref_out": root / "ref-out"}
+    finally:
+        # SLURM_CONF back first: the Slurm tests after this one must talk to the shared cluster.
+        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
+        cluster.stop()
+    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_command_job_restarts_on_a_spare_inside_its_allocation(killed_command_run: dict[str, Any]) -> None:
+    run = killed_command_run
+    final = run["final"]
+    # One Slurm job, never requeued (Slurm's restart count stays 0), completed.
+    assert [(c.state, c.job_id, c.restarts) for c in final.components] == [("COMPLETED", run["job_id"], 0)], final
+    failures = [e for e in run["events"] if e.get("ev") == "node_failure"]
+    assert len(failures) == 1, failures
+    f = failures[0]
+    assert f["dead_nodes"] == [run["victim"]] and f["action"] == "restart", f
+    trainer = f["components"][0]
+    assert trainer["replaced"] == [{"dead": run["victim"], "by": trainer["new"][1]}], f
+    assert run["victim"] not in trainer["new"] and trainer["spares_left"] == 0, f
+    # The new step's ranks ran on the survivor and the spare, as attempt 1 of the run.
+    second = [e for e in run["events"] if e.get("ev") == "start" and e.get("command") and e.get("restart_count") == 1]
+    assert sorted(e["node"] for e in second) == sorted(trainer["new"]), second
+    ends = [(e["restart_count"], e["outcome"]) for e in run["events"] if e.get("ev") == "attempt_end"]
+    assert ends == [(0, "failed"), (1, "done")], ends
+    assert (run["run_dir"] / "logs" / "in-allocation-restarts").read_text().split() == [run["job_id"], "0"]
+
+
+def test_the_script_resumes_from_its_newest_save(killed_command_run: dict[str, Any]) -> None:
+    evs = killed_command_run["events"]
+    restores = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == 1]
+    assert len(restores) == 2 and all(e["restored_state"] for e in restores), restores
+    failed_at = next(i for i, e in enumerate(evs) if e.get("ev") == "node_failure")
+    saved = {e["iteration"] for e in evs[:failed_at] if e.get("ev") == "checkpoint"}
+    step = restores[0]["step"]
+    assert {e["step"] for e in restores} == {step} and step in saved, (restores, saved)
+    # Work lost: at most the steps since the last save (SAVE_EVERY), counted per rank.
+    assert all(e["work_lost"] is not None and 0 <= e["work_lost"] <= SAVE_EVERY for e in restores), restores
+
+
+def test_it_ends_bit_identical_to_an_uninterrupted_run(killed_command_run: dict[str, Any]) -> None:
+    assert_bit_identical(final_params(killed_command_run["out"]), final_params(killed_command_run["ref_out"]))
+
+
+def test_status_and_report_say_what_happened(killed_command_run: dict[str, Any]) -> None:
+    run = killed_command_run
+    for out in (run["status"], run["report"]):
+        assert out.returncode == 0, out.stderr
+        text = " ".join(out.stdout.split())  # a long line may be wrapped
+        at = text.find(f"node(s) {run['victim']} failed")
+        assert at >= 0, out.stdout
+        line = text[at:at + 500]
+        assert f"{run['victim']} -> " in line and "restarted inside the allocation" in line, line
+        assert "state from the store, step " in line and "work lost: " in line, line
