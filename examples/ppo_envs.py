@@ -105,8 +105,9 @@ def first_episode_returns(envs: Any, obs: np.ndarray, act: Callable[[np.ndarray]
 
 
 def _cartpole_fast_path(envs: Any) -> bool:
+    # Fresh from reset (the step counters at 0), gymnasium's default physics and reward.
     return (type(envs) is CartPoleVectorEnv and envs.kinematics_integrator == "euler"
-            and not getattr(envs, "_sutton_barto_reward", False))
+            and not getattr(envs, "_sutton_barto_reward", False) and not envs.steps.any())
 
 
 def _cartpole_first_episodes(env: CartPoleVectorEnv, obs: np.ndarray,
@@ -115,23 +116,23 @@ def _cartpole_first_episodes(env: CartPoleVectorEnv, obs: np.ndarray,
 
     Evaluation is pure overhead on the learner (benchmarks/ppo.md): its env step spent more
     time validating the action, stacking and re-drawing reset states for ended episodes than
-    in the physics. Here only the running episodes advance, with gymnasium 1.x's Euler
+    in the physics. Here the episodes advance with gymnasium 1.x's Euler
     update, operation for operation (float64 state, the float32 observation cast), so every
     running episode's trajectory is bit-identical to ``env.step`` (tests/test_ppo_eval.py
     checks it against gymnasium itself). Ended episodes never auto-reset: their returns are
     final, and a reset only draws from the env's generator, which running episodes never use.
+    Every episode starts at the reset (step 0), so the time limit is one step count for all.
     """
-    state = np.array(env.state, dtype=np.float64)  # [4, n]
-    n = state.shape[1]
+    x, x_dot, theta, theta_dot = np.array(env.state, dtype=np.float64)  # each [n]
+    n = len(x)
     returns = np.zeros(n)
     running = np.ones(n, dtype=bool)
-    elapsed = env.steps.copy()
-    while running.any():
+    obs32 = np.empty((n, 4), dtype=np.float32)  # reused: act() reads it before the next step
+    for step in range(1, env.max_episode_steps + 1):
         action = act(obs)
-        idx = np.flatnonzero(running)
-        x, x_dot, theta, theta_dot = state[:, idx]
-        # gymnasium.envs.classic_control.cartpole.CartPoleVectorEnv.step, same operations.
-        force = np.sign(action[idx] - 0.5) * env.force_mag
+        # gymnasium.envs.classic_control.cartpole.CartPoleVectorEnv.step, same operations
+        # (on every env: those past their first episode are ignored, not stopped).
+        force = np.sign(action - 0.5) * env.force_mag
         costheta = np.cos(theta)
         sintheta = np.sin(theta)
         temp = (force + env.polemass_length * np.square(theta_dot) * sintheta) / env.total_mass
@@ -143,14 +144,15 @@ def _cartpole_first_episodes(env: CartPoleVectorEnv, obs: np.ndarray,
         x_dot = x_dot + env.tau * xacc
         theta = theta + env.tau * theta_dot
         theta_dot = theta_dot + env.tau * thetaacc
-        state[:, idx] = np.stack((x, x_dot, theta, theta_dot))
         terminated = ((x < -env.x_threshold) | (x > env.x_threshold)
                       | (theta < -env.theta_threshold_radians) | (theta > env.theta_threshold_radians))
-        elapsed[idx] += 1
-        truncated = elapsed[idx] >= env.max_episode_steps
-        returns[idx] += 1.0  # CartPole's reward: 1 for every step, the last one included
-        running[idx] = ~(terminated | truncated)
-        obs = state.T.astype(np.float32)
+        returns += running  # CartPole's reward: 1 for every step, the last one included
+        running &= ~terminated
+        if step >= env.max_episode_steps or not running.any():  # gymnasium's truncation
+            break
+        for col, value in enumerate((x, x_dot, theta, theta_dot)):
+            obs32[:, col] = value  # = state.T.astype(np.float32), without the stack
+        obs = obs32
     return returns
 
 
