@@ -73,16 +73,20 @@ HYPER: dict[str, Any] = {  # shared by (a), (b) and (c)
 # ------------------------------------------------------------------ hetrun (a) and (b)
 
 
-def job_dict(mode: str, seed: int, iterations: int, eval_interval: int, window: int) -> dict[str, Any]:
+def job_dict(mode: str, seed: int, iterations: int, eval_interval: int, window: int,
+             eval_on: str = "learner") -> dict[str, Any]:
+    """``eval_on``: the component whose rank runs the evaluation (the learner, or the rollout)."""
+    learner_actions = ["forward", "backward", "sync", "optimize"] + (["eval"] if eval_on == "learner" else [])
+    rollout_actions = ["rollout"] + (["eval"] if eval_on == "rollout" else [])
     return {
         "name": f"ppo-bench-{mode}-s{seed}",
         "workload": "hetrun.examples.ppo:PPOWorkload",
         "workload_args": {"env_id": ENV_ID, **HYPER},
         "components": {
             "learner": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "2G",
-                        "actions": ["forward", "backward", "sync", "optimize", "eval"]},
+                        "actions": learner_actions},
             "rollout": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "1G",
-                        "actions": ["rollout"]},
+                        "actions": rollout_actions},
         },
         "training": {"kind": "rl", "iterations": iterations, "micro_batches": 2,
                      "pipeline_window": max(window, 1), "seed": seed,
@@ -134,7 +138,7 @@ def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, work
 def run_hetrun(mode: str, seed: int, iterations: int, eval_interval: int,
                args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     job = job_dict("pipelined" if mode == "pipelined_eval" else mode, seed, iterations, eval_interval,
-                   args.window)
+                   args.window, args.eval_on)
     out = run_job(job, {"learner": 1, "rollout": 1}, args.run_timeout, workdir)
     out.update(mode=mode, seed=seed)
     return out
@@ -717,6 +721,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=60,
                     help="updates of the time-to-threshold runs")
     ap.add_argument("--eval-interval", type=int, default=5)
+    ap.add_argument("--eval-on", choices=["learner", "rollout"], default="learner",
+                    help="the component that evaluates in hetrun's runs (learner: as the example ships)")
     ap.add_argument("--window", type=int, default=1, help="tolerance window of the rollout (a)")
     ap.add_argument("--modes", nargs="+", default=["pipelined", "pipelined_eval", "coarse", *PEER_MODES],
                     help="hetrun: pipelined, pipelined_eval (pipelined with evaluation every "
