@@ -97,21 +97,18 @@ def atari_agent(n_actions: int, width: int, hidden: int, seed: int) -> Any:
 
 @torch.no_grad()
 def evaluate_cartpole(actor: nn.Module, seed: int, version: int, episodes: int) -> float:
-    """examples/ppo.py's protocol: ``episodes`` sampled-action episodes seeded by (seed, 1, version)."""
-    from hetrun.examples.ppo_envs import make_eval_env
+    """examples/ppo.py's protocol: ``episodes`` sampled-action episodes seeded by (seed, 1, version),
+    through the example's own evaluation code (the same cost per evaluation as hetrun's)."""
+    from hetrun.examples.ppo import eval_actions
+    from hetrun.examples.ppo_envs import first_episode_returns, make_eval_env
 
     eval_seed = int(np.random.SeedSequence([seed, 1, version]).generate_state(1)[0])
     gen = torch.Generator().manual_seed(eval_seed)
     envs, obs = make_eval_env("CartPole-v1", episodes, eval_seed % (2**31 - episodes))
-    returns, running = np.zeros(episodes), np.ones(episodes, dtype=bool)
-    while running.any():
-        probs = torch.softmax(actor(torch.as_tensor(obs, dtype=torch.float32)), -1)
-        action = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-        obs, r, term, trunc, _ = envs.step(action.numpy())
-        returns += r * running
-        running &= ~np.logical_or(term, trunc)
-    envs.close()
-    return float(returns.mean())
+    try:
+        return float(first_episode_returns(envs, obs, eval_actions(actor, gen)).mean())
+    finally:
+        envs.close()
 
 
 # ------------------------------------------------------------------ PPO

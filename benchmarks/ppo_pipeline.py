@@ -338,7 +338,7 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int, vec: str = "dummy
     """
     import numpy as np
     import torch
-    from hetrun.examples.ppo_envs import env_facts, make_eval_env
+    from hetrun.examples.ppo_envs import env_facts, first_episode_returns, make_eval_env
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -364,15 +364,15 @@ def sb3_worker(seed: int, iterations: int, eval_interval: int, vec: str = "dummy
         n = h["eval_episodes"]
         eval_seed = int(np.random.SeedSequence([seed, 1, version]).generate_state(1)[0])
         envs, obs = make_eval_env(ENV_ID, n, eval_seed % (2**31 - n))
-        returns, running = np.zeros(n), np.ones(n, dtype=bool)
-        with torch.no_grad():
-            while running.any():
-                dist = model.policy.get_distribution(torch.as_tensor(obs, dtype=torch.float32))
-                obs, r, term, trunc, _ = envs.step(dist.sample().numpy())
-                returns += r * running
-                running &= ~np.logical_or(term, trunc)
-        envs.close()
-        return float(returns.mean())
+
+        @torch.no_grad()
+        def act(o: np.ndarray) -> np.ndarray:  # SB3's own sampling; the env steps as hetrun's do
+            return model.policy.get_distribution(torch.as_tensor(o, dtype=torch.float32)).sample().numpy()
+
+        try:
+            return float(first_episode_returns(envs, obs, act).mean())
+        finally:
+            envs.close()
 
     log: dict[str, Any] = {"eval_returns": [], "solved_at_s": None, "solved_wall": None,
                            "solved_version": None}

@@ -70,6 +70,41 @@ def _mlp(n_in: int, hidden: int, n_out: int, out_gain: float, gen: torch.Generat
     return nn.Sequential(*layers)
 
 
+def eval_actions(actor: nn.Sequential, gen: torch.Generator,
+                 deterministic: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+    """obs [n, D] -> actions [n] exactly as ``multinomial(softmax(actor(obs)), 1, generator=gen)``
+    (or the argmax) would give them, without the per-call overhead.
+
+    An evaluation is ~500 steps of a 20-row batch: torch's per-call overhead, not the
+    arithmetic, is its cost. The layers run as the same functional ops (F.linear, tanh:
+    identical results without the module call machinery), and ``multinomial(p, 1)`` as its
+    own CPU algorithm, argmax(p / q) with q ~ Exp(1) drawn from ``gen`` (aten's
+    Distributions.cpp for one sample), without its input checks: the same actions and the
+    same generator state (tests/test_ppo_eval.py holds both to the originals).
+    """
+    ops: list[Callable[[Tensor], Tensor]] = []
+    for layer in actor:
+        if type(layer) is nn.Linear:
+            ops.append(lambda x, w=layer.weight, b=layer.bias: F.linear(x, w, b))
+        elif type(layer) is nn.Tanh:
+            ops.append(torch.tanh)
+        else:
+            ops.append(layer)
+
+    @torch.no_grad()
+    def act(obs: np.ndarray) -> np.ndarray:
+        x = torch.as_tensor(obs, dtype=torch.float32)
+        for op in ops:
+            x = op(x)
+        if deterministic:
+            return x.argmax(-1).numpy()
+        probs = torch.softmax(x, -1)
+        noise = torch.empty_like(probs).exponential_(1, generator=gen)
+        return (probs / noise).argmax(-1).numpy()
+
+    return act
+
+
 # ---------------------------------------------------------------- the workload
 
 
@@ -429,37 +464,7 @@ class PPOWorkload(Workload):
         return out
 
     def _eval_actions(self, gen: torch.Generator) -> Callable[[np.ndarray], np.ndarray]:
-        """The actor's actions for a batch of observations, as ``nn.Sequential`` + ``multinomial``
-        would draw them, without their per-call overhead.
-
-        An evaluation is ~500 steps of a 20-row batch: torch's per-call overhead, not the
-        arithmetic, is its cost. The layers run as the same functional ops (F.linear, tanh:
-        identical results without the module call machinery), and ``multinomial(p, 1)`` as
-        its own CPU algorithm, argmax(p / q) with q ~ Exp(1) drawn from ``gen`` (aten's
-        Distributions.cpp for one sample), without its input checks: the same actions and
-        the same generator state (tests/test_ppo_eval.py holds both to the originals).
-        """
-        ops: list[Callable[[Tensor], Tensor]] = []
-        for layer in self.actor:
-            if type(layer) is nn.Linear:
-                ops.append(lambda x, w=layer.weight, b=layer.bias: F.linear(x, w, b))
-            elif type(layer) is nn.Tanh:
-                ops.append(torch.tanh)
-            else:
-                ops.append(layer)
-        deterministic = self.cfg.eval_deterministic
-
-        def act(obs: np.ndarray) -> np.ndarray:
-            x = torch.as_tensor(obs, dtype=torch.float32)
-            for op in ops:
-                x = op(x)
-            if deterministic:
-                return x.argmax(-1).numpy()
-            probs = torch.softmax(x, -1)
-            noise = torch.empty_like(probs).exponential_(1, generator=gen)
-            return (probs / noise).argmax(-1).numpy()
-
-        return act
+        return eval_actions(self.actor, gen, self.cfg.eval_deterministic)
 
     # ------------------------------------------------------------ checkpoint state
 
