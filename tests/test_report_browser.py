@@ -86,6 +86,11 @@ def test_html_report_of_a_real_run_renders_in_chromium(tmp_path: Path) -> None:
     for plot in ("timeline", "throughput", "utilization", "checkpoints"):
         assert f'<svg xmlns="http://www.w3.org/2000/svg" class="{plot}"' in dom.stdout, (plot, dom.stdout[:3000])
     assert dom.stdout.count("<rect") > 10  # the timeline's and checkpoints' bars are in the rendered DOM
+    charts = dom.stdout.split('<svg xmlns="http://www.w3.org/2000/svg" class="')[1:]
+    for svg in charts:  # issue 24: every chart of a real run, utilization and checkpoints too, has titled axes
+        svg = svg[:svg.index("</svg>")]
+        assert 'class="axis-x"' in svg and 'class="axis-y"' in svg, svg[:200]
+    assert {svg.split('"')[0] for svg in charts} >= {"timeline", "busy", "throughput", "utilization", "checkpoints"}
     bad = [ln for ln in dom.stderr.splitlines() if "Uncaught" in ln or "ERROR:CONSOLE" in ln]
     assert not bad, bad
 
