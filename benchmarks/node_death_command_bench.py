@@ -1,0 +1,166 @@
+"""A node dies under a command component (issue 25, the run API): node death -> first
+resumed step of examples/ddp_train_hetrun.py, work lost, with a spare node (the batch
+script restarts the step inside the allocation) and, in the same run, without one (the
+requeue path through the queue). Results: benchmarks/node_death.md, raw trials in
+benchmarks/results/node_death_command.json.
+
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_command_bench.py --kills 5 --requeue-kills 1
+
+Cluster: tests/node_cluster.py's throw-away 4-node cluster (its nodes may be killed).
+Job: the DDP example as a 2-node command component (1 task per node, gloo),
+``--step-time 0.05`` (20 steps/s), ``run.save`` every ``--save-every`` steps (async,
+incremental, into the store on the shared file system), ``spare_nodes: 1``,
+``max_failures`` high, the product's ``HETRUN_NODE_TIMEOUT``. Per job one death: after
+``--kill-after`` steps every process of rank 1's emulated node is SIGKILLed (slurmd,
+slurmstepd, the rank; rank 0's node runs the batch script and cannot be lost); then the
+job is cancelled and the node revived for the next one. Per death: kill -> the batch
+script's ``node_failure`` decision, -> both ranks restored (``restore`` events), -> the
+first step the resumed script logs (``run.log``) ends; work lost (the restore lines'
+``work_lost``, steps); and ``stages``: seconds from the kill to the batch script's own
+timestamped lines (step ended, post-mortem) and to the new ranks' wrapper start.
+
+The requeue path: the same job with ``spare_nodes: 0`` (no ``--no-kill``, no monitor;
+``max_failures`` requeues it): the survivor's gloo call fails at once, the post-mortem
+requeues, and the requeued job starts only once Slurm has ended the old one, which needs
+the dead node marked down (``SlurmdTimeout``, 300 s here as by Slurm's default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from node_cluster import NodeCluster  # noqa: E402
+from node_death_bench import batch_marks, wait  # noqa: E402
+from test_resume_exact import events  # noqa: E402
+
+BASE = Path("/var/tmp/hetrun-bench/node_death_command")
+EXAMPLE = ROOT / "examples" / "ddp_train_hetrun.py"
+
+
+def spec(spares: int, save_every: int, out: Path) -> dict[str, Any]:
+    argv = [sys.executable, str(EXAMPLE), "--steps", "1000000", "--out", str(out), "--step-time", "0.05",
+            "--save-every", str(save_every)]
+    return {"name": "ddp-node-death", "components": {"trainer": {
+                "nodes": 2, "spare_nodes": spares, "tasks_per_node": 1, "mem": "500M", "command": argv}},
+            "preemption": {"max_failures": 100}, "slurm": {"partition": "debug", "time": "01:00:00"},
+            "env": {"OMP_NUM_THREADS": "1"}}
+
+
+def last_step(run_dir: Path, after: float = 0.0) -> int:
+    its = [e["iteration"] for e in events(run_dir) if e.get("ev") == "action" and e.get("rank") == 0
+           and isinstance(e.get("iteration"), int) and e.get("end", 0) > after]
+    return max(its, default=-1)
+
+
+def one_death(cluster: NodeCluster, run_dir: Path, kill_after: int, wait_s: float) -> dict[str, Any]:
+    assert wait(lambda: last_step(run_dir) >= kill_after, 200), "no progress before the kill"
+    node = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("command")
+                and e.get("comp_rank") == 1 and e.get("restart_count", 0) == 0)
+    t0 = time.time()
+    cluster.kill_node(node)
+
+    def restored() -> list[dict[str, Any]] | None:
+        rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == 1]
+        return rs if len(rs) == 2 else None
+
+    rs = wait(restored, wait_s, poll=0.5)
+    trial: dict[str, Any] = {"node": node, "killed_at": t0, "load": os.getloadavg()[0]}
+    if not rs:
+        trial["error"] = f"no restore within {wait_s:g} s"
+        print(json.dumps(trial), flush=True)
+        return trial
+    t_restored = max(e["time"] for e in rs)
+    first = wait(lambda: min((e["end"] for e in events(run_dir) if e.get("ev") == "action"
+                              and e.get("end", 0) > t_restored), default=None), 120)
+    evs = events(run_dir)
+    nf = next((e for e in evs if e.get("ev") == "node_failure"), None)
+    starts = [e["time"] for e in evs if e.get("ev") == "start" and e.get("command") and e.get("restart_count") == 1]
+    marks = [(t, what) for t, what in batch_marks(run_dir) if t >= t0]
+
+    def mark(prefix: str) -> float | None:
+        return next((round(t - t0, 3) for t, what in marks if what.startswith(prefix)), None)
+
+    trial.update(
+        decided_s=None if nf is None else round(nf["time"] - t0, 3),
+        restored_s=round(t_restored - t0, 3),
+        first_step_s=None if first is None else round(first - t0, 3),
+        work_lost=max((e.get("work_lost") or 0) for e in rs), step=rs[0].get("step"),
+        action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"),
+        stages={"silent_node_killed_s": mark("node "), "step_ended_s": mark("step ended"),
+                "postmortem_s": mark("post-mortem"),
+                "wrappers_started_s": round(max(starts) - t0, 3) if len(starts) == 2 else None})
+    print(json.dumps(trial), flush=True)
+    return trial
+
+
+def trials(cluster: NodeCluster, spares: int, kills: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.submit import submit_spec
+
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    out = []
+    for i in range(kills):
+        tag = f"{'spare' if spares else 'requeue'}-{os.getpid()}-{i}"
+        res = submit_spec(spec_from_dict(spec(spares, args.save_every, BASE / tag / "out")), backend="sbatch",
+                          runs_dir=BASE / tag)
+        run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
+        try:
+            t = one_death(cluster, run_dir, args.kill_after, args.wait if spares else args.requeue_wait)
+        except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
+            t = {"error": f"before the kill: {exc}", "run_dir": str(run_dir)}
+            print(json.dumps(t), flush=True)
+        t["path"] = "spare" if spares else "requeue"
+        out.append(t)
+        cluster.run("scancel", job, check=False)
+        time.sleep(2)
+        for n in cluster.cfg.node_names:
+            cluster.revive(n)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--requeue-kills", type=int, default=1)
+    p.add_argument("--kill-after", type=int, default=40, help="steps rank 0 has logged before the kill")
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--wait", type=float, default=120, help="seconds the spare path may take")
+    p.add_argument("--requeue-wait", type=float, default=480, help="seconds the requeue path may take")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death_command.json")
+    args = p.parse_args()
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime()),
+                              "save_every": args.save_every, "kill_after": args.kill_after}
+    cluster = NodeCluster()
+    cluster.start()
+    try:
+        result["spare"] = trials(cluster, 1, args.kills, args)
+        result["requeue"] = trials(cluster, 0, args.requeue_kills, args)
+    finally:
+        cluster.stop()
+    for key in ("spare", "requeue"):
+        ok = [t for t in result[key] if t.get("first_step_s") is not None]
+        if ok:
+            result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
+            result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
+        result[f"{key}_errors"] = len(result[key]) - len(ok)
+    result["load_after"] = os.getloadavg()
+    result["ended"] = time.strftime("%H:%M:%S", time.gmtime())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(args.out.read_text()) if args.out.exists() else []
+    args.out.write_text(json.dumps([*prev, result], indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("spare", "requeue")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
