@@ -4,7 +4,7 @@ script restarts the step inside the allocation) and, in the same run, without on
 requeue path through the queue). Results: benchmarks/node_death.md, raw trials in
 benchmarks/results/node_death_command.json.
 
-    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_command_bench.py --kills 5 --requeue-kills 1
+    flock /var/lock/hetrun-heavy.lock python3 benchmarks/node_death_command_bench.py --kills 4 --downs 2 --requeue-kills 1
 
 Cluster: tests/node_cluster.py's throw-away 4-node cluster (its nodes may be killed).
 Job: the DDP example as a 2-node command component (1 task per node, gloo),
@@ -13,7 +13,10 @@ incremental, into the store on the shared file system), ``spare_nodes: 1``,
 ``max_failures`` high, the product's ``HETRUN_NODE_TIMEOUT``. Per job one death: after
 ``--kill-after`` steps every process of rank 1's emulated node is SIGKILLed (slurmd,
 slurmstepd, the rank; rank 0's node runs the batch script and cannot be lost); then the
-job is cancelled and the node revived for the next one. Per death: kill -> the batch
+job is cancelled and the node revived for the next one; with ``--downs`` further jobs lose
+the node by ``scontrol update NodeName=X State=DOWN`` instead (a one-component job is no het
+job: Slurm kills the node's tasks and removes the node from the allocation, the job goes
+on). Per death: kill -> the batch
 script's ``node_failure`` decision, -> both ranks restored (``restore`` events), -> the
 first step the resumed script logs (``run.log``) ends; work lost (the restore lines'
 ``work_lost``, steps); and ``stages``: seconds from the kill to the batch script's own
@@ -63,19 +66,22 @@ def last_step(run_dir: Path, after: float = 0.0) -> int:
     return max(its, default=-1)
 
 
-def one_death(cluster: NodeCluster, run_dir: Path, kill_after: int, wait_s: float) -> dict[str, Any]:
+def one_death(cluster: NodeCluster, run_dir: Path, kill_after: int, wait_s: float, mode: str) -> dict[str, Any]:
     assert wait(lambda: last_step(run_dir) >= kill_after, 200), "no progress before the kill"
     node = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("command")
                 and e.get("comp_rank") == 1 and e.get("restart_count", 0) == 0)
     t0 = time.time()
-    cluster.kill_node(node)
+    if mode == "kill":
+        cluster.kill_node(node)
+    else:
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=node_death_command_bench")
 
     def restored() -> list[dict[str, Any]] | None:
         rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == 1]
         return rs if len(rs) == 2 else None
 
     rs = wait(restored, wait_s, poll=0.5)
-    trial: dict[str, Any] = {"node": node, "killed_at": t0, "load": os.getloadavg()[0]}
+    trial: dict[str, Any] = {"mode": mode, "node": node, "killed_at": t0, "load": os.getloadavg()[0]}
     if not rs:
         trial["error"] = f"no restore within {wait_s:g} s"
         print(json.dumps(trial), flush=True)
@@ -104,21 +110,21 @@ def one_death(cluster: NodeCluster, run_dir: Path, kill_after: int, wait_s: floa
     return trial
 
 
-def trials(cluster: NodeCluster, spares: int, kills: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+def trials(cluster: NodeCluster, spares: int, modes: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
     out = []
-    for i in range(kills):
+    for i, mode in enumerate(modes):
         tag = f"{'spare' if spares else 'requeue'}-{os.getpid()}-{i}"
         res = submit_spec(spec_from_dict(spec(spares, args.save_every, BASE / tag / "out")), backend="sbatch",
                           runs_dir=BASE / tag)
         run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
         try:
-            t = one_death(cluster, run_dir, args.kill_after, args.wait if spares else args.requeue_wait)
+            t = one_death(cluster, run_dir, args.kill_after, args.wait if spares else args.requeue_wait, mode)
         except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
-            t = {"error": f"before the kill: {exc}", "run_dir": str(run_dir)}
+            t = {"mode": mode, "error": f"before the kill: {exc}", "run_dir": str(run_dir)}
             print(json.dumps(t), flush=True)
         t["path"] = "spare" if spares else "requeue"
         out.append(t)
@@ -132,6 +138,8 @@ def trials(cluster: NodeCluster, spares: int, kills: int, args: argparse.Namespa
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--downs", type=int, default=0,
+                   help="spare-path deaths by scontrol update NodeName=X State=DOWN instead of a kill")
     p.add_argument("--requeue-kills", type=int, default=1)
     p.add_argument("--kill-after", type=int, default=40, help="steps rank 0 has logged before the kill")
     p.add_argument("--save-every", type=int, default=10)
@@ -144,14 +152,18 @@ def main() -> None:
     cluster = NodeCluster()
     cluster.start()
     try:
-        result["spare"] = trials(cluster, 1, args.kills, args)
-        result["requeue"] = trials(cluster, 0, args.requeue_kills, args)
+        result["spare"] = trials(cluster, 1, ["kill"] * args.kills + ["down"] * args.downs, args)
+        result["requeue"] = trials(cluster, 0, ["kill"] * args.requeue_kills, args)
     finally:
         cluster.stop()
     for key in ("spare", "requeue"):
         ok = [t for t in result[key] if t.get("first_step_s") is not None]
         if ok:
             result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
+            for mode in ("kill", "down"):
+                mine = [t["first_step_s"] for t in ok if t["mode"] == mode]
+                if mine and key == "spare":
+                    result[f"spare_{mode}_median_first_step_s"] = statistics.median(mine)
             result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
         result[f"{key}_errors"] = len(result[key]) - len(ok)
     result["load_after"] = os.getloadavg()
