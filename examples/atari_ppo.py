@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,6 +44,7 @@ from torch import Tensor, nn
 
 from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
 from .atari_ppo_args import AtariPPOWorkloadArgs
+from .cpu_share import node_cpus, runnable_elsewhere
 from .ppo import PPOWorkload, env_major
 
 # ---------------------------------------------------------------- configuration
@@ -123,7 +126,8 @@ class ImpalaAgent(nn.Module):
         self.policy = nn.Linear(hidden, n_actions)
         self.value = nn.Linear(hidden, 1)
         orthogonal_init(self, gen, {id(self.policy): 0.01, id(self.value): 1.0})
-        self._pending: tuple[Tensor, bool, Tensor] | None = None
+        # Per calling thread: the learner computes a minibatch's parts on several threads at once.
+        self._pending: dict[int, tuple[Tensor, bool, Tensor]] = {}
 
     def features(self, obs: Tensor) -> Tensor:
         c, h, w = self.obs_shape
@@ -137,14 +141,15 @@ class ImpalaAgent(nn.Module):
         handing the second call the first one's features (same autograd graph)
         runs the encoder once per pair, as a two-headed network does.
         """
-        pending, self._pending = self._pending, None
+        me = threading.get_ident()
+        pending = self._pending.pop(me, None)
         grad = torch.is_grad_enabled()
         if pending is not None:
             seen, seen_grad, feats = pending
             if seen_grad == grad and seen.shape == obs.shape and torch.equal(seen, obs):
                 return feats
         feats = self.features(obs)
-        self._pending = (obs, grad, feats)
+        self._pending[me] = (obs, grad, feats)
         return feats
 
 
@@ -173,6 +178,9 @@ class AtariPPOWorkload(PPOWorkload):
         # Not PPOWorkload.__init__: it builds classic-control MLPs from env_facts, which
         # refuses image observations. The per-rank state it keeps is set in _init_common.
         Workload.__init__(self, ctx, **workload_args)
+        self._tls = threading.local()  # a part's own metrics while it runs (_stats, below)
+        self._part_pool: ThreadPoolExecutor | None = None
+        self._workers = 1  # threads the next minibatch step's parts run on
         self.cfg = cfg = validate_args(AtariPPOWorkloadArgs, workload_args)
         self.settings = atari_settings(cfg)
         self._init_common(ctx)
@@ -279,6 +287,83 @@ class AtariPPOWorkload(PPOWorkload):
         if self.cfg.gae_values == "learner":
             return super()._gae_values(batch)
         return batch["values"], batch["rewards"], batch["last_values"]
+
+    # ------------------------------------------------------------ the update on idle cores
+    #
+    # Why parts on threads, not more torch threads: one torch thread per part computes a step
+    # ~1.9x faster on 2 cores here (batch-64 halves cost no more CPU than the whole minibatch),
+    # where 2 intra-op threads on one batch of 128 gave ~1.35x (benchmarks/atari.md); and the
+    # sum of fixed parts in a fixed order is the same number however many ran at once, where
+    # torch's kernels round differently per thread count. So learner_threads auto changes only
+    # how fast a step runs, never what it computes.
+
+    @property
+    def _stats(self) -> dict[str, list[float]]:
+        """The update's metrics; inside a part (any thread) that part's own, merged in part order
+        afterwards, so the metrics too do not depend on which thread finished first."""
+        local = getattr(self._tls, "stats", None)
+        return self.__dict__["_update_stats"] if local is None else local
+
+    @_stats.setter
+    def _stats(self, value: dict[str, list[float]]) -> None:
+        self.__dict__["_update_stats"] = value
+
+    def _update_threads(self) -> None:
+        """learner_threads auto: the parts of the next step run on the node's cores its rollout
+        ranks leave idle right now (examples/cpu_share.py), one torch thread each."""
+        if self.cfg.learner_threads != "auto":
+            self._workers = 1
+            super()._update_threads()
+            return
+        if torch.get_num_threads() != 1:
+            torch.set_num_threads(1)
+        phase = self._phase("learner")
+        cpus = node_cpus()
+        # Between steps only this thread runs (the part threads wait): it is the 1 of ours.
+        free = cpus if phase is None else phase.update_threads(cpus, runnable_elsewhere(1, cpus))
+        first = not self._update_thread_counts  # the runtime's step: its micro-batches run in turn
+        self._workers = 1 if first else max(1, min(self.cfg.update_parts, free))
+        self._update_thread_counts.append(self._workers)
+
+    def _minibatch_backward(self, minibatch: Tensor) -> None:
+        """The minibatch's gradient as the sum, in part order, of ``update_parts`` equal parts'
+        gradients, the parts spread over ``self._workers`` threads (this one included)."""
+        n = self.cfg.update_parts
+        if n == 1:
+            super()._minibatch_backward(minibatch)
+            return
+        parts = minibatch.tensor_split(n)
+        params = self.parameters_to_sync()
+        results: list[Any] = [None] * n
+
+        def chain(first: int, stride: int) -> None:
+            try:
+                for i in range(first, n, stride):
+                    self._tls.stats = {}
+                    grads = torch.autograd.grad(self._loss(minibatch, parts[i]), params)
+                    results[i] = (grads, self._tls.stats)
+            finally:
+                self._tls.stats = None
+
+        workers = min(self._workers, n)
+        if workers > 1:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(n - 1, thread_name_prefix="ppo-part",
+                                                     initializer=torch.set_num_threads, initargs=(1,))
+            futures = [self._part_pool.submit(chain, j, workers) for j in range(1, workers)]
+            chain(0, workers)
+            for f in futures:
+                f.result()
+        else:
+            chain(0, 1)
+        for _, stats in results:  # in part order: the same sum and metrics however they ran
+            for key, values in stats.items():
+                self._stats.setdefault(key, []).extend(values)
+        for k, p in enumerate(params):
+            total = results[0][0][k]
+            for grads, _ in results[1:]:
+                total = total.add_(grads[k])
+            p.grad = total if p.grad is None else p.grad.add_(total)
 
     # ------------------------------------------------------------ evaluation
 

@@ -33,6 +33,23 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
         "the encoder pass that picks the actions (as CleanRL and SB3 do), or the learner's current "
         "critic in an extra pass over the whole batch (staleness-free targets, ~20% more learner work)")
 
+    update_parts: int = Field(
+        2, ge=1, description="each minibatch step's gradient is the sum, in a fixed order, of this many equal "
+        "parts of the minibatch, one torch thread each; with learner_threads auto the parts run at once on "
+        "the cores the rollout ranks leave idle right now (sequentially otherwise): the same numbers either "
+        "way, so auto is bit-reproducible")
+
+    @model_validator(mode="after")
+    def _parts_fit(self) -> AtariPPOWorkloadArgs:
+        from hetrun.dag.spec_errors import SpecIssue
+
+        minibatch = self.num_envs * self.num_steps // self.num_minibatches
+        if self.update_parts > minibatch:
+            raise SpecIssue(f"update_parts {self.update_parts} is more than a minibatch's {minibatch} samples",
+                            path=("update_parts",),
+                            hint=f"use at most {minibatch} (num_envs x num_steps / num_minibatches)")
+        return self
+
     @model_validator(mode="after")
     def _atari_id(self) -> AtariPPOWorkloadArgs:
         from hetrun.dag.spec_errors import SpecIssue

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,48 @@ def test_local_launcher_leaves_ranks_unbound(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     masks = proc.stdout.splitlines()
     assert masks == [str(sorted(os.sched_getaffinity(0)))] * 2
+
+
+ATARI = {"env_id": "ALE/Breakout-v5", "num_envs": 2, "num_steps": 16, "impala_width": 4, "hidden": 32,
+         "num_minibatches": 2, "update_epochs": 2}
+
+
+def test_atari_auto_runs_a_steps_parts_on_idle_cores_and_computes_what_one_thread_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """learner_threads auto on the Atari example: each minibatch step's fixed parts run at once on
+    the cores the rollout leaves idle (1 at a time while it steps its games), and the weights and
+    metrics after the update are bit-equal to a 1-thread learner's: auto is reproducible."""
+    from hetrun.examples import atari_ppo
+    from hetrun.examples.atari_ppo import AtariPPOWorkload
+
+    monkeypatch.setattr(atari_ppo, "node_cpus", lambda: 2)
+    monkeypatch.setattr(atari_ppo, "runnable_elsewhere", lambda own, cpus: 0)  # an idle host
+    roller = AtariPPOWorkload(_ctx(1, "rollout", tmp_path), **ATARI, learner_threads="auto")
+    batch = roller.rollout(0)
+    threads_seen: set[str] = set()
+
+    def run(args: dict[str, object], busy_rollout: bool) -> tuple[AtariPPOWorkload, dict[str, float]]:
+        learner = AtariPPOWorkload(_ctx(0, "learner", tmp_path), **ATARI, **args)
+        loss = learner._loss
+
+        def spy(minibatch: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+            threads_seen.add(threading.current_thread().name)
+            return loss(minibatch, part)
+
+        learner._loss = spy  # type: ignore[method-assign]
+        roller._phase("rollout").mark(busy=busy_rollout)
+        for micro in range(2):
+            learner.backward(learner.forward(batch, micro, 2))
+        return learner, learner.optimize()
+
+    one, m_one = run({"learner_threads": 1}, busy_rollout=False)
+    assert m_one["update_threads"] == 1.0 and threads_seen == {"MainThread"}
+    auto, m_auto = run({"learner_threads": "auto"}, busy_rollout=False)
+    assert m_auto["update_threads"] == (1 + 2 + 2 + 2) / 4  # the runtime's first step runs in turn
+    assert any(name.startswith("ppo-part") for name in threads_seen)  # a part ran on the other core
+    for a, b in zip(one.parameters_to_sync(), auto.parameters_to_sync(), strict=True):
+        assert torch.equal(a, b)
+    assert m_one == {**m_auto, "update_threads": 1.0}
+    _, m_busy = run({"learner_threads": "auto"}, busy_rollout=True)
+    assert m_busy["update_threads"] == 1.0  # the rollout holds the other core: parts in turn
+    assert m_busy == m_one
