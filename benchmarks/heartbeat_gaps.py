@@ -50,7 +50,8 @@ f="$1/logs/alive/n1"; seen=''; changed=0
 while [ "$SECONDS" -lt "$2" ]; do  # $2: a deadline; the rank's stop removes the file
     sleep 0.5
     if ! { read -r v < "$f"; } 2>/dev/null; then
-        if [ -n "$seen" ]; then break; fi
+        # gone after it was seen: the rank ended (stop_heartbeat); else a torn read, skipped
+        if [ -n "$seen" ] && [ ! -e "$f" ]; then break; fi
         continue
     fi
     now=${EPOCHREALTIME//[!0-9]/}

@@ -46,13 +46,18 @@ def spares_in(plan: Any) -> bool:
 # stopped for up to 5.7 s in a healthy rank; a sleeper process is woken on time. It
 # ignores the stop signals (a preempted rank checkpoints for up to grace_seconds and
 # must not look dead meanwhile) and ends within one period of its rank: SIGKILLed
-# with the node, or ``kill -0`` finds the rank gone.
+# with the node, or ``kill -0`` finds the rank gone. It writes the file itself (bash's
+# printf, one write of a whole line), in place: no child process. A rename by `mv`
+# outlived the SIGKILL that stop_heartbeat sends bash and put the file back after its
+# unlink (seen at load 25: a stale counter after a healthy end, which the monitor takes
+# for a dead node). A reader that opens the file between the truncation and the write
+# reads no whole line; the monitor's `read` then fails and it skips that poll.
 _BEAT = r"""
 trap '' TERM INT HUP USR1 USR2
-rank=$1 path=$2 period=$3 tmp=$4 count=0
+rank=$1 path=$2 period=$3 count=0
 while kill -0 "$rank" 2>/dev/null; do
     count=$((count + 1))
-    printf '%s\n' "$count" > "$tmp" 2>/dev/null && mv -f "$tmp" "$path" 2>/dev/null
+    printf '%s\n' "$count" > "$path" 2>/dev/null
     sleep "$period"
 done
 """
@@ -65,14 +70,13 @@ def start_heartbeat(run_dir: Any, node: str) -> subprocess.Popen[bytes]:
     ``$HETRUN_NODE_TIMEOUT`` s for dead (a killed node, whose processes all died with it;
     Slurm itself notices only after SlurmdTimeout). The content, not the mtime: the monitor
     compares what it reads with what it read before, on its own clock (no skew), and
-    opening the file revalidates an NFS client's attribute cache. Whole lines only (a
-    rename), so the monitor never reads a half-written one; a slow write of the shared
-    run directory only delays a beat."""
+    opening the file revalidates an NFS client's attribute cache. One write of a whole
+    line, in place (see _BEAT: a torn read is skipped, never taken for a change that
+    did not happen); a slow write of the shared run directory only delays a beat."""
     path = RunPaths(str(run_dir)).heartbeats / node
     os.makedirs(path.parent, exist_ok=True)
-    tmp = path.parent / f".{node}.tmp"  # a dot name: the monitor's `rm logs/alive/*` leaves it
     proc = subprocess.Popen(["bash", "-c", _BEAT, "hetrun-heartbeat", str(os.getpid()), str(path),
-                             f"{heartbeat_s():g}", str(tmp)],
+                             f"{heartbeat_s():g}"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
     _BEATING.append((proc, path))
     return proc
@@ -88,6 +92,6 @@ def stop_heartbeat() -> None:
         proc, path = _BEATING.pop()
         proc.kill()  # SIGKILL: the loop ignores the stop signals
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
+            proc.wait(timeout=5)  # reaped: the loop writes no more (it starts no writer child)
         with contextlib.suppress(OSError):
             os.unlink(path)
