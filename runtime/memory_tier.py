@@ -8,8 +8,9 @@ into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
 ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
-least two nodes). Received replicas are written whenever a rank starts an
-iteration (``due`` calls ``progress``); ``close`` drains every send with a
+least two nodes). Received replicas are written as they arrive: whenever a rank
+starts an iteration (``due`` calls ``progress``) and between its actions and in
+its waits (``poll``, from the executor); ``close`` drains every send with a
 non-blocking barrier (no rank leaves while a peer still sends to it).
 
 Restore (``restore``, collective over the world, at a step's start): each
@@ -39,9 +40,11 @@ BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
 # goes back to the last multiple of N, at most N iterations (docs/PREEMPTION.md).
 MAX_EVERY = 16
 # The ranks agree on N every AGREE_EVERY steps (non-blocking; applied at the next multiple):
-# often enough that a run of a few dozen iterations leaves N = 1 early, rarely enough
-# that the allreduce has arrived when it is needed (ranks run at most a few iterations apart).
-AGREE_EVERY = 8
+# often enough that a short run leaves N = 1 early (with 8 a run spent its first 15
+# snapshots at N = 1, which alone put 4 of 12 80-iteration runs over the 2 % budget:
+# benchmarks/node_death.md; with 4, 7), rarely enough that the allreduce has arrived when
+# it is needed (ranks run at most a few iterations apart; a rank further ahead waits there).
+AGREE_EVERY = 4
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -175,6 +178,23 @@ class MemorySnapshots:
         # it received and wrote since the last one (the partners snapshot the same steps).
         cost, self._between = spent + self._between, 0.0
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
+
+    def poll(self) -> None:
+        """Between a rank's actions and in its waits (runtime/executor.py ``_check_stop``):
+        write the replicas that have arrived now, not at this rank's next ``due``. A partner
+        ahead in the pipeline (a rollout one iteration ahead of its learner) sends its
+        snapshot of step k+1 while this rank is still in iteration k; written only at this
+        rank's next iteration start, a node death meanwhile found no step k+1 on every rank
+        and the rank ahead lost 2 iterations (benchmarks/node_death.md). An improbe and a few
+        Tests when nothing arrived; counted as the tier's time either way."""
+        if self.size <= 1:
+            return
+        t0 = time.perf_counter()
+        self.progress()
+        spent = time.perf_counter() - t0
+        self.seconds += spent
+        self._between += spent
+        self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
 
     def progress(self) -> None:
         """Start receiving the replicas that are announced, write those that have arrived,
