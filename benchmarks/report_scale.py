@@ -8,6 +8,11 @@ line by line without parsing, and json-parsing every line into a list (what
 a load-it-whole reader does). Usage:
 
     python3 benchmarks/report_scale.py [--events 1000000] [--dir DIR]
+
+``--run-dir RUN [--repeat N]`` instead times `hetrun report RUN` (the default text report, a
+fresh process each time, as a user types it) interleaved with its peer, the same command with
+torch imported first (what listing the checkpoint store cost before 4 December: store.py
+imported the torch half of the checkpoint code), and the bare interpreter; medians.
 """
 
 from __future__ import annotations
@@ -80,11 +85,41 @@ print(json.dumps({"mode": mode, "wall_s": round(time.perf_counter() - t0, 3),
 """
 
 
+REPORT = "import sys\n{pre}from hetrun.cli.entry import main\ntry:\n    main(['report', sys.argv[1]])\n" \
+         "except SystemExit as e:\n    assert not e.code, e.code\n"
+
+
+def first_look(run_dir: Path, repeat: int) -> None:
+    """`hetrun report RUN` beside the same with torch imported first, and `python -c pass`."""
+    import os
+    import statistics
+
+    cmds = {"report": [sys.executable, "-c", REPORT.format(pre=""), str(run_dir)],
+            "report_with_torch": [sys.executable, "-c", REPORT.format(pre="import torch\n"), str(run_dir)],
+            "python_floor": [sys.executable, "-c", "pass"]}
+    times: dict[str, list[float]] = {k: [] for k in cmds}
+    for cmd in cmds.values():  # warm-up: the page cache
+        subprocess.run(cmd, capture_output=True, check=True)
+    for _ in range(repeat):  # interleaved: each command sees the same load
+        for key, cmd in cmds.items():
+            t0 = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times[key].append(time.perf_counter() - t0)
+    print(json.dumps({"run_dir": str(run_dir), "repeat": repeat, "load_average_1m": round(os.getloadavg()[0], 2),
+                      **{f"{k}_median_s": round(statistics.median(v), 3) for k, v in times.items()},
+                      "report_spread_s": [round(min(times["report"]), 3), round(max(times["report"]), 3)]}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--run-dir", type=Path, default=None, help="time `hetrun report` of this real run instead")
+    ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
+    if args.run_dir:
+        first_look(args.run_dir, args.repeat)
+        return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         run_dir = Path(tmp) / "run"
         t0 = time.perf_counter()
