@@ -57,11 +57,12 @@ NODE_TIMEOUT_ENV = "HETRUN_NODE_TIMEOUT"
 HEARTBEAT_ENV = "HETRUN_HEARTBEAT_S"
 MEMORY_DIR_ENV = "HETRUN_MEMORY_DIR"  # the memory tier's node-local root (default /dev/shm)
 # Judged by change on the batch node's own clock (never by comparing a shared file's mtime
-# with it). 4 s: at load average 28 on 2 cores a healthy rank's heartbeat (every 0.5 s, a
-# process beside the rank) looked silent to the monitor for at most 0.99 s
-# (benchmarks/heartbeat_gaps.py, benchmarks/node_death.md; a thread in the rank: 5.7 s).
-# A shared file system that stalls for seconds needs more (the env variable).
-NODE_TIMEOUT_DEFAULT_S = 4
+# with it). 3 s: at load average 20-28 on 2 cores a healthy rank's heartbeat (every 0.5 s, a
+# process beside the rank) looked silent to the monitor for at most 0.99 s, 3x below it
+# (benchmarks/heartbeat_gaps.py, benchmarks/node_death.md; a thread in the rank: 5.7 s);
+# each second less is a second off every node-death restart. A shared file system that
+# stalls for seconds needs more (the env variable; docs/PREEMPTION.md: the trade-off).
+NODE_TIMEOUT_DEFAULT_S = 3
 HEARTBEAT_DEFAULT_S = 0.5
 
 # -- spare nodes' files under logs/ (the batch script and runtime/recovery.py) -----------------
