@@ -79,8 +79,8 @@ def eval_actions(actor: nn.Sequential, gen: torch.Generator,
     arithmetic, is its cost. The layers run as the same functional ops (F.linear, tanh:
     identical results without the module call machinery), and ``multinomial(p, 1)`` as its
     own CPU algorithm, argmax(p / q) with q ~ Exp(1) drawn from ``gen`` (aten's
-    Distributions.cpp for one sample), without its input checks: the same actions and the
-    same generator state (tests/test_ppo_eval.py holds both to the originals).
+    Distributions.cpp for one sample), without its input checks: the same actions
+    (tests/test_ppo_eval.py holds them to the originals).
     """
     ops: list[Callable[[Tensor], Tensor]] = []
     for layer in actor:
@@ -91,16 +91,24 @@ def eval_actions(actor: nn.Sequential, gen: torch.Generator,
         else:
             ops.append(layer)
 
+    noise: list[np.ndarray] = []  # Exp(1) draws for the coming steps, oldest first
+
     @torch.no_grad()
     def act(obs: np.ndarray) -> np.ndarray:
-        x = torch.as_tensor(obs, dtype=torch.float32)
+        x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
         for op in ops:
             x = op(x)
         if deterministic:
             return x.argmax(-1).numpy()
-        probs = torch.softmax(x, -1)
-        noise = torch.empty_like(probs).exponential_(1, generator=gen)
-        return (probs / noise).argmax(-1).numpy()
+        probs = torch.softmax(x, -1).numpy()
+        if not noise:
+            # 64 steps' draws in one call: CPU exponential_ fills a tensor serially from the
+            # generator, so the values are those 64 one-step draws would give (checked in
+            # tests/test_ppo_eval.py); only the generator's final state may differ, and it is
+            # this evaluation's own.
+            noise.extend(torch.empty(64, *probs.shape).exponential_(1, generator=gen).numpy())
+        # IEEE division and first-index argmax: numpy's equal torch's, bit for bit.
+        return (probs / noise.pop(0)).argmax(-1)
 
     return act
 
