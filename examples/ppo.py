@@ -85,7 +85,8 @@ def eval_actions(actor: nn.Sequential, gen: torch.Generator,
     ops: list[Callable[[Tensor], Tensor]] = []
     for layer in actor:
         if type(layer) is nn.Linear:
-            ops.append(lambda x, w=layer.weight, b=layer.bias: F.linear(x, w, b))
+            # Detached views of the live weights: no autograd graph, no no_grad() per call.
+            ops.append(lambda x, w=layer.weight.detach(), b=layer.bias.detach(): F.linear(x, w, b))
         elif type(layer) is nn.Tanh:
             ops.append(torch.tanh)
         else:
@@ -93,7 +94,6 @@ def eval_actions(actor: nn.Sequential, gen: torch.Generator,
 
     noise: list[np.ndarray] = []  # Exp(1) draws for the coming steps, oldest first
 
-    @torch.no_grad()
     def act(obs: np.ndarray) -> np.ndarray:
         x = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32))
         for op in ops:

@@ -144,8 +144,8 @@ def _cartpole_first_episodes(env: CartPoleVectorEnv, obs: np.ndarray,
         x_dot = x_dot + env.tau * xacc
         theta = theta + env.tau * theta_dot
         theta_dot = theta_dot + env.tau * thetaacc
-        terminated = ((x < -env.x_threshold) | (x > env.x_threshold)
-                      | (theta < -env.theta_threshold_radians) | (theta > env.theta_threshold_radians))
+        # = (x < -x_threshold) | (x > x_threshold) | (theta < -...) | (theta > ...), exactly
+        terminated = (np.abs(x) > env.x_threshold) | (np.abs(theta) > env.theta_threshold_radians)
         returns += running  # CartPole's reward: 1 for every step, the last one included
         running &= ~terminated
         if step >= env.max_episode_steps or not running.any():  # gymnasium's truncation
