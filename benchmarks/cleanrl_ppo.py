@@ -95,7 +95,7 @@ def atari_agent(n_actions: int, width: int, hidden: int, seed: int) -> Any:
 # ------------------------------------------------------------------ evaluation (CartPole)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as examples/ppo.py evaluates
 def evaluate_cartpole(actor: nn.Module, seed: int, version: int, episodes: int) -> float:
     """examples/ppo.py's protocol: ``episodes`` sampled-action episodes seeded by (seed, 1, version),
     through the example's own evaluation code (the same cost per evaluation as hetrun's)."""

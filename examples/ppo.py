@@ -443,7 +443,7 @@ class PPOWorkload(Workload):
 
     # ------------------------------------------------------------ evaluation
 
-    @torch.no_grad()
+    @torch.inference_mode()  # no autograd bookkeeping at all: ~7% of an evaluation
     def evaluate(self) -> dict[str, float]:
         """Mean return of ``eval_episodes`` episodes, seeded by (seed, policy version).
 
