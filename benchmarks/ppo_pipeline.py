@@ -259,7 +259,16 @@ def summarize_events(events: list[dict[str, Any]], cores: dict[str, int]) -> dic
     steady = steady_state(ends, t0, steps // n, warm)
     # Busy seconds per update of each side in the steady windows: R and L of the bound.
     per = {c: busy_per_update(actions, c, steady_windows(n, warm)) for c in cores}
+    # Evaluation's cost inside this run (immune to the machine's share moving between runs): the
+    # seconds per batched evaluation step (an evaluation runs as many steps as its longest
+    # episode, eval_return_max for CartPole's reward of 1 per step), and the learner's seconds
+    # per update without it.
+    timed = [(e["end"] - e["start"], e["metrics"]["eval_return_max"]) for e in evals
+             if e.get("metrics", {}).get("eval_return_max")]
     return {
+        "eval_s_per_step": sum(s for s, _ in timed) / sum(k for _, k in timed) if timed else None,
+        "learner_update_s": busy_per_update([e for e in actions if e["type"] != "eval"], "learner",
+                                            steady_windows(n, warm)),
         "env_steps": steps,
         "span_s": span,
         "steps_per_s": steps / span,
@@ -659,6 +668,14 @@ def _peer_lines(speed: dict[str, list[dict[str, Any]]]) -> list[str]:
         got = _med(speed["pipelined_eval"], "steady_steps_per_s") / _med(speed["pipelined"], "steady_steps_per_s")
         lines.append(f"(a') with evaluation / (a) without: **{got:.2f}** -> "
                      f"{'met' if got >= 0.9 else 'miss'} (target: within 10%)")
+        runs = [r for r in speed["pipelined_eval"] if r.get("eval_s_per_step")]
+        if runs:
+            per_step = _med(runs, "eval_s_per_step")
+            update = _med(runs, "learner_update_s") * runs[0].get("eval_interval", 5)
+            lines.append(f"(a') inside its own run: {per_step * 1e6:.0f} us per batched evaluation step, "
+                         f"so {per_step * 500:.3f} s per evaluation of a solved policy (500 steps) against "
+                         f"the learner's {update:.3f} s for the updates between two evaluations: "
+                         f"evaluation adds {per_step * 500 / update:.0%} to the learner once solved")
     if "pipelined" in speed:
         p = speed["pipelined"]
         b = _med(p, "bound")
@@ -699,7 +716,7 @@ def run_one(seed: int, phase: str, mode: str, args: argparse.Namespace, workdir:
     r = (run_peer(mode, seed, iterations, every, args) if is_peer(mode)
          else run_hetrun(mode, seed, iterations, every, args, workdir))
     r.pop("solved_wall", None)
-    r.update(phase=phase, probe=probe)
+    r.update(phase=phase, probe=probe, eval_interval=every)
     if r.get("failed"):
         print(f"seed {seed} {phase:7s} {mode:17s}: {r['failed']}", flush=True)
         return r
