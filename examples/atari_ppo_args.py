@@ -33,6 +33,12 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
         "the encoder pass that picks the actions (as CleanRL and SB3 do), or the learner's current "
         "critic in an extra pass over the whole batch (staleness-free targets, ~20% more learner work)")
 
+    # Default auto here (not in the classic-control example): the update's parts make it
+    # bit-reproducible (update_parts), so using the cores the rollout leaves idle costs nothing.
+    learner_threads: int | Literal["auto"] | None = Field(
+        "auto", description="torch threads of learner ranks (None: torch_threads; auto: update_parts run "
+        "at once on the node's CPUs its rollout ranks leave idle at each minibatch step, one torch thread "
+        "each; bit-reproducible)")
     update_parts: int = Field(
         2, ge=1, description="each minibatch step's gradient is the sum, in a fixed order, of this many equal "
         "parts of the minibatch, one torch thread each; with learner_threads auto the parts run at once on "
