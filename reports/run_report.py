@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -532,6 +533,9 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
     run, plan = _spec_of(run_dir)
+    # sacct (~0.4 s for a real job's --json, nearly all of it waiting) answers on a thread
+    # while this one reads the events and the store.
+    early = _accounting_ahead(run, plan) if accounting else None
     comp_spec = {str(c.get("name")): c for c in plan.get("components", []) if isinstance(c, dict)}
     col = _Collector()
     meter = ThroughputMeter()
@@ -560,7 +564,7 @@ def build_report(run_dir: str | os.PathLike[str], *, verify_checkpoints: bool = 
         work_lost_total=total_work_lost(history), timeline=col.timeline.to_dict(),
         throughput=meter.result().to_dict(),
         **_sections(run_dir, run, plan, col, comps, history, verify_checkpoints=verify_checkpoints,
-                    accounting=accounting, prices=prices),
+                    accounting=accounting, prices=prices, early=early),
     )
     rep.headline = headline(rep)
     rep.curves = {k: c.to_dict(col.first or 0.0) for k, c in col.curves.items()}
@@ -579,10 +583,15 @@ def _check_run_dir(run_dir: Path) -> None:
 
 def _sections(run_dir: Path, run: dict[str, Any], plan: dict[str, Any], col: _Collector,
               comps: dict[str, ComponentRow], history: list[dict[str, Any]], *, verify_checkpoints: bool,
-              accounting: bool, prices: dict[str, Any] | None) -> dict[str, Any]:
+              accounting: bool, prices: dict[str, Any] | None,
+              early: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
     """The report's sections beyond the event totals, each from its own module. A new section is
-    one more key here (a field of RunReport of the same name, and one in report_schema)."""
-    acc = _accounting(run, plan, comps) if accounting else {"rows": [], "note": "not asked"}
+    one more key here (a field of RunReport of the same name, and one in report_schema).
+    ``early``: the accounting asked ahead on a thread (``_accounting_ahead``)."""
+    if not accounting:
+        acc: dict[str, Any] = {"rows": [], "note": "not asked"}
+    else:
+        acc = early() if early is not None else _accounting(run, plan, comps)
     return {
         "checkpoint_history": checkpoint_history(run_dir, plan, col.rare["checkpoint"], history,
                                                  verify=verify_checkpoints),
@@ -664,6 +673,34 @@ def headline(rep: RunReport) -> dict[str, Any]:
         "work_lost_iterations": rep.work_lost,
         "command_steps": steps,
     }
+
+
+def _accounting_ahead(run: dict[str, Any], plan: dict[str, Any]) -> Callable[[], dict[str, Any]] | None:
+    """Start ``_accounting`` on a thread when the component names are known without the events
+    (run.json or plan.json lists them); the returned call waits for it (and raises what it
+    raised). None: the names come from the events, so it is asked afterwards."""
+    if not (run.get("components") or [c for c in plan.get("components", []) if isinstance(c, dict)]):
+        return None
+    import threading
+
+    got: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            got["acc"] = _accounting(run, plan, {})
+        except BaseException as exc:  # raised again on the caller's thread
+            got["error"] = exc
+
+    thread = threading.Thread(target=ask, name="hetrun-sacct", daemon=True)
+    thread.start()
+
+    def result() -> dict[str, Any]:
+        thread.join()
+        if "error" in got:
+            raise got["error"]
+        return got["acc"]
+
+    return result
 
 
 def _accounting(run: dict[str, Any], plan: dict[str, Any], comps: dict[str, ComponentRow]) -> dict[str, Any]:
