@@ -101,6 +101,9 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
         raise SystemExit(f"hetrun {mode} run failed: {status.components} ({res.run.run_dir})")
     events = list(read_events(res.run.run_dir))
     out = summarize_events(events, cores={"learner": 1, "rollout": args.rollouts})
+    # Per update: the mean number of threads its minibatch steps ran on (learner_threads auto).
+    out["update_threads"] = [e["metrics"]["update_threads"] for e in events
+                             if e.get("ev") == "action" and "update_threads" in e.get("metrics", {})]
     out.update(mode=mode, seed=args.seed, run_dir=str(res.run.run_dir),
                **time_to_return(events, args.target_return))
     return out

@@ -1,12 +1,18 @@
-"""One Atari PPO update (examples/atari_ppo.py, the example's network) timed at given torch thread counts,
+"""One Atari PPO update (examples/atari_ppo.py, the example's network) timed per way of using the cores,
 in this process: what ``learner_threads`` buys, and what it costs on a host with other work.
+
+Ways (``--ways``, each run in turn, repeat a name to repeat it):
+- ``1``, ``2``: the whole minibatch on 1 or 2 torch (intra-op) threads (``update_parts: 1``);
+- ``parts``: the example's default, ``learner_threads: auto`` with ``update_parts: 2``: each step's
+  two halves at once on two threads of one torch thread each (in process: every CPU is free);
+- ``parts-seq``: the same halves in turn on one thread (the same numbers as ``parts``).
 
 Run it twice to see OpenMP's wait policy (it is read when torch loads, so per process):
 
-    python3 benchmarks/atari_update_threads.py --steps 32 --threads 1 2 1 2
-    OMP_WAIT_POLICY=PASSIVE python3 benchmarks/atari_update_threads.py --steps 32 --threads 1 2 1 2
+    python3 benchmarks/atari_update_threads.py --steps 128 --ways 1 2 parts parts-seq 1 2 parts parts-seq
+    OMP_WAIT_POLICY=PASSIVE python3 benchmarks/atari_update_threads.py --steps 32 --ways 1 2 1 2
 
-Each line: threads, wall and CPU seconds of one update (forward, backward, optimize: 2 epochs x 8
+Each line: the way, wall and CPU seconds of one update (forward, backward, optimize: 2 epochs x 8
 minibatches of ``8 x steps`` frames), and /proc/loadavg at its end (the host's other work).
 """
 
@@ -16,15 +22,23 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from hetrun.examples.atari_ppo import AtariPPOWorkload
 from hetrun.runtime.context import RankContext
+
+WAYS: dict[str, dict[str, Any]] = {
+    "1": {"learner_threads": 1, "update_parts": 1},
+    "2": {"learner_threads": 2, "update_parts": 1},
+    "parts": {"learner_threads": "auto", "update_parts": 2},
+    "parts-seq": {"learner_threads": 1, "update_parts": 2},
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=128, help="agent steps per game in the batch (8 games)")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, 1, 2])
+    ap.add_argument("--ways", nargs="+", choices=sorted(WAYS), default=["1", "2", "parts", "1", "2", "parts"])
     args = ap.parse_args()
     hyper = {"env_id": "ALE/Frostbite-v5", "num_envs": 8, "num_steps": args.steps, "update_epochs": 2,
              "num_minibatches": 8}
@@ -34,13 +48,15 @@ def main() -> None:
                                group=None, comm=None, device="cpu", seed=0, run_dir=Path(tmp), mode="inprocess")
 
         batch = AtariPPOWorkload(ctx(1, "rollout"), **hyper).rollout(0)
-        for threads in args.threads:
-            learner = AtariPPOWorkload(ctx(0, "learner"), **hyper, learner_threads=threads)
+        for way in args.ways:
+            learner = AtariPPOWorkload(ctx(0, "learner"), **hyper, **WAYS[way])
             wall, cpu = time.perf_counter(), time.process_time()
-            learner.backward(learner.forward(batch, 0, 1))
-            learner.optimize()
-            print(f"threads {threads}: wall {time.perf_counter() - wall:.2f} s, cpu {time.process_time() - cpu:.2f} s, "
-                  f"loadavg {Path('/proc/loadavg').read_text().strip()}", flush=True)
+            for micro in range(2):  # the example's micro_batches: 2
+                learner.backward(learner.forward(batch, micro, 2))
+            threads = learner.optimize()["update_threads"]
+            print(f"{way:>9}: wall {time.perf_counter() - wall:.2f} s, cpu {time.process_time() - cpu:.2f} s, "
+                  f"threads per step {threads:.2f}, loadavg {Path('/proc/loadavg').read_text().strip()}",
+                  flush=True)
 
 
 if __name__ == "__main__":
