@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -174,7 +173,6 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
         import torch  # noqa: F401
 
         world.timings["torch_imported"] = time.time()
-        ahead = _import_dynamo_ahead(plan, world)
         from .executor import Executor, RankFailed
 
     try:
@@ -190,50 +188,11 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
     except BaseException as exc:
         _report_failure(log, None, None, exc, world)
         return 1
-    if ahead is not None:
-        ahead.join()  # long done; not left importing while the interpreter shuts down
     log.emit("exit", code=code, elapsed=time.time() - started, restart_count=restarts)
     world.shutdown()
     if code != EXIT_OK:
         mpi_wait.meet(world.comm)  # every peer has flushed its checkpoint (see the module doc)
     return code
-
-
-def _optimizes(plan: PlanView, world: Any) -> bool:
-    """Whether this rank's component runs an ``optimize`` action (its workload builds an optimizer)."""
-    from .dispatch import sub_actions
-
-    return any(kind == "optimize" for action in plan.actions_of(world.component.name)
-               for _, kind, _ in sub_actions(plan, action))
-
-
-def _import_dynamo_ahead(plan: PlanView, world: Any) -> threading.Thread | None:
-    """On a rank that optimizes, import ``torch._dynamo`` on a thread, now.
-
-    torch's optimizers import torch._dynamo on their first call (``torch._disable_dynamo``
-    wraps ``Optimizer.__init__``'s helpers and ``load_state_dict``): ~2.3 s of CPU here,
-    as long as ``import torch`` itself, and on a restart it lands inside the restore
-    (the workload loads its optimizer state), on every rank's critical path.
-    Started here it runs beside the executor's set-up and, above all, while the main
-    thread waits in MPI for the other ranks (mpi4py releases the GIL there): the restore's
-    agreement and the pipeline's first messages. The main thread's own ``import``
-    waits for it if it gets there first (Python's per-module import lock), so the
-    optimizer never sees a half-imported module. Not on ranks that never optimize
-    (a rollout): 2.3 s of CPU taken from the ranks that need the cores."""
-    world.timings["dynamo_import_start"] = None
-    if not _optimizes(plan, world):
-        return None
-
-    def run() -> None:
-        try:
-            import torch._dynamo  # noqa: F401  (under the main thread's collector pause, mostly)
-        except Exception:  # the main thread's own import raises it where it is reported
-            return
-
-    world.timings["dynamo_import_start"] = time.time()
-    thread = threading.Thread(target=run, name="hetrun-import-dynamo", daemon=True)
-    thread.start()
-    return thread
 
 
 def _report_failure(log: EventLog, action: str | None, iteration: int | None,

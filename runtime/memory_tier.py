@@ -45,6 +45,11 @@ MAX_EVERY = 16
 # benchmarks/node_death.md; with 4, 7), rarely enough that the allreduce has arrived when
 # it is needed (ranks run at most a few iterations apart; a rank further ahead waits there).
 AGREE_EVERY = 4
+# ... and once early: at the rank's second iteration after its start (two snapshots and two
+# iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
+# restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
+# iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
+FIRST_AGREE_AFTER = 2
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -98,6 +103,7 @@ class MemorySnapshots:
         self._cost: float | None = None  # EWMA seconds per snapshot
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
+        self._first: int | None = None  # the first step due() saw (the same on every rank)
         self._between = 0.0  # seconds of progress() in due() since the last snapshot
         # N -> [the tier's seconds, wall seconds, iterations] while that N was in effect:
         # the tier's share at the N it settled on, beside the whole run's (benchmarks/node_death.md).
@@ -112,6 +118,8 @@ class MemorySnapshots:
 
     def due(self, step: int) -> bool:
         now = time.perf_counter()
+        if self._first is None:
+            self._first = step
         if self._last is not None:
             dt = now - self._last
             self._iter_s = dt if self._iter_s is None else 0.8 * self._iter_s + 0.2 * dt
@@ -147,9 +155,12 @@ class MemorySnapshots:
     def _agree(self, step: int) -> None:
         """At each multiple of AGREE_EVERY (a step every rank's loop passes): apply the N the
         ranks agreed on at the previous one, and start the next agreement (non-blocking: the
-        result has AGREE_EVERY iterations to arrive). Every rank switches at the same step,
-        so the ranks' snapshot steps (multiples of N) stay equal."""
-        if step % AGREE_EVERY:
+        result has AGREE_EVERY iterations to arrive); once more early, FIRST_AGREE_AFTER steps
+        after the first (every rank restored the same step, so starts at the same one).
+        Every rank switches at the same step, so the ranks' snapshot steps (multiples of N)
+        stay equal."""
+        early = self._first is not None and step == self._first + FIRST_AGREE_AFTER
+        if step % AGREE_EVERY and not early:
             return
         import numpy as np
         from mpi4py import MPI

@@ -90,6 +90,7 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
     m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size, m._between = False, 1, None, None, None, 1, 0.0
+    m._first = None
     m.by_every = {}
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
     assert m.due(4) and m.by_every[1][2] == 1  # one iteration timed at N = 1
@@ -165,6 +166,10 @@ def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
     assert agreed["wanted"] == [2, 4, 8, 8]
     for every in agreed["every"]:
         assert every[:7] == [1] * 7 and every[7:] == [8] * 13, every
+    # ... and once early, FIRST_AGREE_AFTER (2) steps after the first due() (step 0 here): at 2,
+    # applied at 4.
+    for every in agreed["early"]:
+        assert every[:3] == [1] * 3 and every[3:] == [8] * 17, every
     # 6. replicas written between snapshots: no rank took another snapshot for them to land.
     assert got["landed"]["ok"] and got["landed"]["taken"] == [4] * 4
 
@@ -219,7 +224,16 @@ def _rank_main(base: Path, out: Path) -> None:
     for step in range(1, 21):
         mem._agree(step)
         chosen.append(mem.every)
-    results["agreed"] = {"wanted": comm.allgather(mem.wanted()), "every": comm.allgather(chosen)}
+    mem._agreeing[0].Wait()  # the one in flight, before the next round starts another
+    mem._agreeing, mem.every, mem._first = None, 1, 0
+    early = []
+    for step in range(1, 21):
+        mem._agree(step)
+        early.append(mem.every)
+    mem._agreeing[0].Wait()
+    mem._agreeing, mem._first = None, None
+    results["agreed"] = {"wanted": comm.allgather(mem.wanted()), "every": comm.allgather(chosen),
+                         "early": comm.allgather(early)}
     # 6. With N > 1 a replica lands on its partner's node as the partner starts its next
     # iterations (due), not only at its next snapshot N iterations later.
     from hetrun.runtime.memory_tier import partners
