@@ -137,6 +137,9 @@ def stages(run_dir: Path, t0: float, restart: int) -> dict[str, float | None]:
         "postmortem_s": mark("post-mortem"),
         "attempt_end_s": rel([end["time"]]) if end else None,
         "ranks_srun_start_s": rel([e["srun_start"] for e in ups if e.get("srun_start")]),
+        # srun -> the ranks' processes: the step's creation (waited "Requested nodes are busy"
+        # for the failed step's resources before srun --overlap)
+        "ranks_proc_start_s": rel([e["proc_start"] for e in ups if e.get("proc_start")]),
         "ranks_mpi_ready_s": rel([e["mpi_ready"] for e in ups if e.get("mpi_ready")]),
         "ranks_torch_imported_s": rel([e["torch_imported"] for e in ups if e.get("torch_imported")]),
         "ranks_executor_ready_s": rel([e["executor_ready"] for e in ups if e.get("executor_ready")]),
@@ -188,6 +191,10 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
         first_step_s=None if first is None else round(first - t0, 3),
         work_lost=max((e.get("work_lost") or 0) for e in rs),
         work_lost_by_component={e.get("component"): e.get("work_lost") for e in rs},
+        # Iterations of the JOB done again: the slowest component's (every rank restores the
+        # same step, so the smallest loss is the least advanced component's); a component
+        # running ahead also redoes its lead (work_lost above): benchmarks/node_death.md.
+        work_lost_job=min((e.get("work_lost") or 0) for e in rs),
         source=sorted({e.get("source") or "store" for e in rs}), step=rs[0].get("step"),
         action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"),
         stages=stages(run_dir, t0, restart))
@@ -255,7 +262,7 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
     """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
     as Slurm jobs on the cluster (learner and rollout on two nodes: the replica crosses
     nodes), interleaved (the order rotates each round); iterations ``skip``..N, so the
-    adaptive N (agreed from iteration 8, applied from 16) is settled in the window. Beside
+    adaptive N (agreed from iteration 4, applied from 8; memory_tier.AGREE_EVERY) is settled in the window. Beside
     the A/B, each run's own share: the tier's seconds per rank (``memory_tier`` events,
     every snapshot's encode + checksum + tmpfs write + send) over the rank's training time."""
     from hetrun.dag.spec import spec_from_dict
@@ -318,7 +325,7 @@ def main() -> None:
     p.add_argument("--memory-every", type=lambda x: x if x == "auto" else int(x), default=1,
                    help="checkpoint.memory_every of the spare-node jobs: N or auto (default 1)")
     p.add_argument("--kill-after", type=int, default=4,
-                   help="learner iterations each attempt runs before its kill (auto settles its N from 16)")
+                   help="learner iterations each attempt runs before its kill (auto settles its N from 8)")
     p.add_argument("--requeue-wait", type=float, default=600, help="seconds the requeue path may take")
     p.add_argument("--shared-cluster", action="store_true", help="--overhead-only on the shared test cluster")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
