@@ -9,6 +9,7 @@ jobs leave squeue after MinJobAge).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -179,7 +180,10 @@ class SbatchBackend(Backend):
         ids = ",".join(j for j in job_ids if j)
         if not ids:
             return []
-        raw = self._run(["sacct", "-X", "-D", "-P", "-n", "-j", ids, f"--format={SACCT_FORMAT}"])
+        # Submit orders the attempts: ISO times whatever SLURM_TIME_FORMAT the user set.
+        env = {**(os.environ if self.env is None else self.env), "SLURM_TIME_FORMAT": "standard"}
+        raw = run_slurm(["sacct", "-X", "-D", "-P", "-n", "-j", ids, f"--format={SACCT_FORMAT}"], self.policy,
+                        env=env).stdout
         return _latest_attempts(_parse_sacct_parsable(raw))
 
     def accounting(self, run: RunInfo) -> list[dict[str, Any]]:
