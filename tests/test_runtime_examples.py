@@ -62,7 +62,8 @@ def _submit(job: Path, backend: str, runs: Path, overrides: list[str],
 def _check_run(run_dir: Path, proc: subprocess.CompletedProcess[str]) -> list[dict]:
     events = list(read_events(run_dir))
     errors = [e for e in events if e["ev"] == "error"]
-    logs = "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))
+    # Files only: logs/cpu-phase/ is a directory (PPO's learner_threads auto; docs/CONTRACTS.md).
+    logs = "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")) if p.is_file())
     assert proc.returncode == 0 and not errors, (proc.stdout, proc.stderr, errors, logs)
     plan = json.loads((run_dir / "plan.json").read_text())
     starts = {e["rank"]: e for e in events if e["ev"] == "start"}
