@@ -5,7 +5,9 @@ of every update and then wait for new weights; the learner is busy throughout.
 On a node both share, the learner's update should run on every core the
 rollouts are not using *at this moment*: all of them while the rollouts wait,
 one fewer per rollout rank while they step (more torch threads than free
-cores would slow the rollout, and the pipeline's period with it).
+cores would slow the rollout, and the pipeline's period with it). The Atari
+example spends that count as threads that each compute one fixed part of the
+minibatch step (examples/atari_ppo.py: the same numbers however many ran).
 
 Each rank on the node owns one file, ``<run_dir>/logs/cpu-phase/<node>/
 <role>-<rank>`` (hetrun.rundir.RunPaths.cpu_phase; role ``learner`` or
