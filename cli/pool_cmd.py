@@ -1,4 +1,4 @@
-"""`hetrun pool [--json] [--watch N] [--hours H]`: the compute pool, from Slurm's JSON output.
+"""`hetrun pool [--json] [--watch N] [--hours H]`: the compute pool, from sinfo, squeue, sacct and sshare.
 
 Thin: ``hetrun.slurm_plugin.pool.collect`` does one call each of sinfo,
 squeue, sacct and sshare; this module prints one table per partition and
@@ -86,7 +86,7 @@ def pool(
     hours: Annotated[float, typer.Option(help="Window of the allocated-share history (sacct).")] = 6.0,
 ) -> None:
     """The pool: nodes, CPUs, GPUs and memory per partition and GRES type, pending demand,
-    fair share, allocated share and troubled nodes (sinfo/squeue/sacct --json, sshare)."""
+    fair share, allocated share and troubled nodes (sinfo/squeue --json, sacct -P, sshare)."""
     from hetrun.slurm_plugin.pool import collect
 
     from hetrun.errors import HetrunError

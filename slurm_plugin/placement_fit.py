@@ -426,10 +426,13 @@ def with_runner_env(env: Mapping[str, str] | None) -> tuple[Runner | None, Calla
     (None: the default cluster)."""
     if env is None:
         return None, slurm_test_only()
+    from .backends.sbatch import SACCT_TIME_ENV
     from .backends.slurm_cli import run_slurm
 
+    pool_env = {**env, **SACCT_TIME_ENV}  # the pool's sacct times as ISO 8601
+
     def run(argv: Sequence[str]) -> str:
-        return run_slurm(list(argv), env=env).stdout
+        return run_slurm(list(argv), env=pool_env).stdout
 
     return run, slurm_test_only(dict(env))
 

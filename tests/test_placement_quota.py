@@ -129,7 +129,7 @@ def test_siblings_share_the_quota_and_choose_names_it(tmp_path: Path, monkeypatc
                "this needs 2" in x
                for x in fits["second"].excluded)
     sinfo = (DATA / "sinfo.json").read_text()
-    texts = {"sinfo": sinfo, "squeue": (DATA / "squeue.json").read_text(), "sacct": (DATA / "sacct.json").read_text(),
+    texts = {"sinfo": sinfo, "squeue": (DATA / "squeue.json").read_text(), "sacct": (DATA / "sacct.txt").read_text(),
              "scontrol": ENFORCING}
 
     def recorded_slurm(argv):  # the real 22.05 samples; sacctmgr as it printed the policy's limits

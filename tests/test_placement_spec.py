@@ -208,7 +208,7 @@ def test_nothing_can_hold_it_and_the_local_backend(tmp_path: Path) -> None:
     sinfo = json.dumps(json.loads((Path(__file__).parent / "data" / "pool" / "sinfo.json").read_text()))
 
     def pool_run(argv):  # the real Slurm 22.05 samples (no GPU type h100 there)
-        name = {"sinfo": "sinfo.json", "squeue": "squeue.json", "sacct": "sacct.json"}.get(argv[0])
+        name = {"sinfo": "sinfo.json", "squeue": "squeue.json", "sacct": "sacct.txt"}.get(argv[0])
         if argv[0] == "sinfo":
             return sinfo
         return (Path(__file__).parent / "data" / "pool" / name).read_text() if name else ""

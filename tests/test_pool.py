@@ -8,10 +8,13 @@ import copy
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from hetrun.slurm_plugin import pool
+
+from hetrun.errors import SlurmError
 
 DATA = Path(__file__).parent / "data" / "pool"
 
@@ -54,18 +57,31 @@ def test_pending_demand_from_real_squeue() -> None:
 
 
 def test_allocated_share_counts_only_the_window() -> None:
-    data = load("sacct.json")
-    job = next(j for j in data["jobs"] if j["job_id"] == 1)  # 1 CPU + 1 GPU, 3 s
-    t = job["time"]
-    usage, _ = pool.usage_from_sacct({"jobs": [job]}, now=t["end"] + 100, hours=1)
-    assert usage["root"] == [3.0, 3.0]
+    # sacct -a -X -D -P -n --format=POOL_SACCT_FORMAT of the same two jobs as sinfo.json/squeue.json
+    # (job 1: 1 CPU + 1 GPU for 3 s; job 2 cancelled while pending: no start, no TRES).
+    text = (DATA / "sacct.txt").read_text()
+    job = text.splitlines()[0].split("|")
+    start, end = (datetime.fromisoformat(job[i]).timestamp() for i in (2, 3))
+    usage, _ = pool.usage_from_sacct(text, now=end + 100, hours=1)
+    assert usage == {"root": [3.0, 3.0]}
     # A window that starts one second after the job did sees two seconds of it.
-    usage, _ = pool.usage_from_sacct({"jobs": [job]}, now=t["start"] + 1 + 3600, hours=1)
+    usage, _ = pool.usage_from_sacct(text, now=start + 1 + 3600, hours=1)
     assert usage["root"] == [2.0, 2.0]
-    failed = copy.deepcopy(job)
-    failed["state"]["current"] = "NODE_FAIL"
-    failed["nodes"] = "n[1-2]"
-    assert pool.usage_from_sacct({"jobs": [failed]}, now=t["end"], hours=1)[1] == {"n1": 1, "n2": 1}
+    # Still running (End Unknown): counted up to now; a typed GPU is counted once (gres/gpu).
+    running = "|".join([*job[:3], "Unknown", "n1", "vision", "cpu=4,gres/gpu=2,gres/gpu:a100=2,mem=1G"])
+    assert pool.usage_from_sacct(running, now=start + 10, hours=1)[0] == {"vision": [40.0, 20.0]}
+    # Every attempt of a requeued job (-D), a het component (J+1) and NODE_FAIL per node; steps left out.
+    failed = "\n".join(["7+1|" + "|".join([*job[1:4], "n[1-2]", "", "cpu=2"]).replace("CANCELLED by 0", "NODE_FAIL"),
+                        "7+1|NODE_FAIL|" + "|".join([*job[2:4], "n2", "", "cpu=2"]),
+                        "7+1.batch|NODE_FAIL|" + "|".join([*job[2:4], "n3", "", "cpu=2"])])
+    usage, node_fail = pool.usage_from_sacct(failed, now=end, hours=1)
+    assert node_fail == {"n1": 1, "n2": 2} and usage == {"-": [12.0, 0.0]}
+
+
+def test_a_time_sacct_printed_in_another_format_is_a_clear_error() -> None:
+    with pytest.raises(SlurmError, match=r"'Today 15:17', not ISO 8601") as info:
+        pool.usage_from_sacct("1|COMPLETED|Today 15:17|Unknown|n1|root|cpu=1", now=0.0, hours=1)
+    assert "SLURM_TIME_FORMAT=standard" in (info.value.hint or "")
 
 
 def test_sshare_accounts_and_shares() -> None:

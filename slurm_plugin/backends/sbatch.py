@@ -181,7 +181,7 @@ class SbatchBackend(Backend):
         if not ids:
             return []
         # Submit orders the attempts: ISO times whatever SLURM_TIME_FORMAT the user set.
-        env = {**(os.environ if self.env is None else self.env), "SLURM_TIME_FORMAT": "standard"}
+        env = {**(os.environ if self.env is None else self.env), **SACCT_TIME_ENV}
         raw = run_slurm(["sacct", "-X", "-D", "-P", "-n", "-j", ids, f"--format={SACCT_FORMAT}"], self.policy,
                         env=env).stdout
         return _latest_attempts(_parse_sacct_parsable(raw))
@@ -246,6 +246,47 @@ def _latest_attempts(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # What status reads of each allocation. JobName last: the one free-text field, so a name
 # holding the delimiter cannot shift the others. ElapsedRaw: seconds; Submit orders attempts.
 SACCT_FORMAT = "JobID,JobIDRaw,State,ElapsedRaw,NodeList,ExitCode,Submit,JobName"
+# sacct prints times in the caller's SLURM_TIME_FORMAT: every text call sets ISO 8601
+# (a user's relative or custom format would neither sort nor parse).
+SACCT_TIME_ENV = {"SLURM_TIME_FORMAT": "standard"}
+
+
+def sacct_rows(raw: str, fmt: str) -> list[dict[str, str]]:
+    """``sacct -P -n --format=fmt`` lines (fmt starting with JobID) -> one dict per allocation
+    (and attempt, with ``-D``) keyed by fmt's field names, in sacct's order. Steps (``J+0.batch``,
+    ``J.0``) are left out; the last field takes any further "|" (put a free-text field last)."""
+    names = fmt.split(",")
+    out = []
+    for line in raw.splitlines():
+        fields = line.split("|")
+        if len(fields) < len(names) or "." in fields[0]:
+            continue
+        row = dict(zip(names[:-1], fields, strict=False))
+        row[names[-1]] = "|".join(fields[len(names) - 1:])
+        out.append(row)
+    return out
+
+
+def sacct_state(text: str) -> str:
+    """sacct's State: "CANCELLED by 0" is CANCELLED; an empty one UNKNOWN."""
+    return text.split()[0] if text.strip() else "UNKNOWN"
+
+
+def sacct_time(text: str) -> float | None:
+    """A time sacct printed under SACCT_TIME_ENV (ISO 8601 in the local time zone) -> epoch
+    seconds; "Unknown"/"None" (not started yet, still running) -> None."""
+    from datetime import datetime
+
+    text = text.strip()
+    if text in ("", "Unknown", "None"):
+        return None
+    if text.isdigit():
+        return float(text)
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise SlurmError(f"sacct printed the time {text!r}, not ISO 8601",
+                         hint="call sacct with SLURM_TIME_FORMAT=standard (hetrun's own callers do)") from None
 
 
 def _parse_sacct_parsable(raw: str) -> list[dict[str, Any]]:
@@ -254,18 +295,16 @@ def _parse_sacct_parsable(raw: str) -> list[dict[str, Any]]:
     out. The het leader and offset come from JobID (``J+1``), the component's own id from
     JobIDRaw; "CANCELLED by 0" is CANCELLED; ExitCode ``code:signal`` keeps the code."""
     out = []
-    for line in raw.splitlines():
-        fields = line.split("|")
-        if len(fields) < 8 or "." in fields[0]:
-            continue
-        jobid, raw_id, state, elapsed, nodes, exit_code, submit = fields[:7]
-        het, _, offset = jobid.partition("+")
-        code = exit_code.split(":")[0]
+    for row in sacct_rows(raw, SACCT_FORMAT):
+        het, _, offset = row["JobID"].partition("+")
+        code = row["ExitCode"].split(":")[0]
+        elapsed = row["ElapsedRaw"]
         out.append({
-            "job_id": raw_id or jobid, "het_job_id": het, "het_offset": int(offset) if offset.isdigit() else 0,
-            "name": "|".join(fields[7:]), "state": state.split()[0] if state.strip() else "UNKNOWN",
-            "elapsed_s": int(elapsed) if elapsed.isdigit() else None, "nodes": nodes,
-            "exit_code": int(code) if code.isdigit() else None, "restarts": 0, "submit": submit,
+            "job_id": row["JobIDRaw"] or row["JobID"], "het_job_id": het,
+            "het_offset": int(offset) if offset.isdigit() else 0,
+            "name": row["JobName"], "state": sacct_state(row["State"]),
+            "elapsed_s": int(elapsed) if elapsed.isdigit() else None, "nodes": row["NodeList"],
+            "exit_code": int(code) if code.isdigit() else None, "restarts": 0, "submit": row["Submit"],
         })
     # Attempts in submit order (ISO times sort as text; a tie keeps sacct's order).
     return sorted(out, key=lambda r: r["submit"])
