@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
 from .atari_ppo_args import AtariPPOWorkloadArgs
-from .cpu_share import node_cpus, runnable_elsewhere
+from .cpu_share import node_cpus
 from .ppo import PPOWorkload, env_major
 
 # ---------------------------------------------------------------- configuration
@@ -337,8 +337,11 @@ class AtariPPOWorkload(PPOWorkload):
             torch.set_num_threads(1)
         phase = self._phase("learner")
         cpus = node_cpus()
-        # Between steps only this thread runs (the part threads wait): it is the 1 of ours.
-        free = cpus if phase is None else phase.update_threads(cpus, runnable_elsewhere(1, cpus))
+        # Only the node's rollout ranks count here, not the host's other runnable work (/proc/loadavg,
+        # which caps the intra-op threads of ppo.py's auto): parts never spin-wait for each other (one
+        # join per step), so a descheduled part costs only its own time. Measured at load 2.9-3.8:
+        # 2 parts at once 11.0 / 7.1 s an update vs in turn 10.9 / 10.1 s (benchmarks/atari.md).
+        free = cpus if phase is None else phase.update_threads(cpus)
         first = not self._update_thread_counts  # the runtime's step: its micro-batches run in turn
         self._workers = 1 if first else max(1, min(self.cfg.update_parts, free))
         self._update_thread_counts.append(self._workers)
