@@ -24,22 +24,29 @@ batch shell between steps). CLI:
 Which node died (``dead_after``): the step's nodes are probed with a one-task
 step each (a dead node's slurmd never answers; Slurm marks it down only after
 SlurmdTimeout), and Slurm's node states are read; ``--silent`` names the nodes
-whose heartbeat (``logs/alive/<node>``, runtime/recovery.py) the script's
-monitor saw stop.
+whose heartbeat (``logs/alive/<node>``, runtime/heartbeat.py) the script's
+monitor saw stop. When the step ended before the monitor's verdict (a survivor
+failed on the broken connection first), the probe does not wait out its timeout
+for a node whose heartbeat file has been silent for ``$HETRUN_NODE_TIMEOUT`` s
+once every other node has answered (``await_probes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
+import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hetrun.errors import RunDirError
 from hetrun.planfile import read_plan
+from hetrun.rundir import NODE_TIMEOUT_DEFAULT_S, NODE_TIMEOUT_ENV, RunPaths
 
 from .rundir import append_event, events_of
 
@@ -120,7 +127,7 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
             # would wait out its timeout on a dead node).
             why.setdefault(node, "its heartbeat stopped while the step ran")
     if not why:
-        why.update(probe(used, het))
+        why.update(probe(used, het, heartbeats=RunPaths(str(run_dir)).heartbeats))
     if why:
         return list(why), why
     failures = [f for f in events_of(run_dir, ("rank_failure",)) if f.get("restart_count") == restart
@@ -136,14 +143,50 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
 
 
 PROBE_TIMEOUT_S = 5.0  # a live node answers a one-task step in well under a second
+PROBE_GRACE_S = 1.0  # the least a node's probe is given before its stale heartbeat decides
 
 
-def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str]:
+def node_timeout_s(env: Mapping[str, str] | None = None) -> float:
+    """``$HETRUN_NODE_TIMEOUT`` as the batch script reads it: a whole number of seconds > 0,
+    else the default (the script has already said so on stderr)."""
+    raw = (os.environ if env is None else env).get(NODE_TIMEOUT_ENV, "")
+    return float(raw) if raw.isdigit() and not raw.startswith("0") else float(NODE_TIMEOUT_DEFAULT_S)
+
+
+def heartbeat_ages(heartbeats: Path, nodes: Sequence[str]) -> dict[str, float | None]:
+    """Seconds since each node's heartbeat file (``logs/alive/<node>``) was last written;
+    None where there is none (never beating, or removed by its rank's orderly end). Ages
+    are on the file system's clock alone: each file's mtime beside that of a file written
+    here now (no clock skew between the nodes and this one). The file is opened and read
+    before its fstat: opening revalidates an NFS client's attribute cache."""
+    out: dict[str, float | None] = dict.fromkeys(nodes)
+    ref = heartbeats / f".now-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(ref, "w") as f:
+            f.write("now\n")
+            f.flush()
+            now = os.fstat(f.fileno()).st_mtime_ns
+    except OSError:
+        return out  # no heartbeat directory: nothing beat
+    finally:
+        with contextlib.suppress(OSError):
+            ref.unlink()
+    for node in nodes:
+        try:
+            with open(heartbeats / node) as f:
+                f.read()
+                out[node] = max(0.0, (now - os.fstat(f.fileno()).st_mtime_ns) / 1e9)
+        except OSError:
+            continue
+    return out
+
+
+def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = PROBE_TIMEOUT_S,
+          heartbeats: Path | None = None) -> dict[str, str]:
     """The nodes that do not run a one-task step (``srun --overlap ... true``) within
     ``timeout`` s, and why: a dead node's slurmd never answers, while Slurm itself marks
-    it down only after SlurmdTimeout. All probes run at once."""
-    import time
-
+    it down only after SlurmdTimeout. All probes run at once; ``await_probes`` may decide
+    before the timeout from the nodes' heartbeat files."""
     procs = []
     for g, nodes in enumerate(nodes_by_group):
         for node in nodes:
@@ -151,17 +194,60 @@ def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = P
                     *([f"--het-group={g}"] if het else []), "true"]
             procs.append((node, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                  stderr=subprocess.PIPE, text=True)))
-    deadline = time.monotonic() + timeout
+    return await_probes(procs, timeout, heartbeats)
+
+
+def await_probes(procs: Sequence[tuple[str, subprocess.Popen[str]]], timeout: float = PROBE_TIMEOUT_S,
+                 heartbeats: Path | None = None, node_timeout: float | None = None) -> dict[str, str]:
+    """Wait for the probe steps ``procs`` (node, process); the nodes whose probe failed or
+    did not answer within ``timeout`` s, and why.
+
+    The faster verdict (the step ended before the script's monitor judged the node): once
+    every other node's probe has ended (Slurm and the probes work; a live slurmd answers
+    in well under a second) and the node's own has had twice as long as the slowest of
+    them and ``PROBE_GRACE_S`` at least, a node whose probe has not answered and whose heartbeat file
+    has been silent for ``node_timeout`` s (``$HETRUN_NODE_TIMEOUT``, the monitor's rule)
+    is dead: its probe is not waited out. Both are needed: a heartbeat merely late (a
+    younger file) is never a verdict, and a live node whose rank was SIGKILLed (its file
+    left behind, stale) answers its probe. Without a heartbeat file (never beating, or
+    removed by an orderly end) or with a fresh one, the probe's timeout decides as before."""
+    limit = node_timeout_s() if node_timeout is None else node_timeout
+    start = time.monotonic()
+    deadline = start + timeout
+    pending = dict(procs)
     out: dict[str, str] = {}
-    for node, proc in procs:
-        try:
-            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+    slowest = 0.0  # seconds the slowest probe that ended took
+    while pending:
+        for node, proc in list(pending.items()):
+            if proc.poll() is None:
+                continue
+            del pending[node]
+            slowest = time.monotonic() - start
+            _, err = proc.communicate()
             if proc.returncode != 0:
-                out[node] = f"a probe step failed there (exit {proc.returncode}: {err.strip()[-200:]})"
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            out[node] = f"did not answer a probe step within {timeout:g} s"
+                out[node] = f"a probe step failed there (exit {proc.returncode}: {(err or '').strip()[-200:]})"
+        if not pending:
+            break
+        waited = time.monotonic() - start
+        # A live node's probe gets the time the others took twice over, and 1 s at least
+        # (srun's start-up varies with the load): a stale file alone is no verdict.
+        if heartbeats is not None and len(pending) < len(procs) and waited >= max(PROBE_GRACE_S, 2 * slowest):
+            ages = heartbeat_ages(heartbeats, list(pending))
+            if all(a is not None and a >= limit for a in ages.values()):
+                for node, proc in pending.items():
+                    proc.kill()
+                    proc.communicate()
+                    out[node] = (f"its heartbeat has been silent for {ages[node]:.1f} s ({NODE_TIMEOUT_ENV}="
+                                 f"{limit:g}) and it did not answer a probe step in {waited:.1f} s "
+                                 "while the others did")
+                break
+        if time.monotonic() >= deadline:
+            for node, proc in pending.items():
+                proc.kill()
+                proc.communicate()
+                out[node] = f"did not answer a probe step within {timeout:g} s"
+            break
+        time.sleep(0.05)
     return out
 
 

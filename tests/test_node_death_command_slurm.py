@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_helpers import EXAMPLE, assert_bit_identical, command, final_params, run_once
+from api_helpers import EXAMPLE, assert_bit_identical, command, final_params
 from test_node_death_slurm import _mark_down_once_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -71,10 +71,8 @@ def killed_command_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: igno
 
     root = Path("/var/tmp/hetrun-tests") / f"node-death-cmd-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
-    # The reference first, alone: the job's 4 s heartbeat timeout must not meet its load.
-    reference = run_once(command(EXAMPLE, root / "ref-out", STEPS, 2, 0.0), root / "ref-run")
-    assert reference.returncode == 0, reference.stdout[-3000:]
     cluster = NodeCluster()
+    reference, stopped = None, False
     old_conf = os.environ.get("SLURM_CONF")
     try:
         cluster.start()
@@ -94,16 +92,30 @@ def killed_command_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: igno
         assert cluster.kill_node(victim), victim
         _mark_down_once_ended(cluster, job_id, victim)
         final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+        # The uninterrupted reference once the job has ended (its load must not meet the job's
+        # heartbeat timeout), beside the status and report calls and the cluster's stop.
+        reference = subprocess.Popen(command(EXAMPLE, root / "ref-out", STEPS, 2, 0.0),
+                                     env={**os.environ, "HETRUN_RUN_DIR": str(root / "ref-run")},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         cli = {"capture_output": True, "text": True, "timeout": 120, "env": {**os.environ, "COLUMNS": "220"}}
         status = subprocess.run([sys.executable, "-m", "hetrun.cli", "status", str(run_dir)], **cli)
         report = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)], **cli)
+        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
+        cluster.stop()
+        stopped = True
+        ref_log, _ = reference.communicate(timeout=300)
+        assert reference.returncode == 0, ref_log[-3000:]
         yield {"run_dir": run_dir, "job_id": job_id, "victim": victim, "killed_at": killed_at, "final": final,
                "events": _events(run_dir), "status": status, "report": report, "out": root / "out",
                "ref_out": root / "ref-out"}
     finally:
         # SLURM_CONF back first: the Slurm tests after this one must talk to the shared cluster.
         os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
-        cluster.stop()
+        if not stopped:
+            cluster.stop()
+        if reference is not None and reference.poll() is None:
+            reference.kill()
+            reference.communicate()
     if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):
         shutil.rmtree(root, ignore_errors=True)
 
