@@ -97,9 +97,12 @@ def killed_command_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: igno
         reference = subprocess.Popen(command(EXAMPLE, root / "ref-out", STEPS, 2, 0.0),
                                      env={**os.environ, "HETRUN_RUN_DIR": str(root / "ref-run")},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        cli = {"capture_output": True, "text": True, "timeout": 120, "env": {**os.environ, "COLUMNS": "220"}}
-        status = subprocess.run([sys.executable, "-m", "hetrun.cli", "status", str(run_dir)], **cli)
-        report = subprocess.run([sys.executable, "-m", "hetrun.cli", "report", str(run_dir)], **cli)
+        cli = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True,
+               "env": {**os.environ, "COLUMNS": "220"}}
+        procs = [subprocess.Popen([sys.executable, "-m", "hetrun.cli", what, str(run_dir)], **cli)
+                 for what in ("status", "report")]  # at once: neither writes what the other reads
+        outs = [p.communicate(timeout=120) for p in procs]
+        status, report = (subprocess.CompletedProcess(p.args, p.returncode, *o) for p, o in zip(procs, outs, strict=True))
         os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
         cluster.stop()
         stopped = True
