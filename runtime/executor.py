@@ -449,8 +449,13 @@ class Executor:
         self._checkpoint(boundary, reason="interval")
 
     def _run_iteration(self, it: int) -> None:
-        pending = list(self.actions)
-        done: set[str] = set()
+        # An action that does not run at `it` (``every`` > 1) is passed at once, without
+        # waiting for its dependencies: it reads nothing and changes nothing, so the wait
+        # would only stall the rank (an every-5 eval on a learner's lag-0 weights held a
+        # rollout rank to the learner every iteration). Its same-iteration dependents still
+        # check their own deps; those that run load what the exact-version rule names.
+        pending = [a for a in self.actions if a.runs_at(it)]
+        done = {a.id for a in self.actions if not a.runs_at(it)}
         state = IterState()
         while pending:
             ready = [a for a in pending if self._ready(a, it, done)]
@@ -459,8 +464,7 @@ class Executor:
                 continue
             action = max(ready, key=lambda a: a.priority)
             pending.remove(action)
-            if action.runs_at(it):
-                self._run_action(action, it, state)
+            self._run_action(action, it, state)
             done.add(action.id)
             self._check_stop(it)
         # Data of this iteration is consumed; keep the inbox small.
