@@ -49,7 +49,9 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
-def test_moe_example_runs_in_process(tmp_path: Path) -> None:
+def test_moe_example_runs_in_process(tmp_path: Path, clean_resume_hooks: None) -> None:
+    # clean_resume_hooks: resume.py caches a checkpoint slot per (component, rank) per process;
+    # an earlier in-process run's learner slot would point this run at that run's store.
     from hetrun.runtime.inprocess import run_inprocess
 
     plan = _plan("--set", "training.iterations=8", "--set", "training.eval_interval=4",

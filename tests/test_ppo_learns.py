@@ -70,7 +70,7 @@ def train(env_id: str, seed: int, max_iterations: int, eval_every: int, stalenes
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_cartpole_example_reaches_gymnasiums_reward_threshold_in_process(tmp_path: Path) -> None:
+def test_cartpole_example_reaches_gymnasiums_reward_threshold_in_process(tmp_path: Path, clean_resume_hooks: None) -> None:
     threshold = gym.spec("CartPole-v1").reward_threshold
     evals = evals_inprocess("ppo_cartpole.yaml", tmp_path, iterations=50, eval_every=2)
     returns = [e["eval_return_mean"] for e in evals]
@@ -82,7 +82,7 @@ def test_cartpole_example_reaches_gymnasiums_reward_threshold_in_process(tmp_pat
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_acrobot_example_reaches_gymnasiums_reward_threshold_in_process(tmp_path: Path) -> None:
+def test_acrobot_example_reaches_gymnasiums_reward_threshold_in_process(tmp_path: Path, clean_resume_hooks: None) -> None:
     threshold = gym.spec("Acrobot-v1").reward_threshold
     evals = evals_inprocess("ppo_acrobot.yaml", tmp_path, iterations=60, eval_every=3)
     returns = [e["eval_return_mean"] for e in evals]

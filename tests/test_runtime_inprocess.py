@@ -13,6 +13,9 @@ from runtime_toy import toy_plan, write_run_dir
 from hetrun.errors import RunDirError, RuntimeFailure
 
 ROOT = Path(__file__).resolve().parents[1]
+# Each test is a new run in this process: no checkpoint slot (resume.py caches one per
+# component and rank) may carry over from another run's store.
+pytestmark = pytest.mark.usefixtures("clean_resume_hooks")
 
 
 def test_toy_trains_in_process(tmp_path: Path) -> None:
