@@ -75,7 +75,13 @@ class _Slot:
     cold: Any = None  # object_rank.RankObjectTier: checkpoint.object_store's uploader and read tier
 
 
-_SLOTS: dict[tuple[str, int], _Slot] = {}
+# One writer per (run directory, component, rank): a process that runs two jobs in turn
+# (run_inprocess, tests) must never restore from, or write into, the other job's store.
+_SLOTS: dict[tuple[str, str, int], _Slot] = {}
+
+
+def _key(ctx: Ctx) -> tuple[str, str, int]:
+    return (str(ctx.run_dir), ctx.component, ctx.comp_rank)
 
 
 def restart_count() -> int:
@@ -121,7 +127,7 @@ def _collective(comm: Any) -> Any:
 
 
 def _slot(ctx: Ctx) -> _Slot:
-    key = (ctx.component, ctx.comp_rank)
+    key = _key(ctx)
     slot = _SLOTS.get(key)
     if slot is None:
         from hetrun.runtime.ckpt import open_store, tiers_for
@@ -212,7 +218,7 @@ def _required(everyone: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def restored_pipeline(ctx: Ctx) -> Any:
     """The executor's pipeline state of the checkpoint this rank restored (None: none)."""
-    slot = _SLOTS.get((ctx.component, ctx.comp_rank))
+    slot = _SLOTS.get(_key(ctx))
     return slot.pipeline if slot is not None else None
 
 
@@ -471,7 +477,7 @@ def optimizer_encoding(ctx: Ctx) -> str:
 
 def flush(ctx: Ctx) -> dict[str, Any] | None:
     """Wait for this rank's checkpoint in flight; returns its outcome."""
-    slot = _SLOTS.get((ctx.component, ctx.comp_rank))
+    slot = _SLOTS.get(_key(ctx))
     if slot is None:
         return None
     _join_encoder(slot)
