@@ -14,7 +14,6 @@ to an uninterrupted torchrun of the same script, and status/report say what happ
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -28,6 +27,8 @@ import pytest
 from api_helpers import EXAMPLE, assert_bit_identical, command, final_params
 from test_node_death_slurm import _mark_down_once_ended
 
+from hetrun.rundir import read_events
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 30
@@ -36,14 +37,8 @@ KILL_AFTER = 12  # steps rank 0 has logged before the kill
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written
-    return out
+    # The product's reader: a missing file is no events, a line being written is skipped.
+    return list(read_events(run_dir))
 
 
 def _spec(out: Path) -> Any:
