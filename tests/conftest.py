@@ -140,6 +140,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _FILE_SECONDS: dict[str, float] = {}
+_WORKER_SECONDS: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -147,6 +148,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # under xdist the controller sees every worker's reports.
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    # Per xdist worker, the Slurm group apart: the suite's wall time is its busiest
+    # worker's, so a cut helps only on the worker that finishes last.
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "main")
+    key = f"{worker} ({'Slurm group' if report.nodeid.endswith('@slurm') else 'others'})"
+    _WORKER_SECONDS[key] = _WORKER_SECONDS.get(key, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -157,6 +163,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_sep("=", f"slowest 25 test files (all files: {total:.0f} s of test time)")
     for path, secs in top:
         terminalreporter.write_line(f"{secs:9.1f}s  {path}")
+    terminalreporter.write_sep("=", "test time per worker")
+    for key, secs in sorted(_WORKER_SECONDS.items()):
+        terminalreporter.write_line(f"{secs:9.1f}s  {key}")
 
 
 @pytest.fixture(scope="session")
