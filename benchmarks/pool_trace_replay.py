@@ -250,7 +250,11 @@ def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, 
     return [*argv, "--wrap", f"sleep {job.seconds}"]
 
 
-def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None, float]:
+HISTORY_S = 30.0  # the placement snapshot's sacct + sshare part is reused this long (pool.Collector)
+
+
+def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
+        preempt: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> tuple[str, str | None, float]:
     """(partitions, GPU type, seconds spent) chosen by fitness placement on a fresh snapshot.
 
     Not ``ranked`` (``--fit-mode single``): the best candidate's partition and GPU type.
@@ -262,9 +266,11 @@ def fit(job: TraceJob, cluster: BigPool, ranked: bool) -> tuple[str, str | None,
     job lists ``cpu``, and a GPU partition only when that scored best (cpu full, GPU
     nodes idle now), so CPU work does not queue up on GPU nodes."""
     t0 = time.monotonic()
-    snap = pool.collect(lambda argv: cluster.run(*argv).stdout, hours=0.05)
+    snap = snaps.snapshot()
+    preempts, stops_clean = preempt.get(job.tier, ((), ()))
     need = placement.Need(nodes=job.nodes, cpus_per_node=CPUS, gpus_per_node=GPUS if job.gpu_types else 0,
-                          mem_mb_per_node=CPUS * MEM_PER_CPU_MB, gpu_types=job.gpu_types, partitions=PARTITIONS)
+                          mem_mb_per_node=CPUS * MEM_PER_CPU_MB, gpu_types=job.gpu_types, partitions=PARTITIONS,
+                          preempts=preempts, stops_clean=stops_clean)
     cands = placement.score(need, snap)
     spent = time.monotonic() - t0
     if not cands:
@@ -304,7 +310,8 @@ class Sampler(threading.Thread):
                     if part in idle and n.isdigit() and int(n) <= idle[part]}
             self.samples.append({"t": t, "alloc": alloc, "total": total, "pending": len(pending),
                                  "pending_eligible": len(eligible), "idle": idle,
-                                 "usable_idle": sum(idle[p] for p in fits)})
+                                 "usable_idle": sum(idle[p] for p in fits),
+                                 "load1": float(Path("/proc/loadavg").read_text().split()[0])})
             self.stop.wait(max(0.0, 1.0 - (time.time() - t)))
 
 
@@ -508,7 +515,7 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
            ranked: bool = False, one_tier: bool = False, limits: str = "tight",
-           by_hand: bool = False) -> dict[str, Any]:
+           by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False) -> dict[str, Any]:
     """``policy``: tiers through the pool's QOS. With ``by_hand`` ("Slurm by hand") every job
     asks for its tier's plain QOS and the partitions it accepts (``hand_partition``); without,
     fitness placement picks them and a checkpointing job asks for ``<tier>_ckpt``."""
@@ -517,6 +524,11 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     hetrun = replay_hetrun_jobs.Submitter(cluster.cfg.slurm_conf, prefix, ACCOUNT)
     trace_dirs = hetrun.base / "trace"  # checkpointing trace jobs' run directories (outside /tmp)
     ckpt_qos = policy and not by_hand
+    # the placement snapshots: sinfo + squeue fresh per job, sacct + sshare every HISTORY_S
+    # (``history_s`` 0 with ``fresh_history``: all four per job, as before issue 21's fix)
+    snaps = pool.Collector(lambda argv: cluster.run(*argv).stdout, hours=0.05,
+                           history_s=0.0 if fresh_history else HISTORY_S)
+    preempt = tier_preemption(by_loss) if policy and not by_hand else {}
     sampler = Sampler(cluster)
     sampler.start()
     t0, fit_s, moved, refused = time.monotonic(), [], 0, []
@@ -530,7 +542,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
         if by_hand:
             partition, gpu_type = hand_partition(job)
         elif policy:
-            partition, gpu_type, spent = fit(job, cluster, ranked)
+            partition, gpu_type, spent = fit(job, snaps, ranked, preempt)
             fit_s.append(spent)
             moved += partition != job.script_partition
         proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier, limits,
@@ -557,8 +569,26 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     except Exception as exc:  # keep the raw data of a 10-minute replay whatever went wrong
         out["metrics_error"] = repr(exc)
     out.update(refused=refused, submit_lag_s=submit_lag, moved_by_placement=moved,
-               fit_ms_p50=_pct([1000 * s for s in fit_s], 0.5), samples=len(sampler.samples))
+               fit_ms_p50=_pct([1000 * s for s in fit_s], 0.5), fit_ms_p95=_pct([1000 * s for s in fit_s], 0.95),
+               samples=len(sampler.samples), placement_by_loss=bool(preempt),
+               load1_mean=round(statistics.fmean(x["load1"] for x in sampler.samples), 2) if sampler.samples else None,
+               load1_max=max((x["load1"] for x in sampler.samples), default=None),
+               placement_history_s=snaps.history_s)
     return out
+
+
+def tier_preemption(by_loss: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per tier the QOS its jobs may preempt and those whose jobs stop clean, from the replay's
+    POLICY (``policy.desired.preemption_sets``): placement ranks groups by the work a start by
+    preemption loses. Empty without ``by_loss`` (``--no-preempt-by-loss``)."""
+    import yaml
+    from hetrun.slurm_plugin.policy.desired import preemption_sets
+    from hetrun.slurm_plugin.policy.model import validate_policy_data
+
+    if not by_loss:
+        return {}
+    spec = validate_policy_data(yaml.safe_load(POLICY))
+    return {tier: preemption_sets(spec, tier) for tier in TIERS}
 
 
 @contextmanager
@@ -584,7 +614,7 @@ def daemon_rss_mb(cluster: BigPool) -> float:
 
 def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag: str,
                 ranked: bool = False, cadence: str = "compressed", limits: str = "tight",
-                by_hand: bool = False) -> dict[str, Any]:
+                by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False) -> dict[str, Any]:
     """Start the pool (which stops the previous replay's pool: same directory, so one
     hold of the heavy lock covers both) and replay; the last pool is stopped by main."""
     cluster = ReplayPool(policy=policy_path, cadence=cadence)
@@ -594,7 +624,7 @@ def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag
         start_s = round(time.monotonic() - t0, 1)
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked, limits=limits,
-                    by_hand=by_hand)
+                    by_hand=by_hand, by_loss=by_loss, fresh_history=fresh_history)
     sched = cluster.run("scontrol", "show", "config", check=False).stdout
     result.update(scheduler_parameters=next((ln.split("=", 1)[1].strip() for ln in sched.splitlines()
                                              if ln.startswith("SchedulerParameters")), None),
@@ -642,6 +672,10 @@ def main() -> None:
                     help="the default side on the running policy pool, every job in one tier (no restart, no lock)")
     ap.add_argument("--policy-in-running-pool", action="store_true",
                     help="the policy side on the policy pool already running (no restart, no lock)")
+    ap.add_argument("--no-preempt-by-loss", action="store_true",
+                    help="policy side: placement without the preemption-loss term (Need.preempts empty)")
+    ap.add_argument("--fresh-history", action="store_true",
+                    help="policy side: every placement snapshot reads sacct + sshare too (as before the fix)")
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
     ap.add_argument("--prefix", help="job-name prefix of the saved replay (e.g. tr63167b-)")
     args = ap.parse_args()
@@ -695,7 +729,8 @@ def main() -> None:
                     pool_policy = (hand_path if key == "by_hand" else policy_path) if with_policy else None
                     doc[key] = run_on_pool(pool_policy, trace, label, tag,
                                            ranked=args.fit_mode == "ranked", cadence=args.scheduler_cadence,
-                                           limits=args.time_limits, by_hand=key == "by_hand")
+                                           limits=args.time_limits, by_hand=key == "by_hand",
+                                           by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history)
                     doc[key]["fit_mode"] = args.fit_mode if key == "policy_fit" else None
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")  # each side as soon as it is done
     finally:

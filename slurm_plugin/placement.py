@@ -15,7 +15,11 @@ behind it, so ``plan --explain`` can show why one lost:
   queue pressure (jobs already pending on the partition), minus nodes with a
   failure history among those it would use, minus CPU-only work on GPU nodes,
   minus a quota's brim (a limit past half full after it), minus each node
-  beyond the fewest allowed (more so when its traffic crosses nodes).
+  beyond the fewest allowed (more so when its traffic crosses nodes);
+- where it must wait and may preempt (``Need.preempts``), minus the work a start by
+  preemption would throw away (``preemption_loss``: idle nodes and jobs that stop clean at
+  an agreed step cost nothing, a plain job all it has run), so Slurm, handed the ranked list,
+  tries the group that loses least first.
 
 ``score`` is pure arithmetic on ``PoolSnapshot``; ``with_start_estimates``
 then asks Slurm itself (``sbatch --test-only``, one call per candidate) when
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from hetrun.slurm_plugin import quota
 from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
-from hetrun.slurm_plugin.pool import NodeFree, PoolRow, PoolSnapshot
+from hetrun.slurm_plugin.pool import NodeFree, PoolRow, PoolSnapshot, RunningUse
 from hetrun.slurm_plugin.quota import Quotas
 
 from hetrun.errors import SlurmError
@@ -49,6 +53,9 @@ GPU_WASTE_PENALTY = 10.0  # CPU-only work on GPU nodes keeps GPUs from GPU work
 QUOTA_NEAR_PENALTY = 30.0  # at a quota's brim (from quota.NEAR_FROM of it, growing to this at 100%)
 SPREAD_PENALTY = 3.0  # per node beyond the fewest allowed: nodes other whole-node jobs cannot have
 CROSS_NODE_PENALTY = 4.0  # per extra node, times the component's cross-node traffic weight
+PREEMPT_LOSS_PER_NODE_MIN = 5.0  # per node-minute of work a start by preemption would throw away
+PREEMPT_LOSS_MAX = 150.0  # the most a loss costs: a start at once still beats a long wait
+PREEMPT_BLOCKED_PENALTY = 200.0  # a group preemption cannot free: the job waits for jobs to end there
 WAIT_PENALTY_PER_MIN = 2.0  # per minute Slurm expects the candidate to wait
 WAIT_PENALTY_MAX = 200.0  # a start Slurm cannot place at all loses to any that starts
 # Memory of one GPU of the common GRES types (the smallest model sold under the
@@ -74,6 +81,11 @@ class Need:
     gpu_mem_mb: int = 0  # memory one GPU must have; 0 = not known
     fewest_nodes: int = 0  # node count is a candidate dimension: the fewest allowed (0: it is not)
     cross_node: float = 0.0  # weight of its traffic across nodes (hetrun.dag.needs)
+    # QOS names whose running jobs this job's QOS may preempt (Slurm's Preempt= list), and those
+    # of them whose jobs checkpoint and stop at an agreed step (a policy's ``<tier>_ckpt``):
+    # where it must preempt, the group whose preemption loses least work ranks first.
+    preempts: tuple[str, ...] = ()
+    stops_clean: tuple[str, ...] = ()
 
     @classmethod
     def from_component(cls, comp: dict, gpu_types: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Need:
@@ -193,6 +205,12 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
             reasons.append("CPU-only work on GPU nodes")
         if bad:
             reasons.append(f"{bad} of its nodes have a failure history")
+        if not fits and need.preempts:
+            loss = preemption_loss(need, members, snap)
+            value -= PREEMPT_BLOCKED_PENALTY if loss is None else min(PREEMPT_LOSS_MAX,
+                                                                PREEMPT_LOSS_PER_NODE_MIN * loss / 60)
+            reasons.append("preemption cannot free enough nodes" if loss is None else
+                           f"a start by preemption loses ~{loss:.0f} node-s of work")
         spread, why = _shape_penalty(need)
         _, fullest, quota_why = quota.check(quotas, need_tres(need, row.gres))
         near = QUOTA_NEAR_PENALTY * max(0.0, fullest - quota.NEAR_FROM) / (1 - quota.NEAR_FROM)
@@ -201,6 +219,42 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons,
                              node_count=need.nodes if need.fewest_nodes else 0))
     return sorted(out, key=rank_key)
+
+
+def preemption_loss(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot) -> float | None:
+    """Node-seconds of work lost when ``need`` starts on the group ``members`` by preempting
+    running jobs of the QOS in ``need.preempts``, the jobs taken cheapest first: a job of a
+    ``stops_clean`` QOS loses ~0 (it saves at the agreed stop), a plain one all it has run
+    (its run time x its nodes), so the youngest goes before older ones. Slurm's preempt/qos
+    takes a lower QOS first, and a policy's ``_ckpt`` QOS is below its tier, so the estimate
+    follows Slurm's own order where it matters. None: not enough nodes even so."""
+    free = {n.name for n in members if _fits_now(n, need)}
+    if len(free) >= need.nodes:
+        return 0.0
+    names = {n.name for n in members}
+    on_node: dict[str, set[int]] = {}
+    for i, job in enumerate(snap.running_use):
+        for node in job.nodes:
+            if node in names:
+                on_node.setdefault(node, set()).add(i)
+    victims = sorted((i for i, job in enumerate(snap.running_use)
+                      if job.qos in need.preempts and any(n in names for n in job.nodes)),
+                     key=lambda i: _job_loss(snap.running_use[i], need, snap.taken_at))
+    taken: set[int] = set()
+    loss = 0.0
+    for i in victims:
+        taken.add(i)
+        loss += _job_loss(snap.running_use[i], need, snap.taken_at)
+        freed = {n for n, jobs in on_node.items() if n not in free and jobs <= taken}
+        if len(free | freed) >= need.nodes:
+            return loss
+    return None
+
+
+def _job_loss(job: RunningUse, need: Need, now: float) -> float:
+    if job.qos in need.stops_clean:
+        return 0.0
+    return max(0.0, now - job.start) * max(1, len(job.nodes)) if job.start else float(PREEMPT_LOSS_MAX * 60)
 
 
 def rank_key(c: Candidate) -> tuple[float, str, str, int]:

@@ -93,12 +93,16 @@ class NodeFree:
 
 @dataclass
 class RunningUse:
-    """TRES allocated to one running job (squeue), with what quotas count it under."""
+    """TRES allocated to one running job (squeue), with what quotas count it under, and where
+    and since when it runs (what preempting it would throw away: ``placement.preemption_loss``)."""
 
     account: str
     user: str
     qos: str
     tres: dict[str, int] = field(default_factory=dict)  # cpu, mem (MB), node, gres/gpu, gres/gpu:TYPE
+    job_id: int = 0
+    nodes: tuple[str, ...] = ()
+    start: float = 0.0  # epoch seconds (0: not known)
 
 
 @dataclass
@@ -251,7 +255,9 @@ def running_from_squeue(data: dict[str, Any]) -> list[RunningUse]:
         tres = tres_dict(job.get("tres_alloc_str"))
         tres.pop("billing", None)
         out.append(RunningUse(str(job.get("account") or ""), str(job.get("user_name") or ""),
-                              str(job.get("qos") or ""), tres))
+                              str(job.get("qos") or ""), tres, int(job.get("job_id") or 0),
+                              tuple(expand_hostlist(str(job.get("nodes") or ""))),
+                              float(job.get("start_time") or 0)))
     return out
 
 
@@ -357,26 +363,48 @@ def _json(run: Runner, argv: list[str]) -> dict[str, Any]:
 
 def collect(run: Runner | None = None, *, hours: float = 6.0, now: float | None = None) -> PoolSnapshot:
     """One snapshot of the pool: four Slurm calls, each once."""
-    if run is None:
-        import os
+    return Collector(run, hours=hours, history_s=0.0).snapshot(now)
 
-        from hetrun.slurm_plugin.backends.sbatch import SACCT_TIME_ENV
-        from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 
-        env = {**os.environ, **SACCT_TIME_ENV}
+def _default_run() -> Runner:
+    import os
 
-        def run(argv: Sequence[str]) -> str:
-            return run_slurm(argv, env=env).stdout
+    from hetrun.slurm_plugin.backends.sbatch import SACCT_TIME_ENV
+    from hetrun.slurm_plugin.backends.slurm_cli import run_slurm
 
-    now = time.time() if now is None else now
-    sinfo = _json(run, ["sinfo", "--json"])
-    squeue = _json(run, ["squeue", "--json"])
-    minutes = max(1, int(hours * 60))
-    sacct = run(["sacct", "-a", "-X", "-D", "-P", "-n", "-S", f"now-{minutes}minutes", "-E", "now",
-                 f"--format={POOL_SACCT_FORMAT}"])
-    shares = shares_from_sshare(run(["sshare", "-a", "-P"]))
-    pending, running = pending_from_squeue(squeue)
-    usage, node_fail = usage_from_sacct(sacct, now, hours)
-    return PoolSnapshot(now, hours, rows_from_sinfo(sinfo), pending, accounts_from(shares, usage),
-                        troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo),
-                        running_from_squeue(squeue))
+    env = {**os.environ, **SACCT_TIME_ENV}
+
+    def run(argv: Sequence[str]) -> str:
+        return run_slurm(argv, env=env).stdout
+
+    return run
+
+
+class Collector:
+    """Snapshots for placements in a row (a submitter placing job after job). sinfo and squeue,
+    what placement scores on (free nodes, pending and running jobs), are read fresh for every
+    snapshot; sacct and sshare (failure history and account shares over ``hours``) are reused
+    for ``history_s`` seconds: they come from slurmdbd through MariaDB, took ~90% of a snapshot
+    (0.18 of 0.20 s idle, more on a loaded host) and change little within seconds of a
+    6-hour window. ``history_s`` 0: every snapshot reads all four (``collect``)."""
+
+    def __init__(self, run: Runner | None = None, *, hours: float = 6.0, history_s: float = 0.0) -> None:
+        self.run = run or _default_run()
+        self.hours, self.history_s = hours, history_s
+        self._history: tuple[float, dict[str, dict[str, str]], dict[str, list[float]], dict[str, int]] | None = None
+
+    def snapshot(self, now: float | None = None) -> PoolSnapshot:
+        now = time.time() if now is None else now
+        sinfo = _json(self.run, ["sinfo", "--json"])
+        squeue = _json(self.run, ["squeue", "--json"])
+        if self._history is None or not 0 <= now - self._history[0] < self.history_s:
+            minutes = max(1, int(self.hours * 60))
+            sacct = self.run(["sacct", "-a", "-X", "-D", "-P", "-n", "-S", f"now-{minutes}minutes", "-E", "now",
+                              f"--format={POOL_SACCT_FORMAT}"])
+            shares = shares_from_sshare(self.run(["sshare", "-a", "-P"]))
+            self._history = (now, shares, *usage_from_sacct(sacct, now, self.hours))
+        _, shares, usage, node_fail = self._history
+        pending, running = pending_from_squeue(squeue)
+        return PoolSnapshot(now, self.hours, rows_from_sinfo(sinfo), pending, accounts_from(shares, usage),
+                            troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo),
+                            running_from_squeue(squeue))

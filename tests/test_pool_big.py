@@ -16,7 +16,9 @@ test's own `hetrun policy apply`. Then, in this order (the module's state carrie
 - with the 24 a100 nodes filled by normal-tier sleeps: `hetrun submit` places a
   `placement: auto` component on the idle v100 type; `hetrun pool --json` shows the
   pending demand and `hetrun policy status` the tiers' jobs; a critical job preempts
-  and requeues one of the normal ones.
+  and requeues one of the normal ones;
+- with both GPU types full, hetrun's placement sends a critical job that accepts either to the
+  partition whose preemption loses least (a checkpointing job's), and Slurm preempts it there.
 
 cpu.isolation is ``none`` here: each emulated node claims 4 CPUs, and task/affinity
 maps them onto real ones, so numa-aware needs a host with at least 4 (the last test
@@ -327,24 +329,41 @@ def test_a_critical_job_preempts_and_requeues_a_normal_one(pool: BigPool, a100_f
 
 
 @pytest.mark.usefixtures("applied")
-def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: BigPool) -> None:
-    """Preemption by work lost, by Slurm alone: the a100 nodes held by three plain normal jobs
-    and one (as large) asking for normal_ckpt; a 1-node critical job takes the checkpointing
-    job's nodes (preempt/qos picks candidates in rising QOS priority), the plain ones run on."""
-    def filler(qos: str) -> str:
-        return job_id(sbatch(pool, "-A", BIG, f"--qos={qos}", "-p", "gpu-a100", f"-N{FILLER_NODES}", *WHOLE_NODE,
-                             "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", f"fill-{qos}", "--wrap", "sleep 600"))
+def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: BigPool, policy_file: Path) -> None:
+    """Preemption by work lost, by Slurm's own mechanisms plus hetrun's placement: the a100
+    nodes held by four plain normal jobs, the v100 nodes by three plain ones and one (as large)
+    asking for normal_ckpt. hetrun's placement of a 1-node critical job that accepts either
+    type (``placement.score`` with the tier's ``preemption_sets``) ranks gpu-v100 first, where
+    a preemption loses least although the name order says a100; handed that list, Slurm starts
+    the job in gpu-v100 and preempts the checkpointing job there (preempt/qos picks candidates
+    in rising QOS priority); every plain job runs on."""
+    from hetrun.slurm_plugin import placement
+    from hetrun.slurm_plugin import pool as pool_mod
+    from hetrun.slurm_plugin.placement_fit import ranked_list
+    from hetrun.slurm_plugin.policy.desired import preemption_sets
+    from hetrun.slurm_plugin.policy.model import load_policy
 
-    ckpt = filler("normal_ckpt")  # submitted first: the oldest, so age would not pick it
-    plain = [filler("normal") for _ in range(FILLERS - 1)]
+    def filler(qos: str, gtype: str) -> str:
+        return job_id(sbatch(pool, "-A", BIG, f"--qos={qos}", "-p", f"gpu-{gtype}", f"-N{FILLER_NODES}", *WHOLE_NODE,
+                             f"--gres=gpu:{gtype}:2", "-t", "10", "--requeue", "-J", f"fill-{qos}", "--wrap",
+                             "sleep 600"))
+
+    ckpt = filler("normal_ckpt", "v100")  # submitted first: the oldest, so age would not pick it
+    plain = [filler("normal", "v100") for _ in range(FILLERS - 1)] + [filler("normal", "a100") for _ in range(FILLERS)]
     critical = None
     seen: dict[str, dict[str, Any]] = {}
     try:
         assert wait_for(lambda: _running(pool, [ckpt, *plain]), 120), {
             i: jobs(pool).get(i, {}).get("state_reason") for i in [ckpt, *plain]}
         assert jobs(pool)[ckpt]["qos"] == "hrpool_normal_ckpt"
-        critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", "gpu-a100", "-N1", *WHOLE_NODE,
-                                 "--gres=gpu:a100:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+        preempts, clean = preemption_sets(load_policy(policy_file), "critical")
+        need = placement.Need(1, 4, 2, 320, gpu_types=("a100", "v100"), partitions=("gpu-a100", "gpu-v100"),
+                              preempts=preempts, stops_clean=clean)
+        cands = placement.score(need, pool_mod.collect(lambda argv: pool.run(*argv).stdout, hours=0.05))
+        ranked = ranked_list(cands, gpus=True)
+        assert ranked.partitions == ["gpu-v100", "gpu-a100"], [(c.label, c.score, c.reasons) for c in cands]
+        critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", ",".join(ranked.partitions), "-N1",
+                                 *WHOLE_NODE, "--gres=gpu:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
 
         def started() -> bool:
             seen.update(jobs(pool))
@@ -352,6 +371,7 @@ def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: B
 
         assert wait_for(started, 120), {i: (seen.get(i, {}).get("job_state"), seen.get(i, {}).get("restart_cnt"))
                                         for i in [critical, ckpt, *plain]}
+        assert seen[critical]["nodes"] in V100_NODES, seen[critical]["nodes"]
         assert seen[ckpt]["restart_cnt"] == 1, "the checkpointing job is the one preempted"
         assert [seen[i]["restart_cnt"] for i in plain] == [0] * len(plain)
         assert all(seen[i]["job_state"] == "RUNNING" for i in plain)

@@ -73,6 +73,17 @@ def tier_qos_names(policy: PolicySpec, tiers: list[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def preemption_sets(policy: PolicySpec, tier: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """For a job of ``tier`` (either of its QOS): the QOS its QOS may preempt (the same
+    ``Preempt=`` list ``_qos_for_tier`` renders) and, of those, the ``<tier>_ckpt`` ones whose jobs
+    stop at an agreed step: ``placement.Need.preempts`` / ``stops_clean``."""
+    names = policy.tier_names
+    lower = tier_qos_names(policy, names[names.index(tier) + 1:]) if policy.preemption else ()
+    clean = tuple(q for q in lower if policy.checkpointed is not None
+                  and q in {policy.ckpt_qos_name(t) for t in names})
+    return lower, clean
+
+
 def ckpt_priority(policy: PolicySpec, rank: int, tier: str) -> int:
     """The ``<tier>_ckpt`` QOS Priority: below the tier's own (preempt/qos takes candidates in
     rising QOS priority, so checkpointing jobs go first), above the next tier down (the tiers'
