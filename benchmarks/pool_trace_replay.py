@@ -329,7 +329,9 @@ def sacct_runs(cluster: BigPool, prefix: str, since: float) -> dict[str, list[di
     return parse_sacct(out, prefix)
 
 
-SACCT_FORMAT = "JobIDRaw,JobName,State,Submit,Eligible,Start,End,NNodes"
+# Partition and NodeList last: where each run ran (which partition a preemptor took, whose nodes);
+# dumps saved before issue 21's second session have the first 8 columns only.
+SACCT_FORMAT = "JobIDRaw,JobName,State,Submit,Eligible,Start,End,NNodes,Partition,NodeList"
 
 
 def parse_sacct(text: str, prefix: str) -> dict[str, list[dict[str, Any]]]:
@@ -338,12 +340,14 @@ def parse_sacct(text: str, prefix: str) -> dict[str, list[dict[str, Any]]]:
     seen = set()
     for line in text.splitlines():
         parts = line.split("|")
-        if len(parts) != 8 or not parts[1].startswith(prefix) or tuple(parts) in seen:
+        if len(parts) not in (8, 10) or not parts[1].startswith(prefix) or tuple(parts) in seen:
             continue
         seen.add(tuple(parts))
-        runs.setdefault(parts[1], []).append({
-            "id": parts[0], "state": parts[2], "submit": _ts(parts[3]), "eligible": _ts(parts[4]),
-            "start": _ts(parts[5]), "end": _ts(parts[6]), "nodes": int(parts[7])})
+        run = {"id": parts[0], "state": parts[2], "submit": _ts(parts[3]), "eligible": _ts(parts[4]),
+               "start": _ts(parts[5]), "end": _ts(parts[6]), "nodes": int(parts[7])}
+        if len(parts) == 10:
+            run.update(partition=parts[8], nodelist=parts[9])
+        runs.setdefault(parts[1], []).append(run)
     return runs
 
 
