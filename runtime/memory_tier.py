@@ -1,11 +1,16 @@
-"""Peer-memory snapshots over MPI: every rank's state each N iterations, on its node
-and on partners' nodes, and the restore that agrees on the freshest step every rank holds.
+"""Peer-memory snapshots: every rank's state each N iterations, on its node and on
+partners' nodes, and the restore that agrees on the freshest step every rank holds.
+
+The ranks talk through a transport (runtime/memory_transport.py): the executor's over MPI,
+a command component's (the run API) over a torch.distributed gloo group of its own. Every
+rule below is here once, whichever carries the bytes.
 
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
 point and the same tree as an interval checkpoint: workload state, RNG,
 iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
 into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
-ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
+ranks on other nodes, which write it into THEIR node's tmpfs (MPI: a non-blocking
+send; gloo: the transport's replica thread). Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
 least two nodes). Received replicas are written as they arrive: whenever a rank
@@ -18,7 +23,7 @@ node's lowest rank lists what the node holds; the candidate steps are those
 of which every rank has a copy somewhere; for the newest, each rank's copy is
 read and its checksums verified by its holder (the rank itself first, then
 replicas), a copy that fails is named and the next holder tried; a verified
-copy moves to its owner over MPI. If some rank has no verified copy of the
+copy moves to its owner through the transport. If some rank has no verified copy of the
 step, the step is dropped and the caller falls back to the store (the shared
 checkpoint). The outcome says, per rank, where the state came from.
 """
@@ -32,9 +37,8 @@ from typing import Any
 from hetrun.errors import CheckpointError
 
 from .ckpt import memory
+from .memory_transport import wrap
 
-TAG_REPLICA = 0x4D54  # "MT": a replica blob
-TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
 # Adaptive N's cap, so the work a node death can cost stays bounded: with N the restore
 # goes back to the last multiple of N, at most N iterations (docs/PREEMPTION.md).
@@ -83,22 +87,23 @@ class RestoreOutcome:
 
 class MemorySnapshots:
     """One rank's end of the memory tier. Create it on every rank at the same point
-    (its constructor is collective: node names and a communicator of its own)."""
+    (its constructor is collective: node names and a communicator of its own).
+    ``comm``: an mpi4py communicator or a transport (runtime/memory_transport.py)."""
 
     def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
                  keep: int = 4, root: Any = None) -> None:
-        self.comm = comm.Dup()
-        self.rank = self.comm.Get_rank()
-        self.size = self.comm.Get_size()
+        self.transport = wrap(comm)
+        self.rank = self.transport.rank
+        self.size = self.transport.size
         self.node = node
-        self.nodes: list[str] = list(self.comm.allgather(node))
+        self.nodes: list[str] = list(self.transport.allgather(node))
         # every None: adaptive. Each rank wants the smallest power of two N whose snapshot cost
         # stays within BUDGET of its iterations, and the ranks agree on the largest (an
         # allreduce MAX every AGREE_EVERY steps, applied at the next): every rank uses the same
         # N at the same step, so every rank snapshots the same steps and the newest `keep` a
         # node holds are steps every rank has.
         self.adaptive = every is None
-        self._agreeing: tuple[Any, Any, Any] | None = None  # (request, sent, received) in flight
+        self._agreeing: Any = None  # the transport's MAX all-reduce in flight (wait() -> log2 N)
         self.every = 1 if every is None else max(1, int(every))
         self._cost: float | None = None  # EWMA seconds per snapshot
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
@@ -110,8 +115,10 @@ class MemorySnapshots:
         self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
-        self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
-        self._recvs: list[tuple[Any, bytearray]] = []  # replicas being received
+        # The ranks whose partner this rank is: they send it their replicas.
+        self.sources = [r for r in range(self.size) if r != self.rank
+                        and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
+        self.transport.bind(self.sources, self._received)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
         self.bytes = 0
@@ -162,15 +169,9 @@ class MemorySnapshots:
         early = self._first is not None and step == self._first + FIRST_AGREE_AFTER
         if step % AGREE_EVERY and not early:
             return
-        import numpy as np
-        from mpi4py import MPI
-
         if self._agreeing is not None:
-            self._agreeing[0].Wait()
-            self.every = 1 << int(self._agreeing[2][0])
-        mine = np.array([self.wanted().bit_length() - 1], dtype=np.int64)
-        got = np.zeros(1, dtype=np.int64)
-        self._agreeing = (self.comm.Iallreduce(mine, got, op=MPI.MAX), mine, got)
+            self.every = 1 << self._agreeing.wait()
+        self._agreeing = self.transport.start_max(self.wanted().bit_length() - 1)
 
     def snapshot(self, step: int, tree: Any) -> None:
         """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners."""
@@ -178,8 +179,8 @@ class MemorySnapshots:
         self.progress()
         blob = memory.encode(step, self.rank, tree)
         self.tier.write(self.rank, step, blob)
-        for p in self.partners:
-            self._sends.append((self.comm.Isend([blob, _byte()], dest=p, tag=TAG_REPLICA), blob))
+        if self.partners:
+            self.transport.send(self.partners, blob)
         self.taken += 1
         self.bytes = len(blob)
         spent = time.perf_counter() - t0
@@ -208,45 +209,36 @@ class MemorySnapshots:
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
 
     def progress(self) -> None:
-        """Start receiving the replicas that are announced, write those that have arrived,
-        forget the sends that completed. Never blocks: a blocking receive would wait for the
-        sender to enter MPI again (measured: 83 ms per snapshot on a busy rollout rank)."""
-        from mpi4py import MPI
+        """The replicas that have arrived, written now (the transport's ``poll``: never blocks)."""
+        self.transport.poll()
 
-        status = MPI.Status()
-        while (msg := self.comm.improbe(source=MPI.ANY_SOURCE, tag=TAG_REPLICA, status=status)) is not None:
-            buf = bytearray(status.Get_count(MPI.BYTE))
-            self._recvs.append((msg.Irecv([buf, MPI.BYTE]), buf))
-        pending = []
-        for req, buf in self._recvs:
-            if not req.Test():
-                pending.append((req, buf))
-                continue
-            try:
-                head = memory.verify(buf, "received replica")  # a torn message is never written
-            except CheckpointError:
-                continue
-            self.tier.write(int(head["owner"]), int(head["step"]), buf)
-        self._recvs = pending
-        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+    def _received(self, blob: Any) -> None:
+        """A replica from a partner: written into this node's tier once its checksums pass
+        (a torn message is never written). Called by the transport (MPI: inside ``progress``;
+        gloo: on its replica thread)."""
+        try:
+            head = memory.verify(blob, "received replica")
+        except CheckpointError:
+            return
+        self.tier.write(int(head["owner"]), int(head["step"]), blob)
+
+    def summary(self) -> dict[str, Any]:
+        """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
+        return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
+                "every": self.every, "partners": self.partners,
+                "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
+                             for n, (t, w, k) in sorted(self.by_every.items())},
+                **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {})}
 
     def close(self, remove: bool = False) -> None:
         """Collective: every send delivered and written before any rank leaves.
         ``remove``: the run is over; each node's lowest rank deletes the node's snapshots."""
         if self._agreeing is not None:  # every rank started it at the same step
-            self._agreeing[0].Wait()
+            self._agreeing.wait()
             self._agreeing = None
-        barrier = None
-        while True:
-            self.progress()
-            if barrier is None and not self._sends:
-                barrier = self.comm.Ibarrier()
-            if barrier is not None and barrier.Test() and not self._recvs:
-                break
-            time.sleep(0.002)
-        self.progress()
+        self.transport.drain()
         if remove:
-            self.comm.Barrier()  # every rank is past its last write
+            self.transport.barrier()  # every rank is past its last write
             if min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank:
                 import shutil
 
@@ -258,10 +250,11 @@ class MemorySnapshots:
         t0 = time.perf_counter()
         out = RestoreOutcome()
         lead = min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank
-        held = self.comm.allgather(self.tier.held() if lead else None)
+        # [owner, steps] pairs, not a dict: the gloo transport sends JSON (string keys only).
+        held = self.transport.allgather([[o, s] for o, s in sorted(self.tier.held().items())] if lead else None)
         holders: dict[int, dict[int, list[int]]] = {}  # owner -> step -> holder ranks
         for r, h in enumerate(held):
-            for owner, steps in (h or {}).items():
+            for owner, steps in h or []:
                 if 0 <= owner < self.size:
                     # A copy on the owner's own node is read by the owner (no transfer).
                     holder = owner if self.nodes[owner] == self.nodes[r] else r
@@ -304,7 +297,7 @@ class MemorySnapshots:
                     except CheckpointError as exc:
                         problems.append({"owner": owner, "holder": self.rank, "node": self.node,
                                          "step": step, "error": str(exc)})
-            bad = [p for ps in self.comm.allgather(problems) for p in ps]
+            bad = [p for ps in self.transport.allgather(problems) for p in ps]
             out.rejected += bad
             if not bad:
                 break
@@ -316,26 +309,11 @@ class MemorySnapshots:
         out.sources = [{"rank": o, "holder": h, "node": self.nodes[h],
                         "kind": "own" if h == o else "replica"} for o, h in holder_of.items()]
         out.source = out.sources[self.rank]
-        reqs = [self.comm.Isend([mine[o], _byte()], dest=o, tag=TAG_RESTORE)
-                for o, h in holder_of.items() if h == self.rank and o != self.rank]
-        if holder_of[self.rank] == self.rank:
-            blob: Any = mine[self.rank]
-        else:
-            from mpi4py import MPI
-
-            status = MPI.Status()
-            self.comm.Probe(source=holder_of[self.rank], tag=TAG_RESTORE, status=status)
-            blob = bytearray(status.Get_count(MPI.BYTE))
-            self.comm.Recv([blob, MPI.BYTE], source=holder_of[self.rank], tag=TAG_RESTORE)
-        for r in reqs:
-            r.Wait()
+        sends = {o: mine[o] for o, h in holder_of.items() if h == self.rank and o != self.rank}
+        own = holder_of[self.rank] == self.rank
+        got = self.transport.exchange(sends, None if own else holder_of[self.rank])
+        blob: Any = mine[self.rank] if own else got
         _head, tree = memory.decode(blob, f"rank {self.rank} step {step} from {self.nodes[holder_of[self.rank]]}")
         # The copy arrived intact everywhere (a failure here raised on its owner: the world aborts).
-        self.comm.Barrier()
+        self.transport.barrier()
         return tree
-
-
-def _byte() -> Any:
-    from mpi4py import MPI
-
-    return MPI.BYTE

@@ -2,8 +2,10 @@
 and the restore that prefers a peer-memory snapshot to the shared store.
 
 On (``checkpoint.memory_every`` N > 0; by default, when a component has
-``spare_nodes``, adaptive: runtime/memory_tier.py), for the MPI executor only. ``restore`` is what the executor
-calls instead of ``resume.restore_if_any``: every rank asks the memory tier
+``spare_nodes``, adaptive: runtime/memory_tier.py), for the MPI executor and for a command
+component's script through the run API (runtime/api/run.py, over its gloo transport:
+runtime/memory_transport.py). ``restore`` is what they
+call instead of ``resume.restore_if_any``: every rank asks the memory tier
 (runtime/memory_tier.py) for the newest step every rank holds a verified copy
 of, and the store for its newest complete step; the newer wins (memory on a
 tie: no shared-filesystem read). Memory's outcome is written as a
@@ -67,15 +69,25 @@ def _store_newest(ctx: Any, slot: Any) -> int | None:
     return max(resume._candidate_steps(resume._required(everyone)), default=None)
 
 
-def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int]) -> tuple[int, MemorySnapshots]:
-    """Collective. (the iteration to start at, this rank's memory tier)."""
+def snapshots(ctx: Any, comm: Any = None) -> MemorySnapshots:
+    """Collective: this rank's memory tier over ``comm`` (default: the executor's MPI world).
+    The run API passes its component's transport; its tier's path then names the component
+    (a job's command components each have a world of their own)."""
+    from hetrun.runtime.memory_transport import wrap
+
     plan = ctx.plan
-    t0 = time.perf_counter()
-    world = ctx.world_comm
+    transport = wrap(ctx.world_comm if comm is None else comm)
     # None: adaptive (the smallest power-of-two N costing <= 2%, agreed across the ranks).
-    mem = MemorySnapshots(world, ctx.run_dir, node=ctx.node, every=memory_every(plan),
-                          replicas=memory_replicas(plan), keep=KEEP,
-                          root=_root(world.Get_size()))
+    return MemorySnapshots(transport, ctx.run_dir, node=ctx.node, every=memory_every(plan),
+                           replicas=memory_replicas(plan), keep=KEEP,
+                           root=_root(transport.size, None if comm is None else ctx.component))
+
+
+def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int],
+            comm: Any = None) -> tuple[int, MemorySnapshots]:
+    """Collective. (the iteration to start at, this rank's memory tier); ``comm``: ``snapshots``'."""
+    t0 = time.perf_counter()
+    mem = snapshots(ctx, comm)
     found = mem.restore()
     slot = resume._slot(ctx)
     newest = _store_newest(ctx, slot)
@@ -106,12 +118,13 @@ def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int]) -
     return iteration, mem
 
 
-def _root(world_size: int) -> str:
+def _root(world_size: int, component: str | None = None) -> str:
     """The tier's root on this node; the world size in the path, so a resized run never
-    takes another shape's snapshots for its own."""
+    takes another shape's snapshots for its own (and a command component's name: its ranks
+    are numbered within the component)."""
     from hetrun.runtime.ckpt.memory import default_root
 
-    return os.path.join(default_root(), f"w{world_size}")
+    return os.path.join(default_root(), f"w{world_size}" + (f"-{component}" if component else ""))
 
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:

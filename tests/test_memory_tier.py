@@ -2,7 +2,8 @@
 themselves, a node's directory, partners on other nodes, and the restore that never
 takes an unverified copy (real Open MPI ranks; two emulated nodes, a directory each).
 
-Run as a script, this file is the rank body of test_restore_falls_back_over_mpi.
+Run as a script (under mpirun), this file is the rank body of the `scenario` fixture:
+the same restore scenario over the MPI transport and over the gloo one (runtime/memory_transport.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -139,13 +141,30 @@ def test_spare_nodes_spec_key() -> None:
         JobSpec.model_validate(base)
 
 
-@pytest.mark.timeout(120)
-def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """One launch of four real Open MPI ranks plays the scenario twice: over the MPI transport
+    (the executor's), then over the gloo one (the run API's: a torch.distributed world the same
+    processes meet through a file, so no port is picked), each on its own directories."""
     from mpi_helpers import run_ranks
 
-    out = tmp_path / "out.json"
-    run_ranks(4, __file__, str(tmp_path), str(out), timeout=110)
-    got = json.loads(out.read_text())
+    base = tmp_path_factory.mktemp("memory-tier")
+    out = base / "out.json"
+    run_ranks(4, __file__, str(base), str(out), timeout=110)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(120)  # the scenario's launch runs inside the first of the two
+def test_restore_falls_back_over_mpi(scenario: dict) -> None:
+    _check_scenario(scenario["mpi"])
+
+
+@pytest.mark.timeout(120)
+def test_restore_falls_back_over_gloo(scenario: dict) -> None:
+    _check_scenario(scenario["gloo"])
+
+
+def _check_scenario(got: dict) -> None:
     # 1. every copy intact: the newest step, each rank from its own node.
     assert got["intact"]["step"] == 3
     assert [s["kind"] for s in got["intact"]["sources"]] == ["own"] * 4
@@ -175,23 +194,39 @@ def test_restore_falls_back_over_mpi(tmp_path: Path) -> None:
 
 
 def _rank_main(base: Path, out: Path) -> None:
-    from hetrun.runtime.memory_tier import MemorySnapshots
+    """One rank: the scenario over MPI, then over gloo (the same ranks); rank 0 writes both."""
+    import torch.distributed as dist
+    from hetrun.runtime.memory_transport import GlooTransport
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
+    world = MPI.COMM_WORLD
+    results = {"mpi": _scenario(world, world.Get_rank(), base / "mpi")}
+    dist.init_process_group("gloo", init_method=f"file://{base / 'rendezvous'}", rank=world.Get_rank(),
+                            world_size=world.Get_size())
+    results["gloo"] = _scenario(GlooTransport(), world.Get_rank(), base / "gloo")
+    if world.Get_rank() == 0:
+        out.write_text(json.dumps(results))
+    world.Barrier()
+    dist.destroy_process_group()
+
+
+def _scenario(comm: Any, rank: int, base: Path) -> dict:
+    """One rank of the scenario over ``comm`` (an mpi4py communicator or a transport)."""
+    from hetrun.runtime.memory_tier import MemorySnapshots
+
     node = "a" if rank < 2 else "b"  # two emulated nodes, each its own tmpfs directory
     root = base / f"node-{node}"
     mem = MemorySnapshots(comm, base / "run", node=node, every=1, replicas=1, root=root)
+    allgather, barrier = mem.transport.allgather, mem.transport.barrier
     for step in (1, 2, 3):
         mem.snapshot(step, _tree(step, rank))
     mem.close()
-    results = {}
+    results: dict[str, Any] = {}
 
     def phase(name: str) -> None:
         got = mem.restore()
         ok = got.tree is not None and torch.equal(got.tree["workload"]["w"], _tree(got.step, rank)["workload"]["w"])
-        oks = comm.allgather(ok)
+        oks = allgather(ok)
         results[name] = {"step": got.step, "sources": got.sources, "rejected": got.rejected,
                          "reason": got.reason, "tree_ok": all(oks)}
 
@@ -201,13 +236,13 @@ def _rank_main(base: Path, out: Path) -> None:
         data = bytearray(p.read_bytes())
         data[-3] ^= 0xFF
         p.write_bytes(bytes(data))
-    comm.Barrier()
+    barrier()
     phase("flipped")
     if rank == 2:
         import shutil
 
         shutil.rmtree(root)
-    comm.Barrier()
+    barrier()
     phase("node_lost")
     if rank == 0:
         for s in mem.tier.steps(0):
@@ -215,7 +250,7 @@ def _rank_main(base: Path, out: Path) -> None:
             data = bytearray(p.read_bytes())
             data[-1] ^= 1
             p.write_bytes(bytes(data))
-    comm.Barrier()
+    barrier()
     phase("none")
     # The adaptive N: each rank wants its own, all apply the largest, from the same step.
     mem.adaptive, mem._iter_s = True, 0.1
@@ -224,16 +259,16 @@ def _rank_main(base: Path, out: Path) -> None:
     for step in range(1, 21):
         mem._agree(step)
         chosen.append(mem.every)
-    mem._agreeing[0].Wait()  # the one in flight, before the next round starts another
+    mem._agreeing.wait()  # the one in flight, before the next round starts another
     mem._agreeing, mem.every, mem._first = None, 1, 0
     early = []
     for step in range(1, 21):
         mem._agree(step)
         early.append(mem.every)
-    mem._agreeing[0].Wait()
+    mem._agreeing.wait()
     mem._agreeing, mem._first = None, None
-    results["agreed"] = {"wanted": comm.allgather(mem.wanted()), "every": comm.allgather(chosen),
-                         "early": comm.allgather(early)}
+    results["agreed"] = {"wanted": allgather(mem.wanted()), "every": allgather(chosen),
+                         "early": allgather(early)}
     # 6. With N > 1 a replica lands on its partner's node as the partner starts its next
     # iterations (due), not only at its next snapshot N iterations later.
     from hetrun.runtime.memory_tier import partners
@@ -245,13 +280,11 @@ def _rank_main(base: Path, out: Path) -> None:
     while not landed and polls < 5000:
         assert not mem.due(41 + polls % 3)  # no snapshot due at 41..43
         mine = all(40 in mem.tier.steps(q) for q in senders)
-        landed = all(comm.allgather(mine))
+        landed = all(allgather(mine))
         polls += 1
-    results["landed"] = {"ok": landed, "taken": comm.allgather(mem.taken)}
+    results["landed"] = {"ok": landed, "taken": allgather(mem.taken)}
     mem.close()
-    if rank == 0:
-        out.write_text(json.dumps(results))
-    comm.Barrier()
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,254 @@
+"""How the memory tier's ranks talk: one small interface, implemented over MPI (the executor's
+ranks) and over torch.distributed gloo (a command component's ranks, through the run API).
+
+``MemorySnapshots`` (runtime/memory_tier.py) holds every rule: the blob, the partners, adaptive
+N, the agreement on the freshest common step, verification and fallback. A transport only moves
+bytes and small values:
+
+- ``allgather(value)``: small values (node names, what a node holds, copies that failed), every
+  rank's in rank order. Lists and dicts with string keys only (the gloo one sends JSON).
+- ``start_max(value)``: a non-blocking MAX all-reduce of one int (the adaptive N's agreement);
+  its handle's ``wait()`` returns the maximum.
+- ``bind(sources, deliver)``, ``send(dests, blob)``, ``poll()``, ``drain()``: replicas. ``send``
+  never waits for a partner; every replica that arrives is handed to ``deliver`` (which verifies
+  and writes it); ``drain`` is collective: every replica sent has been delivered before any rank
+  returns.
+- ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
+  out, the one blob from ``source`` (None: none) comes back.
+- ``barrier()``.
+
+Why two implementations and not the MPI code over a fake communicator: the two libraries differ
+where it matters. MPI can probe for a message from anyone and test a receive without blocking,
+so the MPI transport receives on the training thread whenever the tier is polled. Gloo can do
+neither (a gloo receive completes only inside ``wait``; a receive from "any source" is not
+polled either), so the gloo transport knows who sends to it (the ranks whose partner it is:
+``bind``'s ``sources``) and moves replicas on one background thread, in rounds: each snapshot's
+blob goes to its partners (size first, then the bytes) and one blob is received from each
+source. Every rank snapshots the same steps (MemorySnapshots agrees on N), so round k on every
+rank carries step k's blobs and a blocking receive there waits only for a partner that has not
+snapshotted yet. The thread owns a gloo group of its own, and the small collectives use two
+others, so replica traffic never interleaves with the script's collectives (or with each other);
+all three are made at construction, collectively, on the main thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+Deliver = Callable[[Any], None]
+
+
+def wrap(comm: Any) -> Any:
+    """A transport for ``comm``: an mpi4py communicator becomes an ``MPITransport``; anything
+    else is taken to be a transport already (a ``GlooTransport``)."""
+    return MPITransport(comm) if hasattr(comm, "Dup") else comm
+
+
+class MPITransport:
+    """The memory tier over a private duplicate of an mpi4py communicator."""
+
+    TAG_REPLICA = 0x4D54  # "MT": a replica blob
+    TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self._deliver: Deliver = lambda _blob: None
+        self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
+        self._recvs: list[tuple[Any, bytearray]] = []  # replicas being received
+
+    def allgather(self, value: Any) -> list[Any]:
+        return list(self.comm.allgather(value))
+
+    def start_max(self, value: int) -> Any:
+        import numpy as np
+        from mpi4py import MPI
+
+        mine, got = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        return _MPIMax(self.comm.Iallreduce(mine, got, op=MPI.MAX), mine, got)
+
+    def bind(self, sources: list[int], deliver: Deliver) -> None:
+        self._deliver = deliver  # MPI receives from anyone: the sources are not needed
+
+    def send(self, dests: list[int], blob: Any) -> None:
+        from mpi4py import MPI
+
+        for p in dests:
+            self._sends.append((self.comm.Isend([blob, MPI.BYTE], dest=p, tag=self.TAG_REPLICA), blob))
+
+    def poll(self) -> None:
+        """Start receiving the replicas that are announced, deliver those that have arrived,
+        forget the sends that completed. Never blocks: a blocking receive would wait for the
+        sender to enter MPI again (measured: 83 ms per snapshot on a busy rollout rank)."""
+        from mpi4py import MPI
+
+        status = MPI.Status()
+        while (msg := self.comm.improbe(source=MPI.ANY_SOURCE, tag=self.TAG_REPLICA, status=status)) is not None:
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            self._recvs.append((msg.Irecv([buf, MPI.BYTE]), buf))
+        pending = []
+        for req, buf in self._recvs:
+            if req.Test():
+                self._deliver(buf)
+            else:
+                pending.append((req, buf))
+        self._recvs = pending
+        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+
+    def drain(self) -> None:
+        """Collective: every send delivered (a non-blocking barrier once this rank's sends are
+        done, polled with the receives: no rank leaves while a peer still sends to it)."""
+        barrier = None
+        while True:
+            self.poll()
+            if barrier is None and not self._sends:
+                barrier = self.comm.Ibarrier()
+            if barrier is not None and barrier.Test() and not self._recvs:
+                break
+            time.sleep(0.002)
+        self.poll()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def exchange(self, sends: dict[int, Any], source: int | None) -> Any:
+        from mpi4py import MPI
+
+        reqs = [self.comm.Isend([blob, MPI.BYTE], dest=o, tag=self.TAG_RESTORE) for o, blob in sends.items()]
+        blob: Any = None
+        if source is not None:
+            status = MPI.Status()
+            self.comm.Probe(source=source, tag=self.TAG_RESTORE, status=status)
+            blob = bytearray(status.Get_count(MPI.BYTE))
+            self.comm.Recv([blob, MPI.BYTE], source=source, tag=self.TAG_RESTORE)
+        for r in reqs:
+            r.Wait()
+        return blob
+
+
+class _MPIMax:
+    __slots__ = ("got", "mine", "req")
+
+    def __init__(self, req: Any, mine: Any, got: Any) -> None:
+        self.req, self.mine, self.got = req, mine, got  # buffers live until complete
+
+    def wait(self) -> int:
+        self.req.Wait()
+        return int(self.got[0])
+
+
+class GlooTransport:
+    """The memory tier over torch.distributed (gloo), for ranks that have a default process
+    group and no MPI. Collective to create (three ``new_group`` calls, the same on every rank)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+        from hetrun.runtime.api.collectives import TorchCollective, new_cpu_group
+
+        self._dist = dist
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self._main = new_cpu_group()  # allgather, barrier, restore transfers (main thread)
+        self._agree = new_cpu_group()  # the adaptive N's all-reduce, in flight across steps
+        self._replicas = new_cpu_group()  # the replica thread's alone
+        self._coll = TorchCollective(self._main)
+        self._sources: list[int] = []
+        self._deliver: Deliver = lambda _blob: None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None  # why replication stopped (a partner gone)
+
+    def allgather(self, value: Any) -> list[Any]:
+        return self._coll.allgather(value)
+
+    def start_max(self, value: int) -> Any:
+        import torch
+
+        buf = torch.tensor([value], dtype=torch.int64)
+        work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.MAX, group=self._agree, async_op=True)
+        return _GlooMax(work, buf)
+
+    def bind(self, sources: list[int], deliver: Deliver) -> None:
+        self._sources, self._deliver = sorted(sources), deliver
+
+    def send(self, dests: list[int], blob: Any) -> None:
+        if self.error is not None:
+            return  # replication stopped: the restore finds no common step and uses the store
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._rounds, args=(list(dests),),
+                                            name="hetrun-memory-replicas", daemon=True)
+            self._thread.start()
+        self._queue.put(blob)
+
+    def _rounds(self, dests: list[int]) -> None:
+        """One round per snapshot: this rank's blob to each partner, one from each source."""
+        import torch
+
+        dist, group = self._dist, self._replicas
+        while (blob := self._queue.get()) is not None:
+            try:
+                size = torch.tensor([len(blob)], dtype=torch.int64)
+                payload = torch.frombuffer(blob, dtype=torch.uint8)
+                works = [w for d in dests for w in (dist.isend(size, d, group=group),
+                                                    dist.isend(payload, d, group=group))]
+                for src in self._sources:
+                    n = torch.zeros(1, dtype=torch.int64)
+                    dist.recv(n, src, group=group)
+                    buf = torch.empty(int(n[0]), dtype=torch.uint8)
+                    dist.recv(buf, src, group=group)
+                    self._deliver(memoryview(buf.numpy()))
+                for w in works:
+                    w.wait()
+            except Exception as exc:  # a partner gone: stop replicating (never retried half-way)
+                self.error = exc
+                return
+
+    def poll(self) -> None:
+        """Nothing to do: the replica thread delivers as blobs arrive."""
+
+    def drain(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self.error is None:
+            self.barrier()
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self._main)
+
+    def exchange(self, sends: dict[int, Any], source: int | None) -> Any:
+        import torch
+
+        dist, group = self._dist, self._main
+        keep = []
+        for o, blob in sends.items():
+            size = torch.tensor([len(blob)], dtype=torch.int64)
+            payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+            keep += [dist.isend(size, o, group=group), dist.isend(payload, o, group=group)]
+        blob_in: Any = None
+        if source is not None:
+            n = torch.zeros(1, dtype=torch.int64)
+            dist.recv(n, source, group=group)
+            buf = torch.empty(int(n[0]), dtype=torch.uint8)
+            dist.recv(buf, source, group=group)
+            blob_in = memoryview(buf.numpy())
+        for w in keep:
+            w.wait()
+        return blob_in
+
+
+class _GlooMax:
+    __slots__ = ("buf", "work")
+
+    def __init__(self, work: Any, buf: Any) -> None:
+        self.work, self.buf = work, buf
+
+    def wait(self) -> int:
+        self.work.wait()
+        return int(self.buf[0])
