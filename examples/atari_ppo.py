@@ -56,19 +56,26 @@ def atari_settings(cfg: AtariPPOWorkloadArgs) -> AtariSettings:
                          frame_size=cfg.frame_size, frame_stack=cfg.frame_stack, noop_max=cfg.noop_max)
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
 def keep_freed_memory() -> None:
     """Ask glibc's malloc to keep the update's freed activations for the next step instead of
     returning them to the kernel: by default a block over its (adaptive) mmap threshold is a fresh
     mmap each time, and every step then page-faults its ~30 MB activations in again (sys time
-    1.75 -> 0.6 s over three updates here; benchmarks/atari.md). Best effort: not glibc, no change."""
+    1.75 -> 0.6 s over three updates here; benchmarks/atari.md). Best effort: not glibc, no change.
+
+    ``mallopt`` takes a C int: an earlier ``1 << 34`` here reached glibc as 0 (trim at every free),
+    which page-faulted ~17k pages per minibatch step again (benchmarks/atari.md, 4 December)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
         return
     mallopt = getattr(libc, "mallopt", None)
     if mallopt is not None:
-        mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: glibc's largest, 32 MiB (a half-minibatch's tensors fit)
-        mallopt(-1, 1 << 34)  # M_TRIM_THRESHOLD: keep up to 16 GiB of freed heap (the update reuses it)
+        mallopt.argtypes = (ctypes.c_int, ctypes.c_int)  # a value that does not fit raises, not wraps
+        mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest, 32 MiB (a half-minibatch's tensors fit)
+        mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # keep up to 2 GiB of freed heap (the update reuses it)
 
 
 # ---------------------------------------------------------------- network
