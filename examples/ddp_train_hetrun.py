@@ -1,6 +1,7 @@
 """examples/ddp_train.py with hetrun's run API: incremental async checkpoints,
-an agreed stop on preemption, exact resume (RNG included), events for
-``hetrun report``. Runs under torchrun, plain ``srun`` and standalone.
+an agreed stop on preemption, exact resume (RNG included), snapshots in peer
+memory when the job has spare nodes (a node death costs at most a step or so),
+events for ``hetrun report``. Runs under torchrun, plain ``srun`` and standalone.
 
     torchrun --nproc-per-node 2 examples/ddp_train_hetrun.py --steps 60 --out runs/ddp
 """
@@ -60,6 +61,7 @@ def main() -> None:
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
         run.log(step, loss=loss.item())
+        run.snapshot(step, state)  # peer memory every N steps when the job has spare nodes (else a no-op)
         if run.should_stop(step):  # every rank agrees on the same step
             run.save(step, state, wait=True)
             run.exit_for_requeue()

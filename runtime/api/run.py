@@ -13,6 +13,16 @@ Steps: ``save(step, ...)`` records that steps ``0..step`` are done; the
 checkpoint is stored under ``step + 1``, the step a resumed run starts from,
 which is what ``restore`` returns (0 on a first run), as the executor's
 iteration numbers do.
+
+The memory tier (a job with ``spare_nodes`` or ``checkpoint.memory_every``):
+``snapshot(step, ...)``, called after every step, keeps the state every N steps
+(adaptive, <= 2 % of the step time) in this node's memory and a partner's on
+another node, and ``restore`` after an in-allocation restart takes the newest
+step every rank holds there, verified, over the store's when newer. Both are the
+executor's (``hetrun.runtime.recovery``, ``hetrun.runtime.memory_tier``), over a
+gloo group of their own (``hetrun.runtime.memory_transport``); the events they
+write (``memory_restore``, ``restore`` with ``source: "memory"``,
+``memory_tier``) are the action path's.
 """
 
 from __future__ import annotations
@@ -131,6 +141,7 @@ class Run:
         self._objs: dict[str, Any] | None = None
         self._last_step: int | None = None
         self._saved_step: int | None = None
+        self._memory: Any = None  # hetrun.runtime.memory_tier.MemorySnapshots when the tier is on
         atexit.register(self._unclosed)
         preempt.install(self.ctx)  # now: USR1's default action would kill the process
         self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
@@ -192,9 +203,61 @@ class Run:
         restore the RNG states; returns the step to start from (0: none)."""
         self._connect()
         self._objs = objs
-        self.start_step = resume.restore_if_any(self.ctx, StateObjects(objs))
+        if self._memory_on():
+            from hetrun.runtime import recovery
+
+            # The newest step every rank holds in peer memory (verified), else the store.
+            self.start_step, self._memory = recovery.restore(self.ctx, StateObjects(objs), resume.restore_if_any,
+                                                             comm=self._memory_transport())
+        else:
+            self.start_step = resume.restore_if_any(self.ctx, StateObjects(objs))
         self._agreement = None  # numbered from the restored step
         return self.start_step
+
+    def snapshot(self, step: int, objs: dict[str, Any]) -> bool:
+        """Keep the state after ``step`` in memory: this node's and a partner rank's on another
+        node, every N steps (``checkpoint.memory_every``; adaptive by default: the smallest N
+        costing <= 2 % of the step time). Call it after every step, on every rank (collective
+        at the steps it keeps). A no-op (False) when the job has no memory tier: no
+        ``spare_nodes`` nor ``memory_every``, one rank, or a script hetrun did not submit.
+        Returns whether a snapshot was taken."""
+        self._objs = objs
+        self._last_step = step if self._last_step is None else max(self._last_step, step)
+        if not self._memory_on():
+            return False
+        if self._memory is None:  # the script never called restore(): the tier starts here
+            from hetrun.runtime import recovery
+
+            self._connect()
+            self._memory = recovery.snapshots(self.ctx, self._memory_transport())
+        at = step + 1  # the step a restart resumes at, as save() numbers it
+        if not self._memory.due(at):
+            return False
+        from hetrun.runtime.recovery import snapshot_tree
+
+        self._memory.snapshot(at, snapshot_tree(StateObjects(objs), at, None))
+        return True
+
+    def _memory_on(self) -> bool:
+        """The job's memory tier (``hetrun.runtime.recovery.memory_every``): a hetrun job, >1 rank."""
+        if self.world_size <= 1 or self.ctx.plan is None:
+            return False
+        from hetrun.runtime import recovery
+
+        return recovery.memory_every(self.ctx.plan) != 0
+
+    def _memory_transport(self) -> Any:
+        """The tier's transport: a gloo one of its own over torch.distributed, else MPI's world
+        (``_connect`` accepted one of the two)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            from hetrun.runtime.memory_transport import GlooTransport
+
+            return GlooTransport()
+        from mpi4py import MPI
+
+        return MPI.COMM_WORLD
 
     def save(self, step: int, objs: dict[str, Any], *, wait: bool = False) -> dict[str, Any]:
         """Checkpoint the state after ``step`` (collective: every rank, same step).
@@ -263,10 +326,16 @@ class Run:
     def close(self, code: int = 0, **fields: Any) -> None:
         """Write the final checkpoint of a run that completed; wait for the checkpoint in
         flight; write the ``exit`` event. Collective."""
-        self._final_checkpoint(wanted=code == 0 and preempt.stop_reason() is None)
+        completed = code == 0 and preempt.stop_reason() is None
+        self._final_checkpoint(wanted=completed)
         flushed = resume.flush(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.events.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
+        if self._memory is not None:
+            # Collective: every replica in flight delivered; a completed run frees the node's memory.
+            self._memory.close(remove=completed)
+            self.events.emit("memory_tier", **self._memory.summary())
+            self._memory = None
         if self._agreement is not None:
             self._agreement.close()
             self._agreement = None
