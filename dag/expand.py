@@ -10,8 +10,9 @@ Supervised: forward --> backward --> sync.grads --> optimize. Both add
 ``checkpoint`` and ``eval`` after optimize on their own cadence (``every``),
 and ``forward`` of iteration i waits for ``optimize`` of i-1 (lag 1). When eval
 runs on another component than optimize, weights reach it through
-``sync.policy`` too. The compiler (``dag.compile``) then splits, orders and
-fuses this template.
+``sync.policy`` too; on a component that rolls out it reads the version that
+iteration's rollout loaded (``_eval_dep``). The compiler (``dag.compile``) then
+splits, orders and fuses this template.
 """
 
 from __future__ import annotations
@@ -101,12 +102,28 @@ def expand(spec: JobSpec) -> ActionGraph:
     if spec.checkpoint.interval > 0:
         make("checkpoint", "checkpoint", [Dep("optimize", 0)], every=spec.checkpoint.interval)
     if training.eval_interval > 0:
-        # Eval reads the newest weights; its tolerance window only lowers its
-        # priority (a lagged dep would point at iterations where no sync ran).
-        source = "sync.policy" if eval_elsewhere else "optimize"
-        make("eval", "eval", [Dep(source, 0)], every=training.eval_interval)
+        make("eval", "eval", [_eval_dep(spec, eval_elsewhere)], every=training.eval_interval)
     _add_user_deps(spec, graph)
     return graph
+
+
+def _eval_dep(spec: JobSpec, eval_elsewhere: bool) -> Dep:
+    """The weights eval reads.
+
+    On a rank that also rolls out (RL, eval placed with rollout): the version that
+    iteration's rollout loaded (the rollout's own dep, lag 1 + tolerance_window), so the
+    evaluation waits for nothing the rollout did not, runs in the rank's wait for the next
+    weights, and no training action waits for it. Elsewhere the newest weights (lag 0): on
+    the learner they are at hand; a rank of its own holds no training action back. A lagged
+    dep there would point at iterations where no sync ran (supervised sync.policy runs
+    only every eval_interval); eval's tolerance window only lowers its priority.
+    """
+    if not eval_elsewhere:
+        return Dep("optimize", 0)
+    if spec.training.kind == "rl" and "rollout" in spec.components[spec.component_of("eval")].actions:
+        coarse = spec.training.mode == "coarse"
+        return Dep("sync.policy", 1 + (0 if coarse else _tolerance(spec, "rollout")))
+    return Dep("sync.policy", 0)
 
 
 def _tolerance(spec: JobSpec, action_type: str) -> int:

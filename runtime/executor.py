@@ -116,6 +116,15 @@ def agreement_window(plan: PlanView) -> int:
     return max([1, *lags])
 
 
+def evals_not_here(actions: list[ActionSpec], comp_rank: int) -> frozenset[str]:
+    """The eval actions this rank passes: on a component that rolls out, only its first rank
+    evaluates. Every rollout rank holds the same policy version and evaluation is seeded by
+    (seed, version), so the others would repeat the same episodes for the same result."""
+    if comp_rank == 0 or not any(a.type == "rollout" for a in actions):
+        return frozenset()
+    return frozenset(a.id for a in actions if a.type == "eval")
+
+
 @dataclass
 class _Sync:
     gs: Any  # grad_sync.BucketedGradSync
@@ -141,6 +150,7 @@ class Executor:
         self.run_dir = run_dir
         self.me = world.component.name
         self.actions = plan.actions_of(self.me)
+        self.not_here = evals_not_here(self.actions, world.comp_rank)
         self.by_id = {a.id: a for a in plan.actions}
         self.hooks = hooks or load_hooks()
         use_cuda = world.component.gpus_per_node > 0 and torch.cuda.is_available()
@@ -454,8 +464,9 @@ class Executor:
         # would only stall the rank (an every-5 eval on a learner's lag-0 weights held a
         # rollout rank to the learner every iteration). Its same-iteration dependents still
         # check their own deps; those that run load what the exact-version rule names.
-        pending = [a for a in self.actions if a.runs_at(it)]
-        done = {a.id for a in self.actions if not a.runs_at(it)}
+        # So is an evaluation this rank leaves to its component's first rank (evals_not_here).
+        pending = [a for a in self.actions if a.runs_at(it) and a.id not in self.not_here]
+        done = {a.id for a in self.actions if a.id not in {p.id for p in pending}}
         state = IterState()
         while pending:
             ready = [a for a in pending if self._ready(a, it, done)]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hetrun.runtime.executor import Executor, RankFailed
+from hetrun.runtime.executor import Executor, RankFailed, evals_not_here
 from hetrun.runtime.plan_view import ActionSpec, Dep
 from hetrun.runtime.state_history import StateHistory
 
@@ -42,10 +42,12 @@ def _state(label: int) -> Any:
     return SimpleNamespace(kind="state", producer="optimize", iteration=label, tensors={}, meta={})
 
 
-def _executor(history: list[int], mailbox: _Mailbox, timeout_s: float = 0.3) -> tuple[Executor, list]:
+def _executor(history: list[int], mailbox: _Mailbox, timeout_s: float = 0.3,
+              comp_rank: int = 0) -> tuple[Executor, list]:
     ex = Executor.__new__(Executor)  # no MPI world: only the dependency loop is exercised
     ex.me = "rollout"
     ex.actions = [COLLECT, EVAL, AFTER]
+    ex.not_here = evals_not_here(ex.actions, comp_rank)
     ex.by_id = {a.id: a for a in (OPTIMIZE, COLLECT, EVAL, AFTER)}
     ex.lags = {("collect", "optimize"): 2, ("eval", "optimize"): 0, ("after", "eval"): 0}
     ex.in_data, ex.shared, ex.data = {}, {}, {}
@@ -85,3 +87,16 @@ def test_running_action_whose_dependency_never_comes_fails_the_rank() -> None:
     with pytest.raises(RankFailed, match="iteration 4"):
         ex._run_iteration(4)
     assert ran == [("collect", 4)]
+
+
+def test_only_the_first_rank_of_a_rolling_out_component_evaluates() -> None:
+    # Rank 1 of the rollout component: iteration 4's evals (AFTER is one too) are its first
+    # rank's (same weights, same seeded episodes); it passes them without waiting for the
+    # label 4 that never comes (the wait would fail the rank after 0.2 s).
+    ex, ran = _executor(history=[2, 3], mailbox=_Mailbox([]), timeout_s=0.2, comp_rank=1)
+    ex._run_iteration(4)
+    assert ran == [("collect", 4)]
+    assert evals_not_here([COLLECT, EVAL], 1) == {"eval"}
+    assert evals_not_here([COLLECT, EVAL], 0) == frozenset()
+    # Learner-side evaluation (no rollout on the component) runs on every rank as before.
+    assert evals_not_here([OPTIMIZE, ActionSpec("eval", "eval", "learner")], 1) == frozenset()
