@@ -56,7 +56,7 @@ def atari_settings(cfg: AtariPPOWorkloadArgs) -> AtariSettings:
                          frame_size=cfg.frame_size, frame_stack=cfg.frame_stack, noop_max=cfg.noop_max)
 
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
 
 
 def keep_freed_memory() -> None:
@@ -66,7 +66,10 @@ def keep_freed_memory() -> None:
     1.75 -> 0.6 s over three updates here; benchmarks/atari.md). Best effort: not glibc, no change.
 
     ``mallopt`` takes a C int: an earlier ``1 << 34`` here reached glibc as 0 (trim at every free),
-    which page-faulted ~17k pages per minibatch step again (benchmarks/atari.md, 4 December)."""
+    which page-faulted ~17k pages per minibatch step again (benchmarks/atari.md, 4 December).
+    One arena for every thread: the update's parts run on a pool thread, whose own arena is built
+    of 64 MiB heaps that glibc unmaps once empty (no trim threshold holds them), so that thread
+    faulted its activations in at every step. Call it before the process starts its threads."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -76,6 +79,7 @@ def keep_freed_memory() -> None:
         mallopt.argtypes = (ctypes.c_int, ctypes.c_int)  # a value that does not fit raises, not wraps
         mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest, 32 MiB (a half-minibatch's tensors fit)
         mallopt(M_TRIM_THRESHOLD, 2**31 - 1)  # keep up to 2 GiB of freed heap (the update reuses it)
+        mallopt(M_ARENA_MAX, 1)  # threads allocate from the main heap, which the line above keeps
 
 
 # ---------------------------------------------------------------- network
