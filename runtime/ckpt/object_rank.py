@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetrun.runtime.ckpt.object_store import ObjectStore, ObjectStoreConfig
-from hetrun.runtime.ckpt.object_tier import BucketTier
+from hetrun.runtime.ckpt.object_tier import MEMORY_BYTES, BucketTier
 from hetrun.runtime.ckpt.object_upload import ObjectUploader
 from hetrun.runtime.ckpt.objects import Tier
 
@@ -69,11 +69,12 @@ def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[
     cfg = ObjectStoreConfig.from_plan(checkpoint_cfg) or _from_env()
     if cfg is None:
         return None
-    # BucketTier starts making the client (ObjectStore.warm) while the caller builds its writer.
+    # BucketTier starts making the client (ObjectStore.warm) while the caller builds its writer;
+    # its restore reads each object once, then resume.py closes it: objects wait in memory.
     store = ObjectStore.from_config(cfg, component)
     uploader = ObjectUploader(store, tiers, rank=rank, world_size=world_size, keep=keep, on_event=emit,
                               shard_wait_s=cfg.shard_wait_s, max_fetch_ratio=cfg.max_fetch_ratio)
-    return RankObjectTier(uploader, BucketTier(store, on_event=emit))
+    return RankObjectTier(uploader, BucketTier(store, on_event=emit, memory_bytes=MEMORY_BYTES))
 
 
 def _from_env() -> ObjectStoreConfig | None:
