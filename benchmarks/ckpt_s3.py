@@ -5,6 +5,7 @@ figure beside its peer in the same run.
     python benchmarks/ckpt_s3.py                # 134M GPT (benchmarks/ckpt_bench.py's)
     python benchmarks/ckpt_s3.py --small        # a 10M model, for a quick look
     python benchmarks/ckpt_s3.py --restore-only # where a bucket restore's time goes (minutes)
+    python benchmarks/ckpt_s3.py --bytes-only   # 134M GPT: upload bytes, default vs local chains
 
 Sections:
   clients   the same 4 MiB random objects PUT in parallel by boto3 and by
@@ -19,6 +20,10 @@ Sections:
             verify) vs from the local tier (target <= 2x)
   stall     save() stall with the upload of the previous step in flight vs a
             writer with no object tier (target: unchanged)
+  gpt_bytes (--bytes-only, alone) the GPT's checkpoints 2 and N steps after the
+            first uploaded side by side with the default max_fetch_ratio and with
+            64 (the local tier's chains): bytes uploaded vs what the local store
+            added, and the bytes a restore of each would download
   restore_breakdown (--restore-only, alone) bucket restores (chains kept short
             by the uploader, and the local tier's chains) beside the local
             tier's restore and a plain parallel GET of the objects each
@@ -161,7 +166,7 @@ class Tiered:
 def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
     from hetrun.runtime.ckpt import CheckpointStore, Tier
     from hetrun.runtime.ckpt.object_store import ObjectStore
-    from hetrun.runtime.ckpt.object_tier import BucketTier
+    from hetrun.runtime.ckpt.object_tier import MEMORY_BYTES, BucketTier
 
     os.sync()
     t0 = time.perf_counter()
@@ -169,7 +174,8 @@ def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
     local_s = time.perf_counter() - t0
     assert local is not None and same(local.state, st)
     del local
-    tier = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=t.store.threads), ROOT / "cache")
+    tier = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=t.store.threads), ROOT / "cache",
+                      memory_bytes=MEMORY_BYTES)  # as a job restores
     t0 = time.perf_counter()
     remote = CheckpointStore([tier], threads=threads).restore()
     bucket_s = time.perf_counter() - t0
@@ -184,15 +190,30 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
     default chain), uploaded twice side by side: with the uploader's ``max_fetch_ratio``
     (default 1.2: chains the bucket keeps short) and with 64 (the local tier's chains, as
     before). Then per round, alternating: the local tier's restore; each bucket's restore
-    (a fresh tier: client creation, download and decode pipelined, verify), and the
-    default one again with its client made before the clock starts; a plain
-    parallel GET of exactly the objects that restore downloaded (same client settings and
-    threads, bytes discarded: the HTTP ceiling)."""
+    as a job restores (a fresh tier: client creation, download and decode pipelined,
+    objects held in memory until read, verify); the default one through the cache
+    directory instead (as before, and as ``hetrun ckpt`` reads); the default one with its
+    client made before the clock starts; a plain parallel GET of exactly the objects that
+    restore downloaded (same client settings and threads, bytes discarded: the HTTP
+    ceiling). CPU seconds of this process and of the weed server beside each: on two
+    cores the server's, the client's and the decoder's work share them."""
     import statistics
 
     from hetrun.runtime.ckpt import CheckpointStore, Tier, s3_client
     from hetrun.runtime.ckpt.object_store import ObjectStore
-    from hetrun.runtime.ckpt.object_tier import BucketTier
+    from hetrun.runtime.ckpt.object_tier import MEMORY_BYTES, BucketTier
+
+    def server_cpu() -> float:
+        fields = Path(f"/proc/{srv.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def timed(row: dict[str, float], name: str, fn: Any) -> Any:
+        c0, s0, t0 = time.process_time(), server_cpu(), time.perf_counter()
+        out = fn()
+        row[f"{name}_s"] = time.perf_counter() - t0
+        row[f"{name}_cpu_client_s"] = time.process_time() - c0
+        row[f"{name}_cpu_server_s"] = server_cpu() - s0
+        return out
 
     gen = torch.Generator().manual_seed(0)
     st = {f"t{i}": torch.randn(1_000_000, generator=gen) for i in range(40)}
@@ -226,16 +247,21 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, float]] = []
     for _round in range(args.rounds):
         row: dict[str, float] = {}
-        t0 = time.perf_counter()
-        local = CheckpointStore([Tier(t.dir)], threads=args.threads).restore()
-        row["local_s"] = time.perf_counter() - t0
+        local = timed(row, "local", lambda: CheckpointStore([Tier(t.dir)], threads=args.threads).restore())
         assert local is not None and same(local.state, st)
         del local
-        for name, store in stores.items():
-            t0 = time.perf_counter()
-            tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads), ROOT / "cache")
-            remote = CheckpointStore([tier], threads=args.threads).restore()
-            row[f"{name}_s"] = time.perf_counter() - t0
+        # (name, store, memory_bytes, client made before the clock: what a job sees when
+        # ObjectStore.warm overlaps its own setup)
+        runs = [("bounded", stores["bounded"], MEMORY_BYTES, False),
+                ("bounded_warm", stores["bounded"], MEMORY_BYTES, True),
+                ("bounded_files_warm", stores["bounded"], 0, True),
+                ("unbounded", stores["unbounded"], MEMORY_BYTES, False)]
+        for name, store, memory, warm in runs:
+            tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads),
+                              ROOT / "cache", memory_bytes=memory)
+            if warm:
+                tier.store.client  # noqa: B018
+            remote = timed(row, name, lambda tier=tier: CheckpointStore([tier], threads=args.threads).restore())
             assert remote is not None and remote.tier == "object" and same(remote.state, st)
             del remote
             row[f"{name}_bytes"] = tier.fetched_bytes
@@ -243,25 +269,18 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
             fetched = list(tier.fetched)
             tier.close()
             shutil.rmtree(ROOT / "cache", ignore_errors=True)
+            if name not in ("bounded", "unbounded"):
+                continue  # the same objects as "bounded"
             c = s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
-            t0 = time.perf_counter()
-            with ThreadPoolExecutor(args.upload_threads) as pool:
-                list(pool.map(lambda h, c=c, store=store: len(c.get_object(
-                    Bucket=BUCKET, Key=store.url.key(store.object_rel(h)))["Body"].read()), fetched))
-            row[f"{name}_plain_get_s"] = time.perf_counter() - t0
-        # The default bucket once more with its client made before the clock starts: what a
-        # job sees when the client's creation (ObjectStore.warm) overlaps its own setup.
-        store = stores["bounded"]
-        tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads), ROOT / "cache")
-        tier.store.client  # noqa: B018
-        t0 = time.perf_counter()
-        remote = CheckpointStore([tier], threads=args.threads).restore()
-        row["bounded_warm_s"] = time.perf_counter() - t0
-        assert remote is not None and remote.tier == "object" and same(remote.state, st)
-        del remote
+
+            def plain_get(c: Any = c, store: Any = store, fetched: list[str] = fetched) -> None:
+                with ThreadPoolExecutor(args.upload_threads) as pool:
+                    list(pool.map(lambda h: len(c.get_object(
+                        Bucket=BUCKET, Key=store.url.key(store.object_rel(h)))["Body"].read()), fetched))
+
+            timed(row, f"{name}_plain_get", plain_get)
         row["bounded_warm_ratio"] = row["bounded_warm_s"] / row["local_s"]
-        tier.close()
-        shutil.rmtree(ROOT / "cache", ignore_errors=True)
+        row["bounded_warm_over_plain_get"] = row["bounded_warm_s"] / row["bounded_plain_get_s"]
         # What client creation alone costs (a new boto3 session: as in a fresh process, boto3 imported).
         t0 = time.perf_counter()
         s3_client.make_client(None, env=srv.env(), pool=max(16, 2 * args.upload_threads))
@@ -320,6 +339,63 @@ def gpt(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
     return res
 
 
+def gpt_bytes(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
+    """``--bytes-only``: the GPT trained as in :func:`gpt`, checkpointed at steps 3, 5
+    and 5 + interval; each checkpoint uploaded to two prefixes of the same bucket from
+    the same local tier: with the default ``max_fetch_ratio`` and with 64 (the local
+    tier's delta chains). Reports the bytes each upload sent, what the local store
+    added on disk for the step, and what a restore of the step from each prefix would
+    download (every object the shard's chunks reach in that bucket). No timings."""
+    from hetrun.runtime.ckpt.object_store import ObjectStore
+    from hetrun.runtime.ckpt.object_upload import ObjectUploader
+
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    model = GPT(args.vocab, args.dim, args.layers, args.heads, args.seq)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    train(model, opt, 3, args.vocab, args.seq, gen)
+    st = full_state(model, opt)
+    res: dict[str, Any] = {"params": sum(p.numel() for p in model.parameters()),
+                           "state_bytes": sum(x.numel() * x.element_size() for x in _tensors(st))}
+    t = Tiered(srv, "gpt", args.threads, args.upload_threads)
+    assert t.up is not None
+    other = ObjectStore(f"s3://{BUCKET}/gpt-local-chains-{uuid.uuid4().hex[:6]}/train", env=srv.env(),
+                        threads=args.upload_threads)
+    up2 = ObjectUploader(other, [t.tier], rank=0, world_size=1, keep=3, max_fetch_ratio=64.0)
+    res["max_fetch_ratio"] = {"default": t.up.max_fetch_ratio, "local_chains": 64.0}
+    t.writer.prepare(st)
+    rows = []
+    for label, steps, step in (("first", 0, 3), ("after_2", 2, 5), (f"after_{args.interval}", args.interval,
+                                                                     5 + args.interval)):
+        if steps:
+            t0 = time.perf_counter()
+            train(model, opt, steps, args.vocab, args.seq, gen)
+            res.setdefault("train_s_per_step", []).append((time.perf_counter() - t0) / steps)
+            st = full_state(model, opt)
+        out = t.save(step, st)
+        up2.submit(step)
+        assert up2.wait(3600)
+        ev = up2.results[-1]
+        assert ev["ev"] == "ckpt_upload", ev
+        shard = json.loads((t.dir / t.tier.shard_rel(step, 0)).read_bytes())
+        chunks = {h for td in shard["tensors"] for h, _n in td["chunks"]}
+        row = {"label": label, "step": step, "local_added_bytes": out["local_added_bytes"],
+               "default_uploaded_bytes": out["uploaded_bytes"],
+               "default_reencoded_objects": t.events[-1].get("reencoded_objects"),
+               "local_chains_uploaded_bytes": ev["uploaded_bytes"],
+               "default_restore_download_bytes": sum(t.up._chain_bytes[h] for h in chunks),
+               "local_chains_restore_download_bytes": sum(up2._chain_bytes[h] for h in chunks),
+               "objects": out["objects"], "load1": os.getloadavg()[0]}
+        row["default_over_local"] = row["default_uploaded_bytes"] / row["local_added_bytes"]
+        row["local_chains_over_local"] = row["local_chains_uploaded_bytes"] / row["local_added_bytes"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    res["checkpoints"] = rows
+    up2.close(600)
+    t.close()
+    return res
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -341,6 +417,8 @@ def main() -> None:
     ap.add_argument("--client-mb", type=int, default=256, help="MB per client in the clients section")
     ap.add_argument("--restore-only", action="store_true",
                     help="only the restore breakdown (a synthetic 160 MB state, minutes instead of an hour)")
+    ap.add_argument("--bytes-only", action="store_true",
+                    help="only the GPT's upload bytes, default max_fetch_ratio beside 64 (no timings)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --restore-only")
     ap.add_argument("--max-delta-chain", type=int, default=None,
                     help="--restore-only: the writer's max_delta_chain (default: the writer's; 1: standalone)")
@@ -359,6 +437,8 @@ def main() -> None:
         local_s3.make_bucket(srv, BUCKET)
         if args.restore_only:
             out["restore_breakdown"] = restore_breakdown(srv, args)
+        elif args.bytes_only:
+            out["gpt_bytes"] = gpt_bytes(args, srv)
         else:
             out["clients"] = bench_clients(srv, args.client_mb, args.upload_threads)
             out["gpt"] = gpt(args, srv)
