@@ -77,3 +77,16 @@ def test_run_order_alternates_and_leaves_sb3_out_of_the_doubled_runs(bench):
         (1, "speed2x", ["pipelined", "coarse"]),
         (1, "speed", ["sb3", "coarse", "pipelined"]),
     ]
+
+
+def test_evaluation_cost_is_read_from_the_updates_it_delayed(bench):
+    # 0.1 s per update; the evaluation at update 9 delayed update 10 by 0.03 s (a rollout
+    # rank's evaluation delays the next update); the one at 19, on the learner, lengthens
+    # update 19 itself by 0.06 s.
+    per = [0.1] * 40
+    per[10] += 0.03
+    per[19] += 0.06
+    got = bench.eval_cost_in_run(ends_of(per), {9, 19}, [(10, 20), (20, 30), (30, 40)])
+    # Both delays, 0.09 s, against the 30 steady updates' 3.0 s: 3%.
+    assert got == pytest.approx(0.09 / 3.0)
+    assert bench.eval_cost_in_run(ends_of(per), set(), [(10, 20)]) is None
