@@ -53,7 +53,7 @@ def test_series_of_a_recorded_run(cartpole_run: Path) -> None:
     assert all(v > 0 for v in rollout_busy.values)
     rollout_bytes = d.get("rollout", "rollout", "bytes")
     assert rollout_bytes is not None and min(rollout_bytes.values) > 4 * 64 * 4  # obs alone are 4 floats
-    eval_busy = d.get("learner", "eval", "busy_s")
+    eval_busy = d.get("rollout", "eval", "busy_s")  # the example evaluates on its rollout rank
     assert eval_busy is not None and eval_busy.iterations == [3, 7]  # eval_interval 4
     peak = d.get("learner", "forward", "peak_mem")
     assert peak is not None and min(peak.values) > 10 * 2**20

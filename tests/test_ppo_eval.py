@@ -135,3 +135,35 @@ def test_cartpole_fast_path_follows_gymnasium_step() -> None:
         running &= ~np.logical_or(term, trunc)
     assert not running.any()
     np.testing.assert_array_equal(got, want)
+
+
+def _inprocess_training(run_dir: Path, eval_interval: int) -> list[tuple[int, dict]]:
+    """The shipped example (eval on its rollout component), tiny, in process: each update's metrics."""
+    import json
+
+    from hetrun.dag.overrides import Overrides
+    from hetrun.dag.plan import build_plan
+    from hetrun.dag.spec import load_spec
+    from hetrun.runtime.events import read_events
+    from hetrun.runtime.inprocess import run_inprocess
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml"
+    spec = load_spec(example, Overrides(sets=[
+        "training.iterations=4", f"training.eval_interval={eval_interval}", "checkpoint.interval=0",
+        "workload_args={env_id: CartPole-v1, num_envs: 2, num_steps: 32, hidden: 16, eval_episodes: 3}"]))
+    result = run_inprocess(json.loads(build_plan(spec).to_json()), run_dir=run_dir)
+    assert result.exit_code == 0 and result.iterations_done == 4
+    events = [e for e in read_events(run_dir) if e.get("ev") == "action"]
+    if eval_interval:
+        evals = [e for e in events if e["type"] == "eval" and "metrics" in e]
+        assert [(e["component"], e["iteration"]) for e in evals] == [("rollout", i) for i in range(4)]
+    return [(e["iteration"], e["metrics"]) for e in events if "staleness" in e.get("metrics", {})]
+
+
+def test_training_is_bit_identical_with_and_without_evaluation(tmp_path: Path, clean_resume_hooks: None) -> None:
+    # Evaluation on every iteration, on the rollout rank that trains beside it (as the example
+    # ships it): every update's losses, KL and returns equal those of the run without it.
+    with_eval = _inprocess_training(tmp_path / "eval", eval_interval=1)
+    without = _inprocess_training(tmp_path / "none", eval_interval=0)
+    assert [i for i, _ in with_eval] == [0, 1, 2, 3]
+    assert with_eval == without

@@ -57,9 +57,11 @@ def actions(events: list[dict], kind: str) -> list[dict]:
     return [e for e in events if e.get("ev") == "action" and kind in kinds(e)]
 
 
-@pytest.mark.parametrize(("mode", "max_staleness"), [("pipelined", 2), ("coarse", 0)])
+# eval_lag: the example evaluates on its rollout component, the weights the rollout of that
+# iteration loaded (sync.policy lag 1 + tolerance window pipelined, 1 coarse).
+@pytest.mark.parametrize(("mode", "max_staleness", "eval_lag"), [("pipelined", 2, 2), ("coarse", 0, 1)])
 def test_ppo_job_runs_every_action_with_the_modes_staleness(
-    tmp_path: Path, mode: str, max_staleness: int
+    tmp_path: Path, mode: str, max_staleness: int, eval_lag: int
 ) -> None:
     events = run_job(tmp_path, mode)
     starts = [e for e in events if e.get("ev") == "start"]
@@ -81,6 +83,11 @@ def test_ppo_job_runs_every_action_with_the_modes_staleness(
 
     evals = [e for e in actions(events, "eval") if not e.get("skipped")]
     assert [e["iteration"] for e in evals] == [1, 3]
+    # Only the first rollout rank evaluates, and each evaluation names the version it used:
+    # the one its rollout had (update i - eval_lag's weights), never one it waited for.
+    first = min(e["rank"] for e in starts if e["component"] == "rollout")
+    assert {(e["component"], e["rank"]) for e in evals} == {("rollout", first)}
+    assert [e["metrics"]["policy_version"] for e in evals] == [i + 1 - eval_lag for i in (1, 3)]
     for e in evals:
         assert e["metrics"]["reward_threshold"] == 475.0
         assert e["metrics"]["eval_episodes"] == 4
