@@ -22,6 +22,17 @@ first step the resumed script logs (``run.log``) ends; work lost (the restore li
 ``work_lost``, steps); and ``stages``: seconds from the kill to the batch script's own
 timestamped lines (step ended, post-mortem) and to the new ranks' wrapper start.
 
+Where each rank's state came from (``restore`` events: ``source`` memory or the store,
+``from_kind`` own copy or replica, ``from_node``). The memory tier is on by default with
+``spare_nodes`` (``run.snapshot`` each step, adaptive N); ``--memory-every N`` pins it.
+
+Steady overhead (``--overhead-pairs K``): the same job without a kill and without spares,
+``--overhead-steps`` steps, memory tier off / every step / adaptive, interleaved (the order
+rotates each round), seconds per step from rank 0's ``run.log`` lines after the first
+``--overhead-skip`` (the adaptive N settled), and each run's own share: the tier's seconds
+on the training thread (``memory_tier`` events: encode, checksums, tmpfs write; the replica
+moves on the tier's thread) over the rank's training time.
+
 The requeue path: the same job with ``spare_nodes: 0`` (no ``--no-kill``, no monitor;
 ``max_failures`` requeues it): the survivor's gloo call fails at once, the post-mortem
 requeues, and the requeued job starts only once Slurm has ended the old one, which needs
@@ -51,13 +62,16 @@ BASE = Path("/var/tmp/hetrun-bench/node_death_command")
 EXAMPLE = ROOT / "examples" / "ddp_train_hetrun.py"
 
 
-def spec(spares: int, save_every: int, out: Path) -> dict[str, Any]:
-    argv = [sys.executable, str(EXAMPLE), "--steps", "1000000", "--out", str(out), "--step-time", "0.05",
+def spec(spares: int, save_every: int, out: Path, *, steps: int = 1000000,
+         memory_every: int | str | None = None) -> dict[str, Any]:
+    argv = [sys.executable, str(EXAMPLE), "--steps", str(steps), "--out", str(out), "--step-time", "0.05",
             "--save-every", str(save_every)]
     return {"name": "ddp-node-death", "components": {"trainer": {
                 "nodes": 2, "spare_nodes": spares, "tasks_per_node": 1, "mem": "500M", "command": argv}},
+            **({"checkpoint": {"memory_every": memory_every}} if memory_every is not None else {}),
             "preemption": {"max_failures": 100}, "slurm": {"partition": "debug", "time": "01:00:00"},
-            "env": {"OMP_NUM_THREADS": "1"}}
+            # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
+            "env": {"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": "/tmp/hetrun-mem-bench"}}
 
 
 def last_step(run_dir: Path, after: float = 0.0) -> int:
@@ -102,6 +116,10 @@ def one_death(cluster: NodeCluster, run_dir: Path, kill_after: int, wait_s: floa
         restored_s=round(t_restored - t0, 3),
         first_step_s=None if first is None else round(first - t0, 3),
         work_lost=max((e.get("work_lost") or 0) for e in rs), step=rs[0].get("step"),
+        sources=[{"rank": e.get("rank"), "source": e.get("source") or "store", "kind": e.get("from_kind"),
+                  "node": e.get("from_node")} for e in sorted(rs, key=lambda e: e.get("rank") or 0)],
+        store_step=next((m.get("store_step") for m in evs if m.get("ev") == "memory_restore" and m.get("used")
+                         and m.get("time", 0) > t0), None),
         action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"),
         stages={"silent_node_killed_s": mark("node "), "step_ended_s": mark("step ended"),
                 "postmortem_s": mark("post-mortem"),
@@ -118,8 +136,9 @@ def trials(cluster: NodeCluster, spares: int, modes: list[str], args: argparse.N
     out = []
     for i, mode in enumerate(modes):
         tag = f"{'spare' if spares else 'requeue'}-{os.getpid()}-{i}"
-        res = submit_spec(spec_from_dict(spec(spares, args.save_every, BASE / tag / "out")), backend="sbatch",
-                          runs_dir=BASE / tag)
+        res = submit_spec(spec_from_dict(spec(spares, args.save_every, BASE / tag / "out",
+                                              memory_every=args.memory_every)),
+                          backend="sbatch", runs_dir=BASE / tag)
         run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
         try:
             t = one_death(cluster, run_dir, args.kill_after, args.wait if spares else args.requeue_wait, mode)
@@ -135,6 +154,53 @@ def trials(cluster: NodeCluster, spares: int, modes: list[str], args: argparse.N
     return out
 
 
+MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
+
+
+def overhead(cluster: NodeCluster, pairs: int, steps: int, skip: int) -> dict[str, Any]:
+    """Seconds per step, memory tier off / every step / adaptive (module docstring)."""
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
+    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
+
+    os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+    per: dict[str, list[float]] = {label: [] for label, _ in MODES}
+    share: dict[str, list[float]] = {label: [] for label, _ in MODES}
+    runs = []
+    for i in range(pairs):
+        for label, every in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+            tag = f"overhead-{os.getpid()}-{i}-{label}"
+            res = submit_spec(spec_from_dict(spec(0, 1000000, BASE / tag / "out", steps=steps, memory_every=every)),
+                              backend="sbatch", runs_dir=BASE / tag)
+            wait_for_end(res.run, SbatchBackend(), timeout_s=600, poll_s=1)
+            evs = events(Path(res.run.run_dir))
+            ends = sorted(e["end"] for e in evs if e.get("ev") == "action" and e.get("rank") == 0
+                          and isinstance(e.get("iteration"), int) and e["iteration"] >= skip)
+            t0 = min((e["start"] for e in evs if e.get("ev") == "action" and e.get("rank") == 0), default=None)
+            if len(ends) < 2 or t0 is None:
+                runs.append({"overhead_run": label, "error": "the job logged too few steps", "run_dir": res.run.run_dir})
+                print(json.dumps(runs[-1]), flush=True)
+                continue
+            s_step = (ends[-1] - ends[0]) / (len(ends) - 1)
+            tier = [e for e in evs if e.get("ev") == "memory_tier"]
+            pct = max((100 * e["seconds"] / (ends[-1] - t0) for e in tier), default=0.0)
+            per[label].append(s_step)
+            share[label].append(round(pct, 3))
+            row = {"overhead_run": label, "s_per_step": round(s_step, 5), "load": os.getloadavg()[0],
+                   "tier_pct": round(pct, 3), "every": sorted({e.get("every") for e in tier}),
+                   "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
+                   "bytes": [e.get("bytes") for e in tier], "by_every": [e.get("by_every") for e in tier],
+                   "replication_errors": [e["replication_error"] for e in tier if e.get("replication_error")],
+                   "run_dir": res.run.run_dir}
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+    med = {label: statistics.median(v) for label, v in per.items() if v}
+    return {"runs": runs, "s_per_step": per, "median_s_per_step": med, "tier_pct": share,
+            "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
+                                    for label in med if label != "off" and "off" in med},
+            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off" and v}}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=5)
@@ -145,15 +211,25 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--wait", type=float, default=120, help="seconds the spare path may take")
     p.add_argument("--requeue-wait", type=float, default=480, help="seconds the requeue path may take")
+    p.add_argument("--memory-every", default=None,
+                   help="checkpoint.memory_every of the kill jobs (default: unset, adaptive with spares)")
+    p.add_argument("--overhead-pairs", type=int, default=0, help="rounds of off / every-1 / auto (no kill)")
+    p.add_argument("--overhead-steps", type=int, default=300)
+    p.add_argument("--overhead-skip", type=int, default=20, help="steps before the measured window")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death_command.json")
     args = p.parse_args()
+    if args.memory_every is not None and args.memory_every != "auto":
+        args.memory_every = int(args.memory_every)
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime()),
-                              "save_every": args.save_every, "kill_after": args.kill_after}
+                              "save_every": args.save_every, "kill_after": args.kill_after,
+                              "memory_every": args.memory_every}
     cluster = NodeCluster()
     cluster.start()
     try:
         result["spare"] = trials(cluster, 1, ["kill"] * args.kills + ["down"] * args.downs, args)
         result["requeue"] = trials(cluster, 0, ["kill"] * args.requeue_kills, args)
+        if args.overhead_pairs:
+            result["overhead"] = overhead(cluster, args.overhead_pairs, args.overhead_steps, args.overhead_skip)
     finally:
         cluster.stop()
     for key in ("spare", "requeue"):
@@ -165,13 +241,18 @@ def main() -> None:
                 if mine and key == "spare":
                     result[f"spare_{mode}_median_first_step_s"] = statistics.median(mine)
             result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
+            result[f"{key}_work_lost"] = [t["work_lost"] for t in ok]
+            result[f"{key}_state_from"] = [sorted({s["source"] for s in t.get("sources") or []}) for t in ok]
         result[f"{key}_errors"] = len(result[key]) - len(ok)
     result["load_after"] = os.getloadavg()
     result["ended"] = time.strftime("%H:%M:%S", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(args.out.read_text()) if args.out.exists() else []
     args.out.write_text(json.dumps([*prev, result], indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("spare", "requeue")}, indent=1))
+    summary = {k: v for k, v in result.items() if k not in ("spare", "requeue", "overhead")}
+    if "overhead" in result:
+        summary["overhead"] = {k: v for k, v in result["overhead"].items() if k != "runs"}
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A node dies under a command component (issue 25, the run API), on a real Slurm cluster
 of its own: the job's batch script, not the queue, restarts the step on the survivor
-plus a spare, and the user's script resumes from its newest ``run.save`` in the store.
+plus a spare, and the user's script resumes from the memory tier: the newest step every
+rank holds in peer memory (``run.snapshot`` each step), newer than its last ``run.save``.
 
 One run shared by every assertion: examples/ddp_train_hetrun.py (2 ranks, gloo) as a
 2-node command component with ``spare_nodes: 1`` on a throw-away 4-node cluster
@@ -8,8 +9,10 @@ One run shared by every assertion: examples/ddp_train_hetrun.py (2 ranks, gloo) 
 process of rank 1's node is SIGKILLed (slurmd, slurmstepd, the rank); the surviving
 rank's gloo call fails at once, the batch script finds the dead node (heartbeat or
 probe step), excludes it and starts a new step on the survivor plus the spare inside
-the same allocation (one job id, Slurm's restart count 0). The run ends bit-identical
-to an uninterrupted torchrun of the same script, and status/report say what happened.
+the same allocation (one job id, Slurm's restart count 0). Rank 1's state comes from its
+replica in the survivor's memory (sent over the tier's gloo group), rank 0's from its own
+copy; at most one step is lost. The run ends bit-identical to an uninterrupted torchrun
+of the same script, and status/report say what happened.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
     return list(read_events(run_dir))
 
 
-def _spec(out: Path) -> Any:
+def _spec(out: Path, memory_dir: str) -> Any:
     from hetrun.dag.spec import spec_from_dict
 
     argv = [sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--out", str(out), "--step-time", "0.25",
@@ -50,10 +53,13 @@ def _spec(out: Path) -> Any:
         "name": "ddp-node-death",
         "components": {"trainer": {"nodes": 2, "spare_nodes": 1, "tasks_per_node": 1, "mem": "500M",
                                    "command": argv}},
+        # memory_every 1 (not adaptive): the work lost asserted below does not depend on the load.
+        "checkpoint": {"memory_every": 1},
         "preemption": {"max_failures": 2},
         "slurm": {"partition": "debug", "time": "00:10:00"},
         # The default node timeout, set so the test does not follow a change of it.
-        "env": {"OMP_NUM_THREADS": "1", "HETRUN_NODE_TIMEOUT": "4"},
+        # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
+        "env": {"OMP_NUM_THREADS": "1", "HETRUN_NODE_TIMEOUT": "4", "HETRUN_MEMORY_DIR": memory_dir},
     })
 
 
@@ -72,7 +78,8 @@ def killed_command_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: igno
     try:
         cluster.start()
         os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-        res = submit_spec(_spec(root / "out"), backend="sbatch", runs_dir=root / "runs")
+        res = submit_spec(_spec(root / "out", f"/tmp/hetrun-mem-cmd-{os.getpid()}"), backend="sbatch",
+                          runs_dir=root / "runs")
         run_dir, job_id = Path(res.run.run_dir), str(res.run.job_id)
 
         def stepped(n: int) -> bool:
@@ -138,18 +145,39 @@ def test_the_command_job_restarts_on_a_spare_inside_its_allocation(killed_comman
     assert (run["run_dir"] / "logs" / "in-allocation-restarts").read_text().split() == [run["job_id"], "0"]
 
 
-def test_the_script_resumes_from_its_newest_save(killed_command_run: dict[str, Any]) -> None:
-    evs = killed_command_run["events"]
+def test_the_script_resumes_from_peer_memory_losing_at_most_one_step(killed_command_run: dict[str, Any]) -> None:
+    run = killed_command_run
+    evs = run["events"]
     restores = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == 1]
     assert len(restores) == 2 and all(e["restored_state"] for e in restores), restores
     failed_at = next(i for i, e in enumerate(evs) if e.get("ev") == "node_failure")
     saved = {e["iteration"] for e in evs[:failed_at] if e.get("ev") == "checkpoint"}
     step = restores[0]["step"]
-    assert {e["step"] for e in restores} == {step} and step in saved, (restores, saved)
-    # Work lost, per rank: the steps it had logged (run.log) after the restored save.
+    # From memory, newer than the newest save in the store (every SAVE_EVERY steps).
+    assert {e["step"] for e in restores} == {step} and step > max(saved, default=0), (restores, saved)
+    assert {e["source"] for e in restores} == {"memory"}, restores
+    # Both ranks' state from the survivor's memory (the spare's is empty, the victim's gone): the
+    # rank now on the survivor reads it there ("own"), the other receives it ("replica").
+    first = {e["comp_rank"]: e["node"] for e in evs if e.get("ev") == "start" and e.get("command")
+             and e.get("restart_count") == 0}
+    now = {e["comp_rank"]: e["node"] for e in evs if e.get("ev") == "start" and e.get("command")
+           and e.get("restart_count") == 1}
+    survivor = first[0]
+    assert first[1] == run["victim"] and survivor in now.values(), (first, now)
+    kinds = {e["rank"]: (e["from_kind"], e["from_node"]) for e in restores}
+    assert kinds == {r: ("own" if now[r] == survivor else "replica", survivor) for r in (0, 1)}, (kinds, now)
+    # The tier's own lines carry no restart count (as the executor's): those after the failure.
+    used = [e for e in evs[failed_at:] if e.get("ev") == "memory_restore"]
+    assert len(used) == 2 and all(e["used"] and e["step"] == step and not e["rejected"] for e in used), used
+    # Work lost, per rank: the steps it had logged (run.log) after the restored step; at most one.
     for e in restores:
         done = max(a["iteration"] for a in evs[:failed_at] if a.get("ev") == "action" and a.get("rank") == e["rank"])
-        assert e["work_lost"] == done + 1 - step, (e, done)
+        assert e["work_lost"] == max(0, done + 1 - step) and e["work_lost"] <= 1, (e, done)
+    # The tier's own account at the end: a snapshot every step (memory_every 1), partner on the other node.
+    tiers = [e for e in evs[failed_at:] if e.get("ev") == "memory_tier"]
+    assert len(tiers) == 2 and all(e["every"] == 1 and e["snapshots"] >= STEPS - step - 1
+                                   and e["partners"] == [1 - e["rank"]] and "replication_error" not in e
+                                   for e in tiers), tiers
 
 
 def test_it_ends_bit_identical_to_an_uninterrupted_run(killed_command_run: dict[str, Any]) -> None:
@@ -165,4 +193,4 @@ def test_status_and_report_say_what_happened(killed_command_run: dict[str, Any])
         assert at >= 0, out.stdout
         line = text[at:at + 500]
         assert f"{run['victim']} -> " in line and "restarted inside the allocation" in line, line
-        assert "state from the store, step " in line and "work lost: " in line, line
+        assert "state from peer memory, step " in line and "replica on " in line and "work lost: " in line, line

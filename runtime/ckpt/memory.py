@@ -31,7 +31,6 @@ import json
 import os
 import re
 import struct
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +71,7 @@ def encode(step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None)
     skeleton, tensors, leaves = state.flatten(tree)
     raws = [_raw_bytes(t) for t in tensors]
     header = {"format": FORMAT, "step": int(step), "owner": int(owner), "meta": meta or {},
-              "skeleton": skeleton, "leaves": [asdict(leaf) for leaf in leaves],
+              "skeleton": skeleton, "leaves": [vars(leaf) for leaf in leaves],  # asdict's doc; 10x cheaper (flat fields)
               "digests": [fast_digest(r) for r in raws]}
     head = json.dumps(header, separators=(",", ":")).encode()
     total = _PREFIX + len(head) + sum(r.nbytes for r in raws)
