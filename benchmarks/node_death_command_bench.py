@@ -229,7 +229,10 @@ def main() -> None:
         result["spare"] = trials(cluster, 1, ["kill"] * args.kills + ["down"] * args.downs, args)
         result["requeue"] = trials(cluster, 0, ["kill"] * args.requeue_kills, args)
         if args.overhead_pairs:
-            result["overhead"] = overhead(cluster, args.overhead_pairs, args.overhead_steps, args.overhead_skip)
+            try:
+                result["overhead"] = overhead(cluster, args.overhead_pairs, args.overhead_steps, args.overhead_skip)
+            except Exception as exc:  # recorded, not hidden; the kill trials above are kept
+                result["overhead"] = {"error": repr(exc)}
     finally:
         cluster.stop()
     for key in ("spare", "requeue"):
