@@ -164,8 +164,10 @@ def test_the_bucket_keeps_delta_chains_short_so_a_restore_fetches_about_the_stat
             assert tier.fetched_bytes > 1.2 * raw, (tier.fetched_bytes, raw)  # the whole local chain
         assert not tier._mem and tier._mem_held == 0  # every object read as often as announced
         fetched = tier.fetched_bytes
-        assert CheckpointStore([tier]).verify(3) == []  # reads the shard did not announce: fetched again
-        assert tier.fetched_bytes == 2 * fetched
+        # Reads the restore did not announce: objects dropped from memory are fetched again (a
+        # base the reader reached before the prefetch did went to the cache directory: not).
+        assert CheckpointStore([tier]).verify(3) == []
+        assert fetched < tier.fetched_bytes <= 2 * fetched
         saved = {k: v.clone() for k, v in state.items()}
         tier.close()
         # GC keeps whatever either encoding needs (the refs list the local chains).
