@@ -244,6 +244,7 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
         uploads["unbounded"].append({"uploaded_bytes": ev["uploaded_bytes"], "upload_s": ev["seconds"]})
     up2.close(60)
     os.sync()
+    obs = _obstore(srv)
     rows: list[dict[str, float]] = []
     for _round in range(args.rounds):
         row: dict[str, float] = {}
@@ -279,6 +280,9 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
                         Bucket=BUCKET, Key=store.url.key(store.object_rel(h)))["Body"].read()), fetched))
 
             timed(row, f"{name}_plain_get", plain_get)
+            if obs is not None and name == "bounded":  # the same GETs through obstore (Rust)
+                timed(row, "bounded_plain_get_obstore", lambda store=store, fetched=fetched: _obstore_get(
+                    obs, [store.url.key(store.object_rel(h)) for h in fetched], args.upload_threads))
         row["bounded_warm_ratio"] = row["bounded_warm_s"] / row["local_s"]
         row["bounded_warm_over_plain_get"] = row["bounded_warm_s"] / row["bounded_plain_get_s"]
         # What client creation alone costs (a new boto3 session: as in a fresh process, boto3 imported).
@@ -291,6 +295,25 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     return {"max_delta_chain": args.max_delta_chain or "default", "max_fetch_ratio": ratios,
             "state_bytes": 160_000_000, "uploads": uploads, "rounds": rows, "median": med}
+
+
+def _obstore(srv: Any) -> Any:
+    """An obstore S3 store on the benchmark's bucket, or None where obstore is not installed."""
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        return None
+    env = srv.env()
+    return S3Store(BUCKET, endpoint=srv.endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
+                   secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                   client_options={"allow_http": True})
+
+
+def _obstore_get(st: Any, keys: list[str], threads: int) -> None:
+    import obstore
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda k: len(obstore.get(st, k).bytes()), keys))
 
 
 def gpt(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
