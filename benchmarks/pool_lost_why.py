@@ -40,7 +40,7 @@ def explain(trace: list[TraceJob], names: dict[str, str], runs: dict[str, list[d
     flat = [(n, r) for n, rs in runs.items() for r in rs if r.get("start") and r.get("end") and r.get("nodelist")]
     rank = {t: i for i, t in enumerate(TIERS)}  # 0: critical
     cases, totals = [], {"avoidable": 0.0, "unavoidable": 0.0, "no_preemptor_found": 0.0,
-                      "of_it_idle_by_sacct": 0.0}
+                      "of_it_idle_by_sacct": 0.0, "of_it_slurm_order_would_spare": 0.0}
     for name, r in flat:
         job = by_name.get(name)
         if job is None or job.ckpt or job.hetrun or r["state"] != "PREEMPTED":
@@ -64,13 +64,20 @@ def explain(trace: list[TraceJob], names: dict[str, str], runs: dict[str, list[d
             held = set().union(*[set(expand_hostlist(r2["nodelist"])) for _, r2 in running]) & PARTITION_NODES[part]
             clean = set().union(*[set(expand_hostlist(r2["nodelist"])) for n2, r2 in running
                                   if n2 in by_name and by_name[n2].ckpt and rank[by_name[n2].tier] > rank[pjob.tier]])
-            options[part] = {"idle": len(PARTITION_NODES[part] - held), "ckpt_lower": len(clean & PARTITION_NODES[part])}
+            # of those, the ones Slurm's preempt/qos takes before the victim: a checkpointing job of
+            # the victim's tier or below (a higher tier's ``_ckpt`` QOS ranks above a lower plain tier)
+            before = set().union(*[set(expand_hostlist(r2["nodelist"])) for n2, r2 in running
+                                   if n2 in by_name and by_name[n2].ckpt and rank[by_name[n2].tier] >= rank[job.tier]])
+            options[part] = {"idle": len(PARTITION_NODES[part] - held), "ckpt_lower": len(clean & PARTITION_NODES[part]),
+                             "ckpt_before_victim": len(before & PARTITION_NODES[part])}
         # "idle" by sacct may still be COMPLETING in Slurm (its epilog on a loaded host): Slurm then
         # preempts at once rather than wait; "with_ckpt": lower-tier checkpointing jobs' nodes too
         ok = any(o["idle"] + o["ckpt_lower"] >= pjob.nodes for o in options.values())
         idle_only = any(o["idle"] >= pjob.nodes for o in options.values())
         totals["avoidable" if ok else "unavoidable"] += lost
         totals["of_it_idle_by_sacct"] += lost if idle_only else 0.0
+        slurm_order = any(o["idle"] + o["ckpt_before_victim"] >= pjob.nodes for o in options.values())
+        totals["of_it_slurm_order_would_spare"] += lost if ok and slurm_order else 0.0
         cases.append({"victim": name, "victim_nodes": r["nodes"], "lost_node_s": lost, "at": t,
                       "preemptor": pname, "preemptor_nodes": pjob.nodes, "preemptor_partition": prun.get("partition"),
                       "accepted": accepted(pjob), "options_at_preemption": options, "avoidable": ok,
