@@ -125,3 +125,29 @@ def test_live_pool_makes_one_call_each(slurm_cluster) -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert {r["partition"] for r in data["rows"]} >= {"debug", "high"}
+
+
+def test_collector_reads_sinfo_and_squeue_each_time_and_the_history_once_per_window() -> None:
+    """pool.Collector (a submitter placing job after job): sinfo + squeue fresh for every
+    snapshot, sacct + sshare (the history, slurmdbd's part) again only after ``history_s``;
+    the snapshot is the one ``collect`` builds from the same answers."""
+    answers = {"sinfo": (DATA / "sinfo.json").read_text(), "squeue": (DATA / "squeue.json").read_text(),
+               "sacct": (DATA / "sacct.txt").read_text(), "sshare": (DATA / "sshare.txt").read_text()}
+    calls: list[str] = []
+
+    def run(argv):
+        calls.append(argv[0])
+        return answers[argv[0]]
+
+    snaps = pool.Collector(run, hours=1, history_s=30)
+    first = snaps.snapshot(now=1000.0)
+    again = snaps.snapshot(now=1029.0)
+    assert calls == ["sinfo", "squeue", "sacct", "sshare", "sinfo", "squeue"]
+    assert again.to_json() | {"taken_at": 0} == first.to_json() | {"taken_at": 0}
+    snaps.snapshot(now=1030.0)  # the window is over: the history again
+    assert calls[6:] == ["sinfo", "squeue", "sacct", "sshare"]
+    calls.clear()
+    assert pool.collect(run, hours=1, now=1000.0).to_json() == first.to_json()
+    assert calls == ["sinfo", "squeue", "sacct", "sshare"]
+    (running,) = first.running_use  # squeue.json's running job, with where and since when
+    assert running.nodes == ("n1",) and running.start == 1796138228.0
