@@ -112,7 +112,7 @@ def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int],
              from_node=found.source.get("node"), from_kind=found.source.get("kind"),
              seconds=round(time.perf_counter() - t0, 4), agreed=agreed, loaded=loaded,
              cpu_s=round(time.process_time(), 3), skipped=[],
-             work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
+             work_lost=resume.work_lost(lost_before, iteration))
     log.close()
     slot.writer.prepare(workload.state_dict())
     return iteration, mem

@@ -233,17 +233,24 @@ def _world_allgather(ctx: Ctx, value: Any) -> list[Any]:
 
 
 def _last_iteration_done(ctx: Ctx) -> int | None:
-    """The newest iteration this rank started before the restart (events.jsonl)."""
+    """The newest iteration this rank started before the restart (events.jsonl);
+    -1 when it started none (an evaluator stopped before its first evaluation
+    did no work, so it lost none); None only when the events cannot be read."""
     from hetrun.runtime.events import read_events
 
-    best = None
+    best = -1
     try:
         for ev in read_events(ctx.run_dir, only="action"):
             if ev.get("rank") == ctx.rank and isinstance(ev.get("iteration"), int):
-                best = ev["iteration"] if best is None else max(best, ev["iteration"])
+                best = max(best, ev["iteration"])
     except OSError:
         return None
     return best
+
+
+def work_lost(lost_before: int | None, iteration: int) -> int | None:
+    """Iterations this rank started before the restart and must run again."""
+    return None if lost_before is None else max(0, lost_before + 1 - iteration)
 
 
 def restore_if_any(ctx: Ctx, workload: Any) -> int:
@@ -282,7 +289,7 @@ def restore_if_any(ctx: Ctx, workload: Any) -> int:
                  cpu_s=round(time.process_time(), 3),
                  skipped=[{"step": s, "why": w} for s, w in skipped],
                  **({"resize": resized.to_json()} if resized is not None else {}),
-                 work_lost=max(0, lost_before + 1 - iteration) if lost_before is not None else None)
+                 work_lost=work_lost(lost_before, iteration))
     log.close()
     if slot.cold is not None:
         slot.cold.tier.close()  # the bucket tier's download cache: restored, no longer needed
@@ -362,7 +369,7 @@ def _no_step(log: Any, restarts: int, limit: int | None, everyone: list[dict[str
              restored_state=False,
              fresh_reason=("no step that every component saved" if anyone else "no checkpoint yet"),
              message="restarted, but no checkpoint yet: starting from the beginning",
-             work_lost=(lost_before + 1) if lost_before is not None else None)
+             work_lost=work_lost(lost_before, 0))
 
 
 def _load_chosen(ctx: Ctx, slot: _Slot, workload: Any, step: int,

@@ -216,6 +216,9 @@ def test_save_then_restore_with_rng_and_restart_events(tmp_path: Path, monkeypat
     assert (random.random(), torch.rand(1)) == want_rng
     (ev,) = [e for e in events(tmp_path) if e["ev"] == "restore"]
     assert ev["step"] == 4 and ev["restart_count"] == 1 and ev["max_restarts"] == 2 and ev["skipped"] == []
+    # This rank logged no action before the stop (like an evaluator stopped before its
+    # first evaluation): it lost nothing, a known 0, not an unknown.
+    assert ev["work_lost"] == 0, ev
 
 
 @pytest.mark.parametrize(("chain", "deepest"), [(None, 3), (2, 1), (1, 0)])
