@@ -399,10 +399,7 @@ class Executor:
         if self.memory is not None:
             # Collective: every replica in flight delivered; a finished run frees the node's memory.
             self.memory.close(remove=code == EXIT_OK and last_done + 1 == self.plan.iterations)
-            self.log.emit("memory_tier", snapshots=self.memory.taken, seconds=round(self.memory.seconds, 4),
-                          bytes=self.memory.bytes, every=self.memory.every, partners=self.memory.partners,
-                          by_every={str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
-                                    for n, (t, w, k) in sorted(self.memory.by_every.items())})
+            self.log.emit("memory_tier", **self.memory.summary())
         flushed = self.hooks.flush_checkpoints(self.ctx)
         if isinstance(flushed, dict) and flushed.get("ok") is False:
             self.log.emit("warning", message=f"last checkpoint write failed: {flushed.get('error')}")
