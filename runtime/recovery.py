@@ -104,7 +104,7 @@ def restore(ctx: Any, workload: Any, store_restore: Callable[[Any, Any], int],
     preempt.install(ctx)
     resume._arm_deadline_event(ctx)
     resume._check_preemption_budget(ctx, restarts)
-    lost_before = resume._last_iteration_done(ctx)
+    lost_before = resume._last_iteration_done(ctx, restarts)
     agreed = time.time()
     iteration, loaded = resume._load_chosen(ctx, slot, workload, found.step, found.tree)
     log.emit("restore", step=found.step, iteration=iteration, restart_count=restarts,

@@ -232,20 +232,28 @@ def _world_allgather(ctx: Ctx, value: Any) -> list[Any]:
     return mpi_wait.allgather(comm, value)
 
 
-def _last_iteration_done(ctx: Ctx) -> int | None:
-    """The newest iteration this rank started before the restart (events.jsonl);
-    -1 when it started none (an evaluator stopped before its first evaluation
-    did no work, so it lost none); None only when the events cannot be read."""
+def _last_iteration_done(ctx: Ctx, restarts: int) -> int | None:
+    """The newest iteration this rank started before the restart (events.jsonl).
+
+    -1: the rank ran in an earlier attempt but started no action (an evaluator
+    stopped before its first evaluation did no work, so it lost none). None:
+    nothing to lose or nothing known (a rank new in this attempt, e.g. after a
+    resize, or events that cannot be read)."""
     from hetrun.runtime.events import read_events
 
-    best = -1
+    best, ran = None, False
     try:
-        for ev in read_events(ctx.run_dir, only="action"):
-            if ev.get("rank") == ctx.rank and isinstance(ev.get("iteration"), int):
-                best = max(best, ev["iteration"])
+        for ev in read_events(ctx.run_dir, only=("action", "start")):
+            if ev.get("rank") != ctx.rank:
+                continue
+            if ev.get("ev") == "action" and isinstance(ev.get("iteration"), int):
+                best = ev["iteration"] if best is None else max(best, ev["iteration"])
+            elif (ev.get("ev") == "start" and ev.get("component") == ctx.component
+                  and isinstance(ev.get("restart_count"), int) and ev["restart_count"] < restarts):
+                ran = True
     except OSError:
         return None
-    return best
+    return best if best is not None else (-1 if ran else None)
 
 
 def work_lost(lost_before: int | None, iteration: int) -> int | None:
@@ -267,7 +275,7 @@ def restore_if_any(ctx: Ctx, workload: Any) -> int:
     mine = {"component": ctx.component, "required": _has_checkpoint_action(ctx, ctx.component),
             "steps": steps, "every": bool(steps) and _saves_every_component(slot.store)}
     everyone = _world_allgather(ctx, mine)
-    lost_before = _last_iteration_done(ctx)
+    lost_before = _last_iteration_done(ctx, restarts)
     chosen, skipped = _agree_on_step(ctx, slot, workload, mine, everyone, restarts)
     log = _events(ctx)
     iteration = 0
