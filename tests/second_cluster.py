@@ -9,16 +9,24 @@ serves several clusters). Nothing of the shared cluster is touched: its
 slurm.conf, /etc/slurm link, daemons and ports stay as they are. ``stop()``
 stops the daemons it started and removes the cluster and its hrtest objects
 from slurmdbd.
+
+From ``start()`` to ``stop()`` a process owns the cluster's name through an exclusive
+flock on /var/lock/hetrun-<name>.lock: two lives of one name share a directory, ports
+and QOS names, so a second process (a test beside a benchmark's replay of the same
+pool) would stop the first one's daemons and read its QOS as its own. It waits for the
+owner a while, then fails naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +58,7 @@ def policy_text(gpu_quota: int, extra: str = "") -> str:
 DIRECTORY = Path("/var/lib/hetrun-hrtest2")
 CTLD_PORT = 16817
 FIRST_NODE_PORT = 18001
+_OWNED: dict[str, int] = {}  # cluster name -> the fd whose flock says this process owns it
 
 
 class SecondCluster:
@@ -66,6 +75,7 @@ class SecondCluster:
     # False: start with the policy's slurm.conf and job_submit.lua only, and leave its
     # QOS/accounts to a test's own `hetrun policy apply`.
     apply_policy_at_start = True
+    owner_wait_s = 120.0  # how long start() waits for another process's life of this name to end
 
     def __init__(self, nodes: int = 2, policy: Path | None = None, **shape: object) -> None:
         shape = {"cpus": 2, "gpus": 2, "mem_mb": 1000, **shape}
@@ -93,8 +103,39 @@ class SecondCluster:
         assert count, "the rendered slurm.conf changed shape; update tests/second_cluster.py"
         return text
 
+    def own(self) -> None:
+        """Take the name's lock (see the module's docstring), or fail naming the process that has it.
+        The process owns the name, not one object: a replay starts each side's pool afresh."""
+        if self.name in _OWNED:
+            return
+        path = Path(f"/var/lock/hetrun-{self.name}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.owner_wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise AssertionError(
+                        f"the {self.name} cluster ({self.directory}) is in use by another process "
+                        f"({holder}) for over {self.owner_wait_s:.0f} s; wait for it or end it") from None
+                time.sleep(1)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}: {' '.join(sys.argv)[:300]}".encode(), 0)
+        _OWNED[self.name] = fd
+
+    def disown(self) -> None:
+        fd = _OWNED.pop(self.name, None)
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only fd drops the flock
+
     def start(self) -> None:
-        self.stop()
+        self.own()
+        self.clean_up()
         write_configs(self.cfg)  # dirs, gres.conf, mpi.conf, task prolog; slurm.conf replaced below
         self.cfg.slurm_conf.write_text(self.render_conf())
         clusters = self.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster").stdout.split()
@@ -141,6 +182,14 @@ class SecondCluster:
         stop_slurm_daemon(self.cfg, "slurmctld")
 
     def stop(self) -> None:
+        """Stop the daemons, remove this cluster's records from slurmdbd and give up the name."""
+        self.own()  # another process's live cluster of this name is not ours to tear down
+        try:
+            self.clean_up()
+        finally:
+            self.disown()
+
+    def clean_up(self) -> None:
         if (self.cfg.directory / "run").exists():
             # Against a controller that is gone, scancel retries for 18 s before it gives up.
             if slurm_daemon_pid(self.cfg, "slurmctld") is not None:
