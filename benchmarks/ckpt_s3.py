@@ -27,7 +27,9 @@ Sections:
   restore_breakdown (--restore-only, alone) bucket restores (chains kept short
             by the uploader, and the local tier's chains) beside the local
             tier's restore and a plain parallel GET of the objects each
-            downloaded, alternating rounds
+            downloaded, alternating rounds; the product's restores (objects
+            through obstore where installed) beside the same restores with
+            boto3's GETs alone (``*_boto3``)
 Every restore is checked bit-exact against the live state.
 """
 
@@ -252,19 +254,25 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
         assert local is not None and same(local.state, st)
         del local
         # (name, store, memory_bytes, client made before the clock: what a job sees when
-        # ObjectStore.warm overlaps its own setup)
-        runs = [("bounded", stores["bounded"], MEMORY_BYTES, False),
-                ("bounded_warm", stores["bounded"], MEMORY_BYTES, True),
-                ("bounded_files_warm", stores["bounded"], 0, True),
-                ("unbounded", stores["unbounded"], MEMORY_BYTES, False)]
-        for name, store, memory, warm in runs:
+        # ObjectStore.warm overlaps its own setup, objects through obstore as the product
+        # does where installed (runtime/ckpt/s3_fast_get.py), or boto3's GETs alone)
+        runs = [("bounded", stores["bounded"], MEMORY_BYTES, False, True),
+                ("bounded_warm", stores["bounded"], MEMORY_BYTES, True, True),
+                ("bounded_boto3", stores["bounded"], MEMORY_BYTES, False, False),
+                ("bounded_warm_boto3", stores["bounded"], MEMORY_BYTES, True, False),
+                ("bounded_files_warm", stores["bounded"], 0, True, True),
+                ("unbounded", stores["unbounded"], MEMORY_BYTES, False, True)]
+        for name, store, memory, warm, fast in runs:
             tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads),
                               ROOT / "cache", memory_bytes=memory)
+            tier.store.fast_get.off = tier.store.fast_get.off or not fast
             if warm:
                 tier.store.client  # noqa: B018
             remote = timed(row, name, lambda tier=tier: CheckpointStore([tier], threads=args.threads).restore())
             assert remote is not None and remote.tier == "object" and same(remote.state, st)
             del remote
+            assert tier.store.fast_get.why_off is None, tier.store.fast_get.why_off  # off only where asked
+            row[f"{name}_fast_gets"] = tier.store.fast_get.gets
             row[f"{name}_bytes"] = tier.fetched_bytes
             row[f"{name}_ratio"] = row[f"{name}_s"] / row["local_s"]
             fetched = list(tier.fetched)

@@ -126,13 +126,44 @@ def test_incremental_upload_and_bucket_only_restore_is_bit_identical(s3: Any, tm
     # Every object is keyed by its content hash under a two-hex-digit prefix.
     keys = [o.rel for o in store.list("objects/")]
     assert keys and all(k.split("/")[1] == k.split("/")[2][:2] and len(k.split("/")[2]) == 64 for k in keys)
-    bucket_only = CheckpointStore([BucketTier(store)])
+    reader = ObjectStore(store.url, env=s3.env())  # a fresh process's store: no client yet
+    tier = BucketTier(reader)
+    bucket_only = CheckpointStore([tier])
     assert bucket_only.steps() == [3, 2, 1]
     got = bucket_only.restore()
     assert got is not None and got.step == 3 and got.tier == "object"
+    fetched_by_restore = len(tier.fetched)
     from_disk = CheckpointStore([Tier(tmp_path / "shared")]).restore()
     assert from_disk is not None and _same(got.state, state) and _same(got.state, from_disk.state)
     assert bucket_only.verify(1) == [] and bucket_only.verify(3) == []
+    # The restore's reads went through obstore (runtime/ckpt/s3_fast_get.py), which the s3
+    # extra installs; with it off, boto3's GETs restore the same bytes.
+    assert reader.fast_get.why_off is None, reader.fast_get.why_off
+    # every object, the listing, the manifest and the shard: and no boto3 client made at all
+    assert reader.fast_get.gets >= fetched_by_restore + 3 and fetched_by_restore > 1
+    assert reader._client is None
+    plain = ObjectStore(store.url, env=s3.env())
+    plain.fast_get.off = True
+    by_boto3 = CheckpointStore([BucketTier(plain)]).restore()
+    assert by_boto3 is not None and by_boto3.step == 3 and _same(by_boto3.state, state)
+    assert plain.fast_get.gets == 0
+
+
+def test_a_fast_get_that_fails_goes_the_boto3_way_once_and_says_why(s3: Any, tmp_path: Path) -> None:
+    store = _store(s3)
+    saver = Saver(tmp_path, store)
+    state = _state()
+    saver.save(1, state)
+    saver.close()
+    # obstore pointed at a port nothing listens on; boto3 keeps the real endpoint.
+    reader = ObjectStore(store.url, env=s3.env())
+    from hetrun.runtime.ckpt import s3_fast_get
+
+    reader.fast_get._fast = s3_fast_get.FastGet(store.url.bucket, endpoint="http://127.0.0.1:9", region="us-east-1",
+                                                credentials=s3_fast_get._credentials(None, s3.env()))
+    got = CheckpointStore([BucketTier(reader)]).restore()
+    assert got is not None and got.step == 1 and _same(got.state, state) and reader.fast_get.gets == 0
+    assert reader.fast_get.off and "127.0.0.1:9" in (reader.fast_get.why_off or ""), reader.fast_get.why_off
 
 
 def test_the_bucket_keeps_delta_chains_short_so_a_restore_fetches_about_the_state(s3: Any, tmp_path: Path) -> None:
@@ -615,7 +646,11 @@ def test_a_missing_key_or_denied_read_is_not_retried(s3: Any) -> None:
             calls.append(name)
             return getattr(real, name)
 
+    with pytest.raises(CheckpointError, match="is missing from the bucket"):
+        store.get("manifests/000000000009.json")  # through obstore: one 404, the path stays on
+    assert store.fast_get.gets == 0 and not store.fast_get.off
     store._client = Counting()
+    store.fast_get.off = True  # boto3's GET: one request, not retried
     with pytest.raises(CheckpointError, match="is missing from the bucket"):
         store.get("manifests/000000000009.json")
     assert calls == ["get_object"]

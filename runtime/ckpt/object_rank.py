@@ -69,8 +69,10 @@ def for_rank(checkpoint_cfg: dict[str, Any] | None, component: str, tiers: list[
     cfg = ObjectStoreConfig.from_plan(checkpoint_cfg) or _from_env()
     if cfg is None:
         return None
-    # BucketTier starts making the client (ObjectStore.warm) while the caller builds its writer;
-    # its restore reads each object once, then resume.py closes it: objects wait in memory.
+    # BucketTier's reads go through obstore with no boto3 client where the environment names the
+    # endpoint and keys (s3_fast_get.py), else it starts making the client (ObjectStore.warm) while
+    # the caller builds its writer; the uploader makes it on its first upload, off the critical path.
+    # The restore reads each object once, then resume.py closes the tier: objects wait in memory.
     store = ObjectStore.from_config(cfg, component)
     uploader = ObjectUploader(store, tiers, rank=rank, world_size=world_size, keep=keep, on_event=emit,
                               shard_wait_s=cfg.shard_wait_s, max_fetch_ratio=cfg.max_fetch_ratio)

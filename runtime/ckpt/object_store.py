@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hetrun.dag.object_store_spec import DEFAULT_MAX_FETCH_RATIO
-from hetrun.runtime.ckpt import object_preflight, s3_client
+from hetrun.runtime.ckpt import object_preflight, s3_client, s3_fast_get
 from hetrun.runtime.ckpt.objects import check_hash
 from hetrun.runtime.ckpt.s3_client import S3Url, with_backoff
+from hetrun.runtime.ckpt.s3_fast_get import FastGet, FastGetSlot
 
 from hetrun.backoff import Backoff, poll_until
 from hetrun.errors import CheckpointError
@@ -102,6 +103,9 @@ class ObjectStore:
         self._client = client
         self._client_lock = threading.Lock()
         self._warming: threading.Thread | None = None
+        # A restore's object GETs through obstore where installed (s3_fast_get.py);
+        # benchmarks/ckpt_s3.py switches it off to time boto3's alone.
+        self.fast_get = FastGetSlot()
 
     @classmethod
     def from_config(cls, cfg: ObjectStoreConfig, component: str | None = None,
@@ -198,14 +202,47 @@ class ObjectStore:
             raise self._fail(exc, rel, "cannot write") from exc
 
     def get(self, rel: str) -> bytes:
+        body = self.get_object_body(rel)
+        return body if isinstance(body, bytes) else bytes(body)
+
+    def _get(self, rel: str) -> bytes:
+        """boto3's GET: retried and reported in words."""
         key = self.url.key(rel)
         try:
             # The body is read inside the retried call: a server that dies mid-body is retried too.
             return self._read(lambda: self.client.get_object(Bucket=self.url.bucket, Key=key)["Body"].read())
         except Exception as exc:
             if s3_client.is_missing(exc):
-                raise CheckpointError(f"{self.url}/{rel} is missing from the bucket") from None
+                raise self._missing(rel) from None
             raise self._fail(exc, rel, "cannot read") from exc
+
+    # -- reads through obstore where installed (s3_fast_get.py) ----------------------------
+    def _fast_without_client(self) -> FastGet | None:
+        return s3_fast_get.without_client(self.url.bucket, endpoint=self.endpoint, region=self.region,
+                                          profile=self.profile, env=self.env)
+
+    def _make_fast(self) -> FastGet:
+        fast = self._fast_without_client()
+        return fast if fast is not None else s3_fast_get.from_client(self.client, self.url.bucket,
+                                                                     profile=self.profile, env=self.env)
+
+    def prepare_fast_reads(self) -> bool:
+        """True when reads can go through obstore with no boto3 client made (a restore then
+        never makes one: its reads are GETs and the manifest listing)."""
+        return self.fast_get.prepare(self._fast_without_client)
+
+    def get_object_body(self, rel: str) -> Any:
+        """``get(rel)`` without a copy: obstore's body (bytes-like) while that path works, else
+        boto3's bytes (s3_fast_get.py says when and why it stopped)."""
+        key = self.url.key(rel)
+        try:
+            body = self.fast_get.call(self._make_fast, lambda fast: fast.get(key))
+        except FileNotFoundError:
+            raise self._missing(rel) from None
+        return self._get(rel) if body is None else body
+
+    def _missing(self, rel: str) -> CheckpointError:
+        return CheckpointError(f"{self.url}/{rel} is missing from the bucket")
 
     def get_to(self, rel: str, path: str) -> int:
         """Download to ``path`` (written whole or not at all by the caller's rename)."""
@@ -260,7 +297,10 @@ class ObjectStore:
 
     def manifest_steps(self) -> list[int]:
         steps = []
-        for o in self.list("manifests/"):
+        base = self.url.key("")
+        fast = self.fast_get.call(self._make_fast, lambda f: f.keys_under(self.url.key("manifests")))
+        listed = (Listed(k[len(base):], n, t) for k, n, t in fast) if fast is not None else self.list("manifests/")
+        for o in listed:
             m = _MANIFEST_KEY_RE.fullmatch(o.rel)
             if m:
                 steps.append(int(m.group(1)))

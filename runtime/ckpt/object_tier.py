@@ -58,7 +58,9 @@ class BucketTier(Tier):
         self._own_cache = cache_dir is None
         root = Path(cache_dir) if cache_dir is not None else Path(tempfile.mkdtemp(prefix="hetrun-s3cache-"))
         super().__init__(root, TIER_NAME)
-        self.store = store.warm()  # the client is made while the caller sets up
+        # Reads through obstore need no boto3 client where the environment names the endpoint and
+        # keys (s3_fast_get.py); else the client is made while the caller sets up.
+        self.store = store if store.prepare_fast_reads() else store.warm()
         self.on_event = on_event
         self.failures: list[str] = []
         self._steps: list[int] | None = None
@@ -141,7 +143,7 @@ class BucketTier(Tier):
         will read it) or the cache directory; returns its header (None: unreadable,
         which the reader finds and reports)."""
         rel = self.object_rel(h)
-        data = self.store.get(rel)
+        data = self.store.get_object_body(rel)
         self._count(h, data)
         try:
             header: dict[str, Any] | None = parse_object(data, h)[0]
