@@ -85,7 +85,13 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
 
     from hetrun.errors import HetrunError
 
-    wl = ", ".join(f"{k}: {v}" for k, v in hyper(args).items())
+    # "pipelined@32": the same run with workload_args.precision 32 (the example's default: auto,
+    # bf16-mixed on a CPU with native bf16: examples/learner_precision.py).
+    mode, _, precision = mode.partition("@")
+    h = hyper(args)
+    if precision:
+        h["precision"] = f'"{precision}"'
+    wl = ", ".join(f"{k}: {v}" for k, v in h.items())
     sets = [f"training.mode={mode}", f"training.iterations={args.updates}", "training.eval_interval=0",
             "checkpoint.interval=0", f"components.rollout.nodes={args.rollouts}", f"workload_args={{{wl}}}",
             f"training.seed={args.seed}"]
@@ -104,7 +110,11 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     # Per update: the mean number of threads its minibatch steps ran on (learner_threads auto).
     out["update_threads"] = [e["metrics"]["update_threads"] for e in events
                              if e.get("ev") == "action" and "update_threads" in e.get("metrics", {})]
-    out.update(mode=mode, seed=args.seed, run_dir=str(res.run.run_dir),
+    import torch
+    from hetrun.examples.learner_precision import resolve
+
+    out.update(precision=resolve(precision or "auto", torch.device("cpu")))  # type: ignore[arg-type]
+    out.update(mode=f"{mode}@{precision}" if precision else mode, seed=args.seed, run_dir=str(res.run.run_dir),
                **time_to_return(events, args.target_return))
     return out
 
@@ -297,7 +307,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                  "-" if is_peer(mode) else f"{_med(runs, 'bound'):.2f}x", f"{busy:.0%}",
                  "not reached" if solved is None else f"{solved:.0f}",
                  "-" if _med(runs, "training_return") is None else f"{_med(runs, 'training_return'):.0f}"]
-        label = mode if mode in ("pipelined", "coarse") else name_of(mode)
+        label = mode if mode.partition("@")[0] in ("pipelined", "coarse") else name_of(mode)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ratios(by, args))
 
@@ -323,6 +333,11 @@ def ratios(by: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> lis
         else:
             out.append(f"time to the fixed return: pipelined {'not reached' if mine is None else f'{mine:.0f} s'}; "
                        "no peer reached it within the budget")
+    for mode in (m for m in by if "@" in m and best):  # a precision other than the example's auto
+        got = _med(by[mode], "steady_steps_per_s") / _med(by[best], "steady_steps_per_s")
+        out.append(f"{mode} (learner precision {by[mode][0].get('precision')}) / best peer: {got:.2f}x")
+    if pipe:
+        out.append(f"pipelined's learner precision: {pipe[0].get('precision', '32 (before precision existed)')}")
     if pipe and coarse:
         got = _med(pipe, "steady_steps_per_s") / _med(coarse, "steady_steps_per_s")
         b = _med(coarse, "bound")
@@ -353,7 +368,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--modes", nargs="+", default=["pipelined", "coarse", *PEER_MODES],
-                    help="hetrun: pipelined, coarse; peers: " + ", ".join(PEER_MODES))
+                    help="hetrun: pipelined, coarse (@32 or @bf16-mixed: that learner precision instead of "
+                         "the example's auto); peers: " + ", ".join(PEER_MODES))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--learner-threads", default=None,
                     help="hetrun's workload_args.learner_threads (a number or auto; default: the example's)")
@@ -372,7 +388,7 @@ def main() -> None:
         print(json.dumps(sb3_worker(args)))
         return
     for mode in args.modes:
-        if mode not in ("pipelined", "coarse"):
+        if mode.partition("@")[0] not in ("pipelined", "coarse"):
             peer_config(mode)  # a clear error for a misspelt mode, before anything runs
     if args.merge:
         docs = [json.loads(f.read_text()) for f in args.merge]

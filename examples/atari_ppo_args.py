@@ -45,6 +45,12 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
         "the cores the rollout ranks leave idle right now (sequentially otherwise): the same numbers either "
         "way, so auto is bit-reproducible")
 
+    # Default auto here: the IMPALA CNN's convolutions take half the time in bf16 where the CPU
+    # computes it natively (examples/learner_precision.py, benchmarks/atari.md).
+    precision: Literal["32", "bf16-mixed", "auto"] = Field(
+        "auto", description="the learner's passes: 32, bf16-mixed, or auto (bf16-mixed on a CPU with native "
+        "bf16 or a GPU, else 32)")
+
     @model_validator(mode="after")
     def _parts_fit(self) -> AtariPPOWorkloadArgs:
         from hetrun.dag.spec_errors import SpecIssue

@@ -36,6 +36,7 @@ from torch.nn import functional as F
 
 from hetrun.errors import CheckpointError
 
+from . import learner_precision
 from .cpu_share import CpuPhase, node_cpus, runnable_elsewhere
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
@@ -53,6 +54,7 @@ from .ppo_envs import (
 # ``workload_args`` are the typed model in ppo_args.py: `hetrun plan` checks them
 # there without importing this module (hetrun.dag.workload_args).
 PPOConfig = PPOWorkloadArgs
+LEARNER_DEVICE = torch.device("cpu")  # the PPO examples train on CPU, learner and rollout alike
 
 
 # ---------------------------------------------------------------- networks
@@ -336,13 +338,16 @@ class PPOWorkload(Workload):
         if cfg.norm_adv:
             mb_adv = b["advantages"][minibatch]
             adv = (adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-        logp_all = torch.log_softmax(self.actor(b["obs"][part]), dim=-1)
+        obs = b["obs"][part]
+        with learner_precision.autocast(learner_precision.resolve(cfg.precision, LEARNER_DEVICE), LEARNER_DEVICE):
+            logits, new_value = self.actor(obs), self.critic(obs).squeeze(-1)
+        logits, new_value = logits.float(), new_value.float()  # the loss itself in fp32
+        logp_all = torch.log_softmax(logits, dim=-1)
         new_logprob = logp_all.gather(1, b["actions"][part].unsqueeze(1)).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         log_ratio = new_logprob - b["logprobs"][part]
         ratio = log_ratio.exp()
         pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
-        new_value = self.critic(b["obs"][part]).squeeze(-1)
         v_loss = 0.5 * (new_value - b["returns"][part]).pow(2)
         loss = (pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss).mean()
         with torch.no_grad():

@@ -50,6 +50,11 @@ class PPOWorkloadArgs(BaseModel):
         None, description="torch threads of learner ranks (None: torch_threads; auto: the node's CPUs "
         "its rollout ranks leave idle at each minibatch step; not bit-reproducible)")
 
+    precision: Literal["32", "bf16-mixed", "auto"] = Field(
+        "32", description="the learner's forward and backward passes: 32 (fp32), bf16-mixed (torch.autocast "
+        "in bfloat16, fp32 weights and optimizer), or auto: bf16-mixed on a CPU with native bf16 "
+        "(AVX512-BF16/AMX) or a GPU, else 32 (examples/learner_precision.py)")
+
     @model_validator(mode="after")
     def _minibatches_fit(self) -> PPOWorkloadArgs:
         batch = self.num_envs * self.num_steps
