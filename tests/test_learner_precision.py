@@ -61,7 +61,7 @@ def _gradient(precision: str) -> tuple[list[torch.Tensor], list[torch.Tensor], d
 
 
 def test_bf16_mixed_keeps_fp32_weights_and_a_gradient_close_to_fp32s() -> None:
-    p32, g32, b32 = _gradient("32")
+    _, g32, b32 = _gradient("32")
     pbf, gbf, bbf = _gradient("bf16-mixed")
     # The same rollout either way: its policy runs in fp32 whatever the learner's precision.
     assert torch.equal(b32["logprobs"], bbf["logprobs"]) and torch.equal(b32["obs"], bbf["obs"])
