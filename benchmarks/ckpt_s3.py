@@ -263,9 +263,9 @@ def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
                 ("bounded_files_warm", stores["bounded"], 0, True, True),
                 ("unbounded", stores["unbounded"], MEMORY_BYTES, False, True)]
         for name, store, memory, warm, fast in runs:
-            tier = BucketTier(ObjectStore(store.url, env=store.env, threads=args.upload_threads),
-                              ROOT / "cache", memory_bytes=memory)
-            tier.store.fast_get.off = tier.store.fast_get.off or not fast
+            reader = ObjectStore(store.url, env=store.env, threads=args.upload_threads)
+            reader.fast_get.off = reader.fast_get.off or not fast  # before the tier: boto3's warm() as without obstore
+            tier = BucketTier(reader, ROOT / "cache", memory_bytes=memory)
             if warm:
                 tier.store.client  # noqa: B018
             remote = timed(row, name, lambda tier=tier: CheckpointStore([tier], threads=args.threads).restore())

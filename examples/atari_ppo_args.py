@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .ppo_args import PPOWorkloadArgs
+from .ppo_args import PPOWorkloadArgs, Precision
 
 
 class AtariPPOWorkloadArgs(PPOWorkloadArgs):
@@ -47,7 +47,7 @@ class AtariPPOWorkloadArgs(PPOWorkloadArgs):
 
     # Default auto here: the IMPALA CNN's convolutions take half the time in bf16 where the CPU
     # computes it natively (examples/learner_precision.py, benchmarks/atari.md).
-    precision: Literal["32", "bf16-mixed", "auto"] = Field(
+    precision: Precision = Field(
         "auto", description="the learner's passes: 32, bf16-mixed, or auto (bf16-mixed on a CPU with native "
         "bf16 or a GPU, else 32)")
 

@@ -21,7 +21,8 @@ from typing import Literal
 
 import torch
 
-Precision = Literal["32", "bf16-mixed", "auto"]
+from .ppo_args import Precision
+
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 

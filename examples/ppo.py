@@ -22,10 +22,11 @@ still a valid set of per-environment trajectories.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -339,7 +340,7 @@ class PPOWorkload(Workload):
             mb_adv = b["advantages"][minibatch]
             adv = (adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
         obs = b["obs"][part]
-        with learner_precision.autocast(learner_precision.resolve(cfg.precision, LEARNER_DEVICE), LEARNER_DEVICE):
+        with learner_precision.autocast(self._learner_precision, LEARNER_DEVICE):
             logits, new_value = self.actor(obs), self.critic(obs).squeeze(-1)
         logits, new_value = logits.float(), new_value.float()  # the loss itself in fp32
         logp_all = torch.log_softmax(logits, dim=-1)
@@ -360,6 +361,11 @@ class PPOWorkload(Workload):
             ):
                 self._stats.setdefault(key, []).append(float(value))
         return loss * (len(part) / len(minibatch))
+
+    @functools.cached_property
+    def _learner_precision(self) -> Literal["32", "bf16-mixed"]:
+        """``precision`` with auto decided for this machine (examples/learner_precision.py)."""
+        return learner_precision.resolve(self.cfg.precision, LEARNER_DEVICE)
 
     def _minibatch_backward(self, minibatch: Tensor) -> None:
         """One minibatch's gradients into the parameters' ``.grad`` (the Atari example sums them

@@ -13,6 +13,9 @@ from typing import Any, Literal
 from hetrun.dag.spec_errors import SpecIssue
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The learner's precision (examples/learner_precision.py applies it; here, torch-free, for `hetrun plan`).
+Precision = Literal["32", "bf16-mixed", "auto"]
+
 
 class PPOWorkloadArgs(BaseModel):
     """Defaults solve CartPole-v1 in ~50k env steps."""
@@ -50,7 +53,7 @@ class PPOWorkloadArgs(BaseModel):
         None, description="torch threads of learner ranks (None: torch_threads; auto: the node's CPUs "
         "its rollout ranks leave idle at each minibatch step; not bit-reproducible)")
 
-    precision: Literal["32", "bf16-mixed", "auto"] = Field(
+    precision: Precision = Field(
         "32", description="the learner's forward and backward passes: 32 (fp32), bf16-mixed (torch.autocast "
         "in bfloat16, fp32 weights and optimizer), or auto: bf16-mixed on a CPU with native bf16 "
         "(AVX512-BF16/AMX) or a GPU, else 32 (examples/learner_precision.py)")

@@ -159,8 +159,8 @@ def test_a_fast_get_that_fails_goes_the_boto3_way_once_and_says_why(s3: Any, tmp
     reader = ObjectStore(store.url, env=s3.env())
     from hetrun.runtime.ckpt import s3_fast_get
 
-    reader.fast_get._fast = s3_fast_get.FastGet(store.url.bucket, endpoint="http://127.0.0.1:9", region="us-east-1",
-                                                credentials=s3_fast_get._credentials(None, s3.env()))
+    assert reader.fast_get.prepare(lambda: s3_fast_get.without_client(
+        store.url.bucket, endpoint="http://127.0.0.1:9", region=None, profile=None, env=s3.env()))
     got = CheckpointStore([BucketTier(reader)]).restore()
     assert got is not None and got.step == 1 and _same(got.state, state) and reader.fast_get.gets == 0
     assert reader.fast_get.off and "127.0.0.1:9" in (reader.fast_get.why_off or ""), reader.fast_get.why_off

@@ -103,7 +103,7 @@ class ObjectStore:
         self._client = client
         self._client_lock = threading.Lock()
         self._warming: threading.Thread | None = None
-        # A restore's object GETs through obstore where installed (s3_fast_get.py);
+        # GETs and directory listings through obstore where installed (s3_fast_get.py);
         # benchmarks/ckpt_s3.py switches it off to time boto3's alone.
         self.fast_get = FastGetSlot()
 
@@ -228,7 +228,7 @@ class ObjectStore:
 
     def prepare_fast_reads(self) -> bool:
         """True when reads can go through obstore with no boto3 client made (a restore then
-        never makes one: its reads are GETs and the manifest listing)."""
+        never makes one: its reads are GETs and the manifests' listing)."""
         return self.fast_get.prepare(self._fast_without_client)
 
     def get_object_body(self, rel: str) -> Any:
@@ -275,8 +275,15 @@ class ObjectStore:
         return done
 
     def list(self, rel_prefix: str) -> Iterator[Listed]:
-        """Every key under ``rel_prefix`` (paginated, 1,000 per request)."""
+        """Every key under ``rel_prefix`` (paginated, 1,000 per request). A "directory" (a
+        prefix ending in /) is listed through obstore while that path works (s3_fast_get.py),
+        which lists whole path segments only; any other prefix through boto3."""
         base = self.url.key("")
+        if rel_prefix.endswith("/"):
+            fast = self.fast_get.call(self._make_fast, lambda f: f.keys_under(self.url.key(rel_prefix)))
+            if fast is not None:
+                yield from (Listed(k[len(base):], n, t) for k, n, t in fast)
+                return
         try:
             for page in self.pages(rel_prefix):
                 for o in page.get("Contents", []) or []:
@@ -297,10 +304,7 @@ class ObjectStore:
 
     def manifest_steps(self) -> list[int]:
         steps = []
-        base = self.url.key("")
-        fast = self.fast_get.call(self._make_fast, lambda f: f.keys_under(self.url.key("manifests")))
-        listed = (Listed(k[len(base):], n, t) for k, n, t in fast) if fast is not None else self.list("manifests/")
-        for o in listed:
+        for o in self.list("manifests/"):
             m = _MANIFEST_KEY_RE.fullmatch(o.rel)
             if m:
                 steps.append(int(m.group(1)))

@@ -1,21 +1,23 @@
-"""A restore's chunk downloads through obstore (Rust), where it is installed.
+"""The object store's reads through obstore (Rust), where it is installed.
 
 Chosen on measurement (benchmarks/ckpt_s3.md): on 2 cores, the same parallel GETs
-of a 160 MB checkpoint's objects from the same server took 0.15 s through obstore
-and 0.23 s through boto3, whose response parsing holds the GIL the decoder needs.
-Every other request (listings, documents, uploads, preflight, GC) stays on boto3,
-whose errors s3_client puts in words.
+of a 160 MB checkpoint's objects from the same server took 0.14 s through obstore
+and 0.19 s through boto3, whose response handling holds the GIL the decoder needs.
+GETs and listings of a "directory" go through here; writes, deletes, HEADs,
+preflight and other listings stay on boto3, whose errors s3_client puts in words.
 
-The same server, bucket and credentials as the boto3 client: the endpoint and region
-are read from that client (``client.meta``), the credentials from boto3's own chain
-(a ``boto3.session.Session`` with the store's profile, refreshed as botocore refreshes
-them), or from the caller's ``env`` where a test or benchmark gave one. Nothing here
-is written anywhere.
+The same server, bucket and credentials as boto3 would use. ``without_client``: the
+endpoint given (the job file's, else ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``)
+and the keys in the environment with no profile named, the first place boto3's chain
+looks: no boto3 import or client at all (a fresh restore's 0.1-0.5 s of CPU).
+Otherwise ``from_client``: the boto3 client's endpoint and region (``client.meta``),
+the credentials from boto3's own chain (a ``boto3.session.Session`` with the store's
+profile, refreshed as botocore refreshes them). Nothing here is written anywhere.
 
 A missing key is an answer (FileNotFoundError, which the caller reports as boto3's
-404). A GET that fails here for any other reason is not reported from here: the
-caller asks again through boto3 (its retries, its fallbacks, its words) and stops
-using this path for the store: a server that is down costs one refused connection
+404). A read that fails here for any other reason is not reported from here: the
+caller asks again through boto3 (its retries, its fallbacks, its words) and the
+store stops using this path: a server that is down costs one refused connection
 more, not one per object.
 """
 
@@ -132,33 +134,38 @@ class FastGetSlot:
         self.why_off: str | None = None if not self.off else "obstore is not installed"
         self.gets = 0  # requests this path answered (tests and benchmarks read it)
 
-    def prepare(self, make: Callable[[], FastGet | None]) -> bool:
-        """Make the FastGet now if ``make`` can without a boto3 client; True if it is ready."""
-        if self.off:
-            return False
+    def _turn_off(self, exc: Exception) -> None:
+        self.off, self.why_off = True, f"{type(exc).__name__}: {str(exc)[:200]}"
+
+    def _made(self, make: Callable[[], FastGet | None]) -> FastGet | None:
         with self._lock:
             if self._fast is None:
-                try:
-                    self._fast = make()
-                except Exception as exc:
-                    self.off, self.why_off = True, f"{type(exc).__name__}: {str(exc)[:200]}"
-            return self._fast is not None
+                self._fast = make()
+            return self._fast
+
+    def prepare(self, make: Callable[[], FastGet | None]) -> bool:
+        """Make the FastGet now if ``make`` can (None: it needs a boto3 client); True if ready."""
+        if self.off:
+            return False
+        try:
+            return self._made(make) is not None
+        except Exception as exc:
+            self._turn_off(exc)
+            return False
 
     def call(self, make: Callable[[], FastGet], fn: Callable[[FastGet], T]) -> T | None:
         """``fn(fast)`` through obstore, or None: the caller asks boto3 instead."""
         if self.off:
             return None
         try:
-            with self._lock:
-                if self._fast is None:
-                    self._fast = make()
-                fast = self._fast
+            fast = self._made(make)
+            assert fast is not None  # make() always makes one
             out = fn(fast)
-            with self._lock:
-                self.gets += 1
-            return out
         except FileNotFoundError:
             raise  # a missing key (obstore's 404) is an answer, not a failure of this path
         except Exception as exc:  # every failure goes the boto3 way, which says why
-            self.off, self.why_off = True, f"{type(exc).__name__}: {str(exc)[:200]}"
+            self._turn_off(exc)
             return None
+        with self._lock:
+            self.gets += 1
+        return out
