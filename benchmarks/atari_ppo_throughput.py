@@ -86,11 +86,18 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     from hetrun.errors import HetrunError
 
     # "pipelined@32": the same run with workload_args.precision 32 (the example's default: auto,
-    # bf16-mixed on a CPU with native bf16: examples/learner_precision.py).
+    # bf16-mixed on a CPU with native bf16: examples/learner_precision.py). "pipelined+plain":
+    # staleness_correction none (plain PPO on stale batches; the example's default: decoupled).
+    name = mode
+    mode, _, plain = mode.partition("+")
     mode, _, precision = mode.partition("@")
     h = hyper(args)
     if precision:
         h["precision"] = f'"{precision}"'
+    if plain:
+        if plain != "plain":
+            raise SystemExit(f"unknown mode suffix +{plain} in {name!r} (only +plain)")
+        h["staleness_correction"] = "none"
     wl = ", ".join(f"{k}: {v}" for k, v in h.items())
     sets = [f"training.mode={mode}", f"training.iterations={args.updates}", "training.eval_interval=0",
             "checkpoint.interval=0", f"components.rollout.nodes={args.rollouts}", f"workload_args={{{wl}}}",
@@ -98,12 +105,25 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     res = submit_file(REPO / "examples" / "ppo_atari.yaml", Overrides(sets=sets), backend="local",
                       runs_dir=workdir / "runs")
     backend = backend_for(res.run)
+    deadline = time.monotonic() + args.run_timeout
+    stopped = False
     try:
-        status = wait_for_end(res.run, backend, timeout_s=args.run_timeout, poll_s=0.5)
+        while True:  # in slices: --stop-at-target looks at the run's events between them
+            try:
+                status = wait_for_end(res.run, backend, timeout_s=5.0, poll_s=0.5)
+                break
+            except HetrunError:
+                if time.monotonic() > deadline:
+                    raise
+            if args.stop_at_target and time_to_return(list(read_events(res.run.run_dir)),
+                                                      args.target_return)["solved_at_s"] is not None:
+                backend.cancel(res.run)
+                status, stopped = wait_for_end(res.run, backend, timeout_s=60, poll_s=0.5), True
+                break
     except HetrunError:
         backend.cancel(res.run)  # never leave a benchmark job running
         raise
-    if any(c.state != "COMPLETED" for c in status.components):
+    if not stopped and any(c.state != "COMPLETED" for c in status.components):
         raise SystemExit(f"hetrun {mode} run failed: {status.components} ({res.run.run_dir})")
     events = list(read_events(res.run.run_dir))
     out = summarize_events(events, cores={"learner": 1, "rollout": args.rollouts})
@@ -114,7 +134,7 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     from hetrun.examples.learner_precision import resolve
 
     out.update(precision=resolve(precision or "auto", torch.device("cpu")))  # type: ignore[arg-type]
-    out.update(mode=f"{mode}@{precision}" if precision else mode, seed=args.seed, run_dir=str(res.run.run_dir),
+    out.update(mode=name, seed=args.seed, run_dir=str(res.run.run_dir), stopped_at_target=stopped,
                **time_to_return(events, args.target_return))
     return out
 
@@ -123,6 +143,8 @@ def time_to_return(events: list[dict[str, Any]], target: float) -> dict[str, Any
     """When the mean real score of the last 20 finished training games first reached ``target``
     (the learner's ``episodic_return`` metric, at the end of that update), from the first action."""
     actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
+    if not actions:
+        return {"solved_at_s": None, "training_return": None}
     t0 = min(e["start"] for e in actions)
     curve = sorted((e["end"], e["metrics"]["episodic_return"]) for e in actions
                    if "episodic_return" in e.get("metrics", {}))
@@ -188,10 +210,10 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
                 solved["solved_at_s"] = time.time() - started
 
         def _on_training_end(self) -> None:
-            ends[args.updates - 1] = time.time()
+            ends.setdefault(max(1, self.model.num_timesteps // batch) - 1, time.time())
 
         def _on_step(self) -> bool:
-            return True
+            return not (args.stop_at_target and solved["solved_at_s"] is not None)
 
     started = time.time()
     cpu0 = time.process_time()
@@ -210,7 +232,8 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_peer(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     peer, vec, threads = peer_config(mode)
-    common = ["--updates", str(args.updates), "--seed", str(args.seed), "--target-return", str(args.target_return)]
+    common = ["--updates", str(args.updates), "--seed", str(args.seed), "--target-return", str(args.target_return),
+              *(["--stop-at-target"] if args.stop_at_target else [])]
     if peer == "sb3":
         cmd = [sys.executable, __file__, "--sb3-worker", "--envs", str(args.envs), "--rollouts", str(args.rollouts),
                "--width", str(args.width), "--hidden", str(args.hidden), "--sb3-vec", vec,
@@ -274,6 +297,11 @@ def _by_mode(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def is_hetrun(mode: str) -> bool:
+    """pipelined or coarse, with an @precision and/or +plain (see run_hetrun)."""
+    return mode.partition("+")[0].partition("@")[0] in ("pipelined", "coarse")
+
+
 def _med(runs: list[dict[str, Any]], key: str) -> float | None:
     got = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(got) if got else None
@@ -307,7 +335,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                  "-" if is_peer(mode) else f"{_med(runs, 'bound'):.2f}x", f"{busy:.0%}",
                  "not reached" if solved is None else f"{solved:.0f}",
                  "-" if _med(runs, "training_return") is None else f"{_med(runs, 'training_return'):.0f}"]
-        label = mode if mode.partition("@")[0] in ("pipelined", "coarse") else name_of(mode)
+        label = mode if is_hetrun(mode) else name_of(mode)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ratios(by, args))
 
@@ -333,9 +361,12 @@ def ratios(by: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> lis
         else:
             out.append(f"time to the fixed return: pipelined {'not reached' if mine is None else f'{mine:.0f} s'}; "
                        "no peer reached it within the budget")
-    for mode in (m for m in by if "@" in m and best):  # a precision other than the example's auto
+    # A variant of the example (another learner precision, or +plain: no staleness correction).
+    for mode in (m for m in by if is_hetrun(m) and m not in ("pipelined", "coarse") and best):
         got = _med(by[mode], "steady_steps_per_s") / _med(by[best], "steady_steps_per_s")
-        out.append(f"{mode} (learner precision {by[mode][0].get('precision')}) / best peer: {got:.2f}x")
+        solved = _solved_med(by[mode])
+        out.append(f"{mode} (learner precision {by[mode][0].get('precision')}) / best peer: {got:.2f}x; time to "
+                   f"the fixed return {'not reached' if solved is None else f'{solved:.0f} s'}")
     if pipe:
         out.append(f"pipelined's learner precision: {pipe[0].get('precision', '32 (before precision existed)')}")
     if pipe and coarse:
@@ -376,6 +407,9 @@ def main() -> None:
     ap.add_argument("--target-return", type=float, default=150.0,
                     help="the fixed return: mean real score of the last 20 training games (Frostbite's "
                          "uniform-random policy scores ~65)")
+    ap.add_argument("--stop-at-target", action="store_true",
+                    help="end each run once it reaches --target-return (time to the return is all it measures; "
+                         "the steady rate then covers the updates run)")
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="report over these --json files (one per seed or lock hold) instead of running")
     ap.add_argument("--sb3-vec", default="dummy", help=argparse.SUPPRESS)
@@ -388,7 +422,7 @@ def main() -> None:
         print(json.dumps(sb3_worker(args)))
         return
     for mode in args.modes:
-        if mode.partition("@")[0] not in ("pipelined", "coarse"):
+        if not is_hetrun(mode):
             peer_config(mode)  # a clear error for a misspelt mode, before anything runs
     if args.merge:
         docs = [json.loads(f.read_text()) for f in args.merge]
@@ -404,7 +438,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         for mode in args.modes:
             print(f"running {mode}", file=sys.stderr, flush=True)
-            r = run_peer(mode, args) if is_peer(mode) else run_hetrun(mode, args, Path(tmp))
+            r = run_hetrun(mode, args, Path(tmp)) if is_hetrun(mode) else run_peer(mode, args)
             results.append(r)
             if args.json:  # after every run: a hold that ends early keeps what it measured
                 args.json.write_text(json.dumps({"load_before": load, "load_after": None, "argv": sys.argv[1:],

@@ -243,6 +243,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if (log["solved_at_s"] is None and len(recent) >= 5
                     and float(np.mean(recent)) >= args.target_return):
                 log["solved_at_s"], log["solved_version"] = time.time() - started, version
+            if args.stop_at_target and log["solved_at_s"] is not None:
+                break
         elif args.eval_interval and (version % args.eval_interval == 0 or version == args.updates):
             got = evaluate_cartpole(actor, args.seed, version, h["eval_episodes"])
             log["eval_returns"].append(round(got, 1))
@@ -252,7 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     envs.close()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = time.process_time() - cpu0 + children.ru_utime + children.ru_stime
-    steps = args.updates * batch
+    steps = len(ends) * batch  # every update run (fewer than --updates after --stop-at-target)
     log.update(started_wall=started, env_steps=steps, span_s=span, steps_per_s=steps / span,
                actions=None, actions_per_s=None,
                busy={"process": cpu / (2 * span)}, mean_staleness=0.0,
@@ -271,6 +273,7 @@ def main() -> None:
     ap.add_argument("--eval-interval", type=int, default=0, help="CartPole: evaluate every K updates")
     ap.add_argument("--target-return", type=float, default=475.0,
                     help="CartPole: mean evaluation return; Atari: mean of the last 20 games' scores")
+    ap.add_argument("--stop-at-target", action="store_true", help="Atari: end once the return is reached")
     ap.add_argument("--hyper", required=True, help="the hyper-parameters as JSON (the benchmark's)")
     args = ap.parse_args()
     print(json.dumps(run(args)))

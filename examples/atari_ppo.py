@@ -1,7 +1,7 @@
 """PPO on Atari (gymnasium + ale-py) with an IMPALA-style residual CNN, as a hetrun workload.
 
 The PPO update is examples/ppo.py's, unchanged (clipped surrogate, GAE, value
-loss, entropy bonus, minibatch epochs, staleness via behaviour log-probs);
+loss, entropy bonus, minibatch epochs, staleness via the decoupled objective);
 this class swaps in what Atari needs:
 - observations are uint8 frame stacks [4, 84, 84] (examples/atari_envs.py),
   shipped to the learner as uint8 (4x fewer bytes than float);

@@ -9,11 +9,18 @@ clipped surrogate, GAE, value loss, entropy bonus, per-minibatch advantage
 normalization, several minibatch epochs per batch.
 
 Staleness: each batch carries the behaviour policy's log-probabilities and the
-version that produced them. PPO's ratio pi_new/pi_behaviour is taken against
-those log-probs and clipped, so a batch collected with weights a few updates
-old is still a valid (clipped) off-policy update. Values and advantages are
-recomputed on the learner with its current critic, so stale critics never
-enter the targets.
+version that produced them. With ``staleness_correction: decoupled`` (the
+default) a batch collected with weights older than the learner's uses the
+decoupled PPO objective (Hilton, Cobbe & Schulman 2021, "Batch size-invariance
+for policy optimization"): the trust region is centred on the learner's policy
+at the start of the update (the *proximal* policy, one extra forward pass over
+the stale samples), and the importance weight pi_prox/pi_behaviour corrects for
+who collected the data. Plain PPO (``none``) clips pi_new/pi_behaviour instead:
+the learner's policy has already moved away from the behaviour policy, so
+part of the clip range is spent before the update starts and a pipelined run
+learns less per sample (benchmarks/atari.md). A batch with no stale sample is
+plain PPO either way, bit for bit. Values and advantages are recomputed on the
+learner with its current critic, so stale critics never enter the targets.
 
 Batch layout is *env-major* (``[envs, steps, ...]``): when the runtime
 concatenates the batches of several rollout ranks along dim 0, the result is
@@ -307,15 +314,42 @@ class PPOWorkload(Workload):
             "values": values.reshape(-1),
         }
         size = n * t_len
+        staleness = (self.version - batch["policy_version"]).float()
+        self._stats = {"staleness": [float(staleness.mean())], "episodes": [len(batch["episode_returns"])]}
+        self._proximal(staleness.repeat_interleave(t_len) > 0)
         self._schedule = [
             mb
             for _ in range(cfg.update_epochs)
             for mb in torch.randperm(size, generator=self.gen).tensor_split(cfg.num_minibatches)
         ]
         self.env_steps += size
-        staleness = (self.version - batch["policy_version"]).float()
         self.recent_returns.extend(batch["episode_returns"].tolist())
-        self._stats = {"staleness": [float(staleness.mean())], "episodes": [len(batch["episode_returns"])]}
+
+    PROXIMAL_CHUNK = 256  # samples per forward pass of the proximal policy (bounds its activations)
+
+    def _proximal(self, stale: Tensor) -> None:
+        """The clip's centre and importance weight for each sample of the prepared batch.
+
+        ``prox_logprobs``: log pi_prox(a|s), the learner's policy now (before this update's first
+        step), for the ``stale`` samples; the behaviour policy's own for fresh ones, where the two
+        are the same policy. ``weights``: pi_prox/pi_behaviour (1 for fresh samples). Under
+        ``staleness_correction: none`` every sample counts as fresh: plain PPO.
+        """
+        b = self._prepared
+        prox = b["logprobs"].clone()
+        if self.cfg.staleness_correction == "decoupled" and bool(stale.any()):
+            rows = stale.nonzero().squeeze(1)
+            with learner_precision.autocast(self._learner_precision, LEARNER_DEVICE):
+                for chunk in rows.split(self.PROXIMAL_CHUNK):
+                    logits = self.actor(b["obs"][chunk]).float()
+                    logp = torch.log_softmax(logits, dim=-1)
+                    prox[chunk] = logp.gather(1, b["actions"][chunk].unsqueeze(1)).squeeze(1)
+            log_w = prox[rows] - b["logprobs"][rows]
+            # How far the policy moved between collecting and learning (k3 estimate of KL).
+            self._stats["behaviour_kl"] = [float(((log_w.exp() - 1) - log_w).mean())]
+            self._stats["weight_max"] = [float(log_w.exp().max())]
+        b["prox_logprobs"] = prox
+        b["weights"] = (prox - b["logprobs"]).exp()
 
     def _gae_values(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """GAE's inputs: values [N,T], rewards [N,T] (time-limit cuts bootstrapped), next value [N].
@@ -346,9 +380,12 @@ class PPOWorkload(Workload):
         logp_all = torch.log_softmax(logits, dim=-1)
         new_logprob = logp_all.gather(1, b["actions"][part].unsqueeze(1)).squeeze(1)
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-        log_ratio = new_logprob - b["logprobs"][part]
+        # Against the proximal policy, weighted by pi_prox/pi_behaviour (_proximal); for a sample
+        # collected by the learner's current weights that is plain PPO (weight exactly 1).
+        log_ratio = new_logprob - b["prox_logprobs"][part]
         ratio = log_ratio.exp()
-        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+        pg_loss = b["weights"][part] * torch.max(
+            -adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
         v_loss = 0.5 * (new_value - b["returns"][part]).pow(2)
         loss = (pg_loss - cfg.ent_coef * entropy + cfg.vf_coef * v_loss).mean()
         with torch.no_grad():

@@ -53,6 +53,12 @@ class PPOWorkloadArgs(BaseModel):
         None, description="torch threads of learner ranks (None: torch_threads; auto: the node's CPUs "
         "its rollout ranks leave idle at each minibatch step; not bit-reproducible)")
 
+    staleness_correction: Literal["decoupled", "none"] = Field(
+        "decoupled", description="samples collected by older weights than the learner's (a pipelined run): "
+        "decoupled clips the ratio around the learner's policy at the start of the update and weights it "
+        "by pi_prox/pi_behaviour (one extra forward pass over those samples); none: plain PPO, clipped "
+        "around the behaviour policy")
+
     precision: Precision = Field(
         "32", description="the learner's forward and backward passes: 32 (fp32), bf16-mixed (torch.autocast "
         "in bfloat16, fp32 weights and optimizer), or auto: bf16-mixed on a CPU with native bf16 "

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from hetrun.slurm_plugin.cluster_daemons import slurm_daemon_pid, start_slurmd
-from second_cluster import SecondCluster
+from second_cluster import SecondCluster, node_processes
 
 
 class NodeCluster(SecondCluster):
@@ -110,18 +110,6 @@ class NodeCluster(SecondCluster):
             self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
             time.sleep(1)
         raise AssertionError(f"{node} not back after {timeout} s: {state}")
-
-
-def node_processes(slurmd: int) -> list[int]:
-    """Every process sharing ``slurmd``'s mount namespace: one emulated node's."""
-    ns = os.readlink(f"/proc/{slurmd}/ns/mnt")
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "ns" / "mnt") == ns:
-                    out.append(int(entry.name))
-    return out
 
 
 def children(pid: int) -> list[int]:

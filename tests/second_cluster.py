@@ -189,12 +189,28 @@ class SecondCluster:
         finally:
             self.disown()
 
+    def node_leftovers(self) -> set[int]:
+        """Every process of every node (its slurmd's mount namespace) but the slurmds."""
+        pids: set[int] = set()
+        for node in self.cfg.node_names:
+            slurmd = slurm_daemon_pid(self.cfg, f"slurmd-{node}")
+            if slurmd is not None:
+                with contextlib.suppress(OSError):
+                    pids.update(p for p in node_processes(slurmd) if p != slurmd)
+        return pids
+
     def clean_up(self) -> None:
         if (self.cfg.directory / "run").exists():
             # Against a controller that is gone, scancel retries for 18 s before it gives up.
             if slurm_daemon_pid(self.cfg, "slurmctld") is not None:
                 self.run("scancel", "--full", "-u", "root", check=False)
+            # A job's slurmstepd outlives its stopped slurmd (orphaned to init, deaf to SIGTERM:
+            # one was found alive an hour after a suite), so what is left of the nodes gets SIGKILL.
+            leftovers = self.node_leftovers()
             self.stop_daemons()
+            for pid in leftovers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         # slurmdbd is shared, so the default slurm.conf reaches it; with self.env before the first
         # start (no slurm.conf of ours yet) sacctmgr spent 59 s failing to read it.
         subprocess.run(["sacctmgr", "-i", "delete", "cluster", self.name], capture_output=True, check=False,
@@ -208,3 +224,18 @@ class SecondCluster:
         if ours:
             subprocess.run(["sacctmgr", "-i", "delete", "qos", ",".join(ours)], capture_output=True,
                            check=False, timeout=60)
+
+
+def node_processes(slurmd: int) -> list[int]:
+    """Every process sharing ``slurmd``'s mount namespace: one emulated node's (none where the
+    slurmd runs in this process's own namespace: that would be every process of the host)."""
+    ns = os.readlink(f"/proc/{slurmd}/ns/mnt")
+    if ns == os.readlink("/proc/self/ns/mnt"):
+        return []
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "mnt") == ns:
+                    out.append(int(entry.name))
+    return out

@@ -89,6 +89,46 @@ def test_policy_sync_and_staleness_is_reported() -> None:
     assert any(not torch.equal(sent[k], v) for k, v in learner.actor.state_dict().items())
 
 
+def test_stale_samples_clip_around_the_learners_policy_weighted_by_behaviour() -> None:
+    """Decoupled PPO: pi_prox is the learner's policy before the update, the weight pi_prox/pi_b."""
+    learner, roller = pair()
+    stale = roller.rollout(0)
+    learn(learner, roller.rollout(0))  # the learner moves to version 1; ``stale`` is now 1 behind
+    learner._prepare(stale)
+    b = learner._prepared
+    with torch.no_grad():
+        logp = torch.log_softmax(learner.actor(b["obs"]), -1).gather(1, b["actions"].unsqueeze(1)).squeeze(1)
+    assert torch.allclose(b["prox_logprobs"], logp, atol=1e-6)
+    assert not torch.equal(b["prox_logprobs"], b["logprobs"])  # the policy did move
+    assert torch.allclose(b["weights"], (logp - b["logprobs"]).exp(), atol=1e-6)
+    assert learner._stats["behaviour_kl"][0] > 0 and learner._stats["weight_max"][0] > 1
+    # At the update's start the ratio pi/pi_prox is 1: nothing is clipped yet.
+    mb = learner._schedule[0]
+    learner._loss(mb, mb)
+    assert learner._stats["clipfrac"][-1] == 0.0
+
+    plain, roller2 = pair(staleness_correction="none")
+    stale2 = roller2.rollout(0)
+    learn(plain, roller2.rollout(0))
+    plain._prepare(stale2)
+    assert torch.equal(plain._prepared["prox_logprobs"], plain._prepared["logprobs"])
+    assert bool((plain._prepared["weights"] == 1).all()) and "behaviour_kl" not in plain._stats
+
+
+def test_a_fresh_batch_is_plain_ppo_bit_for_bit() -> None:
+    """No stale sample: the decoupled objective adds no pass and changes no number."""
+    runs = []
+    for correction in ("decoupled", "none"):
+        learner, roller = pair(staleness_correction=correction)
+        for _ in range(2):
+            batch = roller.rollout(learner.version)
+            m = learn(learner, batch)
+            roller.load_policy(learner.policy_state(), learner.version)
+        assert "behaviour_kl" not in m and m["staleness"] == 0.0
+        runs.append([p.detach().clone() for p in learner.parameters_to_sync()])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+
+
 def test_micro_batches_sum_to_the_minibatch_loss() -> None:
     learner, roller = pair()
     learner._prepare(roller.rollout(0))
