@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hetrun.dag.needs import ComponentNeed, component_needs
@@ -138,6 +138,8 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
         pool_gres.setdefault(row.partition, set()).add(row.gres)
     for name in fixed + [n for n in placed if n not in fixed]:
         shapes = Need.shapes(needs[name])
+        if quotas is not None and quotas.preempts:  # where it must wait, placement counts the work lost
+            shapes = [replace(s, preempts=quotas.preempts, stops_clean=quotas.stops_clean) for s in shapes]
         if name in fixed:  # where Slurm would put it: its best group now, before any estimate
             cands, out = _candidates(shapes, snap, quotas, None)
             _take_best(snap, quotas, shapes, cands[0] if cands else None)

@@ -63,12 +63,17 @@ class Quotas:
     limits: list[QuotaLimit] = field(default_factory=list)
     unavailable: str | None = None  # why no limit could be read (then nothing is checked)
     notes: list[str] = field(default_factory=list)  # limits read but not checked, and why (each candidate says so)
+    # The QOS the job's QOS may preempt (its Preempt= list) and those of them whose jobs stop
+    # clean at an agreed step: placement's Need.preempts / stops_clean (preemption_of).
+    preempts: tuple[str, ...] = ()
+    stops_clean: tuple[str, ...] = ()
 
     def alone(self) -> Quotas:
         """The same limits with nothing else running: what this job (its components placed
         so far included) could ever get once the others' jobs end."""
         return Quotas(self.user, self.account, self.qos,
-                      [QuotaLimit(lim.scope, lim.limits, {}, dict(lim.taken)) for lim in self.limits], notes=self.notes)
+                      [QuotaLimit(lim.scope, lim.limits, {}, dict(lim.taken)) for lim in self.limits], notes=self.notes,
+                      preempts=self.preempts, stops_clean=self.stops_clean)
 
     def take(self, tres: Mapping[str, int]) -> None:
         """Count ``tres`` as in use under every limit (a sibling component placed before)."""
@@ -246,8 +251,26 @@ def read_quotas(run: Runner, uses: Sequence[RunningUse], *, account: str | None 
     except SlurmError as exc:
         return Quotas(user, account, qos, unavailable=str(exc).splitlines()[0])
     note = unknown_qos(qos_text, qos)
-    return Quotas(user, account, qos, limits, notes=[note] if note else [])
+    preempts, stops_clean = preemption_of(qos_text, qos)
+    return Quotas(user, account, qos, limits, notes=[note] if note else [], preempts=preempts,
+                  stops_clean=stops_clean)
+
+
+def preemption_of(qos_text: str, qos: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What a job under ``qos`` may preempt, from ``sacctmgr -n -P show qos`` text: its QOS's
+    ``Preempt=`` list, and those of them whose jobs stop clean at an agreed step. Those are the
+    policy's ``<tier>_ckpt`` QOS (policy.desired.preemption_sets): hetrun jobs that checkpoint, given
+    a GraceTime to reach the step. A QOS of that name without a GraceTime is not counted: its jobs
+    are killed at preemption like any other."""
+    from hetrun.slurm_plugin.policy.model import CKPT_SUFFIX
+
+    qoses = parse_qos(qos_text)
+    own = qoses.get(qos or "")
+    if own is None:
+        return (), ()
+    clean = tuple(n for n in own.preempt if n.endswith(CKPT_SUFFIX) and n in qoses and qoses[n].grace_time > 0)
+    return own.preempt, clean
 
 
 __all__ = ["QuotaLimit", "Quotas", "check", "default_account", "enforced", "job_tres", "label", "limits_for",
-           "read_quotas", "running_in", "submitter", "unknown_qos"]
+           "preemption_of", "read_quotas", "running_in", "submitter", "unknown_qos"]

@@ -5,7 +5,8 @@ plain job > older ones); a job that may preempt nothing is ranked as before."""
 
 from __future__ import annotations
 
-from hetrun.slurm_plugin import placement, pool
+from hetrun.dag.needs import ComponentNeed
+from hetrun.slurm_plugin import placement, placement_fit, pool, quota
 from test_placement import TYPES, snapshot
 
 NOW = 10_000.0
@@ -71,3 +72,42 @@ def test_squeue_running_jobs_carry_their_nodes_and_start() -> None:
                      {"job_state": "PENDING", "job_id": 8, "nodes": "", "start_time": 0}]}
     (job,) = pool.running_from_squeue(data)
     assert (job.job_id, job.nodes, job.start, job.tres["cpu"]) == (7, ("n1", "n2"), 1234.0, 8)
+
+
+# sacctmgr -n -P show qos format=Name,Priority,Preempt,PreemptMode,MaxWall,GrpTRES,MaxTRESPU,Flags,GraceTime
+# as the policy renders its tiers with scheduling.checkpointed (a _ckpt QOS per tier, with a GraceTime).
+SACCTMGR_QOS = """\
+normal|0||cluster|||||00:00:00
+pool_critical|3000|pool_high,pool_high_ckpt,pool_normal,pool_normal_ckpt|requeue||||DenyOnLimit|00:00:00
+pool_high|2000|pool_normal,pool_normal_ckpt|requeue||||DenyOnLimit|00:00:00
+pool_high_ckpt|1950|pool_normal,pool_normal_ckpt|requeue||||DenyOnLimit|00:00:00
+pool_normal|1000||requeue||||DenyOnLimit|00:00:00
+pool_normal_ckpt|950||requeue||||DenyOnLimit|00:02:00
+"""
+
+
+def test_the_jobs_qos_says_what_it_may_preempt_and_which_of_those_stop_clean() -> None:
+    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
+    assert set(preempts) == {"pool_high", "pool_high_ckpt", "pool_normal", "pool_normal_ckpt"}
+    # pool_high_ckpt has no GraceTime here: its jobs would be killed like any other, so not clean.
+    assert clean == ("pool_normal_ckpt",)
+    assert quota.preemption_of(SACCTMGR_QOS, "pool_normal") == ((), ())
+    assert quota.preemption_of(SACCTMGR_QOS, "tier-name-the-lua-maps") == ((), ())
+    assert quota.preemption_of(SACCTMGR_QOS, None) == ((), ())
+
+
+def test_submits_placement_counts_the_work_a_preemption_loses() -> None:
+    """placement: auto / submit --fit: the QOS read with the quotas fills each shape's Need."""
+    needs = {"learner": ComponentNeed("learner", "auto", 2, 1, 2, 0, 0)}
+    snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal_ckpt", ("n3", "n4"), 600))
+    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
+    critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
+    best = placement_fit.fit_components(needs, snap, None, quotas=critical)["learner"].best
+    assert best is not None and best.gres == "gpu:v100"  # the checkpointing job's nodes
+    assert "a start by preemption loses ~0 node-s of work" in best.reasons
+    # The plain young job's nodes when the checkpointing one would not stop clean.
+    plain = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts)
+    assert placement_fit.fit_components(needs, snap, None, quotas=plain)["learner"].best.gres == "gpu:a100"
+    # A QOS that may preempt nothing: no preemption term at all.
+    none = placement_fit.fit_components(needs, snap, None, quotas=quota.Quotas("alice", "vision", "pool_normal"))
+    assert not any("preemption" in r for r in none["learner"].best.reasons)
