@@ -61,10 +61,26 @@ from test_resume_exact import events  # noqa: E402
 BASE = Path("/var/tmp/hetrun-bench/node_death")
 
 
+# Which example, and the component whose node dies: PPO's rollout (one rank; the learner survives)
+# or the MoE LM's learner (4 ranks on 2 nodes exchanging experts: half of them die at once).
+EXAMPLES = {"ppo": ("rollout", 2), "moe": ("learner", 1)}  # example -> (victim component, spare nodes)
+RANKS = {"ppo": 2, "moe": 5}  # ranks that restore after a death (every rank of the job)
+
+
 def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
-         node_timeout: int | None = None) -> dict[str, Any]:
+         node_timeout: int | None = None, example: str = "ppo") -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
+    if example == "moe":  # learner 2 nodes + 1 spare, evaluator 1: the cluster's 4 nodes
+        return example_spec(
+            "moe_lm",
+            components={"learner": {"spare_nodes": spares, "mem": "1G"}, "evaluator": {"mem": "500M"}},
+            training={"iterations": iterations, "eval_interval": 1000000},
+            checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
+            preemption={"max_failures": 100},
+            slurm={"partition": "debug", "time": "01:00:00"},
+            env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, **timeout},
+        )
     return example_spec(
         "ppo_cartpole",
         workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
@@ -93,8 +109,9 @@ def learner_iter(run_dir: Path, after: float = 0.0) -> int:
     return max(its, default=-1)
 
 
-def rollout_node(run_dir: Path, restart: int) -> str | None:
-    return next((e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout"
+def victim_node(run_dir: Path, restart: int, component: str = "rollout") -> str | None:
+    """The node of ``component``'s first rank in attempt ``restart``: the one to kill."""
+    return next((e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == component
                  and e.get("restart_count", 0) == restart), None)
 
 
@@ -151,13 +168,15 @@ def stages(run_dir: Path, t0: float, restart: int) -> dict[str, float | None]:
 
 
 def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300,
-              after: int = 4) -> dict[str, Any]:
-    """Kill the rollout's node of attempt ``restart`` once it has run a few steps; time the recovery."""
-    assert wait(lambda: learner_iter(run_dir) >= 0 and rollout_node(run_dir, restart), 150), "no start"
+              after: int = 4, example: str = "ppo") -> dict[str, Any]:
+    """Kill the victim component's node of attempt ``restart`` once it has run a few steps (PPO's
+    rollout, the MoE LM's first learner node: EXAMPLES); time the recovery."""
+    victim, _ = EXAMPLES[example]
+    assert wait(lambda: learner_iter(run_dir) >= 0 and victim_node(run_dir, restart, victim), 150), "no start"
     base = learner_iter(run_dir)
     assert wait(lambda: learner_iter(run_dir) >= base + after, 200 + 5 * after), "no progress"
     time.sleep(0.5 * (restart % 3))  # a different moment of the iteration each time
-    node = rollout_node(run_dir, restart)
+    node = victim_node(run_dir, restart, victim)
     assert node is not None
     t0 = time.time()
     if mode == "kill":
@@ -168,10 +187,10 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
     def restored() -> list[dict[str, Any]] | None:
         rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == nxt]
-        return rs if len(rs) == 2 else None
+        return rs if len(rs) == RANKS[example] else None
 
     rs = wait(restored, wait_s, poll=0.5)
-    trial: dict[str, Any] = {"mode": mode, "node": node, "restart": nxt, "killed_at": t0,
+    trial: dict[str, Any] = {"example": example, "mode": mode, "node": node, "restart": nxt, "killed_at": t0,
                              "load": os.getloadavg()[0]}
     if not rs:
         trial["error"] = f"no restore within {wait_s:g} s"
@@ -203,26 +222,30 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
 
 def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None,
-           memory_every: int | str = 1) -> tuple[Path, str]:
+           memory_every: int | str = 1, example: str = "ppo") -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    res = submit_spec(spec_from_dict(spec(spares, memory_every, 100000, "/tmp", node_timeout)), backend="sbatch", runs_dir=BASE / tag)
+    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example)
+    res = submit_spec(spec_from_dict(job), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
 def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None,
-           memory_every: int | str = 1, kill_after: int = 4) -> list[dict[str, Any]]:
-    """Two deaths per job (two spares): kill then kill, or with ``down`` kill then down."""
+           memory_every: int | str = 1, kill_after: int = 4, example: str = "ppo") -> list[dict[str, Any]]:
+    """One death per spare node of the job (PPO: two, kill then kill, or with ``down`` kill then
+    down; the MoE LM: one)."""
     trials: list[dict[str, Any]] = []
+    spares = EXAMPLES[example][1]
     while len(trials) < kills:
-        run_dir, job = submit(cluster, 2, "spare", node_timeout, memory_every)
+        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example)
         try:
-            for restart, mode in enumerate(("kill", "down" if down else "kill")):
+            for restart, mode in enumerate(("kill", "down" if down else "kill")[:spares]):
                 if len(trials) < kills:
                     try:
-                        trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after))
+                        trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after,
+                                                example=example))
                     except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
                         trials.append({"mode": mode, "restart": restart + 1, "run_dir": str(run_dir),
                                        "error": f"before the kill: {exc}"})
@@ -328,8 +351,13 @@ def main() -> None:
                    help="learner iterations each attempt runs before its kill (auto settles its N from 8)")
     p.add_argument("--requeue-wait", type=float, default=600, help="seconds the requeue path may take")
     p.add_argument("--shared-cluster", action="store_true", help="--overhead-only on the shared test cluster")
+    p.add_argument("--example", choices=sorted(EXAMPLES), default="ppo",
+                   help="ppo: the rollout's node dies; moe: one of the MoE LM learner's two nodes (spare-node "
+                        "deaths only)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
     args = p.parse_args()
+    if args.example != "ppo" and (args.requeue_kills or args.pairs):
+        p.error("--example moe measures the spare-node path only: add --requeue-kills 0 --pairs 0")
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
     if args.overhead_only and args.shared_cluster:
         # No node is killed: the shared test cluster (2 of its nodes) will do.
@@ -342,8 +370,9 @@ def main() -> None:
         if not args.overhead_only:
             result["node_timeout"] = args.node_timeout
             result["memory_every"] = args.memory_every
+            result["example"] = args.example
             result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout, args.memory_every,
-                                    args.kill_after)
+                                    args.kill_after, args.example)
             result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]

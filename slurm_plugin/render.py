@@ -72,9 +72,11 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str,
     """The srun words that start the runtime on every rank of every component.
 
     One heterogeneous step (``srun A : B``, one part per het group) gives one
-    MPI_COMM_WORLD with ranks numbered group after group; each rank finds its
-    component from Slurm's het variables. A part per group, rather than a
-    single ``--het-group=0,1``, lets each component write its own
+    MPI_COMM_WORLD with ranks numbered group after group. Each part names its
+    component (``HETRUN_COMPONENT``): Slurm's het variables give each group's
+    *allocated* tasks, not the step's, so with spare nodes in a group before
+    another the ranks after it would count themselves into it. A part per group,
+    rather than a single ``--het-group=0,1``, lets each component write its own
     ``logs/<component>-%j-%t.out`` (%j is the component's job id).
     """
     logs = quoting.sbatch_path(run_dir / "logs", "log directory")
@@ -92,7 +94,8 @@ def srun_command(components: Sequence[str], run_dir: Path, python: str,
     for i, (group, name) in enumerate(zip(groups, components, strict=True)):
         if i:
             words.append(":")
-        words += [f"--het-group={group}", f"--output={logs}/{name}-%j-%t.out", *runtime]
+        words += [f"--het-group={group}", f"--output={logs}/{name}-%j-%t.out", "env",
+                  f"HETRUN_COMPONENT={name}", *runtime]
     return words
 
 

@@ -302,3 +302,27 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> 
     assert (tmp_path / "silent").read_text().split() == ["stuck"], proc.stderr
     assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
     assert "node stuck silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
+
+
+def test_each_het_part_names_its_component_so_spares_before_it_do_not_shift_the_ranks() -> None:
+    """Slurm's het variables give each group's *allocated* tasks: with a spare node in the first
+    group (learner 2 tasks on 1 node + 1 spare node), SLURM_NTASKS_HET_GROUP_0 is 4 (seen on Slurm
+    22.05; no per-group step count is set), and rank 2, the rollout's first, counted itself into
+    the learner. Each part of the one srun now names its component."""
+    import shlex
+
+    from hetrun.runtime.plan_view import plan_from_dict
+    from hetrun.runtime.world import detect_component
+
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["learner"]["spare_nodes"] = 1
+    spec = _spec(components=comps, preemption={"max_failures": 1})
+    line = next(ln for ln in _script(spec).splitlines() if ln.lstrip().startswith("srun ") and "hetrun.runtime" in ln)
+    parts = line.split(" : ")
+    assert [shlex.split(p).count("HETRUN_COMPONENT=" + n) for p, n in zip(parts, ["learner", "rollout"], strict=True)] \
+        == [1, 1], line
+    view = plan_from_dict(json.loads(build_plan(spec).to_json()))
+    slurm = {"SLURM_HET_SIZE": "2", "SLURM_NTASKS_HET_GROUP_0": "4", "SLURM_NTASKS_HET_GROUP_1": "2",
+             "SLURM_PROCID": "2"}
+    assert detect_component(slurm, view, 2, 4)[0].name == "learner"  # the miscount, without the name
+    assert detect_component({**slurm, "HETRUN_COMPONENT": "rollout"}, view, 2, 4)[0].name == "rollout"
