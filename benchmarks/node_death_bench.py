@@ -62,7 +62,8 @@ BASE = Path("/var/tmp/hetrun-bench/node_death")
 
 
 # Which example, and the component whose node dies: PPO's rollout (one rank; the learner survives)
-# or the MoE LM's learner (4 ranks on 2 nodes exchanging experts: half of them die at once).
+# or the MoE LM's learner (4 ranks on 2 nodes exchanging experts: half of them die at once; its second
+# node, since the first holds the batch script).
 EXAMPLES = {"ppo": ("rollout", 2), "moe": ("learner", 1)}  # example -> (victim component, spare nodes)
 RANKS = {"ppo": 2, "moe": 5}  # ranks that restore after a death (every rank of the job)
 
@@ -110,9 +111,12 @@ def learner_iter(run_dir: Path, after: float = 0.0) -> int:
 
 
 def victim_node(run_dir: Path, restart: int, component: str = "rollout") -> str | None:
-    """The node of ``component``'s first rank in attempt ``restart``: the one to kill."""
-    return next((e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == component
-                 and e.get("restart_count", 0) == restart), None)
+    """The node of ``component``'s last rank in attempt ``restart``: the one to kill. Never the batch
+    script's own node (the first of the first component): the script dies with it and Slurm requeues
+    the job, a documented limit (docs/PREEMPTION.md), not the in-allocation path measured here."""
+    starts = [e for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == component
+              and e.get("restart_count", 0) == restart]
+    return max(starts, key=lambda e: e.get("comp_rank", 0))["node"] if starts else None
 
 
 def batch_marks(run_dir: Path) -> list[tuple[float, str]]:
