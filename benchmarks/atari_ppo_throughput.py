@@ -304,6 +304,10 @@ def _by_mode(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def is_hetrun(mode: str) -> bool:
     """pipelined or coarse, with an @precision and/or +plain (see run_hetrun)."""
     return mode.partition("+")[0].partition("@")[0] in ("pipelined", "coarse")
@@ -333,10 +337,10 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     first = ["pipelined", "coarse", *PEER_MODES]
     for mode in sorted(by, key=lambda m: first.index(m) if m in first else len(first)):
         runs = by[mode]
-        per = ", ".join(f"{r['steady_steps_per_s']:,.0f}" for r in runs)
+        per = ", ".join("-" if r["steady_steps_per_s"] is None else f"{r['steady_steps_per_s']:,.0f}" for r in runs)
         solved = _solved_med(runs)
         busy = statistics.median(sum(r["busy"].values()) / (1 if is_peer(mode) else 2) for r in runs)
-        cells = [f"{_med(runs, 'steady_steps_per_s'):,.1f}", per, f"{_med(runs, 'startup_s'):.1f}",
+        cells = [_fmt(_med(runs, "steady_steps_per_s"), ",.1f"), per, _fmt(_med(runs, "startup_s"), ".1f"),
                  "-" if is_peer(mode) else f"{_med(runs, 'rollout_busy_s'):.2f}",
                  "-" if is_peer(mode) else f"{_med(runs, 'learner_busy_s'):.2f}",
                  "-" if is_peer(mode) else f"{_med(runs, 'bound'):.2f}x", f"{busy:.0%}",
@@ -463,7 +467,7 @@ def main() -> None:
             if r.get("failed"):
                 print(f"  {mode}: {r['failed']}", file=sys.stderr, flush=True)
                 continue
-            print(f"  {mode}: steady {r['steady_steps_per_s']:.1f} env steps/s, solved at "
+            print(f"  {mode}: steady {_fmt(r['steady_steps_per_s'], '.1f')} env steps/s, solved at "
                   f"{r.get('solved_at_s')}, return {r.get('training_return')}", file=sys.stderr, flush=True)
     after = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"load average before: {load}; after: {after}")

@@ -208,6 +208,9 @@ def steady_state(ends: dict[int, float], t0: float, steps_per_update: int, warm:
     """
     n = max(ends) + 1
     per = [(ends[b - 1] - ends[a - 1]) / (b - a) for a, b in steady_windows(n, warm)]
+    if not per:  # a run stopped at its target within the warm-up (--stop-at-target): no steady rate
+        return {"steady_steps_per_s": None, "steady_s_per_update": None, "startup_s": None,
+                "warmup_updates": warm, "window_s_per_update": []}
     per_update = statistics.median(per)
     return {"steady_steps_per_s": steps_per_update / per_update,
             "steady_s_per_update": per_update,
@@ -536,8 +539,8 @@ def mode_order(modes: Any) -> list[str]:
 
 def best_peer(runs: dict[str, list[dict[str, Any]]], key: str = "steady_steps_per_s") -> str | None:
     """The peer configuration with the highest median ``key`` (the one hetrun is held to)."""
-    peers = [m for m in runs if is_peer(m)]
-    return max(peers, key=lambda m: _med(runs[m], key)) if peers else None
+    peers = [m for m in runs if is_peer(m) and _med(runs[m], key) is not None]
+    return max(peers, key=lambda m: _med(runs[m], key) or 0.0) if peers else None
 
 
 def _by_mode(results: list[dict[str, Any]], phase: str) -> dict[str, list[dict[str, Any]]]:
@@ -548,8 +551,11 @@ def _by_mode(results: list[dict[str, Any]], phase: str) -> dict[str, list[dict[s
     return out
 
 
-def _med(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(r[key] for r in runs)
+def _med(runs: list[dict[str, Any]], key: str) -> float | None:
+    """Median over the runs that have ``key`` (a run stopped within its warm-up has no steady rate);
+    None when none has it."""
+    got = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(got) if got else None
 
 
 def _speed_table(speed: dict[str, list[dict[str, Any]]], iterations: int) -> list[str]:
