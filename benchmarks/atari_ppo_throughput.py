@@ -135,24 +135,25 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     from hetrun.examples.learner_precision import resolve
 
     out.update(precision=resolve(precision or "auto", torch.device("cpu")))  # type: ignore[arg-type]
-    first = min(e["start"] for e in events if e.get("ev") == "action" and not e.get("skipped"))
+    reached = time_to_return(events, args.target_return)
     out.update(mode=name, seed=args.seed, run_dir=str(res.run.run_dir), stopped_at_target=stopped,
-               launch_s=first - launched, **time_to_return(events, args.target_return))
+               launch_s=reached.pop("first_action") - launched, **reached)
     return out
 
 
 def time_to_return(events: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """When the mean real score of the last 20 finished training games first reached ``target``
-    (the learner's ``episodic_return`` metric, at the end of that update), from the first action."""
+    (the learner's ``episodic_return`` metric, at the end of that update), from the first action
+    (``first_action``: its wall-clock start)."""
     actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
     if not actions:
-        return {"solved_at_s": None, "training_return": None}
+        return {"solved_at_s": None, "training_return": None, "first_action": None}
     t0 = min(e["start"] for e in actions)
     curve = sorted((e["end"], e["metrics"]["episodic_return"]) for e in actions
                    if "episodic_return" in e.get("metrics", {}))
     hit = next((end for end, got in curve if got >= target), None)
     return {"solved_at_s": None if hit is None else hit - t0,
-            "training_return": curve[-1][1] if curve else None}
+            "training_return": curve[-1][1] if curve else None, "first_action": t0}
 
 
 def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:

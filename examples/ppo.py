@@ -344,12 +344,13 @@ class PPOWorkload(Workload):
                     logits = self.actor(b["obs"][chunk]).float()
                     logp = torch.log_softmax(logits, dim=-1)
                     prox[chunk] = logp.gather(1, b["actions"][chunk].unsqueeze(1)).squeeze(1)
-            log_w = prox[rows] - b["logprobs"][rows]
+        log_w = prox - b["logprobs"]  # exactly 0 for fresh samples
+        b["prox_logprobs"], b["weights"] = prox, log_w.exp()
+        if self.cfg.staleness_correction == "decoupled" and bool(stale.any()):
             # How far the policy moved between collecting and learning (k3 estimate of KL).
-            self._stats["behaviour_kl"] = [float(((log_w.exp() - 1) - log_w).mean())]
-            self._stats["weight_max"] = [float(log_w.exp().max())]
-        b["prox_logprobs"] = prox
-        b["weights"] = (prox - b["logprobs"]).exp()
+            moved, w = log_w[stale], b["weights"][stale]
+            self._stats["behaviour_kl"] = [float(((w - 1) - moved).mean())]
+            self._stats["weight_max"] = [float(w.max())]
 
     def _gae_values(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """GAE's inputs: values [N,T], rewards [N,T] (time-limit cuts bootstrapped), next value [N].

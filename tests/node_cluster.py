@@ -62,12 +62,8 @@ class NodeCluster(SecondCluster):
         ranks) and slurmctld with its slurmscriptd, by pid; then wait until they are gone
         and their ports are free (the next start binds them), and forget the cluster in
         slurmdbd (shared with the test cluster)."""
-        pids: set[int] = set()
-        for node in self.cfg.node_names:
-            root = self.slurmd_pid(node)
-            if root is not None:
-                with contextlib.suppress(OSError):
-                    pids.update(node_processes(root))
+        pids = self.node_leftovers()
+        pids.update(p for node in self.cfg.node_names if (p := self.slurmd_pid(node)) is not None)
         ctld = slurm_daemon_pid(self.cfg, "slurmctld")
         if ctld is not None:
             pids.add(ctld)
