@@ -158,7 +158,10 @@ def _launch_lines(steps: Sequence[list[str]], traps: Sequence[str]) -> list[str]
 # thread that never leaves its poll loop, holding the launch lock, so srun also
 # ignores SIGTERM. The watchdog ends such an srun (SIGKILL) after a grace
 # period; the tasks' exit code then comes from accounting, so exit 85 still
-# requeues.
+# requeues. A step that ended before the first poll (tasks signalled at once)
+# is never seen in squeue: accounting's start times tell it from an earlier
+# attempt's steps, so such an srun is ended after the same grace, not after
+# WATCHDOG_UNSEEN_S (seen once in CI: the test waited 60 s for the requeue).
 WATCHDOG_GRACE_S = 15
 WATCHDOG_POLL_S = 3
 WATCHDOG_UNSEEN_S = 60
@@ -169,15 +172,20 @@ WATCHDOG = [
     "_hetrun_step_rc() {",
     "    # Prints the highest task exit code over the step's het components (signal N: 128+N)",
     "    # once accounting has the step and none of it still runs; prints nothing before.",
-    '    sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State,ExitCode 2>/dev/null | awk -F"|" \'',
-    "        $1 ~ /[.][0-9]+$/ { if ($2 ~ /RUNNING|PENDING|COMPLETING/) busy = 1",
+    "    # $1 (optional): epoch second; steps that began before it are not counted.",
+    '    SLURM_TIME_FORMAT=%s sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State,ExitCode,Start 2>/dev/null |',
+    '        awk -F"|" -v since="${1:-0}" \'',
+    "        $1 ~ /[.][0-9]+$/ && $4 + 0 >= since + 0 { if ($2 ~ /RUNNING|PENDING|COMPLETING/) busy = 1",
     "                           split($3, e, \":\"); c = e[2] > 0 ? 128 + e[2] : e[1]",
     "                           if (c > max) max = c; n++ }",
     "        END { if (n && !busy) print max + 0 }\'",
     "}",
     "_hetrun_watchdog() {",
     "    # $1: the job ids of the het components, comma-separated.",
-    "    local gone=0 seen=0 waited=0 steps rc",
+    "    local gone=0 seen=0 waited=0 since='' steps rc",
+    "    # Steps that began before this srun (an earlier attempt's, an earlier restart's) are not its",
+    "    # own: accounting may still list them while this srun's step starts.",
+    '    if [ -n "${HETRUN_SRUN_START:-}" ]; then since=$(( ${HETRUN_SRUN_START%[.,]*} - 1 )); fi',
     '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
     # The sleep's output goes nowhere: killed mid-sleep, the watchdog leaves the sleep
     # behind for up to a poll, and it must not hold sbatch's (or a caller's) pipes open.
@@ -185,9 +193,15 @@ WATCHDOG = [
     f"        waited=$((waited + {WATCHDOG_POLL_S}))",
     '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
     "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then seen=1; gone=0; continue; fi",
-    "        # A step never seen running may still be starting (or ended within one poll).",
-    f'        if [ "$seen" -eq 0 ] && [ "$waited" -lt {WATCHDOG_UNSEEN_S} ]; then continue; fi',
-    "        rc=$(_hetrun_step_rc)",
+    "        # A step never seen running may still be starting, or may have ended within one poll:",
+    f"        # for {WATCHDOG_UNSEEN_S} s only steps that began after this srun count (an earlier",
+    "        # attempt's steps may still be all accounting has).",
+    f'        if [ "$seen" -eq 0 ] && [ "$waited" -lt {WATCHDOG_UNSEEN_S} ]; then',
+    '            [ -n "$since" ] || continue',
+    '            rc=$(_hetrun_step_rc "$since")',
+    "        else",
+    "            rc=$(_hetrun_step_rc)",
+    "        fi",
     '        if [ -z "$rc" ]; then gone=0; continue; fi',
     f"        gone=$((gone + {WATCHDOG_POLL_S}))",
     f'        if [ "$gone" -ge {WATCHDOG_GRACE_S} ]; then',

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,9 @@ from hetrun.slurm_plugin.rundir import wait_for
 from hetrun.slurm_plugin.submit import submit_spec
 
 REQUEUE_RUNTIME = """#!/bin/bash
-# Runs long enough for the watchdog to see the step in squeue, then asks for a requeue.
-sleep 6
+# Runs {seconds} s (6: the watchdog sees the step in squeue; 0: the step ends before its
+# first poll, as when every rank is signalled right after the start), then asks for a requeue.
+sleep {seconds}
 echo "attempt restart=${SLURM_RESTART_COUNT:-0} rank=$SLURM_PROCID" >> "$HETRUN_RUN_DIR/fake-attempts"
 if [ "${SLURM_RESTART_COUNT:-0}" = "0" ]; then exit 85; fi
 exit 0
@@ -49,14 +51,15 @@ def _requeue_spec(name: str) -> object:
     return two_component_spec(name, slurm={"time": "00:04:00"}, preemption={"max_restarts": 2})
 
 
+@pytest.mark.parametrize("seconds", [6, 0], ids=["step-seen", "step-ended-before-the-first-poll"])
 def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
-        slurm_cluster, shared_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+        slurm_cluster, shared_tmp: Path, monkeypatch: pytest.MonkeyPatch, seconds: int) -> None:  # type: ignore[no-untyped-def]
     real_srun = subprocess.run(["which", "srun"], capture_output=True, text=True, check=True).stdout.strip()
     bin_dir = shared_tmp / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(HANGING_SRUN.format(srun=real_srun))
     (bin_dir / "srun").chmod(0o755)
-    fake = fake_runtime(shared_tmp, "requeue_runtime.sh", REQUEUE_RUNTIME)
+    fake = fake_runtime(shared_tmp, "requeue_runtime.sh", REQUEUE_RUNTIME.replace("{seconds}", str(seconds)))
     # sbatch exports the submitting environment: the batch script finds the hanging srun first.
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     res = submit_spec(_requeue_spec("stuck-srun"), backend="sbatch", runs_dir=shared_tmp / "runs",
@@ -68,6 +71,10 @@ def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
             comps = backend.status([res.run])[res.run.run_dir].components
             return bool(comps) and all(c.restarts >= 1 for c in comps)
 
+        # The watchdog ends srun 15 s after its first look at accounting. It used to ignore
+        # accounting for 60 s when it had never seen the step in squeue (the CI failure this
+        # guards: 75 s at the least), so under 60 s tells the two apart with a wide margin.
+        started = time.monotonic()
         ok = wait_for(requeued, 150, 1.0)
         batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
         assert ok, f"not requeued; batch log:\n{batch_log}\nstatus: {backend.status([res.run])}"
@@ -78,6 +85,7 @@ def test_srun_outliving_its_step_is_ended_and_85_still_requeues(
         assert "after its job step ended (exit 85); ending it" in batch_log, batch_log
         assert "requeueing job" in batch_log, batch_log
         assert "restart=0" in (run_dir / "fake-attempts").read_text()
+        assert time.monotonic() - started < 60, batch_log
     finally:
         subprocess.run(["scancel", str(res.run.job_id)], check=False, capture_output=True)
 
