@@ -35,8 +35,13 @@ from hetrun.rundir import read_events
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STEPS = 30
-SAVE_EVERY = 5
-KILL_AFTER = 12  # steps rank 0 has logged before the kill
+# Saves begin after steps 7, 15, 23; the kill comes after step 10, 5 steps (1.25 s) before the
+# next save begins. A kill that lands while a save is being written leaves that save
+# incomplete (seen once under load with saves every 5 and the kill after step 12: rank 0
+# began the save of step 15, rank 1 never finished it), and the newest save *begun* is no
+# longer the store's newest complete one, which the assertions below compare against.
+SAVE_EVERY = 8
+KILL_AFTER = 10  # steps rank 0 has logged before the kill
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
