@@ -14,7 +14,7 @@ import pytest
 import torch
 from hetrun.runtime.ckpt import gc, open_store, tiers_for
 from hetrun.runtime.ckpt.objects import Tier, parse_object
-from hetrun.runtime.ckpt.state import capture_rng, restore_rng
+from hetrun.runtime.ckpt.state import capture_rng, flatten, restore_rng
 from hetrun.runtime.ckpt.writer import CheckpointWriter
 
 from hetrun.errors import CheckpointError
@@ -90,6 +90,28 @@ def test_round_trip_of_every_supported_value(tmp_path: Path) -> None:
     expected = dict(state)
     expected["misc"] = dict(state["misc"], noncontig=state["misc"]["noncontig"].contiguous())
     assert exact(back.state, expected)
+
+
+def test_lists_of_scalars_are_taken_whole_with_the_skeleton_a_walk_gives() -> None:
+    import enum
+
+    class Colour(enum.IntEnum):
+        RED = 1
+
+    t = torch.ones(2)
+    rng = random.getstate()
+    skeleton, tensors, _ = flatten({"rng": rng, "l": [1, 2.5, "a", None, True], "e": [Colour.RED],
+                                    "mixed": [1, t], "nested": [[1, 2], (3,)], "np": [np.int64(4)]})
+    assert skeleton == {"D": [
+        ["rng", {"U": [rng[0], {"U": list(rng[1])}, rng[2]]}],
+        ["l", {"L": [1, 2.5, "a", None, True]}],
+        ["e", {"L": [Colour.RED]}],  # walked: an int subclass stays what it is
+        ["mixed", {"L": [1, {"T": 0}]}],
+        ["nested", {"L": [{"L": [1, 2]}, {"U": [3]}]}],
+        ["np", {"L": [4]}],  # walked: a numpy scalar becomes a Python one
+    ]}
+    assert len(tensors) == 1 and type(skeleton["D"][5][1]["L"][0]) is int
+    assert json.loads(json.dumps(skeleton))["D"][0][1]["U"][1]["U"] == list(rng[1])
 
 
 def test_rng_state_round_trip_continues_the_same_stream(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ from hetrun.runtime.tensor_dtypes import TORCH_DTYPES as _TORCH_DTYPES
 from hetrun.errors import CheckpointError
 
 
+_SCALARS = {type(None), bool, int, float, str}
+
+
 @dataclass
 class Leaf:
     """A tensor leaf: where it sits in the flat list and how to rebuild it."""
@@ -42,6 +45,11 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[Leaf]]:
     def walk(obj: Any, path: str) -> Any:
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return obj
+        # A list or tuple of plain scalars (Python's RNG state: 625 ints) is its own skeleton:
+        # taken whole, not walked one element at a time (the walk was most of a memory
+        # snapshot's encode for a small model). Exact types: a subclass (an IntEnum) walks.
+        if type(obj) in (list, tuple) and set(map(type, obj)) <= _SCALARS:
+            return {"L" if type(obj) is list else "U": list(obj)}
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
             name = str(t.dtype).removeprefix("torch.")
