@@ -242,6 +242,11 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
         # srun's own line for that rank ("task 0: Exited with exit code 1") is the same
         # exit seen from outside, not a signal: it does not bring the hint back.
         why = "failed; not requeued: the rank's own error would most likely recur on a restart (fix it, then `hetrun resume`)"
+    key = failure_key(attempt, deaths) if result == "failed" else None
+    if requeue and key is not None and (repeated := _repeats(run_dir, key)) is not None:
+        requeue = False
+        why = (f"failed as attempt {repeated} did, with no step done since and no dead node: not restarted, "
+               "a restart would most likely fail the same way (fix it, then `hetrun resume`)")
     reason = forced_reason or why
     ignored = [e for e in events_of(run_dir, ("stop_ignored",)) if e.get("restart_count") == restart]
     if ignored:
@@ -255,8 +260,42 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
     record = append_event(run_dir, "attempt_end", restart_count=restart, outcome=result, requeued=requeue,
                           exit_code=exit_code, reason=reason, launcher=launcher, signal=trapped,
                           failed_ranks=[d.rank for d in deaths],
+                          **({"failure_key": key} if key is not None else {}),
                           **({"stop_ignored": [e.get("rank") for e in ignored]} if ignored else {}))
     return requeue, record
+
+
+def failure_key(attempt: Attempt, deaths: Sequence[Death]) -> list[str] | None:
+    """What tells this failure from another across attempts: each failing rank's component and
+    its own error (the runtime's message, or the exit code srun saw). None when a rank died of a
+    signal (a node lost, the OOM killer, a kill: not the program's own doing) or nothing names
+    the failure."""
+    if any(d.signal for d in deaths) or any(f.get("signal") for f in attempt.runtime_failures):
+        return None
+    if attempt.runtime_failures:
+        keys = {f"{f.get('component')}: {str(f.get('message') or '').strip()[:LAST_LINE_MAX]}"
+                for f in attempt.runtime_failures}
+    else:
+        keys = {f"{d.component}: exit code {d.exit_code}" for d in deaths if d.exit_code is not None}
+    return sorted(keys) or None
+
+
+def _repeats(run_dir: Path, key: list[str]) -> int | None:
+    """The previous attempt's restart count when it failed with the same ``key`` and nothing
+    happened since that a restart could have changed: no step done (no ``action`` line after
+    its ``attempt_end``) and no dead node found (its in-allocation ``node_failure``, if any,
+    named none). A job that fails at start-up would otherwise restart until ``max_failures``
+    runs out: 68 times in two minutes, once, inside its allocation (benchmarks/node_death.md)."""
+    previous: dict[str, Any] | None = None
+    for rec in events_of(run_dir, ("attempt_end", "node_failure", "action")):
+        if rec["ev"] == "attempt_end":
+            previous = rec
+        elif previous is not None and (rec["ev"] == "action" or rec.get("dead_nodes")):
+            previous = dict(previous, moved=True)
+    if previous is None or previous.get("moved") or previous.get("outcome") != "failed" \
+            or previous.get("failure_key") != key:
+        return None
+    return int(previous.get("restart_count") or 0)
 
 
 def _deterministic(failures: Sequence[Mapping[str, Any]]) -> bool:
