@@ -22,7 +22,6 @@ from hetrun.runtime.tensor_dtypes import TORCH_DTYPES as _TORCH_DTYPES
 
 from hetrun.errors import CheckpointError
 
-
 _SCALARS = {type(None), bool, int, float, str}
 
 
