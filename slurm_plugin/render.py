@@ -183,9 +183,12 @@ WATCHDOG = [
     "_hetrun_watchdog() {",
     "    # $1: the job ids of the het components, comma-separated.",
     "    local gone=0 seen=0 waited=0 since='' steps rc",
-    "    # Steps that began before this srun (an earlier attempt's, an earlier restart's) are not its",
-    "    # own: accounting may still list them while this srun's step starts.",
-    '    if [ -n "${HETRUN_SRUN_START:-}" ]; then since=$(( ${HETRUN_SRUN_START%[.,]*} - 1 )); fi',
+    "    # Steps that began before this srun (an earlier attempt's) are not its own: accounting may",
+    "    # still list them while this srun's step starts. Not after a restart inside the allocation:",
+    "    # the probe steps that found the dead node began moments before this srun.",
+    '    if [ -n "${HETRUN_SRUN_START:-}" ] && [ -z "${_hetrun_overlap:-}" ]; then',
+    '        since=$(( ${HETRUN_SRUN_START%[.,]*} - 1 ))',
+    "    fi",
     '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
     # The sleep's output goes nowhere: killed mid-sleep, the watchdog leaves the sleep
     # behind for up to a poll, and it must not hold sbatch's (or a caller's) pipes open.
