@@ -147,22 +147,26 @@ def wait_ended(run_dir: Path, timeout: float = 300) -> str:
 
 def cancelled_run(tmp: Path, job: Path | None = None) -> Path:
     """A PPO run (``job``, default SMALL_PPO's) cancelled once the first checkpoint every
-    component holds is written."""
+    component holds is written, before its last iteration."""
     job = job or job_file(tmp)
     iterations = int(yaml.safe_load(job.read_text())["training"]["iterations"])
-    run_dir = submit(job, tmp / "runs")
-    t_end = time.time() + 300
-    while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
-        state = json.loads((run_dir / "local.json").read_text()).get("state") \
-            if (run_dir / "local.json").exists() else None
-        assert time.time() < t_end and state in ("RUNNING", "REQUEUED", None), \
-            (run_dir / "logs" / "local-supervisor.out").read_text()[-3000:]
-        time.sleep(0.2)
-    res = cli("cancel", str(run_dir))
-    assert res.returncode == 0, res.stderr
-    assert wait_ended(run_dir) == "CANCELLED"
-    assert max(store_steps(run_dir, "learner")) < iterations  # cancelled before the end
-    return run_dir
+    for attempt in range(3):
+        run_dir = submit(job, tmp / f"runs-{attempt}")
+        t_end = time.time() + 300
+        while not (set(store_steps(run_dir, "learner")) & set(store_steps(run_dir, "rollout"))):
+            state = json.loads((run_dir / "local.json").read_text()).get("state") \
+                if (run_dir / "local.json").exists() else None
+            assert time.time() < t_end and state in ("RUNNING", "REQUEUED", None), \
+                (run_dir / "logs" / "local-supervisor.out").read_text()[-3000:]
+            time.sleep(0.2)
+        res = cli("cancel", str(run_dir))
+        assert res.returncode == 0, res.stderr
+        assert wait_ended(run_dir) == "CANCELLED"
+        if max(store_steps(run_dir, "learner")) < iterations:  # cancelled before the end
+            return run_dir
+        # The run (about 10 s) reached its last checkpoint before the cancel landed: seen once,
+        # with the test's own process starved by other work on the 2 cores. Another run.
+    raise AssertionError(f"3 runs of {job} each finished before the cancel reached it")
 
 
 @pytest.fixture(scope="module")
