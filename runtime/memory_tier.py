@@ -110,6 +110,7 @@ class MemorySnapshots:
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
         self._between = 0.0  # seconds of progress() in due() since the last snapshot
+        self._off_thread = 0.0  # the transport's own thread's CPU seconds, as of the last snapshot
         # N -> [the tier's seconds, wall seconds, iterations] while that N was in effect:
         # the tier's share at the N it settled on, beside the whole run's (benchmarks/node_death.md).
         self.by_every: dict[int, list[float]] = {}
@@ -187,8 +188,11 @@ class MemorySnapshots:
         self.seconds += spent
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
-        # it received and wrote since the last one (the partners snapshot the same steps).
-        cost, self._between = spent + self._between, 0.0
+        # it received and wrote since the last one (the partners snapshot the same steps),
+        # on this thread or (gloo) the transport's replica thread, whose CPU time is counted.
+        off_thread = getattr(self.transport, "thread_cpu_s", 0.0)
+        cost = spent + self._between + (off_thread - self._off_thread)
+        self._between, self._off_thread = 0.0, off_thread
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
     def poll(self) -> None:
@@ -225,6 +229,7 @@ class MemorySnapshots:
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
+                "replica_thread_cpu_s": round(getattr(self.transport, "thread_cpu_s", 0.0), 4),
                 "every": self.every, "partners": self.partners,
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},
