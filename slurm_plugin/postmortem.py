@@ -287,13 +287,13 @@ def _repeats(run_dir: Path, key: list[str]) -> int | None:
     named none). A job that fails at start-up would otherwise restart until ``max_failures``
     runs out: 68 times in two minutes, once, inside its allocation (benchmarks/node_death.md)."""
     previous: dict[str, Any] | None = None
+    moved = False  # a step done or a dead node found since ``previous``
     for rec in events_of(run_dir, ("attempt_end", "node_failure", "action")):
         if rec["ev"] == "attempt_end":
-            previous = rec
-        elif previous is not None and (rec["ev"] == "action" or rec.get("dead_nodes")):
-            previous = dict(previous, moved=True)
-    if previous is None or previous.get("moved") or previous.get("outcome") != "failed" \
-            or previous.get("failure_key") != key:
+            previous, moved = rec, False
+        elif rec["ev"] == "action" or rec.get("dead_nodes"):
+            moved = True
+    if previous is None or moved or previous.get("outcome") != "failed" or previous.get("failure_key") != key:
         return None
     return int(previous.get("restart_count") or 0)
 
