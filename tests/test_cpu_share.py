@@ -126,7 +126,9 @@ def test_local_launcher_leaves_ranks_unbound(tmp_path: Path) -> None:
     _, (argv,) = launch_commands(tmp_path, [("learner", 1), ("rollout", 1)], sys.executable, mpirun=mpirun)
     launcher = argv[: argv.index("-x")]
     assert launcher[-2:] == ["--bind-to", "none"]
-    probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    # One write per rank: mpirun forwards both ranks' output through one pipe, and with
+    # PYTHONUNBUFFERED print's text and newline are two writes that can interleave (seen once).
+    probe = [sys.executable, "-c", "import os; os.write(1, f'{sorted(os.sched_getaffinity(0))}\\n'.encode())"]
     proc = subprocess.run([*launcher, "-np", "1", *probe, ":", "-np", "1", *probe], capture_output=True,
                           text=True, env=loopback_mpi_env(), timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
