@@ -338,7 +338,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     first = ["pipelined", "coarse", *PEER_MODES]
     for mode in sorted(by, key=lambda m: first.index(m) if m in first else len(first)):
         runs = by[mode]
-        per = ", ".join("-" if r["steady_steps_per_s"] is None else f"{r['steady_steps_per_s']:,.0f}" for r in runs)
+        per = ", ".join(_fmt(r["steady_steps_per_s"], ",.0f") for r in runs)
         solved = _solved_med(runs)
         busy = statistics.median(sum(r["busy"].values()) / (1 if is_peer(mode) else 2) for r in runs)
         cells = [_fmt(_med(runs, "steady_steps_per_s"), ",.1f"), per, _fmt(_med(runs, "startup_s"), ".1f"),

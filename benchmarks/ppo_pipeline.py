@@ -539,8 +539,8 @@ def mode_order(modes: Any) -> list[str]:
 
 def best_peer(runs: dict[str, list[dict[str, Any]]], key: str = "steady_steps_per_s") -> str | None:
     """The peer configuration with the highest median ``key`` (the one hetrun is held to)."""
-    peers = [m for m in runs if is_peer(m) and _med(runs[m], key) is not None]
-    return max(peers, key=lambda m: _med(runs[m], key) or 0.0) if peers else None
+    meds = {m: v for m in runs if is_peer(m) and (v := _med(runs[m], key)) is not None}
+    return max(meds, key=meds.__getitem__) if meds else None
 
 
 def _by_mode(results: list[dict[str, Any]], phase: str) -> dict[str, list[dict[str, Any]]]:

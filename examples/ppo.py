@@ -337,7 +337,8 @@ class PPOWorkload(Workload):
         """
         b = self._prepared
         prox = b["logprobs"].clone()
-        if self.cfg.staleness_correction == "decoupled" and bool(stale.any()):
+        correct = self.cfg.staleness_correction == "decoupled" and bool(stale.any())
+        if correct:
             rows = stale.nonzero().squeeze(1)
             with learner_precision.autocast(self._learner_precision, LEARNER_DEVICE):
                 for chunk in rows.split(self.PROXIMAL_CHUNK):
@@ -346,7 +347,7 @@ class PPOWorkload(Workload):
                     prox[chunk] = logp.gather(1, b["actions"][chunk].unsqueeze(1)).squeeze(1)
         log_w = prox - b["logprobs"]  # exactly 0 for fresh samples
         b["prox_logprobs"], b["weights"] = prox, log_w.exp()
-        if self.cfg.staleness_correction == "decoupled" and bool(stale.any()):
+        if correct:
             # How far the policy moved between collecting and learning (k3 estimate of KL).
             moved, w = log_w[stale], b["weights"][stale]
             self._stats["behaviour_kl"] = [float(((w - 1) - moved).mean())]

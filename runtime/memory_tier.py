@@ -190,7 +190,7 @@ class MemorySnapshots:
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
         # it received and wrote since the last one (the partners snapshot the same steps),
         # on this thread or (gloo) the transport's replica thread, whose CPU time is counted.
-        off_thread = getattr(self.transport, "thread_cpu_s", 0.0)
+        off_thread = self.transport.thread_cpu_s
         cost = spent + self._between + (off_thread - self._off_thread)
         self._between, self._off_thread = 0.0, off_thread
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
@@ -229,7 +229,7 @@ class MemorySnapshots:
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
-                "replica_thread_cpu_s": round(getattr(self.transport, "thread_cpu_s", 0.0), 4),
+                "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
                 "every": self.every, "partners": self.partners,
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},

@@ -16,6 +16,8 @@ bytes and small values:
 - ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
   out, the one blob from ``source`` (None: none) comes back.
 - ``barrier()``.
+- ``thread_cpu_s``: CPU seconds of the transport's own thread (gloo's replica thread; 0 for MPI),
+  which the adaptive N counts as the tier's cost.
 
 Why two implementations and not the MPI code over a fake communicator: the two libraries differ
 where it matters. MPI can probe for a message from anyone and test a receive without blocking,
@@ -50,6 +52,8 @@ def wrap(comm: Any) -> Any:
 
 class MPITransport:
     """The memory tier over a private duplicate of an mpi4py communicator."""
+
+    thread_cpu_s = 0.0  # no thread of its own: receives run on the training thread (``poll``)
 
     TAG_REPLICA = 0x4D54  # "MT": a replica blob
     TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
