@@ -2,7 +2,7 @@
 partners' nodes, and the restore that agrees on the freshest step every rank holds.
 
 The ranks talk through a transport (runtime/memory_transport.py): the executor's over MPI,
-a command component's (the run API) over a torch.distributed gloo group of its own. Every
+a command component's (the run API) over torch.distributed gloo and TCP streams of its own. Every
 rule below is here once, whichever carries the bytes.
 
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
@@ -10,7 +10,7 @@ point and the same tree as an interval checkpoint: workload state, RNG,
 iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
 into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
 ranks on other nodes, which write it into THEIR node's tmpfs (MPI: a non-blocking
-send; gloo: the transport's replica thread). Partners: the
+send; gloo: the transport's replica streams). Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
 least two nodes). Received replicas are written as they arrive: whenever a rank
@@ -119,7 +119,7 @@ class MemorySnapshots:
         # The ranks whose partner this rank is: they send it their replicas.
         self.sources = [r for r in range(self.size) if r != self.rank
                         and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
-        self.transport.bind(self.sources, self._received)
+        self.transport.bind(self.sources, self.partners, self._received)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
         self.bytes = 0
@@ -189,7 +189,7 @@ class MemorySnapshots:
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
         # it received and wrote since the last one (the partners snapshot the same steps),
-        # on this thread or (gloo) the transport's replica thread, whose CPU time is counted.
+        # on this thread or (gloo) the transport's replica streams, whose threads' CPU time is counted.
         off_thread = self.transport.thread_cpu_s
         cost = spent + self._between + (off_thread - self._off_thread)
         self._between, self._off_thread = 0.0, off_thread
@@ -217,19 +217,22 @@ class MemorySnapshots:
         self.transport.poll()
 
     def _received(self, blob: Any) -> None:
-        """A replica from a partner: written into this node's tier once its checksums pass
-        (a torn message is never written). Called by the transport (MPI: inside ``progress``;
-        gloo: on its replica thread)."""
+        """A replica from a partner, written into this node's tier under the owner and step its
+        prefix names. Called by the transport (MPI: inside ``progress``; gloo: on its receiving
+        thread, which hands over whole blobs only). Not verified here: every copy is verified
+        when a restore reads it, and one that fails is named and the next holder's used
+        (a full check here cost each replica about as much as writing it)."""
         try:
-            head = memory.verify(blob, "received replica")
+            owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        self.tier.write(int(head["owner"]), int(head["step"]), blob)
+        self.tier.write(owner, step, blob)
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
+                "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},

@@ -9,39 +9,38 @@ bytes and small values:
   rank's in rank order. Lists and dicts with string keys only (the gloo one sends JSON).
 - ``start_max(value)``: a non-blocking MAX all-reduce of one int (the adaptive N's agreement);
   its handle's ``wait()`` returns the maximum.
-- ``bind(sources, deliver)``, ``send(dests, blob)``, ``poll()``, ``drain()``: replicas. ``send``
-  never waits for a partner; every replica that arrives is handed to ``deliver`` (which verifies
-  and writes it); ``drain`` is collective: every replica sent has been delivered before any rank
-  returns.
+- ``bind(sources, dests, deliver)``, ``send(dests, blob)``, ``poll()``, ``drain()``: replicas.
+  ``bind`` is collective; ``send`` never waits for a partner; every replica that arrives is
+  handed to ``deliver`` (which verifies and writes it); ``drain`` is collective: every replica
+  sent has been delivered before any rank returns.
 - ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
   out, the one blob from ``source`` (None: none) comes back.
 - ``barrier()``.
-- ``thread_cpu_s``: CPU seconds of the transport's own thread (gloo's replica thread; 0 for MPI),
-  which the adaptive N counts as the tier's cost.
+- ``thread_cpu_s``: CPU seconds of the transport's own threads (gloo's replica streams; 0 for
+  MPI), which the adaptive N counts as the tier's cost.
+- ``skipped``: replicas not sent because a newer one of the same rank was ready before they
+  left (gloo, behind a slow partner; 0 for MPI).
 
 Why two implementations and not the MPI code over a fake communicator: the two libraries differ
 where it matters. MPI can probe for a message from anyone and test a receive without blocking,
 so the MPI transport receives on the training thread whenever the tier is polled. Gloo can do
 neither (a gloo receive completes only inside ``wait``; a receive from "any source" is not
-polled either), so the gloo transport knows who sends to it (the ranks whose partner it is:
-``bind``'s ``sources``) and moves replicas on one background thread, in rounds: each snapshot's
-blob goes to its partners (size first, then the bytes) and one blob is received from each
-source. Every rank snapshots the same steps (MemorySnapshots agrees on N), so round k on every
-rank carries step k's blobs and a blocking receive there waits only for a partner that has not
-snapshotted yet. The thread owns a gloo group of its own, and the small collectives use two
-others, so replica traffic never interleaves with the script's collectives (or with each other);
-all three are made at construction, collectively, on the main thread.
+polled either), so the gloo transport moves replicas on plain TCP streams between each rank and
+its partners, with a sending and a receiving thread (runtime/replica_sockets.py: measured, gloo
+sends on a thread cost the DDP example 2.9 ms a step where the tier's code took 1.0 ms). The
+small collectives use two gloo groups of the tier's own, so they never interleave with the
+script's collectives or with each other; both are made at construction, collectively, on the
+main thread.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 Deliver = Callable[[Any], None]
+DRAIN_TIMEOUT_S = 300.0  # close(): a partner that never drains its replica stream is reported, not waited on forever
 
 
 def wrap(comm: Any) -> Any:
@@ -54,6 +53,7 @@ class MPITransport:
     """The memory tier over a private duplicate of an mpi4py communicator."""
 
     thread_cpu_s = 0.0  # no thread of its own: receives run on the training thread (``poll``)
+    skipped = 0  # every replica is sent (non-blocking sends, completed in ``poll``)
 
     TAG_REPLICA = 0x4D54  # "MT": a replica blob
     TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
@@ -76,7 +76,7 @@ class MPITransport:
         mine, got = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
         return _MPIMax(self.comm.Iallreduce(mine, got, op=MPI.MAX), mine, got)
 
-    def bind(self, sources: list[int], deliver: Deliver) -> None:
+    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
         self._deliver = deliver  # MPI receives from anyone: the sources are not needed
 
     def send(self, dests: list[int], blob: Any) -> None:
@@ -148,7 +148,8 @@ class _MPIMax:
 
 class GlooTransport:
     """The memory tier over torch.distributed (gloo), for ranks that have a default process
-    group and no MPI. Collective to create (three ``new_group`` calls, the same on every rank)."""
+    group and no MPI. Collective to create (two ``new_group`` calls, the same on every rank);
+    ``bind`` is collective too (it opens the replica streams, runtime/replica_sockets.py)."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -159,17 +160,25 @@ class GlooTransport:
         self.size = dist.get_world_size()
         self._main = new_cpu_group()  # allgather, barrier, restore transfers (main thread)
         self._agree = new_cpu_group()  # the adaptive N's all-reduce, in flight across steps
-        self._replicas = new_cpu_group()  # the replica thread's alone
         self._coll = TorchCollective(self._main)
-        self._sources: list[int] = []
-        self._deliver: Deliver = lambda _blob: None
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None  # why replication stopped (a partner gone)
-        # CPU seconds the replica thread spent (sending, receiving, verifying, writing): off the
-        # training thread, but on the same cores and under the same GIL, so the adaptive N
-        # counts it (measured: +3.7% per step at N = 1 where the training thread saw 1.4%).
-        self.thread_cpu_s = 0.0
+        self._streams: Any = None  # runtime.replica_sockets.ReplicaSockets, from bind()
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why replication stopped (a partner gone); None while it runs."""
+        return None if self._streams is None else self._streams.error
+
+    @property
+    def thread_cpu_s(self) -> float:
+        """CPU seconds of the replica streams' threads (sending, receiving, verifying, writing):
+        off the training thread, but on the same cores and under the same GIL, so the adaptive
+        N counts it."""
+        return 0.0 if self._streams is None else self._streams.thread_cpu_s
+
+    @property
+    def skipped(self) -> int:
+        """Replicas never sent because a newer one of the same rank was ready first."""
+        return 0 if self._streams is None else self._streams.skipped
 
     def allgather(self, value: Any) -> list[Any]:
         return self._coll.allgather(value)
@@ -181,52 +190,21 @@ class GlooTransport:
         work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.MAX, group=self._agree, async_op=True)
         return _GlooMax(work, buf)
 
-    def bind(self, sources: list[int], deliver: Deliver) -> None:
-        self._sources, self._deliver = sorted(sources), deliver
+    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
+        from hetrun.runtime.replica_sockets import ReplicaSockets
+
+        self._streams = ReplicaSockets(self.rank, self.allgather, sources, dests, deliver)
 
     def send(self, dests: list[int], blob: Any) -> None:
-        if self.error is not None:
-            return  # replication stopped: the restore finds no common step and uses the store
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._rounds, args=(list(dests),),
-                                            name="hetrun-memory-replicas", daemon=True)
-            self._thread.start()
-        self._queue.put(blob)
-
-    def _rounds(self, dests: list[int]) -> None:
-        """One round per snapshot: this rank's blob to each partner, one from each source."""
-        import torch
-
-        dist, group = self._dist, self._replicas
-        while (blob := self._queue.get()) is not None:
-            t0 = time.thread_time()
-            try:
-                size = torch.tensor([len(blob)], dtype=torch.int64)
-                payload = torch.frombuffer(blob, dtype=torch.uint8)
-                works = [w for d in dests for w in (dist.isend(size, d, group=group),
-                                                    dist.isend(payload, d, group=group))]
-                for src in self._sources:
-                    n = torch.zeros(1, dtype=torch.int64)
-                    dist.recv(n, src, group=group)
-                    buf = torch.empty(int(n[0]), dtype=torch.uint8)
-                    dist.recv(buf, src, group=group)
-                    self._deliver(memoryview(buf.numpy()))
-                for w in works:
-                    w.wait()
-            except Exception as exc:  # a partner gone: stop replicating (never retried half-way)
-                self.error = exc
-                return
-            finally:
-                self.thread_cpu_s += time.thread_time() - t0
+        """To the partners ``bind`` connected (``dests`` are the same ranks)."""
+        self._streams.send(blob)
 
     def poll(self) -> None:
-        """Nothing to do: the replica thread delivers as blobs arrive."""
+        """Nothing to do: the receiving thread delivers as blobs arrive."""
 
     def drain(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
+        if self._streams is not None:
+            self._streams.drain(DRAIN_TIMEOUT_S)
         if self.error is None:
             self.barrier()
 

@@ -9,12 +9,15 @@ the tree's pickle-free form (``state.flatten``: a JSON skeleton plus raw
 tensors) and its chunk checksum (``store.fast_digest``, xxh3-128), one per
 tensor, plus one over the header.
 
-Blob: ``MAGIC`` + 4-byte little-endian header length + the header's digest
-(32 ASCII hex) + JSON header + the tensors' bytes back to back. The header
-holds the step, the owner (global rank), the skeleton, the leaves and their
-digests. ``verify`` checks every digest without building tensors; ``decode``
-checks them too, so a flipped byte anywhere is a ``CheckpointError``, never a
-silently wrong state.
+Blob: ``MAGIC`` + 4-byte little-endian header length + the owner (u32) and
+step (u64), little-endian + the header's digest (32 ASCII hex) + JSON header +
+the tensors' bytes back to back. The header holds the step, the owner (global
+rank), the skeleton, the leaves and their digests. ``verify`` checks every
+digest without building tensors, and that the prefix's owner and step are the
+header's; ``decode`` checks them too, so a flipped byte anywhere is a
+``CheckpointError``, never a silently wrong state. ``peek`` reads only the
+prefix: a partner receiving a replica files it by owner and step without
+parsing the header (the restore verifies every copy it reads before use).
 
 Where blobs live (``MemoryTier``): ``<root>/hetrun-mem/<run key>/rank-<owner>/
 <step>.snap``, ``root`` a node-local tmpfs (``$HETRUN_MEMORY_DIR``, default
@@ -42,12 +45,15 @@ from hetrun.rundir import MEMORY_DIR_ENV
 from . import state
 from .store import fast_digest
 
-MAGIC = b"HRMEMSN1"
-FORMAT = "hetrun-memsnap/1"
+MAGIC = b"HRMEMSN2"
+FORMAT = "hetrun-memsnap/2"
 ENV_DIR = MEMORY_DIR_ENV
 DEFAULT_ROOT = "/dev/shm"
 _DIGEST_LEN = 32  # xxh3-128 hex
-_PREFIX = len(MAGIC) + 4 + _DIGEST_LEN
+_IDS = struct.Struct("<IQ")  # owner, step
+_IDS_AT = len(MAGIC) + 4
+_DIGEST_AT = _IDS_AT + _IDS.size
+_PREFIX = _DIGEST_AT + _DIGEST_LEN
 _HEADER_MAX = 64 << 20
 _SNAP_RE = re.compile(r"([0-9]{12})\.snap")
 _OWNER_RE = re.compile(r"rank-([0-9]{6})")
@@ -78,7 +84,8 @@ def encode(step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None)
     out = bytearray(total)
     out[:len(MAGIC)] = MAGIC
     struct.pack_into("<I", out, len(MAGIC), len(head))
-    out[len(MAGIC) + 4:_PREFIX] = fast_digest(head).encode()
+    _IDS.pack_into(out, _IDS_AT, int(owner), int(step))
+    out[_DIGEST_AT:_PREFIX] = fast_digest(head).encode()
     pos = _PREFIX
     out[pos:pos + len(head)] = head
     pos += len(head)
@@ -98,7 +105,7 @@ def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
     if n > _HEADER_MAX or _PREFIX + n > len(view):
         raise CheckpointError(f"{where}: header length {n} out of range; corrupt")
     head = view[_PREFIX:_PREFIX + n]
-    if fast_digest(head).encode() != bytes(view[len(MAGIC) + 4:_PREFIX]):
+    if fast_digest(head).encode() != bytes(view[_DIGEST_AT:_PREFIX]):
         raise CheckpointError(f"{where}: header checksum mismatch; corrupt")
     try:
         doc = json.loads(bytes(head))
@@ -106,7 +113,20 @@ def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
         raise CheckpointError(f"{where}: header is not JSON; corrupt") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CheckpointError(f"{where}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+    if _IDS.unpack_from(view, _IDS_AT) != (doc.get("owner"), doc.get("step")):
+        raise CheckpointError(f"{where}: prefix names rank {_IDS.unpack_from(view, _IDS_AT)[0]} step "
+                              f"{_IDS.unpack_from(view, _IDS_AT)[1]}, header rank {doc.get('owner')} step {doc.get('step')}; corrupt")
     return doc, _PREFIX + n
+
+
+def peek(blob: Any, where: str = "memory snapshot") -> tuple[int, int]:
+    """(owner, step) from the prefix alone: where a received replica is filed. Not a
+    verification: ``verify``/``decode`` check everything before a copy is used."""
+    view = memoryview(blob)
+    if len(view) < _PREFIX or bytes(view[:len(MAGIC)]) != MAGIC:
+        raise CheckpointError(f"{where}: not a memory snapshot (bad magic); corrupt")
+    owner, step = _IDS.unpack_from(view, _IDS_AT)
+    return int(owner), int(step)
 
 
 def _spans(doc: dict[str, Any], start: int, size: int, where: str) -> list[tuple[state.Leaf, int, str]]:
