@@ -9,10 +9,10 @@ on two threads of their own (one sends, one receives) spend their time in ``send
 ``recv_into``, which release the GIL, and their CPU time is all counted (``thread_cpu_s``).
 
 Set-up is collective (every rank at the same point, through the transport's ``allgather``):
-each rank listens on the address it reaches the job's rendezvous with, the ranks exchange
-addresses and rank 0's random token, each rank connects to its partners and accepts exactly its
-sources; a connection that does not open with the token and an expected rank is closed unread,
-and the listener is closed once the sources are in. A frame is a little-endian u64 length and
+each rank listens, the ranks exchange their addresses and rank 0's random token, each rank
+connects to its partners (trying their addresses in turn) and accepts exactly its sources; a
+connection that does not open with the token and an expected rank is closed unread, one that
+does is acknowledged, and the listener is closed once the sources are in. A frame is a little-endian u64 length and
 the blob; ``FLUSH`` instead of a length marks a drain (everything before it has been sent), so
 a drain waits for one mark from every source and the streams stay open for the next snapshots.
 """
@@ -34,22 +34,28 @@ from typing import Any
 _LEN = struct.Struct("<Q")
 FLUSH = (1 << 64) - 1
 _HELLO = struct.Struct("<32sI")  # rank 0's token (hex), the connecting rank
+_ACK = b"\x01"  # the listener took the connection as one of its sources
 MAX_WAITING = 3  # blobs queued and not yet on the wire (memory held for a slow partner)
 CONNECT_TIMEOUT_S = 120.0  # set-up only: a partner slower to reach the tier than this is gone
 
 
-def local_host() -> str:
-    """The address this rank reaches the job's rendezvous (``MASTER_ADDR``) from: an interface its
-    peers can reach. A UDP "connect" sends nothing; it only picks the route."""
+def local_hosts() -> list[str]:
+    """Addresses peers may reach this rank at, most likely first: the one it reaches the job's
+    rendezvous (``MASTER_ADDR``) from (a UDP "connect" sends nothing; it only picks the route),
+    then its host name's. Loopback last: right only when the partner shares the host (on the
+    rendezvous node a host name can resolve to 127.0.1.1), and a wrong guess is refused by the
+    token check below, then the next address is tried."""
+    found: list[str] = []
     master = os.environ.get("MASTER_ADDR")
     if master:
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((master, 9))
-            return probe.getsockname()[0]
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+            found.append(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        found.append(socket.gethostbyname(socket.gethostname()))
+    found.append("127.0.0.1")
+    unique = list(dict.fromkeys(found))
+    return [h for h in unique if not h.startswith("127.")] + [h for h in unique if h.startswith("127.")]
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
@@ -79,15 +85,30 @@ class ReplicaSockets:
         self._marks = threading.Condition()
         self._sent_marks = 0
         self._got_marks = dict.fromkeys(self.sources, 0)
-        host = local_host()
+        # Listen on every interface (which one a partner reaches is not known here), accept and
+        # acknowledge the sources on a thread while this rank connects to its partners (each
+        # waits for the other's acknowledgement), then stop listening.
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            listener.bind((host, 0))
-            listener.listen(max(1, len(self.sources)) + 4)
-            peers = allgather({"host": host, "port": listener.getsockname()[1], "token": secrets.token_hex(16)})
+            listener.bind(("", 0))
+            listener.listen(max(1, len(self.sources)) + 8)
+            peers = allgather({"hosts": local_hosts(), "port": listener.getsockname()[1],
+                               "token": secrets.token_hex(16)})
             token = str(peers[0]["token"]).encode()
+            accepted: dict[str, Any] = {}
+
+            def accept() -> None:
+                try:
+                    accepted["in"] = self._accept(listener, token)
+                except OSError as exc:
+                    accepted["error"] = exc
+            acceptor = threading.Thread(target=accept, name="hetrun-replicas-accept", daemon=True)
+            acceptor.start()
             self._out = [self._connect(peers[d], token) for d in self.dests]
-            self._in = self._accept(listener, token)
+            acceptor.join()
+            if "error" in accepted:
+                raise accepted["error"]
+            self._in = accepted["in"]
         finally:
             listener.close()
         # Blobs (and drain marks, None) waiting for the sender. At most MAX_WAITING blobs wait
@@ -112,11 +133,31 @@ class ReplicaSockets:
             self._cpu += time.thread_time() - t0
 
     def _connect(self, peer: dict[str, Any], token: bytes) -> socket.socket:
-        sock = socket.create_connection((str(peer["host"]), int(peer["port"])), timeout=CONNECT_TIMEOUT_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(_HELLO.pack(token, self.rank))
-        sock.settimeout(None)
-        return sock
+        """A stream to ``peer``: the first of its addresses that answers and acknowledges this
+        rank's token (a listener of another job, met at a wrong address, closes instead)."""
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        tried: list[str] = []
+        while True:
+            for host in peer["hosts"]:
+                left = deadline - time.monotonic()
+                sock = None
+                try:
+                    sock = socket.create_connection((str(host), int(peer["port"])), timeout=max(0.1, min(5.0, left)))
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.sendall(_HELLO.pack(token, self.rank))
+                    sock.settimeout(max(0.1, min(30.0, left)))
+                    if sock.recv(1) == _ACK:
+                        sock.settimeout(None)
+                        return sock
+                    tried.append(f"{host}: refused the token")
+                except OSError as exc:
+                    tried.append(f"{host}: {exc}")
+                if sock is not None:
+                    sock.close()
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"rank {self.rank} reached no address of its partner's replica "
+                                      f"stream ({'; '.join(tried[-4:])})")
+            time.sleep(0.2)
 
     def _accept(self, listener: socket.socket, token: bytes) -> dict[int, socket.socket]:
         got: dict[int, socket.socket] = {}
@@ -134,6 +175,7 @@ class ReplicaSockets:
             if not ok or their_token != token or src not in self.sources or src in got:
                 conn.close()  # not one of this job's ranks, or not one that sends here
                 continue
+            conn.sendall(_ACK)
             conn.settimeout(None)
             got[src] = conn
         return got
@@ -184,10 +226,10 @@ class ReplicaSockets:
         if not self._in:
             return
         sel = selectors.DefaultSelector()
-        for src, sock in self._in.items():
-            sel.register(sock, selectors.EVENT_READ, src)
         head = bytearray(_LEN.size)
         try:
+            for src, sock in self._in.items():
+                sel.register(sock, selectors.EVENT_READ, src)
             while True:
                 for key, _ in sel.select():
                     sock = key.fileobj

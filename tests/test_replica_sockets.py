@@ -73,7 +73,7 @@ def test_a_connection_without_the_token_is_closed_unread() -> None:
     def rank1_allgather(value: Any) -> list[Any]:
         peers = ags[1](value)
         # Before rank 1 connects, someone else reaches rank 0's listener claiming to be rank 1.
-        s = socket.create_connection((peers[0]["host"], peers[0]["port"]), timeout=10)
+        s = socket.create_connection((peers[0]["hosts"][0], peers[0]["port"]), timeout=10)
         s.sendall(struct.pack("<32sI", b"0" * 32, 1))
         intruder["sock"] = s
         return peers
