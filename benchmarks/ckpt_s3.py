@@ -6,6 +6,7 @@ figure beside its peer in the same run.
     python benchmarks/ckpt_s3.py --small        # a 10M model, for a quick look
     python benchmarks/ckpt_s3.py --restore-only # where a bucket restore's time goes (minutes)
     python benchmarks/ckpt_s3.py --bytes-only   # 134M GPT: upload bytes, default vs local chains
+    python benchmarks/ckpt_s3.py --bytes-only --restores  # ... and each checkpoint's restore, timed
 
 Sections:
   clients   the same 4 MiB random objects PUT in parallel by boto3 and by
@@ -166,24 +167,38 @@ class Tiered:
 
 
 def restore_pair(t: Tiered, st: Any, threads: int) -> dict[str, Any]:
+    os.sync()
+    local_s = _timed_restore_local(t.dir, st, threads)
+    bucket_s = _timed_restore_bucket(t.store, st, threads)
+    return {"local_s": local_s, "bucket_s": bucket_s, "ratio": bucket_s / local_s, "bit_identical": True}
+
+
+def _timed_restore_local(directory: Path, st: Any, threads: int) -> float:
+    """Seconds to restore the newest checkpoint from the local tier alone (checked bit-exact)."""
     from hetrun.runtime.ckpt import CheckpointStore, Tier
+
+    t0 = time.perf_counter()
+    local = CheckpointStore([Tier(directory)], threads=threads).restore()
+    seconds = time.perf_counter() - t0
+    assert local is not None and same(local.state, st)
+    return seconds
+
+
+def _timed_restore_bucket(store: Any, st: Any, threads: int) -> float:
+    """Seconds to restore the newest checkpoint from ``store``'s prefix alone, as a job restores
+    (a fresh store, objects held in memory), checked bit-exact."""
+    from hetrun.runtime.ckpt import CheckpointStore
     from hetrun.runtime.ckpt.object_store import ObjectStore
     from hetrun.runtime.ckpt.object_tier import MEMORY_BYTES, BucketTier
 
-    os.sync()
-    t0 = time.perf_counter()
-    local = CheckpointStore([Tier(t.dir)], threads=threads).restore()
-    local_s = time.perf_counter() - t0
-    assert local is not None and same(local.state, st)
-    del local
-    tier = BucketTier(ObjectStore(t.store.url, env=t.store.env, threads=t.store.threads), ROOT / "cache",
-                      memory_bytes=MEMORY_BYTES)  # as a job restores
+    tier = BucketTier(ObjectStore(store.url, env=store.env, threads=store.threads), ROOT / "cache",
+                      memory_bytes=MEMORY_BYTES)
     t0 = time.perf_counter()
     remote = CheckpointStore([tier], threads=threads).restore()
-    bucket_s = time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
     assert remote is not None and remote.tier == "object" and same(remote.state, st)
     shutil.rmtree(ROOT / "cache", ignore_errors=True)
-    return {"local_s": local_s, "bucket_s": bucket_s, "ratio": bucket_s / local_s, "bit_identical": True}
+    return seconds
 
 
 def restore_breakdown(srv: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -376,7 +391,8 @@ def gpt_bytes(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
     the same local tier: with the default ``max_fetch_ratio`` and with 64 (the local
     tier's delta chains). Reports the bytes each upload sent, what the local store
     added on disk for the step, and what a restore of the step from each prefix would
-    download (every object the shard's chunks reach in that bucket). No timings."""
+    download (every object the shard's chunks reach in that bucket). With ``--restores``, each
+    checkpoint is also restored from the local tier and from each prefix alone, timed."""
     from hetrun.runtime.ckpt.object_store import ObjectStore
     from hetrun.runtime.ckpt.object_upload import ObjectUploader
 
@@ -419,6 +435,14 @@ def gpt_bytes(args: argparse.Namespace, srv: Any) -> dict[str, Any]:
                "objects": out["objects"], "load1": os.getloadavg()[0]}
         row["default_over_local"] = row["default_uploaded_bytes"] / row["local_added_bytes"]
         row["local_chains_over_local"] = row["local_chains_uploaded_bytes"] / row["local_added_bytes"]
+        if args.restores:
+            # This checkpoint is the newest in all three: each restored alone, in turn, bit-exact.
+            os.sync()
+            row["restore_local_s"] = _timed_restore_local(t.dir, st, args.threads)
+            row["restore_default_s"] = _timed_restore_bucket(t.store, st, args.threads)
+            row["restore_local_chains_s"] = _timed_restore_bucket(other, st, args.threads)
+            row["restore_default_ratio"] = row["restore_default_s"] / row["restore_local_s"]
+            row["restore_local_chains_ratio"] = row["restore_local_chains_s"] / row["restore_local_s"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     res["checkpoints"] = rows
@@ -450,6 +474,8 @@ def main() -> None:
                     help="only the restore breakdown (a synthetic 160 MB state, minutes instead of an hour)")
     ap.add_argument("--bytes-only", action="store_true",
                     help="only the GPT's upload bytes, default max_fetch_ratio beside 64 (no timings)")
+    ap.add_argument("--restores", action="store_true",
+                    help="--bytes-only: also time each checkpoint's restore from the local tier and from each prefix")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of --restore-only")
     ap.add_argument("--max-delta-chain", type=int, default=None,
                     help="--restore-only: the writer's max_delta_chain (default: the writer's; 1: standalone)")
