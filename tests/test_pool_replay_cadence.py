@@ -24,21 +24,18 @@ def _sched(conf: str) -> list[str]:
 def test_both_pools_get_the_cadence(tmp_path: Path, cadence: str, line: str) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(replay.POLICY)
-    assert _sched(replay.ReplayPool(cadence=cadence).render_conf()) == [line]
-    # The policy side keeps its own item (scheduling.checkpointed: preempt_strict_order) beside the cadence.
-    ours = "SchedulerParameters=preempt_strict_order"
-    want = ours if line.startswith("#") else line.replace("SchedulerParameters=", ours + ",")
-    assert _sched(replay.ReplayPool(policy=policy, cadence=cadence).render_conf()) == [want]
+    for pool in (replay.ReplayPool(cadence=cadence), replay.ReplayPool(policy=policy, cadence=cadence)):
+        assert _sched(pool.render_conf()) == [line]
 
 
 def test_a_policy_backfill_block_survives_the_cadence(tmp_path: Path) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text(replay.with_backfill(replay.POLICY, "{min_reserve_tier: high, busy_nodes: true}"))
     conf = replay.ReplayPool(policy=policy, cadence="compressed").render_conf()
-    assert _sched(conf) == ["SchedulerParameters=bf_min_prio_reserve=4434,bf_busy_nodes,preempt_strict_order,"
+    assert _sched(conf) == ["SchedulerParameters=bf_min_prio_reserve=4434,bf_busy_nodes,"
                             "bf_interval=1,sched_interval=1,bf_resolution=1,bf_continue"]
     conf = replay.ReplayPool(policy=policy, cadence="slurm-default").render_conf()
-    assert _sched(conf) == ["SchedulerParameters=bf_min_prio_reserve=4434,bf_busy_nodes,preempt_strict_order"]
+    assert _sched(conf) == ["SchedulerParameters=bf_min_prio_reserve=4434,bf_busy_nodes"]
 
 
 def test_time_limits_tight_and_fixed() -> None:

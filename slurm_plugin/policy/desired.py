@@ -177,7 +177,7 @@ def _conf(policy: PolicySpec, reserve: int | None = None) -> list[ConfSetting]:
                                 "time_slicing.slice_seconds"))
     conf += _isolation_conf(policy)
     conf += _gres_conf(policy)
-    conf += _scheduler_conf(policy, reserve)
+    conf += _backfill_conf(policy, reserve)
     if policy.power:
         conf += [
             ConfSetting("SuspendTime", str(v.time_seconds(str(policy.power.idle_after))), "power.idle_after"),
@@ -239,30 +239,19 @@ def min_reserve_priority(policy: PolicySpec, tier: str) -> tuple[int, str | None
                        f"{lowest_reserving}; raise priority_weights.qos or space the tiers' priorities further")
 
 
-def _scheduler_conf(policy: PolicySpec, reserve: int | None) -> list[ConfSetting]:
-    """SchedulerParameters, one setting (slurm.conf has one line): the backfill's items and, with
-    ``scheduling.checkpointed``, ``preempt_strict_order``. ``reserve``: bf_min_prio_reserve
-    (``min_reserve_priority``, computed once by ``desired_state``).
-
-    Why strict order: the ``_ckpt`` QOS sits below its tier so that preempt/qos takes those jobs
-    first, but cons_tres, by default, preempts whatever jobs hold the nodes it picks for the
-    preemptor; in the pool replay a critical job preempted a plain sleep (all its work lost) while
-    checkpointing jobs in the same partition would have made room (benchmarks/pool.md).
-    preempt_strict_order makes it try the lowest-priority candidates first."""
+def _backfill_conf(policy: PolicySpec, reserve: int | None) -> list[ConfSetting]:
+    """``reserve``: bf_min_prio_reserve (``min_reserve_priority``, computed once by ``desired_state``)."""
     sched = policy.resources.gpu.scheduling if policy.resources.gpu else None
     backfill = sched.backfill if sched else None
-    items, why = [], []
-    if backfill is not None:
-        if reserve is not None:
-            items.append(f"bf_min_prio_reserve={reserve}")
-        if backfill.busy_nodes:
-            items.append("bf_busy_nodes")
-        if items:
-            why.append("scheduling.backfill: fewer idle nodes held for pending jobs")
-    if policy.preemption and policy.checkpointed is not None:
-        items.append("preempt_strict_order")
-        why.append("scheduling.checkpointed: preempt the lowest-priority jobs (the _ckpt QOS) first")
-    return [ConfSetting("SchedulerParameters", ",".join(items), "; ".join(why), True)] if items else []
+    if backfill is None:
+        return []
+    items = []
+    if reserve is not None:
+        items.append(f"bf_min_prio_reserve={reserve}")
+    if backfill.busy_nodes:
+        items.append("bf_busy_nodes")
+    why = "scheduling.backfill: fewer idle nodes held for pending jobs"
+    return [ConfSetting("SchedulerParameters", ",".join(items), why, True)] if items else []
 
 
 def _manual(policy: PolicySpec, cgroup: CgroupSupport | None) -> list[str]:
