@@ -11,7 +11,7 @@ bytes and small values:
   its handle's ``wait()`` returns the maximum.
 - ``bind(sources, dests, deliver)``, ``send(dests, blob)``, ``poll()``, ``drain()``: replicas.
   ``bind`` is collective; ``send`` never waits for a partner; every replica that arrives is
-  handed to ``deliver`` (which verifies and writes it); ``drain`` is collective: every replica
+  handed to ``deliver`` (which files it; a restore verifies it); ``drain`` is collective: every replica
   sent has been delivered before any rank returns.
 - ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
   out, the one blob from ``source`` (None: none) comes back.
@@ -170,7 +170,7 @@ class GlooTransport:
 
     @property
     def thread_cpu_s(self) -> float:
-        """CPU seconds of the replica streams' threads (sending, receiving, verifying, writing):
+        """CPU seconds of the replica streams' threads (sending, receiving, writing):
         off the training thread, but on the same cores and under the same GIL, so the adaptive
         N counts it."""
         return 0.0 if self._streams is None else self._streams.thread_cpu_s

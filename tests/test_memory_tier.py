@@ -41,7 +41,7 @@ def test_encode_decode_round_trip_exact() -> None:
     assert back["empty"].numel() == 0
 
 
-@pytest.mark.parametrize("where", ["magic", "header", "payload", "truncated"])
+@pytest.mark.parametrize("where", ["magic", "ids", "header", "payload", "truncated"])
 def test_flipped_byte_is_detected(where: str) -> None:
     from hetrun.runtime.ckpt import memory
 
@@ -50,6 +50,8 @@ def test_flipped_byte_is_detected(where: str) -> None:
     blob = memory.encode(2, 0, _tree(2, 0))
     if where == "magic":
         blob[0] ^= 1
+    elif where == "ids":  # the prefix's owner/step, which a partner files a replica by
+        blob[memory._IDS_AT] ^= 1
     elif where == "header":
         blob[memory._PREFIX + 10] ^= 1
     elif where == "payload":

@@ -96,11 +96,17 @@ def encode(step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None)
     return out
 
 
-def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
-    """The verified header and where the payload starts."""
+def _prefix(blob: Any, where: str) -> memoryview:
+    """A view of ``blob`` once its magic and prefix length are right."""
     view = memoryview(blob)
     if len(view) < _PREFIX or bytes(view[:len(MAGIC)]) != MAGIC:
         raise CheckpointError(f"{where}: not a memory snapshot (bad magic); corrupt")
+    return view
+
+
+def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
+    """The verified header and where the payload starts."""
+    view = _prefix(blob, where)
     (n,) = struct.unpack_from("<I", view, len(MAGIC))
     if n > _HEADER_MAX or _PREFIX + n > len(view):
         raise CheckpointError(f"{where}: header length {n} out of range; corrupt")
@@ -113,19 +119,17 @@ def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:
         raise CheckpointError(f"{where}: header is not JSON; corrupt") from exc
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CheckpointError(f"{where}: unknown format {doc.get('format') if isinstance(doc, dict) else doc!r}")
-    if _IDS.unpack_from(view, _IDS_AT) != (doc.get("owner"), doc.get("step")):
-        raise CheckpointError(f"{where}: prefix names rank {_IDS.unpack_from(view, _IDS_AT)[0]} step "
-                              f"{_IDS.unpack_from(view, _IDS_AT)[1]}, header rank {doc.get('owner')} step {doc.get('step')}; corrupt")
+    owner, step = _IDS.unpack_from(view, _IDS_AT)
+    if (owner, step) != (doc.get("owner"), doc.get("step")):
+        raise CheckpointError(f"{where}: prefix names rank {owner} step {step}, header rank {doc.get('owner')} "
+                              f"step {doc.get('step')}; corrupt")
     return doc, _PREFIX + n
 
 
 def peek(blob: Any, where: str = "memory snapshot") -> tuple[int, int]:
     """(owner, step) from the prefix alone: where a received replica is filed. Not a
     verification: ``verify``/``decode`` check everything before a copy is used."""
-    view = memoryview(blob)
-    if len(view) < _PREFIX or bytes(view[:len(MAGIC)]) != MAGIC:
-        raise CheckpointError(f"{where}: not a memory snapshot (bad magic); corrupt")
-    owner, step = _IDS.unpack_from(view, _IDS_AT)
+    owner, step = _IDS.unpack_from(_prefix(blob, where), _IDS_AT)
     return int(owner), int(step)
 
 
