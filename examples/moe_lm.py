@@ -96,6 +96,10 @@ class MoELMWorkload(Workload):
             fused=args.fused,
         ).to(self.device)
         self.weight_decay = args.weight_decay
+        # Only a component that optimizes has an optimizer, in its state too: an evaluator
+        # that built one for its checkpoints paid torch._dynamo's import (about 1 CPU-s) on
+        # every restart, beside the learners it waits for (benchmarks/node_death.md).
+        self.optimizes = own_actions is None or "optimize" in own_actions
         self._optimizer: torch.optim.AdamW | None = None  # built on first use (learners only)
         self.corpus = ByteCorpus.from_stdlib(args.corpus_bytes, args.heldout_every)
         self.step = 0
@@ -272,24 +276,26 @@ class MoELMWorkload(Workload):
 
     # --- checkpoints ---
     def state_dict(self) -> dict[str, Any]:
-        opt = self.optimizer.state_dict()
-        return {
+        state: dict[str, Any] = {
             "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": {
-                "state": {
-                    str(i): {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v)
-                             for k, v in s.items()}
-                    for i, s in opt["state"].items()
-                },
-                "param_groups": [
-                    {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
-                    for g in opt["param_groups"]
-                ],
-            },
             "step": self.step,
             "expert_range": list(self.expert_range),
             "config": self.cfg.to_dict(),
         }
+        if not self.optimizes:
+            return state
+        opt = self.optimizer.state_dict()
+        state["optimizer"] = {
+            "state": {
+                str(i): {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                for i, s in opt["state"].items()
+            },
+            "param_groups": [
+                {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()}
+                for g in opt["param_groups"]
+            ],
+        }
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if list(state.get("expert_range", [])) != list(self.expert_range):
@@ -305,6 +311,16 @@ class MoELMWorkload(Workload):
                 hint="resume with the workload_args of the checkpointed run",
             )
         self.model.load_state_dict(state["model"])
+        self.step = int(state["step"])
+        if not self.optimizes:
+            # An evaluator's checkpoint from before it stopped saving one holds an unused optimizer: ignored.
+            return
+        if "optimizer" not in state:
+            raise CheckpointError(
+                f"MoE LM: rank {self.ctx.comp_rank} of {self.ctx.component!r} optimizes but its "
+                "checkpoint holds no optimizer state",
+                hint="resume from a checkpoint written by this component (its learners save their optimizer)",
+            )
         opt = state["optimizer"]
         self.optimizer.load_state_dict(
             {
@@ -315,7 +331,6 @@ class MoELMWorkload(Workload):
                 ],
             }
         )
-        self.step = int(state["step"])
         if self._publishing:
             self._gather_full_state()  # restore runs on every rank: a collective is safe
 

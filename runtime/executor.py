@@ -280,7 +280,7 @@ class Executor:
             names = sorted(groups)
             mine = groups[self.world.node]
             color = names.index(self.world.node) if len(mine) >= 2 else MPI.UNDEFINED
-            sub = self.world.comp_comm.Split(color=color, key=self.world.rank)
+            sub = mpi_wait.split(self.world.comp_comm, color, self.world.rank)
             if len(mine) >= 2:
                 self._shared_groups[producer_id] = (sub, mine[0], self.in_state[producer_id])
 

@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from hetrun.runtime import mpi_wait
+
 Deliver = Callable[[Any], None]
 DRAIN_TIMEOUT_S = 300.0  # close(): a partner that never drains its replica stream is reported, not waited on forever
 
@@ -59,7 +61,7 @@ class MPITransport:
     TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
 
     def __init__(self, comm: Any) -> None:
-        self.comm = comm.Dup()
+        self.comm = mpi_wait.dup(comm)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         self._deliver: Deliver = lambda _blob: None
@@ -67,7 +69,7 @@ class MPITransport:
         self._recvs: list[tuple[Any, bytearray]] = []  # replicas being received
 
     def allgather(self, value: Any) -> list[Any]:
-        return list(self.comm.allgather(value))
+        return mpi_wait.allgather(self.comm, value)
 
     def start_max(self, value: int) -> Any:
         import numpy as np
@@ -118,7 +120,7 @@ class MPITransport:
         self.poll()
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        mpi_wait.meet(self.comm)
 
     def exchange(self, sends: dict[int, Any], source: int | None) -> Any:
         from mpi4py import MPI
@@ -127,11 +129,11 @@ class MPITransport:
         blob: Any = None
         if source is not None:
             status = MPI.Status()
-            self.comm.Probe(source=source, tag=self.TAG_RESTORE, status=status)
+            mpi_wait.probe(self.comm, source, self.TAG_RESTORE, status)
             blob = bytearray(status.Get_count(MPI.BYTE))
             self.comm.Recv([blob, MPI.BYTE], source=source, tag=self.TAG_RESTORE)
         for r in reqs:
-            r.Wait()
+            mpi_wait.wait_politely(r)
         return blob
 
 
@@ -142,7 +144,7 @@ class _MPIMax:
         self.req, self.mine, self.got = req, mine, got  # buffers live until complete
 
     def wait(self) -> int:
-        self.req.Wait()
+        mpi_wait.wait_politely(self.req)
         return int(self.got[0])
 
 

@@ -46,6 +46,29 @@ def allgather(comm: Any, value: Any) -> list[Any]:
     return list(comm.allgather(value))
 
 
+def dup(comm: Any) -> Any:
+    """``comm.Dup()`` without busy-waiting: creating a communicator is a collective, and a
+    rank that gets there first spins in it (measured in a restarted MoE LM: the evaluator
+    spun in its agreement's ``Dup`` while the four learners loaded their state)."""
+    meet(comm)
+    return comm.Dup()
+
+
+def split(comm: Any, color: int, key: int) -> Any:
+    """``comm.Split(color, key)`` without busy-waiting (as ``dup``)."""
+    meet(comm)
+    return comm.Split(color=color, key=key)
+
+
+def probe(comm: Any, source: int, tag: int, status: Any, *, max_sleep: float = 0.001) -> None:
+    """``comm.Probe(source, tag, status)`` without busy-waiting for a late sender."""
+    for _ in range(SPIN_TESTS):
+        if comm.Iprobe(source=source, tag=tag, status=status):
+            return
+    poll_until(lambda: comm.Iprobe(source=source, tag=tag, status=status),
+               Backoff(first=min(10e-6, max_sleep), most=max_sleep))
+
+
 def bcast(comm: Any, value: Any, root: int = 0) -> Any:
     """``comm.bcast(value, root)`` without busy-waiting for a late root."""
     meet(comm)

@@ -1,6 +1,7 @@
 """The runtime's start-up collectives wait for late ranks without burning a core.
 
-Real Open MPI ranks: rank 1 arrives 1.5 s late at each collective. With a
+Real Open MPI ranks: rank 1 arrives late at each collective (gather, broadcast,
+a communicator's Dup and Split, a probe for its message, a barrier). With a
 blocking MPI_Allgather rank 0 would spend ~1.5 CPU-s per collective polling
 (Open MPI busy-waits); through hetrun.runtime.mpi_wait it must sleep instead,
 and every collective must still return the right values.
@@ -12,7 +13,7 @@ import json
 
 from mpi_helpers import json_records, needs_mpirun, run_ranks
 
-LATE_S = 1.5
+LATE_S = 1.0
 
 
 @needs_mpirun
@@ -24,7 +25,9 @@ def test_late_rank_does_not_cost_the_waiting_rank_a_core() -> None:
     waiter = by_rank[0]
     assert waiter["gathered"] == [[0, "a"], [1, "b"]]
     assert waiter["bcast"] == {"from": 1}
-    assert waiter["wall_s"] >= 3 * LATE_S * 0.9  # it really waited (three late arrivals)
+    assert waiter["dup_size"] == 2 and waiter["split_size"] == 1  # Split by rank: a group each
+    assert waiter["probed"] == [7, 1]  # the late sender's message, probed then received
+    assert waiter["wall_s"] >= 6 * LATE_S * 0.9  # it really waited (six late arrivals)
     # Blocking collectives would use about wall_s of CPU here; sleeping waits a few percent.
     assert waiter["cpu_s"] < 0.25 * waiter["wall_s"], waiter
 
@@ -47,8 +50,22 @@ def _rank_main() -> None:
     got = mpi_wait.bcast(comm, {"from": 1} if rank == 1 else None, root=1)
     if rank == 1:
         time.sleep(LATE_S)
+    dup = mpi_wait.dup(comm)
+    if rank == 1:
+        time.sleep(LATE_S)
+    split = mpi_wait.split(comm, rank, rank)
+    probed = None
+    if rank == 1:
+        time.sleep(LATE_S)
+        comm.send([7, 1], dest=0, tag=5)
+    else:
+        mpi_wait.probe(comm, 1, 5, MPI.Status())
+        probed = comm.recv(source=1, tag=5)
+    if rank == 1:
+        time.sleep(LATE_S)
     mpi_wait.meet(comm)
-    out = {"rank": rank, "gathered": gathered, "bcast": got,
+    out = {"rank": rank, "gathered": gathered, "bcast": got, "dup_size": dup.Get_size(),
+           "split_size": split.Get_size(), "probed": probed,
            "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0}
     print(json.dumps(out), flush=True)
 

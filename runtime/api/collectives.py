@@ -92,9 +92,10 @@ class MPIMaxReduce:
     """The same over a private duplicate of an mpi4py communicator (Iallreduce)."""
 
     def __init__(self, comm: Any) -> None:
+        from hetrun.runtime import mpi_wait
         from mpi4py import MPI
 
-        self.comm = comm.Dup()
+        self.comm = mpi_wait.dup(comm)
         self._max = MPI.MAX
 
     def post(self, level: int, stride: int) -> Any:

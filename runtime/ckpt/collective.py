@@ -49,7 +49,7 @@ class MPICollective:
                 hint="keep mpi4py's default (mpi4py.rc.thread_level = 'multiple') or use an "
                 "MPI built with thread support",
             )
-        self._comm = comm.Dup()
+        self._comm = mpi_wait.dup(comm)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
 
