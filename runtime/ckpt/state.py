@@ -36,12 +36,33 @@ class Leaf:
     itemsize: int
 
 
+class _Unstorable(Exception):
+    """A value ``flatten`` cannot store: the message, and the path to it, built as the
+    exception rises (``flatten`` runs every memory snapshot: no path strings on the way down)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.hint, self.keys = message, hint, []
+
+
+# torch.dtype -> its name in the leaf ("float32"), or None when the store cannot hold it.
+_DTYPE_NAMES: dict[Any, str | None] = {}
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    name = _DTYPE_NAMES.get(dtype, "")
+    if name == "":
+        name = str(dtype).removeprefix("torch.")
+        name = _DTYPE_NAMES[dtype] = name if name in _TORCH_DTYPES else None
+    return name
+
+
 def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[Leaf]]:
     """(skeleton, tensors as contiguous CPU-or-device torch tensors, leaf metadata)."""
     tensors: list[torch.Tensor] = []
     leaves: list[Leaf] = []
 
-    def walk(obj: Any, path: str) -> Any:
+    def walk(obj: Any) -> Any:
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return obj
         # A list or tuple of plain scalars (Python's RNG state: 625 ints) is its own skeleton:
@@ -51,41 +72,51 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[Leaf]]:
             return {"L" if type(obj) is list else "U": list(obj)}
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
-            name = str(t.dtype).removeprefix("torch.")
-            if name not in _TORCH_DTYPES:
-                raise CheckpointError(f"state{path}: tensor dtype {t.dtype} is not supported")
-            leaves.append(Leaf("torch", name, list(t.shape), t.numel() * t.element_size(), t.element_size()))
+            name = _dtype_name(t.dtype)
+            if name is None:
+                raise _Unstorable(f"tensor dtype {t.dtype} is not supported")
+            size = t.element_size()
+            leaves.append(Leaf("torch", name, list(t.shape), t.numel() * size, size))
             tensors.append(t)
             return {"T": len(tensors) - 1}
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
-                raise CheckpointError(f"state{path}: numpy object arrays cannot be stored without pickle")
+                raise _Unstorable("numpy object arrays cannot be stored without pickle")
             arr = np.ascontiguousarray(obj)
             leaves.append(Leaf("numpy", arr.dtype.str, list(arr.shape), arr.nbytes, arr.dtype.itemsize))
             tensors.append(torch.from_numpy(arr.reshape(-1).view(np.uint8)) if arr.size else torch.empty(0, dtype=torch.uint8))
             return {"N": len(tensors) - 1}
         if isinstance(obj, np.generic):
-            return walk(obj.item(), path)
+            return walk(obj.item())
         if isinstance(obj, dict):
             items = []
             for k, v in obj.items():
                 if isinstance(k, bool) or not isinstance(k, (str, int)):
-                    raise CheckpointError(
-                        f"state{path}: dict key {k!r} of type {type(k).__name__} is not supported",
-                        hint="use str or int keys in state_dict()",
-                    )
-                items.append([k, walk(v, f"{path}[{k!r}]")])
+                    raise _Unstorable(f"dict key {k!r} of type {type(k).__name__} is not supported",
+                                      "use str or int keys in state_dict()")
+                try:
+                    items.append([k, walk(v)])
+                except _Unstorable as exc:
+                    exc.keys.append(k)
+                    raise
             return {"D": items}
-        if isinstance(obj, list):
-            return {"L": [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
-        if isinstance(obj, tuple):
-            return {"U": [walk(v, f"{path}[{i}]") for i, v in enumerate(obj)]}
-        raise CheckpointError(
-            f"state{path}: value of type {type(obj).__name__} cannot be stored without pickle",
-            hint="state_dict() may hold tensors, numpy arrays, dicts, lists, tuples and JSON scalars",
-        )
+        if isinstance(obj, (list, tuple)):
+            out = []
+            for i, v in enumerate(obj):
+                try:
+                    out.append(walk(v))
+                except _Unstorable as exc:
+                    exc.keys.append(i)
+                    raise
+            return {"L" if isinstance(obj, list) else "U": out}
+        raise _Unstorable(f"value of type {type(obj).__name__} cannot be stored without pickle",
+                          "state_dict() may hold tensors, numpy arrays, dicts, lists, tuples and JSON scalars")
 
-    return walk(state, ""), tensors, leaves
+    try:
+        return walk(state), tensors, leaves
+    except _Unstorable as exc:
+        path = "".join(f"[{k!r}]" for k in reversed(exc.keys))
+        raise CheckpointError(f"state{path}: {exc.message}", hint=exc.hint) from None
 
 
 def leaf_from_doc(doc: Any, where: str) -> Leaf:
