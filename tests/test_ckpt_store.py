@@ -801,3 +801,15 @@ def test_objects_are_named_by_blake3_and_sha256_named_stores_still_restore_and_v
     _rewrite_shard(tmp_path / "old", 30, lambda d: d.update(names="md5"))
     with pytest.raises(CheckpointError, match="'md5', unknown to this hetrun version"):
         open_store(tmp_path / "old").load_rank(30, 0)
+
+
+def test_an_unstorable_value_is_named_by_its_path() -> None:
+    """The error names where in the state the value sits (built only when one is found)."""
+    from hetrun.runtime.ckpt import state
+
+    with pytest.raises(CheckpointError, match=r"state\['a'\]\[1\]\['b'\]: value of type object cannot be stored"):
+        state.flatten({"a": [1, {"b": object()}]})
+    with pytest.raises(CheckpointError, match=r"state\['x'\]\[3\]: tensor dtype torch.quint8 is not supported"):
+        state.flatten({"x": {3: torch.quantize_per_tensor(torch.zeros(2), 1.0, 0, torch.quint8)}})
+    with pytest.raises(CheckpointError, match=r"state\['k'\]: dict key \(1, 2\) of type tuple"):
+        state.flatten({"k": {(1, 2): 1}})
