@@ -28,10 +28,14 @@ def wait_politely(request: Any, *, max_sleep: float = 0.001, spin_tests: int = S
     """Complete an MPI ``request``: a few tests, then tests between sleeps
     doubling up to ``max_sleep`` (the most a completed wait can overshoot).
     Each test drives Open MPI's progress engine, so bytes keep moving."""
+    _until(request.Test, max_sleep, spin_tests)
+
+
+def _until(test: Any, max_sleep: float, spin_tests: int = SPIN_TESTS) -> None:
     for _ in range(spin_tests):
-        if request.Test():
+        if test():
             return
-    poll_until(request.Test, Backoff(first=min(10e-6, max_sleep), most=max_sleep))
+    poll_until(test, Backoff(first=min(10e-6, max_sleep), most=max_sleep))
 
 
 def meet(comm: Any) -> None:
@@ -62,11 +66,7 @@ def split(comm: Any, color: int, key: int) -> Any:
 
 def probe(comm: Any, source: int, tag: int, status: Any, *, max_sleep: float = 0.001) -> None:
     """``comm.Probe(source, tag, status)`` without busy-waiting for a late sender."""
-    for _ in range(SPIN_TESTS):
-        if comm.Iprobe(source=source, tag=tag, status=status):
-            return
-    poll_until(lambda: comm.Iprobe(source=source, tag=tag, status=status),
-               Backoff(first=min(10e-6, max_sleep), most=max_sleep))
+    _until(lambda: comm.Iprobe(source=source, tag=tag, status=status), max_sleep)
 
 
 def bcast(comm: Any, value: Any, root: int = 0) -> Any:
