@@ -169,7 +169,7 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
     # torch is what every workload needs and the longest import of a start:
     # dated here so the startup event shows it apart from process groups.
     world.timings["torch_import_start"] = time.time()
-    with collector_paused():  # runtime/gc_pause.py: the imports' objects are not garbage
+    with collector_paused(then_freeze=True):  # runtime/gc_pause.py: the imports' objects are not garbage
         import torch  # noqa: F401
 
         world.timings["torch_imported"] = time.time()

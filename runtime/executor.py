@@ -312,7 +312,7 @@ class Executor:
     def run(self) -> int:
         # The workload's imports, its model and optimizer (whose first use imports
         # torch._dynamo) and the restore: runtime/gc_pause.py.
-        with collector_paused():
+        with collector_paused(then_freeze=True):
             start = self._start()
         assert self.agreement is not None
         last_done = start - 1
