@@ -285,9 +285,11 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
 MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
 
 
-def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int) -> dict[str, Any]:
+def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int,
+             example: str = "ppo") -> dict[str, Any]:
     """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
-    as Slurm jobs on the cluster (learner and rollout on two nodes: the replica crosses
+    as Slurm jobs on the cluster (PPO: learner and rollout on two nodes; the MoE LM
+    (``example="moe"``): the learner's two nodes and the evaluator's; the replicas cross
     nodes), interleaved (the order rotates each round); iterations ``skip``..N, so the
     adaptive N (agreed from iteration 4, applied from 8; memory_tier.AGREE_EVERY) is settled in the window. Beside
     the A/B, each run's own share: the tier's seconds per rank (``memory_tier`` events,
@@ -304,7 +306,7 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
     runs = []
     for i in range(pairs):
         for label, every in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
-            res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp")), backend="sbatch",
+            res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp", example=example)), backend="sbatch",
                               runs_dir=BASE / "overhead")
             wait_for_end(res.run, SbatchBackend(), timeout_s=900, poll_s=1)
             d = Path(res.run.run_dir)
@@ -360,12 +362,12 @@ def main() -> None:
                         "deaths only)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
     args = p.parse_args()
-    if args.example != "ppo" and (args.requeue_kills or args.pairs):
-        p.error("--example moe measures the spare-node path only: add --requeue-kills 0 --pairs 0")
+    if args.example != "ppo" and args.requeue_kills:
+        p.error("--example moe measures the spare-node path and the overhead only: add --requeue-kills 0")
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
     if args.overhead_only and args.shared_cluster:
         # No node is killed: the shared test cluster (2 of its nodes) will do.
-        result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip)
+        result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip, args.example)
         _save(args.out, result)
         return
     cluster = NodeCluster()
@@ -384,7 +386,7 @@ def main() -> None:
                     result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
                     result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
         if args.pairs:
-            result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip)
+            result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip, args.example)
     finally:
         cluster.stop()
     _save(args.out, result)
