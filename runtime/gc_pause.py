@@ -28,8 +28,6 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-_unfreeze_at_exit = False
-
 
 @contextlib.contextmanager
 def collector_paused(then_freeze: bool = False) -> Iterator[None]:
@@ -42,13 +40,7 @@ def collector_paused(then_freeze: bool = False) -> Iterator[None]:
     finally:
         if was_enabled:
             if then_freeze:
-                _freeze()
+                gc.freeze()
+                atexit.unregister(gc.unfreeze)  # registered once, however many starts freeze
+                atexit.register(gc.unfreeze)
             gc.enable()
-
-
-def _freeze() -> None:
-    global _unfreeze_at_exit
-    gc.freeze()
-    if not _unfreeze_at_exit:
-        atexit.register(gc.unfreeze)
-        _unfreeze_at_exit = True
