@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from hetrun.errors import SlurmError
@@ -261,6 +263,9 @@ def render_slurm_conf(cfg: ClusterConfig, shards_per_gpu: int = 0) -> str:
         "JobRequeue=1",
         "MpiDefault=pmix",
         f"TaskProlog={d}/etc/task_prolog.sh",
+        # Starts a requeued het job as soon as its begin time passes instead of at the next
+        # unrelated scheduling event (render_requeue_nudge; docs/PREEMPTION.md).
+        f"EpilogSlurmctld={d}/etc/requeue_nudge.sh",
         "ReturnToService=2",
         "SlurmctldTimeout=30",
         "SlurmdTimeout=60",
@@ -346,6 +351,30 @@ def render_slurmdbd_conf(cfg: ClusterConfig, db_password: str) -> str:
             "",
         ]
     )
+
+
+# How long a requeue nudge's watcher waits at most: the job's completion (KillWait=30 and
+# slurmd's checks) plus Slurm's hold (cred_expire + 1) or a begin time hetrun set, with room.
+NUDGE_MAX_WAIT_S = 300
+
+
+def render_requeue_nudge(cfg: ClusterConfig) -> str:
+    """The EpilogSlurmctld that nudges the backfill scheduler when a requeued het job's begin
+    time passes (slurm_plugin/templates/requeue_nudge.sh says why). Absolute paths: slurmctld
+    runs its epilog with an environment of the job's variables only, no PATH."""
+    template = resources.files("hetrun.slurm_plugin").joinpath("templates/requeue_nudge.sh").read_text()
+    tools = {}
+    for tool in ("scontrol", "setsid"):
+        found = shutil.which(tool)
+        if found is None:
+            raise SlurmError(f"local cluster: `{tool}` is not on PATH; the requeue nudge (EpilogSlurmctld) needs it",
+                             hint="install Slurm's client commands and util-linux (bash scripts/setup.sh)")
+        tools[tool] = found
+    fields = {"@SCONTROL@": tools["scontrol"], "@SETSID@": tools["setsid"],
+              "@LOG@": str(cfg.directory / "log" / "requeue_nudge.log"), "@MAX_WAIT_S@": str(NUDGE_MAX_WAIT_S)}
+    for key, value in fields.items():
+        template = template.replace(key, shlex.quote(value))
+    return template
 
 
 def render_task_prolog(env: dict[str, str] | None = None) -> str:

@@ -20,6 +20,7 @@ from hetrun.slurm_plugin.cluster_conf import (
     fake_gpu_files,
     render_gres_conf,
     render_mpi_conf,
+    render_requeue_nudge,
     render_slurm_conf,
     render_slurmdbd_conf,
     render_task_prolog,
@@ -208,6 +209,7 @@ def write_configs(cfg: ClusterConfig) -> dict[str, bool]:
             cfg.etc / "slurmdbd.conf", render_slurmdbd_conf(cfg, db_password(cfg)), 0o600
         ),
         "task_prolog.sh": write_if_changed(cfg.etc / "task_prolog.sh", render_task_prolog(), 0o755),
+        "requeue_nudge.sh": write_if_changed(cfg.etc / "requeue_nudge.sh", render_requeue_nudge(cfg), 0o755),
     }
     write_if_changed(d / "cluster.json", cfg.to_json() + "\n")
     return changed

@@ -15,6 +15,7 @@ from hetrun.slurm_plugin.cluster_conf import (
     ClusterConfig,
     physical_memory_mb,
     render_gres_conf,
+    render_requeue_nudge,
     render_slurm_conf,
     render_slurmdbd_conf,
     render_task_prolog,
@@ -51,6 +52,7 @@ def test_slurm_conf_has_what_het_jobs_preemption_and_accounting_need(tmp_path: P
     assert conf["SelectTypeParameters"] == "CR_Core_Memory"
     assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"
     assert conf["TaskProlog"] == f"{tmp_path}/c/etc/task_prolog.sh"
+    assert conf["EpilogSlurmctld"] == f"{tmp_path}/c/etc/requeue_nudge.sh"
     assert "%n" in conf["SlurmdPidFile"] and "%n" in conf["SlurmdSpoolDir"]
     assert "NodeName=n[1-4] NodeHostname=h NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 " in text
     assert "RealMemory=4000 Gres=gpu:2" in text
@@ -169,12 +171,32 @@ def test_write_configs_reports_changes_and_protects_the_password(tmp_path: Path)
     assert (cfg.etc / "slurmdbd.conf").stat().st_mode & 0o777 == 0o600
     assert (cfg.directory / "db_password").stat().st_mode & 0o777 == 0o600
     assert os.access(cfg.etc / "task_prolog.sh", os.X_OK)
+    assert os.access(cfg.etc / "requeue_nudge.sh", os.X_OK)
     assert "PMIxCollFence=ring" in (cfg.etc / "mpi.conf").read_text().splitlines()
     assert all(p.exists() for p in (cfg.directory / "fakegpu").iterdir())
     bigger = ClusterConfig(**{**cfg.__dict__, "nodes": 5})
     changed = cluster.write_configs(bigger)
     assert changed["slurm.conf"] and changed["gres.conf"] and not changed["slurmdbd.conf"]
     assert cluster.load_config(cfg.directory) == bigger
+
+
+def test_requeue_nudge_quotes_its_paths_and_refuses_what_is_not_a_job_id(tmp_path: Path) -> None:
+    # The watcher on a real requeued het job: tests/test_requeue_hold.py.
+    cfg = ClusterConfig(directory=tmp_path / "a dir; $(true)", hostname="h")
+    (cfg.directory / "log").mkdir(parents=True)
+    script = tmp_path / "nudge.sh"
+    script.write_text(render_requeue_nudge(cfg))
+    assert "@" not in script.read_text().split("\nSCONTROL=", 1)[1].split("\nif ", 1)[0]
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+    bad = subprocess.run(["sh", str(script), "--watch", "12; touch x"], capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "not a job id" in bad.stderr and not (tmp_path / "x").exists()
+    # As the epilog of a job that is no het job's leader: returns at once and starts nothing.
+    for env in ({"SLURM_JOB_ID": "5"}, {"SLURM_JOB_ID": "6", "SLURM_HET_JOB_ID": "5", "SLURM_HET_JOB_OFFSET": "1"},
+                {"SLURM_JOB_ID": "5; x", "SLURM_HET_JOB_ID": "5", "SLURM_HET_JOB_OFFSET": "0"}):
+        done = subprocess.run(["sh", "-x", str(script)], env=env, capture_output=True, text=True)
+        traced = done.stderr.split("MAX_WAIT_S=", 1)[1]  # what ran after the settings
+        assert done.returncode == 0 and "setsid" not in traced, (env, done.stderr)
+    assert not (cfg.directory / "log" / "requeue_nudge.log").exists()
 
 
 def test_liveness_checks_the_executable_not_just_the_pid(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@ preemption, without preempting other tests' jobs on a node) and Slurm holds it
 (``scontrol update StartTime=now``, what tests/preempt_helpers.py does for every
 other requeue test) and it runs again. A hetrun job requeued the same way
 shortens the hold itself from its post-mortem, says so in events.jsonl and the
-batch log, and Slurm keeps the begin time hetrun set.
+batch log, and Slurm keeps the begin time hetrun set. A requeued het job left
+held starts when its begin time passes: the cluster's EpilogSlurmctld
+(slurm_plugin/templates/requeue_nudge.sh) touches it then, since Slurm's backfill
+scheduler, the only one that starts het jobs, waits for a change.
 """
 
 from __future__ import annotations
@@ -135,3 +138,37 @@ def test_a_requeued_hetrun_job_shortens_its_own_hold_and_says_so(slurm_cluster, 
     # Slurm kept hetrun's begin time instead of adding its hold (accounting: the requeued attempt's Eligible).
     attempts = _sacct_attempts(job)
     assert _seconds(attempts[1]["Submit"], attempts[1]["Eligible"]) < hold, attempts
+
+
+def _nudges(st, job: str) -> list[str]:  # type: ignore[no-untyped-def]
+    log = st.config.directory / "log" / "requeue_nudge.log"
+    return [line for line in log.read_text().splitlines() if f" JobId={job} " in line] if log.exists() else []
+
+
+def test_a_requeued_het_job_held_by_slurm_is_nudged_when_its_begin_time_passes(  # type: ignore[no-untyped-def]
+        slurm_cluster, shared_tmp: Path) -> None:
+    out = shared_tmp / "het-starts.txt"
+    script = shared_tmp / "het.sh"
+    script.write_text("#!/bin/bash\n"
+                      f"#SBATCH -p debug -n 1 --mem=50M -t 5 --requeue -J nudge-probe -o {shared_tmp}/het-%j.out\n"
+                      "#SBATCH --open-mode=append\n#SBATCH hetjob\n#SBATCH -p debug -n 1 --mem=50M\n"
+                      f'echo "restart=${{SLURM_RESTART_COUNT:-0}}" >> {out}\nsleep 300\n')
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         check=True).stdout.strip().split(";")[0]
+    try:
+        assert wait_for(lambda: out.is_file() and "restart=0" in out.read_text(), 120, 0.3), show_job(job)
+        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
+        assert wait_for(lambda: show_job(job).get("Reason") == "BeginTime", 120, 0.3), show_job(job)
+        eligible = show_job(job)["EligibleTime"]
+        # Nobody releases it: Slurm's hold runs out, and the nudge makes the backfill scheduler look.
+        assert wait_for(lambda: "restart=1" in out.read_text(), 120, 0.5), (show_job(job), _nudges(slurm_cluster, job))
+        [line] = _nudges(slurm_cluster, job)
+        assert f"eligible {eligible}, still pending: nudged the backfill scheduler" in line, line
+        assert line.endswith("(scontrol update Requeue=1: done)"), line
+        started = show_job(job)
+        assert started["JobState"] == "RUNNING" and started["Requeue"] == "1", started  # the update changed nothing
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    # Ended (cancelled), not requeued: its watcher says nothing more.
+    assert wait_for(lambda: show_job(job).get("JobState") in (None, "CANCELLED"), 60, 0.5), show_job(job)
+    assert len(_nudges(slurm_cluster, job)) == 1
