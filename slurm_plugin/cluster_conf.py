@@ -364,13 +364,14 @@ def render_requeue_nudge(cfg: ClusterConfig) -> str:
     runs its epilog with an environment of the job's variables only, no PATH."""
     template = resources.files("hetrun.slurm_plugin").joinpath("templates/requeue_nudge.sh").read_text()
     tools = {}
-    for tool in ("scontrol", "setsid"):
+    for tool in ("scontrol", "setsid", "flock"):
         found = shutil.which(tool)
         if found is None:
             raise SlurmError(f"local cluster: `{tool}` is not on PATH; the requeue nudge (EpilogSlurmctld) needs it",
                              hint="install Slurm's client commands and util-linux (bash scripts/setup.sh)")
         tools[tool] = found
-    fields = {"@SCONTROL@": tools["scontrol"], "@SETSID@": tools["setsid"],
+    fields = {"@SCONTROL@": tools["scontrol"], "@SETSID@": tools["setsid"], "@FLOCK@": tools["flock"],
+              "@LOCKS@": str(cfg.directory / "run"),
               "@LOG@": str(cfg.directory / "log" / "requeue_nudge.log"), "@MAX_WAIT_S@": str(NUDGE_MAX_WAIT_S)}
     for key, value in fields.items():
         template = template.replace(key, shlex.quote(value))

@@ -17,9 +17,12 @@
 # sleeps until its EligibleTime and updates the job once with a value it already has
 # (its own Requeue flag), which changes nothing but the controller's time stamp of the
 # last job change, so the next backfill pass (bf_interval) considers the job. A job that ended,
-# started or vanished ends the watcher; it gives up after MAX_WAIT_S.
+# started or vanished ends the watcher; it gives up after MAX_WAIT_S. A lock in LOCKS keeps
+# it to one watcher per job.
 SCONTROL=@SCONTROL@
 SETSID=@SETSID@
+FLOCK=@FLOCK@
+LOCKS=@LOCKS@
 LOG=@LOG@
 MAX_WAIT_S=@MAX_WAIT_S@
 
@@ -27,11 +30,27 @@ if [ "${1:-}" != "--watch" ]; then
     [ -n "${SLURM_HET_JOB_ID:-}" ] && [ "${SLURM_HET_JOB_OFFSET:-}" = 0 ] || exit 0
     case ${SLURM_JOB_ID:-} in '' | *[!0-9]*) exit 0 ;; esac
     "$SETSID" "$0" --watch "$SLURM_JOB_ID" </dev/null >>"$LOG" 2>&1 &
+    child=$!
+    # Return only once the watcher leads a session of its own: when its epilog exits,
+    # slurmctld kills the epilog's process group (SIGTERM, then SIGKILL 10 ms later), and a
+    # watcher still in it dies, at once or at its first wait (the TERM arrives blocked).
+    tries=0
+    while [ "$tries" -lt 200 ]; do
+        stat=$(cat "/proc/$child/stat" 2>/dev/null) || break  # gone: nothing to wait for
+        set -- ${stat##*) }  # state ppid pgrp session ...
+        [ "${4:-}" = "$child" ] && break
+        sleep 0.01
+        tries=$((tries + 1))
+    done
     exit 0
 fi
 
 job=${2:-}
 case $job in '' | *[!0-9]*) echo "requeue_nudge: not a job id: '$job'" >&2; exit 2 ;; esac
+# One watcher per job: Slurm may run the epilog of a het job's leader twice on one requeue.
+exec 9>>"$LOCKS/requeue_nudge.$job.lock"
+"$FLOCK" -n 9 || exit 0
+trap 'rm -f "$LOCKS/requeue_nudge.$job.lock"' EXIT
 
 # field NAME LINE: the value of NAME=... in a `scontrol show job -o` line.
 field() {
