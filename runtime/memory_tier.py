@@ -37,6 +37,7 @@ from typing import Any
 from hetrun.errors import CheckpointError
 
 from .ckpt import memory
+from .ckpt.memory_encode import Encoder
 from .memory_transport import wrap
 
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
@@ -116,6 +117,9 @@ class MemorySnapshots:
         self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
+        # memory.encode's blob for less of the training thread (a snapshot can come every step):
+        # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
+        self._encoder = Encoder()
         # The ranks whose partner this rank is: they send it their replicas.
         self.sources = [r for r in range(self.size) if r != self.rank
                         and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
@@ -178,7 +182,7 @@ class MemorySnapshots:
         """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners."""
         t0 = time.perf_counter()
         self.progress()
-        blob = memory.encode(step, self.rank, tree)
+        blob = self._encoder.encode(step, self.rank, tree)
         self.tier.write(self.rank, step, blob)
         if self.partners:
             self.transport.send(self.partners, blob)

@@ -142,6 +142,7 @@ class Run:
         self._last_step: int | None = None
         self._saved_step: int | None = None
         self._memory: Any = None  # hetrun.runtime.memory_tier.MemorySnapshots when the tier is on
+        self._memory_enabled: bool | None = None  # _memory_on()'s answer, once asked
         atexit.register(self._unclosed)
         preempt.install(self.ctx)  # now: USR1's default action would kill the process
         self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
@@ -239,12 +240,16 @@ class Run:
         return True
 
     def _memory_on(self) -> bool:
-        """The job's memory tier (``hetrun.runtime.recovery.memory_every``): a hetrun job, >1 rank."""
-        if self.world_size <= 1 or self.ctx.plan is None:
-            return False
-        from hetrun.runtime import recovery
+        """The job's memory tier (``hetrun.runtime.recovery.memory_every``): a hetrun job, >1 rank.
+        Asked at every step (``snapshot``): decided once, the plan and the ranks do not change."""
+        if self._memory_enabled is None:
+            if self.world_size <= 1 or self.ctx.plan is None:
+                self._memory_enabled = False
+            else:
+                from hetrun.runtime import recovery
 
-        return recovery.memory_every(self.ctx.plan) != 0
+                self._memory_enabled = recovery.memory_every(self.ctx.plan) != 0
+        return self._memory_enabled
 
     def _memory_transport(self) -> Any:
         """The tier's transport: a gloo one of its own over torch.distributed, else MPI's world

@@ -28,6 +28,7 @@ its ranks received from partners on other nodes (runtime/memory_tier.py).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -57,6 +58,8 @@ _PREFIX = _DIGEST_AT + _DIGEST_LEN
 _HEADER_MAX = 64 << 20
 _SNAP_RE = re.compile(r"([0-9]{12})\.snap")
 _OWNER_RE = re.compile(r"rank-([0-9]{6})")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+RELIST = 32  # MemoryTier.write lists an owner's directory again after this many writes
 
 
 def _raw_bytes(t: Any) -> np.ndarray:
@@ -191,22 +194,58 @@ class MemoryTier:
                  keep: int = 4) -> None:
         self.dir = Path(root if root is not None else default_root()) / "hetrun-mem" / run_key(run_dir)
         self.keep = max(1, int(keep))
+        # ``write``'s: owner -> its directory (made), the steps it holds (sorted), writes since listed.
+        self._dirs: dict[int, str] = {}
+        self._held: dict[int, list[int]] = {}
+        self._writes: dict[int, int] = {}
+        self._pid = os.getpid()  # in temporary names: two processes never write the same one
 
     def path(self, owner: int, step: int) -> Path:
         return self.dir / f"rank-{int(owner):06d}" / f"{int(step):012d}.snap"
 
-    def write(self, owner: int, step: int, blob: Any) -> Path:
-        """Write atomically (a reader sees a whole blob or none), then keep the newest ``keep``."""
-        target = self.path(owner, step)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(blob)
-        os.replace(tmp, target)
-        for old in self.steps(owner)[:-self.keep]:
+    def write(self, owner: int, step: int, blob: Any) -> None:
+        """Write atomically (a reader sees a whole blob or none), then keep the newest ``keep``.
+
+        Runs at every snapshot on the training thread (and for every replica received), after the
+        step's compute, caches cold: there each system call and each ``pathlib`` object counts
+        (15 calls took 0.35 ms; these 5 take 0.23: benchmarks/node_death.md, session 21). So: string
+        paths, the owner's directory made once (again if it went), no buffered file object (its
+        fstat, ioctl and lseek), and the steps this directory holds remembered, not listed each
+        time: one rank writes an owner's directory on a node (the owner, or its one partner
+        there), and it lists what an earlier process left at its first write and every
+        ``RELIST`` writes after (a file someone else left is pruned within that many)."""
+        d = self._dirs.get(owner)
+        if d is None:
+            d = self._dirs[owner] = os.path.join(str(self.dir), f"rank-{int(owner):06d}")
+            os.makedirs(d, exist_ok=True)
+        name = f"{int(step):012d}.snap"
+        tmp = os.path.join(d, f".{name}.{self._pid}.tmp")
+        try:
+            fd = os.open(tmp, _CREATE, 0o644)
+        except FileNotFoundError:  # the directory went (a finished run's cleanup, a test): make it again
+            os.makedirs(d, exist_ok=True)
+            self._held.pop(owner, None)
+            fd = os.open(tmp, _CREATE, 0o644)
+        try:
+            done = os.write(fd, blob)
+            while done < len(blob):  # a short write (a signal): the rest
+                done += os.write(fd, memoryview(blob)[done:])
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(d, name))
+        held = self._held.get(owner)
+        if held is None or self._writes.get(owner, 0) >= RELIST:
+            held = self._held[owner] = self.steps(owner)
+            self._writes[owner] = 0
+        elif not held or held[-1] < step:
+            held.append(step)
+        elif step not in held:  # older than one held (after a restore to an earlier step)
+            bisect.insort(held, step)
+        self._writes[owner] = self._writes.get(owner, 0) + 1
+        while len(held) > self.keep:
             with contextlib.suppress(OSError):
-                self.path(owner, old).unlink()
-        return target
+                os.unlink(os.path.join(d, f"{held[0]:012d}.snap"))
+            del held[0]
 
     def read(self, owner: int, step: int) -> bytes:
         try:

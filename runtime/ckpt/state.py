@@ -235,6 +235,12 @@ def seed_global_rngs(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# torch.cuda.is_available(), asked once per process: capture_rng runs at every memory snapshot
+# (up to every step), and the question cost 0.07 ms after a step's sleep, caches cold
+# (benchmarks/node_death.md, session 21); the answer does not change (torch counts the devices once).
+_CUDA: list[bool] = []
+
+
 def capture_rng() -> dict[str, Any]:
     """python, numpy and torch (CPU and CUDA) generator states."""
     py = random.getstate()
@@ -243,7 +249,9 @@ def capture_rng() -> dict[str, Any]:
         "numpy": list(np.random.get_state(legacy=True)),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    if not _CUDA:
+        _CUDA.append(torch.cuda.is_available())
+    if _CUDA[0]:
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 

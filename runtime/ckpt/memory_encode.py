@@ -1,0 +1,151 @@
+"""The memory tier's encoder: ``memory.encode``'s blob, byte for byte, for less of the training
+thread's time.
+
+Why: the run API takes a snapshot on the training thread (runtime/api/run.py ``snapshot``), up to
+every step. For the DDP command example (a 43 KB state, a 54 ms step) ``memory.encode`` was most
+of the ~1.4 ms a snapshot cost after each step's sleep, caches cold (benchmarks/node_death.md,
+session 21): the tree's walk, five torch calls per tensor for its bytes, and a JSON header of
+9.6 KB, three quarters of it Python's RNG state (625 ints) encoded again every step.
+
+What ``Encoder`` does instead, the blob unchanged (format 2, ``memory.encode``'s bytes exactly:
+tests/test_memory_encode.py compares them):
+
+- one walk of the tree builds the skeleton and takes each CPU tensor's bytes as a view
+  (``Tensor.numpy()``, one call); a tensor that has none (a device tensor, one that needs grad,
+  a dtype numpy lacks) is copied as ``memory._raw_bytes`` does;
+- the leaves' JSON is kept and reused while every tensor's dtype and shape stay the same (the
+  leaves compared in C, as tuples of str and int: equal means the same JSON);
+- a long list of plain ints (Python's RNG state) is JSON-encoded once per place in the tree and
+  reused while a copy of it compares equal; the skeleton is encoded with a marker there
+  (``{"R":k}``: the skeleton's only object keys are its tags, and a string's quotes are escaped,
+  so nothing else encodes to it) that the kept text replaces;
+- anything else (a tensor subclass other than Parameter, a numpy scalar, an int subclass, a dict
+  key that is not exactly str or int, a dtype the store cannot hold) goes to ``memory.encode``
+  whole: its blob and its errors are the reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import memory
+from .state import _dtype_name
+from .store import fast_digest
+
+_JSON = json.JSONEncoder(separators=(",", ":"))  # json.dumps(..., separators=(",", ":")), built once
+_HEAD_START = '{"format":' + _JSON.encode(memory.FORMAT) + ',"step":'
+_PLAIN = frozenset({type(None), bool, int, float, str})
+_DICTS = (dict, OrderedDict)  # exact types: a state_dict() is an OrderedDict
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_INTS = {int}
+# Lists of plain ints at least this long have their JSON kept (shorter ones cost less to encode
+# than to compare and type-check).
+KEEP_INTS_FROM = 64
+
+
+class _Slow(Exception):
+    """Outside the fast path: ``memory.encode`` takes the tree (and names any error)."""
+
+
+class Encoder:
+    """One rank's snapshot encoder; keeps what did not change since its last blob.
+    Not thread-safe: one per ``MemorySnapshots``, called on its snapshot's thread."""
+
+    def __init__(self) -> None:
+        self._leaves: list[tuple[Any, ...]] | None = None  # the last blob's leaves ...
+        self._leaves_json = ""  # ... and their JSON
+        self._ints: dict[int, tuple[list[int], str]] = {}  # k-th long int list: (a copy, its node's JSON)
+        self.fast = 0  # blobs encoded here, and ...
+        self.slow = 0  # ... by memory.encode (the reference path)
+
+    def encode(self, step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None) -> bytearray:
+        """``memory.encode(step, owner, tree, meta)``."""
+        try:
+            skeleton, raws, leaves, spliced = self._flatten(tree)
+        except _Slow:
+            self.slow += 1
+            return memory.encode(step, owner, tree, meta)
+        self.fast += 1
+        if leaves != self._leaves:
+            self._leaves = leaves
+            self._leaves_json = _JSON.encode([{"kind": k, "dtype": d, "shape": s, "nbytes": n, "itemsize": i}
+                                              for k, d, s, n, i in leaves])
+        text = _JSON.encode(skeleton)
+        for k, node in spliced:
+            text = text.replace(f'{{"R":{k}}}', node, 1)
+        head = (f'{_HEAD_START}{int(step)},"owner":{int(owner)},"meta":{_JSON.encode(meta or {})},'
+                f'"skeleton":{text},"leaves":{self._leaves_json},'
+                f'"digests":{_JSON.encode([fast_digest(r) for r in raws])}}}').encode()
+        out = bytearray(memory._PREFIX + len(head) + sum(r.nbytes for r in raws))
+        out[:len(memory.MAGIC)] = memory.MAGIC
+        struct.pack_into("<I", out, len(memory.MAGIC), len(head))
+        memory._IDS.pack_into(out, memory._IDS_AT, int(owner), int(step))
+        out[memory._DIGEST_AT:memory._PREFIX] = fast_digest(head).encode()
+        pos = memory._PREFIX + len(head)
+        out[memory._PREFIX:pos] = head
+        view = memoryview(out)
+        for r in raws:
+            view[pos:pos + r.nbytes] = r
+            pos += r.nbytes
+        return out
+
+    def _flatten(self, tree: Any) -> tuple[Any, list[memoryview], list[tuple[Any, ...]], list[tuple[int, str]]]:
+        """``state.flatten``'s skeleton (long int lists as markers), each tensor's bytes (a flat
+        uint8 view), the leaves as (kind, dtype, shape, nbytes, itemsize), the markers' JSON."""
+        raws: list[memoryview] = []
+        leaves: list[tuple[Any, ...]] = []
+        spliced: list[tuple[int, str]] = []
+        kept = self._ints
+
+        def walk(obj: Any) -> Any:
+            t = type(obj)
+            if t in _PLAIN:
+                return obj
+            if t in _DICTS:
+                items = []
+                for k, v in obj.items():
+                    if type(k) is not str and type(k) is not int:
+                        raise _Slow
+                    items.append([k, walk(v)])
+                return {"D": items}
+            if t in _TENSORS:
+                name = _dtype_name(obj.dtype)
+                if name is None:
+                    raise _Slow
+                try:
+                    arr = obj.numpy()  # a view: CPU, no grad, a dtype numpy has, no conj/neg bit
+                except Exception:  # a device tensor, one that needs grad, bfloat16...: the reference's copy
+                    flat = memory._raw_bytes(obj)
+                    leaves.append(("torch", name, list(obj.shape), flat.nbytes, obj.element_size()))
+                    raws.append(memoryview(flat))
+                else:
+                    leaves.append(("torch", name, list(arr.shape), arr.nbytes, arr.itemsize))
+                    raws.append(memoryview(arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)).cast("B"))
+                return {"T": len(raws) - 1}
+            if t is list or t is tuple:
+                tag = "L" if t is list else "U"
+                if len(obj) >= KEEP_INTS_FROM and set(map(type, obj)) == _INTS:
+                    k = len(spliced)
+                    have = kept.get(k)
+                    if have is None or have[0] != obj:  # an equal list (or tuple) of ints encodes the same
+                        # A copy of a list (the caller may change it in place); a tuple cannot change.
+                        have = kept[k] = (list(obj) if t is list else obj, _JSON.encode({tag: obj}))
+                    spliced.append((k, have[1]))
+                    return {"R": k}
+                return {tag: [walk(v) for v in obj]}
+            if t is np.ndarray:
+                if obj.dtype.hasobject:
+                    raise _Slow
+                arr = np.ascontiguousarray(obj)  # as state.flatten: a 0-d array becomes (1,)
+                raws.append(memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(b""))
+                leaves.append(("numpy", arr.dtype.str, list(arr.shape), arr.nbytes, arr.dtype.itemsize))
+                return {"N": len(raws) - 1}
+            raise _Slow
+
+        return walk(tree), raws, leaves, spliced
