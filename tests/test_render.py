@@ -304,6 +304,48 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> 
     assert "node stuck silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
 
 
+def _watchdog_start(tmp_path: Path, signalled: bool) -> subprocess.Popen[str]:
+    """The srun watchdog, run by bash against an srun that outlives its step (a sleep: Slurm
+    22.05's pmix hang cannot be made on demand) with squeue showing no step and accounting
+    showing it ended once squeue has shown it. The process: its stderr has the message."""
+    lines = _script(_spec()).splitlines()
+    start = lines.index("_hetrun_watchdog() {")
+    watchdog = lines[start:lines.index("}", start) + 1]
+    rc_start = lines.index("_hetrun_step_rc() {")
+    step_rc = lines[rc_start:lines.index("}", rc_start) + 1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    # The step runs at the first poll, then is gone.
+    (bin_dir / "squeue").write_text('#!/bin/bash\n[ -e "$HETRUN_RUN_DIR/polled" ] && exit 0\n'
+                                    'touch "$HETRUN_RUN_DIR/polled"; printf \'4242.0\\n\'\n')
+    (bin_dir / "sacct").write_text("#!/bin/bash\nprintf '4242.0|COMPLETED|143:0|1\\n'\n")
+    for name in ("squeue", "sacct"):
+        (bin_dir / name).chmod(0o755)
+    driver = "\n".join([
+        '_hetrun_stuck="$HETRUN_RUN_DIR/stuck"', *step_rc, *watchdog,
+        "sleep 120 & _hetrun_pid=$!",
+        "_hetrun_watchdog 4242 & _hetrun_watch=$!",
+        *(["sleep 0.5", 'kill -s USR2 "$_hetrun_watch"'] if signalled else []),
+        'wait "$_hetrun_watch"',
+    ])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
+    return subprocess.Popen(["bash", "-c", driver], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_srun_watchdog_gives_a_signalled_job_one_poll_not_the_grace(tmp_path: Path) -> None:
+    """Slurm kills a preempted job KillWait after its SIGTERM: an srun stuck after its step then
+    gets one poll, so the post-mortem runs before the kill (seen once: 30 s, then SIGKILL, no
+    attempt_end and Slurm's full requeue hold). Unsignalled it keeps the grace."""
+    from hetrun.slurm_plugin.render import WATCHDOG_GRACE_S, WATCHDOG_POLL_S
+
+    runs = {grace: (tmp_path / str(grace), _watchdog_start(tmp_path / str(grace), signalled=grace == WATCHDOG_POLL_S))
+            for grace in (WATCHDOG_GRACE_S, WATCHDOG_POLL_S)}  # side by side: the unsignalled one takes ~20 s
+    for grace, (where, proc) in runs.items():
+        _, err = proc.communicate(timeout=90)
+        assert f"srun still running {grace}s after its job step ended (exit 143)" in err, (grace, err)
+        assert (where / "stuck").read_text().strip() == "143", err  # the post-mortem's exit code
+
+
 def test_each_het_part_names_its_component_so_spares_before_it_do_not_shift_the_ranks() -> None:
     """Slurm's het variables give each group's *allocated* tasks: with a spare node in the first
     group (learner 2 tasks on 1 node + 1 spare node), SLURM_NTASKS_HET_GROUP_0 is 4 (seen on Slurm
