@@ -36,6 +36,7 @@ FLUSH = (1 << 64) - 1
 _HELLO = struct.Struct("<32sI")  # rank 0's token (hex), the connecting rank
 _ACK = b"\x01"  # the listener took the connection as one of its sources
 MAX_WAITING = 3  # blobs queued and not yet on the wire (memory held for a slow partner)
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
 CONNECT_TIMEOUT_S = 120.0  # set-up only: a partner slower to reach the tier than this is gone
 
 
@@ -59,10 +60,13 @@ def local_hosts() -> list[str]:
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from ``sock``; False at end of stream (the peer is gone)."""
+    """Fill ``view`` from ``sock``; False at end of stream (the peer is gone). ``MSG_WAITALL``: a
+    43 KB blob in one system call (and one wait for the GIL after it), not one per segment
+    that has arrived; short only at the stream's end, a signal, or on a socket with a timeout
+    (set-up), where the loop goes on."""
     got = 0
     while got < len(view):
-        n = sock.recv_into(view[got:])
+        n = sock.recv_into(view[got:], 0, _WAITALL)
         if n == 0:
             return False
         got += n

@@ -1,0 +1,178 @@
+"""The memory tier's fast encoder (runtime/ckpt/memory_encode.py) and its tmpfs write
+(runtime/ckpt/memory.py ``MemoryTier.write``): the same bytes as ``memory.encode`` whatever
+the tree, however it changes between snapshots (a cache that went stale would show here), and
+the same files and pruning as listing the directory each time."""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+from collections import OrderedDict, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hetrun.runtime.ckpt import memory
+from hetrun.runtime.ckpt.memory_encode import KEEP_INTS_FROM, Encoder
+from hetrun.runtime.ckpt.state import capture_rng
+
+from hetrun.errors import CheckpointError
+
+
+def _same(enc: Encoder, tree: Any, step: int = 7, owner: int = 1, meta: dict | None = None) -> bytearray:
+    """``enc``'s blob, asserted equal to the reference's, byte for byte."""
+    blob = enc.encode(step, owner, tree, meta)
+    assert bytes(blob) == bytes(memory.encode(step, owner, tree, meta))
+    return blob
+
+
+def _example() -> tuple[dict[str, Any], Any]:
+    """The DDP command example's state (examples/ddp_train_hetrun.py) and one training step."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x, y = torch.randn(16, 32), torch.randn(16, 1)
+
+    def step() -> None:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    return {"model": model, "optim": opt}, step
+
+
+def test_the_example_state_step_after_step_is_the_reference_blob() -> None:
+    objs, step = _example()
+    enc = Encoder()
+    for i in range(4):  # the first tree has no optimizer state yet: the leaves change after it
+        tree = {"workload": {k: v.state_dict() for k, v in objs.items()}, "rng": capture_rng(), "iteration": i}
+        head, back = memory.decode(_same(enc, tree, step=i))
+        assert head["step"] == i and back["rng"]["python"][1] == tree["rng"]["python"][1]
+        assert torch.equal(back["workload"]["model"]["0.weight"], tree["workload"]["model"]["0.weight"])
+        step()  # the tensors change in place (the tree's are views of them)
+        random.random()  # Python's RNG state moves: its kept JSON must not be reused
+    assert enc.fast == 4 and enc.slow == 0
+
+
+def test_every_kind_of_leaf_and_scalar_is_the_reference_blob() -> None:
+    g = torch.Generator().manual_seed(1)
+    tree = {
+        "scalars": [None, True, False, 0, -3, 2**70, 1.5, -0.0, 0.0, float("nan"), float("inf"), "x\"é\n"],
+        "looks_like_a_marker": '{"R":0}',  # a string's quotes are escaped: never taken for one
+        "int_keys": {0: "a", 1: {"deep": (1, 2, [3, 4.0])}},
+        "tensors": {"f32": torch.randn(4, 8, generator=g), "zero_d": torch.tensor(2.5), "empty": torch.empty(0, 3),
+                    "noncontig": torch.randn(8, 4, generator=g).t(), "sliced": torch.arange(20)[5:15],
+                    "bool": torch.tensor([True, False]), "f16": torch.randn(3, generator=g).half(),
+                    "i64": torch.arange(6).reshape(2, 3), "c64": torch.randn(2, dtype=torch.complex64, generator=g)},
+        "copied": {"bf16": torch.randn(5, generator=g).bfloat16(),  # numpy has no bfloat16
+                   "grad": torch.randn(3, requires_grad=True), "param": torch.nn.Parameter(torch.randn(2, 2))},
+        "arrays": {"u4": np.arange(7, dtype=np.uint32), "zero_d": np.array(3.0), "f_order": np.ones((3, 2), order="F"),
+                   "empty": np.zeros((0,), np.int16)},
+        "ints": list(range(KEEP_INTS_FROM)), "int_tuple": tuple(range(200)), "short_ints": [1, 2, 3],
+    }
+    enc = Encoder()
+    blob = _same(enc, tree, meta={"k": [1, "two"]})
+    _same(enc, tree)  # again, from what it kept
+    assert enc.fast == 2 and enc.slow == 0
+    _head, back = memory.decode(blob)
+    assert torch.equal(back["copied"]["bf16"], tree["copied"]["bf16"])
+    assert back["int_tuple"] == tree["int_tuple"] and back["looks_like_a_marker"] == '{"R":0}'
+    assert np.array_equal(back["arrays"]["f_order"], tree["arrays"]["f_order"])
+
+
+def test_a_changed_tree_never_reuses_what_was_kept() -> None:
+    """Each change below keeps everything else the same: a stale cache would give the previous blob."""
+    enc = Encoder()
+    ints = list(range(1000, 1000 + 2 * KEEP_INTS_FROM))
+    base = {"w": torch.zeros(4, 8), "rng": [3, ints, None], "lr": 0.1}
+    _same(enc, base)
+    changes = [
+        {"w": torch.zeros(8, 4)},  # a shape (the same bytes)
+        {"w": torch.zeros(4, 8, dtype=torch.int32)},  # a dtype of the same size
+        {"w": torch.zeros(32)},
+        {"v": torch.zeros(4, 8)},  # a key
+        {"w": torch.ones(4, 8)},  # the bytes
+        {"lr": 0.2},
+        {"lr": 0},  # an int where a float was
+    ]
+    for change in changes:
+        _same(enc, {**base, **change})
+    equals = (1.0, 1, True, 0.0, -0.0, 0, False)  # each == the one before, each JSON not
+    for equal in equals:
+        _same(enc, {**base, "lr": equal})
+    for equal in equals:
+        _same(enc, {**base, "lr": [equal, "x"]})
+    ints[5] += 1  # the same list object, changed in place
+    _same(enc, base)
+    ints[6] = True  # a bool among the ints: equal to 1, encoded as true
+    ints[7] = 1
+    _same(enc, base)
+    ints[6] = 1
+    _same(enc, base)
+    _same(enc, {**base, "rng": [3, tuple(ints), None]})  # the same ints in a tuple
+    _same(enc, {**base, "rng": [3, [float(i) for i in ints], None]})  # equal floats
+    _same(enc, {**base, "rng": [3, [ints, list(ints)], None]})  # two lists: kept by place
+    _same(enc, {**base, "rng": [3, [list(ints), ints[::-1]], None]})
+    assert enc.slow == 0
+
+
+class _Level(enum.IntEnum):
+    LOW = 1
+
+
+@pytest.mark.parametrize("odd", [np.float32(1.5), _Level.LOW, defaultdict(int, a=1), OrderedDict(a=1),
+                                 torch.nn.Parameter(torch.ones(2), requires_grad=False)])
+def test_odd_values_go_to_the_reference(odd: Any) -> None:
+    enc = Encoder()
+    _same(enc, {"odd": odd, "w": torch.ones(3)})
+
+
+def test_unstorable_values_raise_the_reference_errors() -> None:
+    for bad in ({True: 1}, {1.5: 1}, {"x": object()}, {"a": np.array([object()])}):
+        with pytest.raises(CheckpointError) as ours:
+            Encoder().encode(1, 0, bad)
+        with pytest.raises(CheckpointError) as ref:
+            memory.encode(1, 0, bad)
+        assert str(ours.value) == str(ref.value)
+
+
+def _files(tier: memory.MemoryTier, owner: int) -> list[str]:
+    return sorted(os.listdir(tier.dir / f"rank-{owner:06d}"))
+
+
+def test_write_keeps_the_newest_across_restarts_restores_and_a_lost_directory(tmp_path: Path) -> None:
+    blob = memory.encode(1, 0, {"w": torch.ones(2)})
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    for step in range(1, 7):
+        tier.write(0, step, blob)
+    assert tier.steps(0) == [4, 5, 6]
+    # A new process (a restart) finds them, restored to step 5: its next writes go back to 6, 7.
+    again = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    again.write(0, 6, blob)
+    again.write(0, 7, blob)
+    assert again.steps(0) == [5, 6, 7]
+    again.write(0, 2, blob)  # older than all it holds: pruned at once, as listing would
+    assert again.steps(0) == [5, 6, 7]
+    assert _files(again, 0) == [f"{s:012d}.snap" for s in (5, 6, 7)]  # no temporary file left
+    # The directory goes (a finished run's cleanup): the next write makes it again.
+    import shutil
+
+    shutil.rmtree(again.dir)
+    again.write(0, 8, blob)
+    assert again.steps(0) == [8] and memory.verify(again.read(0, 8))["step"] == 1
+
+
+def test_write_prunes_what_another_writer_left_within_relist_writes(tmp_path: Path) -> None:
+    blob = memory.encode(1, 0, {"w": torch.ones(2)})
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=2)
+    tier.write(3, 100, blob)
+    (tier.dir / "rank-000003" / f"{50:012d}.snap").write_bytes(bytes(blob))  # not this tier's
+    for step in range(101, 101 + memory.RELIST):
+        tier.write(3, step, blob)
+    assert tier.steps(3) == [99 + memory.RELIST, 100 + memory.RELIST]
