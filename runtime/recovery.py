@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hetrun.runtime import preempt, resume
+from hetrun.runtime.ckpt.state import capture_rng  # loaded by memory_tier's import anyway
 from hetrun.runtime.heartbeat import _BEAT, heartbeat_s, spares_in, start_heartbeat, stop_heartbeat  # noqa: F401
 from hetrun.runtime.memory_tier import MemorySnapshots
 
@@ -129,7 +130,5 @@ def _root(world_size: int, component: str | None = None) -> str:
 
 def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any]:
     """The tree an interval checkpoint at ``iteration`` would store (resume.save_checkpoint's)."""
-    from hetrun.runtime.ckpt.state import capture_rng
-
     extra = {"pipeline": pipeline} if pipeline is not None else {}
     return {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration, **extra}
