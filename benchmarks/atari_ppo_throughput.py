@@ -15,8 +15,11 @@
 
 Also: the raw single-core rate of the same wrapped env (a bare loop, random
 actions) and of EnvPool with one thread, measured in the same run, against
-the rollout rank's env steps per busy second; and the time until the mean
-real score of the last 20 training games reaches ``--target-return``.
+the rollout rank's env steps per busy second; and the time (and the env steps)
+until the mean real score of the last 20 training games reaches ``--target-return``,
+counted alike on every side: at least 5 finished games in the mean, and the env
+steps whose games that mean covers (``env_steps_at_target``), not those run until
+the run was stopped.
 
 Steady-state env steps/s (updates after the first tenth, at least 2, are the
 steady window; start-up apart), actions/s, and for (a)/(b) the busy seconds per
@@ -141,19 +144,36 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     return out
 
 
+# The peers' rule (sb3_worker below, benchmarks/cleanrl_ppo.py): no mean over fewer finished games.
+MIN_GAMES = 5
+
+
 def time_to_return(events: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """When the mean real score of the last 20 finished training games first reached ``target``
-    (the learner's ``episodic_return`` metric, at the end of that update), from the first action
-    (``first_action``: its wall-clock start)."""
+    (the learner's ``episodic_return`` metric, at the end of that update, once at least
+    ``MIN_GAMES`` games have finished: the peers' rule), from the first action (``first_action``:
+    its wall-clock start); ``env_steps_at_target``: the learner's ``env_steps`` at that update,
+    the samples whose games the mean covers (session 21: the run's own count at --stop-at-target
+    also held the batches run while the poll noticed, 1-2 of them, where SB3's stops at the hit)."""
     actions = [e for e in events if e.get("ev") == "action" and not e.get("skipped")]
     if not actions:
-        return {"solved_at_s": None, "training_return": None, "first_action": None}
+        return {"solved_at_s": None, "training_return": None, "first_action": None,
+                "env_steps_at_target": None}
     t0 = min(e["start"] for e in actions)
-    curve = sorted((e["end"], e["metrics"]["episodic_return"]) for e in actions
-                   if "episodic_return" in e.get("metrics", {}))
-    hit = next((end for end, got in curve if got >= target), None)
-    return {"solved_at_s": None if hit is None else hit - t0,
-            "training_return": curve[-1][1] if curve else None, "first_action": t0}
+    updates = sorted((e for e in actions if "episodes" in e.get("metrics", {})
+                      or "episodic_return" in e.get("metrics", {})), key=lambda e: e["end"])
+    games, hit, last = 0, None, None
+    for e in updates:
+        m = e["metrics"]
+        games += round(m.get("episodes", 0))  # games finished in this update's batch
+        if "episodic_return" not in m:
+            continue
+        last = m["episodic_return"]
+        if hit is None and games >= MIN_GAMES and last >= target:
+            hit = e
+    return {"solved_at_s": None if hit is None else hit["end"] - t0, "training_return": last,
+            "first_action": t0,
+            "env_steps_at_target": None if hit is None else int(hit["metrics"]["env_steps"])}
 
 
 def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -197,7 +217,7 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
                 seed=args.seed, device="cpu", verbose=0)
     ends: dict[int, float] = {}
     scores: list[float] = []
-    solved: dict[str, Any] = {"solved_at_s": None}
+    solved: dict[str, Any] = {"solved_at_s": None, "env_steps_at_target": None}
 
     class Clock(BaseCallback):
         def _on_rollout_start(self) -> None:
@@ -208,9 +228,11 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
             for finished in self.training_env.env_method("pop_game_scores"):
                 scores.extend(finished)
             recent = scores[-20:]
-            if (solved["solved_at_s"] is None and len(recent) >= 5
+            if (solved["solved_at_s"] is None and len(recent) >= MIN_GAMES
                     and sum(recent) / len(recent) >= args.target_return):
                 solved["solved_at_s"] = time.time() - started
+                # The rollouts whose games these are: all collected so far (this one starts now).
+                solved["env_steps_at_target"] = int(self.model.num_timesteps)
 
         def _on_training_end(self) -> None:
             ends.setdefault(max(1, self.model.num_timesteps // batch) - 1, time.time())
@@ -260,6 +282,9 @@ def run_peer(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     # outside solved_at_s, which counts from that first step on every side; hetrun's is its submission
     # -> first action (run_hetrun).
     out["launch_s"] = out["started_wall"] - launched
+    if "env_steps_at_target" not in out:  # cleanrl_ppo.py: the update that reached it
+        version = out.get("solved_version")
+        out["env_steps_at_target"] = None if version is None else version * args.envs * args.rollouts * 128
     out.update(mode=mode, seed=args.seed)
     return out
 
@@ -325,6 +350,14 @@ def _solved_med(runs: list[dict[str, Any]]) -> float | None:
     return None if med == float("inf") else med
 
 
+def _steps_cell(runs: list[dict[str, Any]]) -> str:
+    """Median env steps to the fixed return (a run that never reached it: infinitely many), per seed."""
+    got = [r.get("env_steps_at_target") for r in runs]
+    med = statistics.median([float("inf") if g is None else g for g in got])
+    per = ", ".join("-" if g is None else f"{g / 1000:.1f}k" for g in got)
+    return f"{'not reached' if med == float('inf') else f'{med / 1000:.1f}k'} ({per})"
+
+
 def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """Medians over seeds, one row per mode; then the targets."""
     failed = [f"{name_of(r['mode'])} (seed {r['seed']}): {r['failed']}" for r in results if r.get("failed")]
@@ -333,8 +366,8 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
              f"{sorted({r['seed'] for r in results})}; fixed return: mean real score of the last 20 "
              f"training games >= {args.target_return:g}", "",
              "| mode | steady env steps/s | per seed | start-up s | R s/update | L s/update | bound | "
-             "busy (of 2 cores) | time to the fixed return (s) | last training return |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "busy (of 2 cores) | time to the fixed return (s) | env steps to it | last training return |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     first = ["pipelined", "coarse", *PEER_MODES]
     for mode in sorted(by, key=lambda m: first.index(m) if m in first else len(first)):
         runs = by[mode]
@@ -345,7 +378,7 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
                  "-" if is_peer(mode) else f"{_med(runs, 'rollout_busy_s'):.2f}",
                  "-" if is_peer(mode) else f"{_med(runs, 'learner_busy_s'):.2f}",
                  "-" if is_peer(mode) else f"{_med(runs, 'bound'):.2f}x", f"{busy:.0%}",
-                 "not reached" if solved is None else f"{solved:.0f}",
+                 "not reached" if solved is None else f"{solved:.0f}", _steps_cell(runs),
                  "-" if _med(runs, "training_return") is None else f"{_med(runs, 'training_return'):.0f}"]
         label = mode if is_hetrun(mode) else name_of(mode)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -469,7 +502,8 @@ def main() -> None:
                 print(f"  {mode}: {r['failed']}", file=sys.stderr, flush=True)
                 continue
             print(f"  {mode}: steady {_fmt(r['steady_steps_per_s'], '.1f')} env steps/s, solved at "
-                  f"{r.get('solved_at_s')}, return {r.get('training_return')}", file=sys.stderr, flush=True)
+                  f"{r.get('solved_at_s')} after {r.get('env_steps_at_target')} env steps, return "
+                  f"{r.get('training_return')}", file=sys.stderr, flush=True)
     after = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"load average before: {load}; after: {after}")
     print(table(results, args))
