@@ -102,7 +102,8 @@ def run_rank(rank: int, size: int, base: Path, snapshots: int, warmup: int) -> d
         nonlocal at
         at += 1
         if mem.due(at):
-            mem.snapshot(at, recovery.snapshot_tree(StateObjects(objs), at, None))
+            t0 = time.perf_counter()
+            mem.snapshot(at, recovery.snapshot_tree(StateObjects(objs), at, None), started=t0)
 
     out: dict[str, Any] = {}
     for mode, pause in (("hot", 0.0), ("cold", 0.05)):

@@ -178,9 +178,14 @@ class MemorySnapshots:
             self.every = 1 << self._agreeing.wait()
         self._agreeing = self.transport.start_max(self.wanted().bit_length() - 1)
 
-    def snapshot(self, step: int, tree: Any) -> None:
-        """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners."""
-        t0 = time.perf_counter()
+    def snapshot(self, step: int, tree: Any, *, started: float | None = None) -> None:
+        """Keep ``tree`` (this rank's state before iteration ``step``) here and on the partners.
+        ``started``: the ``time.perf_counter()`` at which the caller began building ``tree``
+        (``recovery.snapshot_tree``: the state_dicts and the RNG states, about a third of a
+        snapshot's cost after the sleep of the DDP example's step), counted as the tier's
+        time: without it the adaptive N saw two thirds of the cost and kept N = 1 where that
+        cost the job more than its 2 % (benchmarks/node_death.md, session 21)."""
+        t0 = time.perf_counter() if started is None else started
         self.progress()
         blob = self._encoder.encode(step, self.rank, tree)
         self.tier.write(self.rank, step, blob)

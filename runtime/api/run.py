@@ -236,7 +236,8 @@ class Run:
             return False
         from hetrun.runtime.recovery import snapshot_tree
 
-        self._memory.snapshot(at, snapshot_tree(StateObjects(objs), at, None))
+        t0 = time.perf_counter()  # the tree's capture is the tier's cost too (the adaptive N counts it)
+        self._memory.snapshot(at, snapshot_tree(StateObjects(objs), at, None), started=t0)
         return True
 
     def _memory_on(self) -> bool:
