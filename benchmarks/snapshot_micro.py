@@ -151,6 +151,7 @@ def run_rank(rank: int, size: int, base: Path, snapshots: int, warmup: int) -> d
             out[key]["replica_threads_cpu_ms_per_snapshot"] = round(
                 (mem.transport.thread_cpu_s - replica_cpu0) / snapshots * 1e3, 4)
     out["blob_bytes"] = mem.bytes
+    out["code"] = os.path.dirname(memory_tier.__file__)  # which tree (an older one on PYTHONPATH, for a before/after)
     mem.close(remove=True)
     dist.destroy_process_group()
     return out if rank == 0 else None
@@ -185,7 +186,7 @@ def main() -> None:
                   commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                         capture_output=True, text=True).stdout.strip())
     print(f"ranks {args.ranks}, {args.snapshots} snapshots per mode, blob {result['blob_bytes']} B, "
-          f"load {result['load']:.2f}, commit {result['commit']}")
+          f"load {result['load']:.2f}, commit {result['commit']}, code {result['code']}")
     print(f"{'ms per snapshot (median)':<28}" + "".join(f"{m:>18}" for m in ("hot", "cold")))
     cols = [("total", "wall"), ("total", "cpu")] + [(ph, kind) for ph in ("tree", "encode", "write", "send")
                                                     for kind in ("wall", "cpu")]
