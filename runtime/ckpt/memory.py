@@ -35,6 +35,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,19 +84,26 @@ def encode(step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None)
               "skeleton": skeleton, "leaves": [vars(leaf) for leaf in leaves],  # asdict's doc; 10x cheaper (flat fields)
               "digests": [fast_digest(r) for r in raws]}
     head = json.dumps(header, separators=(",", ":")).encode()
-    total = _PREFIX + len(head) + sum(r.nbytes for r in raws)
-    out = bytearray(total)
+    return assemble(step, owner, head, [r.data if r.nbytes else b"" for r in raws])
+
+
+def assemble(step: int, owner: int, head: bytes, raws: Sequence[Any]) -> bytearray:
+    """The blob's framing around ``head`` (the header's JSON, encoded) and ``raws`` (flat byte
+    buffers in the header's leaf order): magic, header length, owner and step, the header's
+    digest, then the header and the payload. ``encode``'s, and the fast encoder's
+    (memory_encode.py), so both write the same bytes."""
+    sizes = [memoryview(r).nbytes for r in raws]
+    out = bytearray(_PREFIX + len(head) + sum(sizes))
     out[:len(MAGIC)] = MAGIC
     struct.pack_into("<I", out, len(MAGIC), len(head))
     _IDS.pack_into(out, _IDS_AT, int(owner), int(step))
     out[_DIGEST_AT:_PREFIX] = fast_digest(head).encode()
-    pos = _PREFIX
-    out[pos:pos + len(head)] = head
-    pos += len(head)
+    pos = _PREFIX + len(head)
+    out[_PREFIX:pos] = head
     view = memoryview(out)
-    for r in raws:
-        view[pos:pos + r.nbytes] = r.data if r.nbytes else b""
-        pos += r.nbytes
+    for r, n in zip(raws, sizes, strict=True):
+        view[pos:pos + n] = r
+        pos += n
     return out
 
 

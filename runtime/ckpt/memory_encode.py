@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import marshal
-import struct
 from collections import OrderedDict
 from typing import Any
 
@@ -86,18 +85,7 @@ class Encoder:
         head = (f'{_HEAD_START}{int(step)},"owner":{int(owner)},"meta":{_JSON.encode(meta or {})},'
                 f'"skeleton":{text},"leaves":{self._leaves_json},'
                 f'"digests":{_JSON.encode([fast_digest(r) for r in raws])}}}').encode()
-        out = bytearray(memory._PREFIX + len(head) + sum(r.nbytes for r in raws))
-        out[:len(memory.MAGIC)] = memory.MAGIC
-        struct.pack_into("<I", out, len(memory.MAGIC), len(head))
-        memory._IDS.pack_into(out, memory._IDS_AT, int(owner), int(step))
-        out[memory._DIGEST_AT:memory._PREFIX] = fast_digest(head).encode()
-        pos = memory._PREFIX + len(head)
-        out[memory._PREFIX:pos] = head
-        view = memoryview(out)
-        for r in raws:
-            view[pos:pos + r.nbytes] = r
-            pos += r.nbytes
-        return out
+        return memory.assemble(step, owner, head, raws)
 
     def _skeleton_json(self, skeleton: Any) -> str:
         """The skeleton's JSON. A tree that is a dict: each top-level entry's JSON kept while the

@@ -12,6 +12,7 @@ Skeleton nodes: JSON scalars stand for themselves; ``{"T": i}`` tensor,
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -235,10 +236,12 @@ def seed_global_rngs(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-# torch.cuda.is_available(), asked once per process: capture_rng runs at every memory snapshot
-# (up to every step), and the question cost 0.07 ms after a step's sleep, caches cold
-# (benchmarks/node_death.md, session 21); the answer does not change (torch counts the devices once).
-_CUDA: list[bool] = []
+@functools.cache
+def _cuda_available() -> bool:
+    """torch.cuda.is_available(), asked once per process: capture_rng runs at every memory
+    snapshot (up to every step), and the question cost 0.07 ms after a step's sleep, caches cold
+    (benchmarks/node_death.md, session 21); the answer does not change (torch counts the devices once)."""
+    return torch.cuda.is_available()
 
 
 def capture_rng() -> dict[str, Any]:
@@ -249,9 +252,7 @@ def capture_rng() -> dict[str, Any]:
         "numpy": list(np.random.get_state(legacy=True)),
         "torch": torch.get_rng_state(),
     }
-    if not _CUDA:
-        _CUDA.append(torch.cuda.is_available())
-    if _CUDA[0]:
+    if _cuda_available():
         state["cuda"] = list(torch.cuda.get_rng_state_all())
     return state
 
