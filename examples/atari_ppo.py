@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from hetrun.dag.workload_args import validate_args
 from hetrun.runtime.context import RankContext
+from hetrun.runtime.eager_optim import eager
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
 
@@ -248,8 +249,9 @@ class AtariPPOWorkload(PPOWorkload):
     @property
     def optimizer(self) -> torch.optim.Adam:
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(self.agent.parameters(), lr=self.cfg.learning_rate,
-                                               eps=1e-5)
+            # eager(): no torch._dynamo import (~1.3 s of CPU a start; runtime/eager_optim.py)
+            self._optimizer = eager(torch.optim.Adam)(self.agent.parameters(), lr=self.cfg.learning_rate,
+                                                      eps=1e-5)
         return self._optimizer
 
     # ------------------------------------------------------------ rollout side

@@ -38,6 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from hetrun.runtime.context import RankContext
+from hetrun.runtime.eager_optim import eager
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -547,10 +548,10 @@ class PPOWorkload(Workload):
 
     @property
     def optimizer(self) -> torch.optim.Adam:
-        # Lazy: building a torch optimizer imports torch._dynamo (~1.5 s of CPU per
-        # process), which rollout ranks never need; it sits on the restart path.
+        # Lazy, and eager(): torch's own optimizer imports torch._dynamo on first use
+        # (~1.3 s of CPU per process, on every restart; runtime/eager_optim.py).
         if self._optimizer is None:
-            self._optimizer = torch.optim.Adam(
+            self._optimizer = eager(torch.optim.Adam)(
                 [*self.actor.parameters(), *self.critic.parameters()],
                 lr=self.cfg.learning_rate, eps=1e-5,
             )
