@@ -37,8 +37,9 @@ class NodeCluster(SecondCluster):
 
     def render_conf(self) -> str:
         # Slurm's default SlurmdTimeout (300 s), not the shared cluster's 60 s: when Slurm
-        # marks a node of a het job down it ends the whole het job despite --no-kill
-        # (Slurm 22.05, seen here), so hetrun's own detection must come first.
+        # marks a node of a het job down it requeues the whole het job despite --no-kill
+        # if the job's first component holds one node (docs/PREEMPTION.md), as the
+        # benchmarks' PPO jobs do, so hetrun's own detection must come first.
         return super().render_conf().replace("SlurmdTimeout=60", "SlurmdTimeout=300")
 
     def slurmd_pid(self, node: str) -> int | None:

@@ -1,7 +1,7 @@
 """A node dies, the job goes on (issue 25), on a real Slurm cluster of its own.
 
-One run shared by every assertion: a small PPO job (learner on one node, rollout on
-one node plus ``spare_nodes: 1``, the memory tier on: every iteration) on a
+One run shared by every assertion: a small PPO job (learner and rollout on one node
+each plus ``spare_nodes: 1`` each, the memory tier on: every iteration) on a
 throw-away 4-node cluster (tests/node_cluster.py: its nodes may be killed, which
 the shared cluster's other users must never see). Mid-run every process of the
 rollout's node is SIGKILLed (slurmd, slurmstepd, the rank: its private /tmp, where
@@ -9,7 +9,8 @@ the memory tier lives, goes with them). The job's own batch script must start a
 new step on the survivor plus the spare, without the queue; every rank restores
 from peer memory (the dead rank's replica on the learner's node); the run ends
 bit-identical to an uninterrupted run of the same plan (real Open MPI ranks, no
-kill), and the events say what happened.
+kill), and the events say what happened. The killed node is set DOWN while the job
+still runs, as Slurm does after SlurmdTimeout: the job runs on inside its allocation.
 """
 
 from __future__ import annotations
@@ -35,10 +36,14 @@ KILL_AFTER = 10  # iterations the learner has started before the kill
 
 
 def _spec(memory_dir: str) -> dict[str, Any]:
-    return example_spec(
+    spec = example_spec(
         "ppo_cartpole",
         workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
-        components={"rollout": {"nodes": 1, "spare_nodes": 1, "mem": "500M"}, "learner": {"mem": "1G"}},
+        # The learner leads the het job: with a spare of its own it holds two nodes, so Slurm
+        # marking the rollout's dead node down removes the node and leaves the job running
+        # (with one node Slurm requeues the whole het job: docs/PREEMPTION.md).
+        components={"rollout": {"nodes": 1, "spare_nodes": 1, "mem": "500M"},
+                    "learner": {"mem": "1G", "spare_nodes": 1}},
         training={"iterations": ITERATIONS, "eval_interval": 10},
         # No interval checkpoint before the end: the restart can only come from memory.
         # memory_every 1 (not adaptive): the work lost asserted below does not depend on the load.
@@ -49,13 +54,14 @@ def _spec(memory_dir: str) -> dict[str, Any]:
         # does not follow a change of it), so the restart beats SlurmdTimeout.
         env={"OMP_NUM_THREADS": "1", "HETRUN_MEMORY_DIR": memory_dir, "HETRUN_NODE_TIMEOUT": "4"},
     )
+    return spec
 
 
 def _mark_down_once_ended(cluster: Any, job_id: str, node: str, timeout: float = 120) -> None:
     """Once the job's batch script has ended (no component RUNNING), set the killed node
     DOWN, as Slurm itself does after SlurmdTimeout (300 s here): until then the component
-    that ran on it stays COMPLETING, since no slurmd there confirms its end. Not before:
-    a node set down under a running het job ends the whole job despite --no-kill."""
+    that ran on it stays COMPLETING, since no slurmd there confirms its end. (This module's
+    own job has the node set down while it runs: its leader holds two nodes.)"""
     from hetrun.slurm_plugin.rundir import wait_for
 
     def batch_ended() -> bool:
@@ -96,7 +102,6 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
     cluster = NodeCluster()
     old_conf = os.environ.get("SLURM_CONF")
-    job_id = None
     try:
         cluster.start()
         try:
@@ -110,7 +115,6 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
         res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
         run_dir = Path(res.run.run_dir)
-        job_id = str(res.run.job_id)
 
         def started(it: int) -> bool:
             return any(e.get("ev") == "action" and e.get("component") == "learner"
@@ -120,11 +124,17 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         victim = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
         killed_at = time.time()
         assert cluster.kill_node(victim), victim
-        _mark_down_once_ended(cluster, job_id.split(";")[0], victim)
+        # Slurm marks the node down while the job runs on (after SlurmdTimeout, 300 s here, or
+        # an administrator): set once the restart has begun.
+        assert wait_for(lambda: any(e.get("ev") == "node_failure" for e in events(run_dir)), 120, 0.2), \
+            events(run_dir)[-5:]
+        cluster.run("scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=killed_by_test")
+        down_at = time.time()
         final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
         status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
                                 env={**os.environ, "COLUMNS": "220"})
-        yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at, "final": final,
+        yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at,
+               "down_at": down_at, "final": final,
                "events": events(run_dir), "status": status}
     finally:
         # SLURM_CONF back first: if stop() fails, the Slurm tests after this one (same
@@ -139,6 +149,9 @@ def test_the_job_finishes_inside_its_allocation(killed_run: dict[str, Any]) -> N
     final = killed_run["final"]
     assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
     assert all(c.restarts == 0 for c in final.components), final  # never went back to the queue
+    # ... and it trained on after Slurm was told the node is down.
+    assert any(e.get("ev") == "action" and e.get("end", 0) > killed_run["down_at"]
+               for e in killed_run["events"]), killed_run["events"][-5:]
     failures = [e for e in killed_run["events"] if e.get("ev") == "node_failure"]
     assert len(failures) == 1, failures
     f = failures[0]
