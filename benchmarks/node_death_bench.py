@@ -13,8 +13,10 @@ interval checkpoint every 10, ``max_failures`` high, ``HETRUN_NODE_TIMEOUT`` the
 product's default unless ``--node-timeout``). Each job takes two node deaths:
 ``kill`` (SIGKILL to every process of the rollout's emulated node: slurmd,
 slurmstepd, the rank; its tmpfs goes with them) twice, or with ``--down`` a kill
-and then ``scontrol update NodeName=X State=DOWN`` (Slurm 22.05 then cancels the
-whole het job: benchmarks/node_death.md); then it is cancelled and the nodes
+and then ``scontrol update NodeName=X State=DOWN`` (Slurm 22.05 then requeues the
+whole het job, whose first component, the learner, holds one node: docs/PREEMPTION.md;
+``--leader-spare`` gives the learner a spare and the rollout one, one death per job,
+alternating kill and DOWN with ``--down``); then it is cancelled and the nodes
 revived for the next job. Per death: kill -> node_failure event (the batch
 script's decision), -> every rank restored, -> the first action of the resumed
 step ends; work lost (the restore lines' ``work_lost``, the largest over the
@@ -69,7 +71,7 @@ RANKS = {"ppo": 2, "moe": 5}  # ranks that restore after a death (every rank of 
 
 
 def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
-         node_timeout: int | None = None, example: str = "ppo") -> dict[str, Any]:
+         node_timeout: int | None = None, example: str = "ppo", leader_spare: bool = False) -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
     if example == "moe":  # learner 2 nodes + 1 spare, evaluator 1: the cluster's 4 nodes
@@ -85,7 +87,10 @@ def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
     return example_spec(
         "ppo_cartpole",
         workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
-        components={"rollout": {"nodes": 1, "spare_nodes": spares, "mem": "500M"}, "learner": {"mem": "1G"}},
+        # leader_spare: the learner (the het job's first component) holds a spare too, so Slurm
+        # marking a dead rollout node down leaves the job running (docs/PREEMPTION.md).
+        components={"rollout": {"nodes": 1, "spare_nodes": spares, "mem": "500M"},
+                    "learner": {"mem": "1G", **({"spare_nodes": 1} if leader_spare else {})}},
         training={"iterations": iterations, "eval_interval": 1000000},
         checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
         preemption={"max_failures": 100},
@@ -226,26 +231,32 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
 
 def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None,
-           memory_every: int | str = 1, example: str = "ppo") -> tuple[Path, str]:
+           memory_every: int | str = 1, example: str = "ppo", leader_spare: bool = False) -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example)
+    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example, leader_spare)
     res = submit_spec(spec_from_dict(job), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
 def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None,
-           memory_every: int | str = 1, kill_after: int = 4, example: str = "ppo") -> list[dict[str, Any]]:
+           memory_every: int | str = 1, kill_after: int = 4, example: str = "ppo",
+           leader_spare: bool = False) -> list[dict[str, Any]]:
     """One death per spare node of the job (PPO: two, kill then kill, or with ``down`` kill then
-    down; the MoE LM: one)."""
+    down; the MoE LM: one). ``leader_spare`` (PPO): learner and rollout one spare each, one death
+    per job, with ``down`` the jobs alternate kill and down."""
     trials: list[dict[str, Any]] = []
-    spares = EXAMPLES[example][1]
+    spares = 1 if leader_spare else EXAMPLES[example][1]
+    jobs = 0
     while len(trials) < kills:
-        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example)
+        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example, leader_spare)
+        modes = ("kill", "down" if down else "kill")[:spares] if not leader_spare else \
+            (("down" if down and jobs % 2 else "kill"),)
+        jobs += 1
         try:
-            for restart, mode in enumerate(("kill", "down" if down else "kill")[:spares]):
+            for restart, mode in enumerate(modes):
                 if len(trials) < kills:
                     try:
                         trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after,
@@ -349,6 +360,8 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=20, help="overhead: iterations before the measured window")
     p.add_argument("--overhead-only", action="store_true")
     p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
+    p.add_argument("--leader-spare", action="store_true",
+                   help="PPO: the learner (first component) holds a spare too; one death per job")
     p.add_argument("--node-timeout", type=int, default=None,
                    help="HETRUN_NODE_TIMEOUT for the spare-node jobs (default: the product's)")
     p.add_argument("--memory-every", type=lambda x: x if x == "auto" else int(x), default=1,
@@ -377,8 +390,9 @@ def main() -> None:
             result["node_timeout"] = args.node_timeout
             result["memory_every"] = args.memory_every
             result["example"] = args.example
+            result["leader_spare"] = args.leader_spare
             result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout, args.memory_every,
-                                    args.kill_after, args.example)
+                                    args.kill_after, args.example, args.leader_spare)
             result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]
