@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -324,6 +325,37 @@ def test_retention_and_gc_keep_delta_bases(tmp_path: Path) -> None:
     assert {p.name for p in tier.iter_objects()} == reachable
     assert not list((tmp_path / "shards").glob("00000000000[123]"))
     del files
+
+
+def test_gc_spares_another_writers_staged_file_older_than_the_newest_manifest(tmp_path: Path) -> None:
+    """A rank ahead in an async pipeline stages its next checkpoint's objects (temporary
+    names until its commit) before a slower rank commits an older step: GC after that commit
+    must not delete them (it did once: that rank's last checkpoint failed, "No such file").
+    Only a temporary file older than STALE_TMP_S, a crashed writer's, goes."""
+    from hetrun.runtime.ckpt.objects import Staged, atomic_write
+    from hetrun.runtime.ckpt.store import STALE_TMP_S
+
+    t = torch.randn(1 << 12)
+    w = writer(tmp_path, keep=2)
+    w.save(1, {"t": t})
+    assert w.wait().ok  # type: ignore[union-attr]
+    tier = Tier(tmp_path)
+    staged = Staged()
+    h = "ab" + "0" * 62
+    tier.object_path(h).parent.mkdir(exist_ok=True)  # as Tier.write_object does
+    atomic_write(tier.object_path(h), [b"in flight"], durable=True, staged=staged)
+    (tmp_dir,) = {p.parent for p in tier.iter_objects() if p.name.startswith(".")}
+    (tmp,) = [p for p in tmp_dir.iterdir() if p.name.startswith(".")]
+    crashed = tmp_dir / ".cd00.1.2.dead.tmp"
+    crashed.write_bytes(b"left by a dead writer")
+    old = time.time() - STALE_TMP_S - 60
+    os.utime(crashed, (old, old))
+    os.utime(tmp, (old + 120, old + 120))  # written before the newest manifest, still in flight
+    gc(tier, cutoff=time.time() + 10)
+    assert tmp.exists() and not crashed.exists()
+    staged.commit()
+    assert tier.object_path(h).read_bytes() == b"in flight"
+    w.close()
 
 
 def test_tiers_drain_and_restore_from_either(tmp_path: Path) -> None:

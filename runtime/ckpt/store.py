@@ -554,11 +554,32 @@ def retain(tier: Tier, keep: int) -> list[int]:
     return doomed
 
 
+# A writer's temporary file (objects.atomic_write: ".<name>.<pid>.<thread>.<rand>.tmp") is
+# another rank's checkpoint in flight: staged writes keep it until their commit, which a rank
+# ahead in an async pipeline reaches after a slower rank committed a newer manifest. The
+# cutoff does not protect it (its mtime is its write, not its commit): GC deleted one once,
+# and that rank's last checkpoint failed ("cannot write checkpoint file ...: No such file").
+# Only a temporary file this old is a crashed writer's leftover.
+STALE_TMP_S = 6 * 3600
+
+
+def _is_tmp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def _doomed(name: str, live: bool, mtime: float, cutoff: float, now: float) -> bool:
+    if _is_tmp(name):
+        return now - mtime > STALE_TMP_S
+    return not live and mtime < cutoff
+
+
 def gc(tier: Tier, cutoff: float | None = None) -> tuple[int, int]:
     """Delete objects and shard files no manifest reaches (through delta bases
     too) and that are older than ``cutoff`` (default: the newest manifest's
-    time, so a checkpoint being written right now is never touched).
+    time, so a checkpoint being written right now is never touched), and
+    writers' temporary files older than STALE_TMP_S (never younger ones).
     Returns (files deleted, bytes freed)."""
+    now = time.time()
     steps = tier.manifest_steps()
     if cutoff is None:
         cutoff = max((tier.manifest_path(s).stat().st_mtime for s in steps), default=time.time())
@@ -593,7 +614,7 @@ def gc(tier: Tier, cutoff: float | None = None) -> tuple[int, int]:
             st = p.stat()
         except OSError:
             continue
-        if p.name not in live and st.st_mtime < cutoff:
+        if _doomed(p.name, p.name in live, st.st_mtime, cutoff, now):
             with contextlib.suppress(OSError):
                 p.unlink()
                 files += 1
@@ -607,7 +628,7 @@ def gc(tier: Tier, cutoff: float | None = None) -> tuple[int, int]:
                 rel = f"shards/{d.name}/{p.name}"
                 with contextlib.suppress(OSError):
                     st = p.stat()
-                    if rel not in live_shards and st.st_mtime < cutoff:
+                    if _doomed(p.name, rel in live_shards, st.st_mtime, cutoff, now):
                         p.unlink()
                         files += 1
                         freed += st.st_size
