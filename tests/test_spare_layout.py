@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import yaml
-
 from hetrun.dag.spare_layout import spare_layout_warnings
 from hetrun.dag.spec import spec_from_dict
 
