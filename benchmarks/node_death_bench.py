@@ -252,8 +252,10 @@ def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | Non
     jobs = 0
     while len(trials) < kills:
         run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example, leader_spare)
-        modes = ("kill", "down" if down else "kill")[:spares] if not leader_spare else \
-            (("down" if down and jobs % 2 else "kill"),)
+        if leader_spare:  # one death per job: kill, or with down every other job a DOWN
+            modes: tuple[str, ...] = ("down" if down and jobs % 2 else "kill",)
+        else:
+            modes = ("kill", "down" if down else "kill")[:spares]
         jobs += 1
         try:
             for restart, mode in enumerate(modes):

@@ -101,8 +101,8 @@ def run_rank(rank: int, size: int, base: Path, snapshots: int, warmup: int) -> d
         # Run.snapshot's work at a step it keeps (runtime/api/run.py).
         nonlocal at
         at += 1
-        if mem.due(at):  # (Run.snapshot also passes started=: the tier's own accounting, not timed here)
-            mem.snapshot(at, recovery.snapshot_tree(StateObjects(objs), at, None))
+        if mem.due(at):
+            recovery.take_snapshot(mem, StateObjects(objs), at, None)
 
     out: dict[str, Any] = {}
     for mode, pause in (("hot", 0.0), ("cold", 0.05)):

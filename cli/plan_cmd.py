@@ -255,10 +255,6 @@ def register(app: typer.Typer) -> None:
             from hetrun.runtime.ckpt.object_preflight import preflight
 
             preflight(spec.checkpoint.object_store, str(job))
-        from hetrun.dag.spare_layout import spare_layout_warnings
-
-        for warning in spare_layout_warnings(spec):
-            sys.stderr.write(f"hetrun: warning: {warning}\n")
         caps, cap_source = _capacities(spec, capacity, job)
         build = build_plan_explained(spec, capacities=caps)
         placed, unplaced = _placed_plan(build, spec, fit)

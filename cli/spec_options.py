@@ -67,7 +67,14 @@ def overrides_from(
 
 
 def load_job(job: Path, overrides: Overrides | None = None) -> JobSpec:
-    """Load and validate the job YAML with overrides; raises ``SpecError`` (exit code 2)."""
+    """Load and validate the job YAML with overrides; raises ``SpecError`` (exit code 2).
+    A layout that holds but misleads (dag/spare_layout.py) is a warning line on stderr."""
+    import sys
+
+    from hetrun.dag.spare_layout import spare_layout_warnings
     from hetrun.dag.spec import load_spec
 
-    return load_spec(job, overrides)
+    spec = load_spec(job, overrides)
+    for warning in spare_layout_warnings(spec):
+        sys.stderr.write(f"hetrun: warning: {warning}\n")
+    return spec

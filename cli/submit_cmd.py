@@ -93,10 +93,6 @@ def register(app: typer.Typer) -> None:
             choice = choose_auto()
             sys.stderr.write(f"hetrun: backend auto -> {choice.name}: {choice.reason}\n")
             backend = choice.name
-        from hetrun.dag.spare_layout import spare_layout_warnings
-
-        for warning in spare_layout_warnings(spec):
-            sys.stderr.write(f"hetrun: warning: {warning}\n")
         result = submit_spec(spec, backend=backend, runs_dir=runs_dir, dry_run=dry_run, job_dir=job_dir, fit=fit,
                              job_file=str(job))
         print_placement(result.plan, spec)

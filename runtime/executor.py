@@ -327,11 +327,8 @@ class Executor:
             if it > start and checkpoint_boundary(self.plan, it):
                 self._save_boundary(it)
             if self.memory is not None and it > start and self.memory.due(it):
-                # The state an interval checkpoint at `it` would hold, into peer memory; the
-                # tree's capture counts as the tier's time (MemorySnapshots.snapshot's started=).
-                t0 = time.perf_counter()
-                self.memory.snapshot(it, recovery.snapshot_tree(self.workload, it, self._pipeline_state()),
-                                     started=t0)
+                # The state an interval checkpoint at `it` would hold, into peer memory.
+                recovery.take_snapshot(self.memory, self.workload, it, self._pipeline_state())
             self._run_iteration(it)
             last_done = it
         self._wind_down()

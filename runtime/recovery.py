@@ -132,3 +132,11 @@ def snapshot_tree(workload: Any, iteration: int, pipeline: Any) -> dict[str, Any
     """The tree an interval checkpoint at ``iteration`` would store (resume.save_checkpoint's)."""
     extra = {"pipeline": pipeline} if pipeline is not None else {}
     return {"workload": workload.state_dict(), "rng": capture_rng(), "iteration": iteration, **extra}
+
+
+def take_snapshot(memory: MemorySnapshots, workload: Any, iteration: int, pipeline: Any) -> None:
+    """``snapshot_tree`` into peer memory (the executor's and the run API's one way). The tree's
+    capture, the state_dicts and the RNG states, is the tier's cost too: timed from before it
+    (``started=``), so the adaptive N sees the whole snapshot (benchmarks/node_death.md, session 21)."""
+    started = time.perf_counter()
+    memory.snapshot(iteration, snapshot_tree(workload, iteration, pipeline), started=started)

@@ -234,10 +234,9 @@ class Run:
         at = step + 1  # the step a restart resumes at, as save() numbers it
         if not self._memory.due(at):
             return False
-        from hetrun.runtime.recovery import snapshot_tree
+        from hetrun.runtime.recovery import take_snapshot
 
-        t0 = time.perf_counter()  # the tree's capture is the tier's cost too (the adaptive N counts it)
-        self._memory.snapshot(at, snapshot_tree(StateObjects(objs), at, None), started=t0)
+        take_snapshot(self._memory, StateObjects(objs), at, None)
         return True
 
     def _memory_on(self) -> bool:
