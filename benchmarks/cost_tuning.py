@@ -37,6 +37,14 @@ labelled as such.
 
     flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --seeds 0 --json out.json
     python benchmarks/cost_tuning.py --updates 12 --seeds 0      # smoke
+
+``--example atari`` / ``--example moe`` check tune's prediction on the Atari PPO
+(examples/ppo_atari.yaml) and the MoE LM (examples/moe_lm.yaml): (B) and (C)
+only, each example fitted to this machine's cores the same way (an evaluator-only
+component folded into the first one, then the component with the most ranks cut
+a node at a time), its own hyper-parameters and evaluation schedule. No (A):
+these are tune's model checked against the run it predicts, not a peer
+comparison (benchmarks/atari.md has SB3 and CleanRL on Atari).
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-EXAMPLE = HERE.parent / "examples" / "ppo_cartpole.yaml"
+EXAMPLES = {"cartpole": HERE.parent / "examples" / "ppo_cartpole.yaml",
+            "atari": HERE.parent / "examples" / "ppo_atari.yaml",
+            "moe": HERE.parent / "examples" / "moe_lm.yaml"}
 SEED_CLAIM = "71.2% cost cut; 3.2 -> 11.7 actions/s"
 ENV_ID = "CartPole-v1"
 HYPER: dict[str, Any] = {
@@ -164,15 +174,39 @@ def run_sb3(seed: int, updates: int, eval_interval: int, timeout: float) -> dict
 # ------------------------------------------------------------------ (B), (C) hetrun
 
 
-def first_written(seed: int, updates: int, eval_interval: int, cores: int) -> dict[str, Any]:
-    """examples/ppo_cartpole.yaml fitted to ``cores``: rollout ranks cut until the job fits."""
-    job = yaml.safe_load(EXAMPLE.read_text())
+def job_cores(comps: dict[str, Any]) -> int:
+    return sum(int(c["nodes"]) * int(c.get("tasks_per_node", 1)) * int(c["cpus_per_task"]) for c in comps.values())
+
+
+def fit_to_cores(job: dict[str, Any], cores: int) -> None:
+    """Shrink ``job`` in place until it asks for at most ``cores``: a component that only
+    evaluates is folded into the first (its eval runs there), then the component with the most
+    ranks loses a node at a time (CartPole, Atari: a rollout rank; the MoE LM: a learner node)."""
     comps = job["components"]
-    while sum(int(c["nodes"]) * int(c.get("tasks_per_node", 1)) * int(c["cpus_per_task"])
-              for c in comps.values()) > cores and comps["rollout"]["nodes"] > 1:
-        comps["rollout"]["nodes"] -= 1
-    job.update(name=f"cost-first-s{seed}", workload_args={"env_id": ENV_ID, **HYPER})
-    job["training"].update(iterations=updates, eval_interval=eval_interval, seed=seed)
+    first = next(iter(comps))
+    while job_cores(comps) > cores:
+        evaluator = next((n for n, c in comps.items() if n != first and c.get("actions") == ["eval"]), None)
+        if evaluator is not None:
+            del comps[evaluator]
+            comps[first]["actions"] = [*comps[first]["actions"], "eval"]
+            continue
+        shrinkable = [n for n, c in comps.items() if int(c["nodes"]) > 1]
+        if not shrinkable:
+            raise SystemExit(f"{job['name']} does not fit {cores} cores with one node per component")
+        biggest = max(shrinkable, key=lambda n: int(comps[n]["nodes"]) * int(comps[n].get("tasks_per_node", 1)))
+        comps[biggest]["nodes"] -= 1
+
+
+def first_written(example: str, seed: int, updates: int, eval_interval: int | None, cores: int) -> dict[str, Any]:
+    """The example's YAML fitted to ``cores`` (:func:`fit_to_cores`); CartPole with ``HYPER``."""
+    job = yaml.safe_load(EXAMPLES[example].read_text())
+    fit_to_cores(job, cores)
+    job["name"] = f"cost-first-{example}-s{seed}"
+    if example == "cartpole":
+        job["workload_args"] = {"env_id": ENV_ID, **HYPER}
+    job["training"].update(iterations=updates, seed=seed)
+    if eval_interval is not None:
+        job["training"]["eval_interval"] = eval_interval
     job["checkpoint"] = {"interval": 0}
     job.pop("slurm", None)
     return job
@@ -192,14 +226,14 @@ def apply_overrides(job: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def allocation(job: dict[str, Any]) -> tuple[int, float]:
-    """(cores, GiB) the job asks for: ranks x cpus_per_task, ranks x mem."""
+    """(cores, GiB) the job asks for: ranks x cpus_per_task, nodes x mem (a YAML's mem is per node)."""
     from hetrun.slurm_plugin.policy.model import size_mb
 
     cores, mem_mb = 0, 0.0
     for c in job["components"].values():
         ranks = int(c["nodes"]) * int(c.get("tasks_per_node", 1))
         cores += ranks * int(c["cpus_per_task"])
-        mem_mb += ranks * size_mb(c["mem"])
+        mem_mb += int(c["nodes"]) * size_mb(c["mem"])
     return cores, mem_mb / 1024
 
 
@@ -231,7 +265,8 @@ def run_hetrun(job: dict[str, Any], workdir: Path, timeout: float) -> dict[str, 
     solved = next((e for e in evals if (e.get("metrics") or {}).get("solved")), None)
     return {"env_steps": a.work, "alloc_s": exited - launched, "steady": a.steady, "spread": a.spread,
             "solved_s": None if solved is None else solved["end"] - launched,
-            "eval_returns": [round(e["metrics"]["eval_return_mean"], 1) for e in evals],
+            "eval_returns": [round(e["metrics"]["eval_return_mean"], 1) for e in evals
+                             if "eval_return_mean" in (e.get("metrics") or {})],
             "run_dir": str(run_dir)}
 
 
@@ -279,16 +314,17 @@ def fmt(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| seed | job | cores + GiB charged | steady env steps/s (windows) | core-h per M steps | USD per M "
+def table(rows: list[dict[str, Any]], unit: str = "env steps") -> str:
+    lines = [f"| seed | job | cores + GiB charged | steady {unit}/s (windows) | core-h per M | USD per M "
              "(whole run) | USD per M (steady) | cost vs (A) (steady) | core-h to 475 | USD to 475 | cost vs (A) to 475 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        base = next(b for b in rows if b["seed"] == r["seed"] and b["job"].startswith("(A)"))
-        # a change of cost: negative is a cut, printed as one ("-25.0%")
-        cut = (None if not (r["usd_per_m_steady"] and base["usd_per_m_steady"])
+        # the cost against (A), where the run has one: negative is a cut, printed as one ("-25.0%")
+        base = next((b for b in rows if b["seed"] == r["seed"] and b["job"].startswith("(A)")), r)
+        cut = (None if base is r or not (r["usd_per_m_steady"] and base["usd_per_m_steady"])
                else r["usd_per_m_steady"] / base["usd_per_m_steady"] - 1)
-        cut475 = (None if not (r["usd_to_475"] and base["usd_to_475"]) else r["usd_to_475"] / base["usd_to_475"] - 1)
+        cut475 = (None if base is r or not (r["usd_to_475"] and base["usd_to_475"])
+                  else r["usd_to_475"] / base["usd_to_475"] - 1)
         spread = f" ({r['spread'][0]:,.0f}–{r['spread'][1]:,.0f})" if r["spread"] else ""
         lines.append(f"| {r['seed']} | {r['job']} | {r['cores']} + {r['mem_gb']:.2f} | {fmt(r['steady'], ',.0f')}"
                      f"{spread} | {r['core_h_per_m']:.3f} | {r['usd_per_m_whole']:.4f} | "
@@ -303,9 +339,12 @@ def main() -> None:
         print(json.dumps(sb3_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--example", choices=sorted(EXAMPLES), default="cartpole",
+                    help="cartpole: (A), (B), (C); atari, moe: tune's prediction only, (B) and (C)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--updates", type=int, default=60, help="updates of every job (equal work)")
-    ap.add_argument("--eval-interval", type=int, default=5)
+    ap.add_argument("--eval-interval", type=int, default=None,
+                    help="evaluate every N updates (default: CartPole 5, the others their example's own)")
     ap.add_argument("--run-timeout", type=float, default=600.0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -316,16 +355,18 @@ def main() -> None:
     rows, proposals, projection = [], [], None
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="cost-bench-") as tmp:
         workdir = Path(tmp)
+        eval_interval = 5 if args.eval_interval is None and args.example == "cartpole" else args.eval_interval
         for seed in args.seeds:
-            sb3 = run_sb3(seed, args.updates, args.eval_interval, args.run_timeout)
-            rows.append({"seed": seed, "job": "(A) SB3, one allocation",
-                         **costs(sb3, cores, BASELINE_MEM_GB)})
-            first = first_written(seed, args.updates, args.eval_interval, cores)
+            if args.example == "cartpole":
+                sb3 = run_sb3(seed, args.updates, eval_interval, args.run_timeout)
+                rows.append({"seed": seed, "job": "(A) SB3, one allocation",
+                             **costs(sb3, cores, BASELINE_MEM_GB)})
+            first = first_written(args.example, seed, args.updates, eval_interval, cores)
             b = run_hetrun(first, workdir, args.run_timeout)
             rows.append({"seed": seed, "job": "(B) hetrun as first written", **costs(b, *allocation(first))})
             p = propose(b["run_dir"], PRICES)
             tuned = apply_overrides(first, p.overrides())
-            tuned["name"] = f"cost-tuned-s{seed}"
+            tuned["name"] = f"cost-tuned-{args.example}-s{seed}"
             c = run_hetrun(tuned, workdir, args.run_timeout)
             rows.append({"seed": seed, "job": "(C) (B) after hetrun tune", **costs(c, *allocation(tuned))})
             proposals.append({"seed": seed, **p.to_json(), "measured_steady": c["steady"],
@@ -334,22 +375,22 @@ def main() -> None:
                               if c["steady"] else None,
                               "prediction_error_cost": (p.proposed_cost_per_m / rows[-1]["usd_per_m_steady"] - 1)
                               if rows[-1]["usd_per_m_steady"] else None})
-            if projection is None:
+            if projection is None and args.example == "cartpole":
                 projection = gpu_projection(b["run_dir"])
-            for r in rows[-3:]:
-                print(f"seed {seed} {r['job']}: steady {fmt(r['steady'], ',.0f')} env steps/s, "
+            for r in rows[-3 if args.example == "cartpole" else -2:]:
+                print(f"seed {seed} {r['job']}: steady {fmt(r['steady'], ',.0f')} {p.unit}/s, "
                       f"{fmt(r['usd_per_m_steady'], '.4f')} USD/M steady, {r['usd_per_m_whole']:.4f} USD/M whole, "
                       f"to 475 {fmt(r['usd_to_475'], '.6f')}", flush=True)
     doc = {"rows": rows, "proposals": proposals, "gpu_projection": projection, "prices": PRICES,
            "gpu_prices": GPU_PRICES, "cores": cores, "load_before": load_before, "load_after": os.getloadavg(),
-           "updates": args.updates, "seeds": args.seeds, "seed_claim": SEED_CLAIM}
+           "updates": args.updates, "seeds": args.seeds, "example": args.example, "seed_claim": SEED_CLAIM}
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1))
     print()
-    print(table(rows))
+    print(table(rows, proposals[0]["unit"] if proposals else "env steps"))
     for p in proposals:
         print(f"seed {p['seed']}: tune {p['decision']} {p['reason']} overrides {' '.join(p['overrides'])}; predicted "
-              f"{p['predicted_steps_per_s']:,.0f} env steps/s, {p['proposed_cost_per_m']:.4f} USD/M "
+              f"{p['predicted_steps_per_s']:,.0f} {p['unit']}/s, {p['proposed_cost_per_m']:.4f} USD/M "
               f"({p['cost_change']:+.1%} cost); measured {fmt(p['measured_steady'], ',.0f')}, "
               f"{fmt(p['measured_usd_per_m_steady'], '.4f')}: error {fmt(p['prediction_error_steps'], '+.1%')} "
               f"(steps/s), {fmt(p['prediction_error_cost'], '+.1%')} (cost)")

@@ -85,11 +85,11 @@ def _auto_sizes(run_dir: Path) -> tuple[dict[str, int], list[str]]:
 
     proposal = propose(run_dir, load_prices(prices_path(None)))
     sys.stderr.write("hetrun: tune proposes " + ", ".join(
-        f"{c.name}={c.ranks} ({c.mem_mb}M)" for c in proposal.proposed)
+        f"{c.name}={c.ranks} ({c.mem_mb}M a rank)" for c in proposal.proposed)
         + f" (demand: {proposal.predictor}; {proposal.decision}; cost per 1M {proposal.unit} "
         f"{proposal.cost_change:+.1%}" + (f": {proposal.reason}" if proposal.reason else "") + ")\n")
     sizes = {c.name: c.ranks for c in proposal.proposed}
-    return sizes, [f"components.{c.name}.mem={c.mem_mb}M" for c in proposal.proposed]
+    return sizes, [c.mem_set() for c in proposal.proposed]
 
 
 def _changes(run_dir: Path, rp: ResumePlan) -> str:

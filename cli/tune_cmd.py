@@ -68,7 +68,7 @@ def _print(p: object) -> None:
 
     assert isinstance(p, Proposal)
     table = Table(title=f"hetrun tune {Path(p.run_dir).name}  (demand: {p.predictor})")
-    for col in ("component", "ranks", "cpus/task", "mem", "busy s/1k steps", "utilization"):
+    for col in ("component", "ranks", "cpus/task", "mem/rank", "busy s/1k steps", "utilization"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for now, new in zip(p.current, p.proposed, strict=True):
         table.add_row(now.name, f"{now.ranks} -> {new.ranks}", str(new.cpus_per_task),

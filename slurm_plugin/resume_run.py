@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hetrun.dag.rank_layout import layout_sets
 from hetrun.errors import RunDirError, SpecError
 from hetrun.planfile import read_plan
 from hetrun.rundir import RunPaths
@@ -94,9 +95,7 @@ def resize_sets(sizes: dict[str, int], spec: JobSpec) -> list[str]:
         if ranks < 1:
             raise SpecError(f"--resize {name}={ranks}: a component needs at least 1 rank",
                             key_path=f"components.{name}", value=ranks)
-        per_node = spec.components[name].tasks_per_node
-        per_node = per_node if ranks % per_node == 0 else 1
-        out += [f"components.{name}.nodes={ranks // per_node}", f"components.{name}.tasks_per_node={per_node}"]
+        out += layout_sets(name, ranks, spec.components[name].tasks_per_node)
     return out
 
 

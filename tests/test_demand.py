@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 from hetrun.dag.overrides import Overrides
-from hetrun.dag.plan import build_plan
-from hetrun.dag.spec import load_spec
+from hetrun.dag.plan import build_plan, build_plan_explained
+from hetrun.dag.spec import load_spec, spec_from_dict
 from hetrun.reports.cost import DEFAULT_PRICES
 from hetrun.reports.demand.predictors import EWMA, Chooser, LastValue, evaluate
 from hetrun.reports.demand.series import DemandSeries, peak_memory, read_demand
 from hetrun.reports.demand.sizing import propose
 from hetrun.runtime.inprocess import run_inprocess
 
-from hetrun.errors import SpecError
+from hetrun.errors import HetrunError, SpecError
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -189,11 +189,12 @@ def test_large_budgets_are_searched_by_growing_the_bottleneck() -> None:
 def test_overrides_keep_the_jobs_tasks_per_node_where_it_divides_the_ranks() -> None:
     from hetrun.reports.demand.sizing import ComponentSize, Proposal
 
+    # mem_mb is per rank; a YAML's mem is per node (Slurm's --mem): the rank's times its tasks there.
     sizes = [ComponentSize("learner", 4, 1, 0.0, 832, tasks_per_node=2),
              ComponentSize("rollout", 3, 1, 0.0, 448, tasks_per_node=2)]
     p = Proposal("run", 1.0, 1.0, sizes, sizes, 1.0, 1.0, 1.0, 1.0, "USD", "ewma")
     assert p.overrides() == [
-        "components.learner.nodes=2", "components.learner.tasks_per_node=2", "components.learner.mem=832M",
+        "components.learner.nodes=2", "components.learner.tasks_per_node=2", "components.learner.mem=1664M",
         "components.rollout.nodes=3", "components.rollout.tasks_per_node=1", "components.rollout.mem=448M"]
 
 
@@ -238,3 +239,52 @@ def test_memory_is_sized_from_every_attempt_not_only_the_fitted_one(tmp_path: Pa
         {"name": "learner", "ntasks": 1, "nodes": 1, "cpus_per_task": 1, "gpus_per_node": 0, "mem_mb": 64}]}))
     p = propose(tmp_path, DEFAULT_PRICES)
     assert [c.mem_mb for c in p.proposed] == [1152]  # 900 MiB + 25% = 1125, rounded up to 64 MiB
+
+
+def moe_shaped_run(run_dir: Path, peak_mb: float) -> None:
+    """A run of a MoE-LM-shaped job (one component, 2 ranks on a node, ``mem`` 2G a node,
+    ``actions.forward.memory: 256M``): its real job.yaml and plan.json, and events whose ranks
+    peaked at ``peak_mb``."""
+    spec = spec_from_dict({
+        "name": "moe-shaped", "workload": "hetrun.examples.moe_lm:MoELMWorkload",
+        "components": {"learner": {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1, "mem": "2G",
+                                   "actions": ["forward", "backward", "sync", "optimize", "checkpoint"]}},
+        "training": {"kind": "supervised", "iterations": 8, "micro_batches": 4},
+        "actions": {"forward": {"memory": "256M"}}})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "job.yaml").write_text(spec.to_yaml())
+    (run_dir / "plan.json").write_text(build_plan(spec).to_json())
+    lines: list[dict] = [{"ev": "start", "rank": r, "component": "learner"} for r in (0, 1)]
+    for it in range(6):
+        lines += [action(r, "learner", "forward", it, float(it), 1.0, samples=64, peak_mem=peak_mb * 2**20)
+                  for r in (0, 1)]
+    write_events(run_dir, lines)
+
+
+def test_tune_gives_a_node_the_memory_of_all_its_ranks_and_never_less_than_the_plan_needs(tmp_path: Path) -> None:
+    # The MoE LM's failure: each rank peaked at ~460 MB, tune wrote the rank's 576M as the
+    # node's mem (two ranks: 288 MB each), below the 256 MB micro-batch plus model state the
+    # plan needs, and the proposed job did not plan.
+    priced = {**DEFAULT_PRICES, "mem_gb_hour": 0.005}  # memory priced: a cut to propose
+    moe_shaped_run(tmp_path, peak_mb=460)
+    p = propose(tmp_path, priced)
+    (learner,) = p.proposed
+    assert learner.mem_mb == 576 and learner.mem_per_node_mb == 1152  # 460 + 25%, to 64 MB; 2 a node
+    assert "components.learner.mem=1152M" in p.overrides()
+    built = build_plan_explained(load_spec(tmp_path / "job.yaml", Overrides(sets=p.overrides()), check_args=False))
+    assert built.memory is not None and built.memory.budget_mb == 576
+
+    # A peak so small that its memory would not hold one micro-batch and the model state:
+    # raised to the least memory with which the job plans as it ran (the same micro-batches
+    # in flight), found by the planner itself.
+    small = tmp_path / "small"
+    moe_shaped_run(small, peak_mb=40)
+    measured = build_plan_explained(load_spec(small / "job.yaml", check_args=False)).memory
+    (learner,) = propose(small, priced).proposed
+    assert 64 < learner.mem_mb < 1024
+    at = build_plan_explained(load_spec(small / "job.yaml", Overrides(sets=[learner.mem_set()]),
+                                        check_args=False)).memory
+    assert at is not None and measured is not None and at.inflight_after == measured.inflight_after
+    below = Overrides(sets=[f"components.learner.mem={(learner.mem_mb - 64) * 2}M"])
+    with pytest.raises(HetrunError):  # 64 MB less would not plan
+        build_plan_explained(load_spec(small / "job.yaml", below, check_args=False))

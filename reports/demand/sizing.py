@@ -14,12 +14,15 @@ lowest cost per step, ties going to the higher throughput. Communication
 does not enter the model: adding data-parallel learners adds gradient
 all-reduces it does not price.
 
-Memory: the largest peak any rank of the component reported in any attempt
-(series.peak_memory; ranks sharing a process share its peak), plus ``margin``,
-rounded up to 64 MiB, never less, also when the rank counts are kept: a
-configured memory below what a rank measured is raised to it. cpus_per_task stays as measured: events do not say how
-an action would scale with more threads. A rank's price includes its memory
-where the price table has ``mem_gb_hour``.
+Memory, per rank (a YAML's ``mem`` is per node: the proposal's ``--set`` gives
+the node the rank's memory times its tasks): the largest peak any rank of the
+component reported in any attempt (series.peak_memory; ranks sharing a process
+share its peak), plus ``margin``, rounded up to 64 MiB, never less, also when the
+rank counts are kept: a configured memory below what a rank measured is raised to
+it; and never below what the run's own plan needs (plan_floor: actions that
+declare their memory, the micro-batches in flight). cpus_per_task stays as
+measured: events do not say how an action would scale with more threads. A
+rank's price includes its memory where the price table has ``mem_gb_hour``.
 
 What it is fitted on, and how sure it is: the newest attempt with a steady
 throughput (hetrun.reports.throughput: after a resize each attempt has its own
@@ -45,9 +48,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetrun.dag.rank_layout import layout_sets, rank_layout
 from hetrun.errors import SpecError
 
 from ..throughput import run_throughput
+from .plan_floor import memory_floor_mb
 from .predictors import EWMA, Predictor
 from .series import RunDemand, peak_memory, read_demand
 
@@ -60,10 +65,18 @@ class ComponentSize:
     ranks: int
     cpus_per_task: int
     gpus_per_rank: float
-    mem_mb: int
+    mem_mb: int  # per rank (a YAML's mem is per node: mem_per_node_mb)
     busy_s_per_step: float = 0.0  # rank-seconds per env step (predicted)
     tasks_per_node: int = 1  # the job's own layout, kept where it divides the ranks
     utilization: float = 0.0  # busy share of its ranks' time at the model's pace
+
+    @property
+    def mem_per_node_mb(self) -> int:
+        """The YAML's ``mem`` for these ranks laid out as rank_layout lays them out."""
+        return self.mem_mb * rank_layout(self.ranks, self.tasks_per_node)[1]
+
+    def mem_set(self) -> str:
+        return f"components.{self.name}.mem={self.mem_per_node_mb}M"
 
 
 @dataclass
@@ -115,12 +128,7 @@ class Proposal:
 
     def overrides(self) -> list[str]:
         """``--set`` arguments that give a new submit the proposed sizes."""
-        out = []
-        for c in self.proposed:
-            per_node = c.tasks_per_node if c.ranks % c.tasks_per_node == 0 else 1
-            out += [f"components.{c.name}.nodes={c.ranks // per_node}",
-                    f"components.{c.name}.tasks_per_node={per_node}", f"components.{c.name}.mem={c.mem_mb}M"]
-        return out
+        return [s for c in self.proposed for s in (*layout_sets(c.name, c.ranks, c.tasks_per_node), c.mem_set())]
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "cost_cut": self.cost_cut, "cost_change": self.cost_change,
@@ -162,10 +170,17 @@ def needed_mem_mb(peak_bytes: float, margin: float) -> int | None:
     return max(64, math.ceil(peak_bytes / _MIB * (1 + max(0.0, margin)) / 64) * 64)
 
 
+def _needed(run: Path, comp: dict[str, Any], peak_bytes: float, margin: float) -> int | None:
+    """Per-rank memory to propose for ``comp``: the measured peak plus margin, raised to what
+    the run's plan needs (plan_floor); None when nothing was measured."""
+    want = needed_mem_mb(peak_bytes, margin)
+    return None if want is None else memory_floor_mb(run, comp, want)
+
+
 def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | None,
                 mem_mb: float | None = None) -> tuple[float, float]:
     """(price per rank-hour, gpus per rank) from the price table (partition rates override);
-    ``mem_mb``: the rank's memory (default: the component's)."""
+    ``mem_mb``: the rank's memory (default: the component's per node over its tasks per node)."""
     rates = {**prices, **((prices.get("partitions") or {}).get(partition or "", {}))}
     gpu_rate = rates.get("gpu_hour", 0.0)
     if isinstance(gpu_rate, dict):
@@ -173,7 +188,9 @@ def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | N
     ntasks = max(1, int(comp.get("ntasks", 1)))
     gpus = float(comp.get("gpus_per_node", 0)) * int(comp.get("nodes", 1)) / ntasks
     cpu_rate = float(rates.get("core_hour", 0.0))
-    mem_gb = (float(comp.get("mem_mb", 0)) if mem_mb is None else mem_mb) / 1024
+    if mem_mb is None:
+        mem_mb = float(comp.get("mem_mb", 0)) / max(1, int(comp.get("tasks_per_node", 1)))
+    mem_gb = mem_mb / 1024
     return (int(comp.get("cpus_per_task", 1)) * cpu_rate + gpus * float(gpu_rate)
             + mem_gb * float(rates.get("mem_gb_hour", 0.0))), gpus
 
@@ -241,20 +258,20 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
     current, per_step, price, price_new, cpus = [], [], [], [], []
     # Memory from every attempt, not only the fitted one (series.peak_memory says why).
     peaks = peak_memory(run)
-    needed = {c["name"]: needed_mem_mb(peaks.get(c["name"], 0.0), margin) for c in comps}
+    needed = {c["name"]: _needed(run, c, peaks.get(c["name"], 0.0), margin) for c in comps}
     for comp in comps:
         name = comp["name"]
         work = predicted_busy(demand, name, predictor, skip)
         rank_price, gpus = _rank_price(comp, prices, partition)
         sizes = fitted.sizes if fitted is not None and fitted.sizes else demand.ranks
         ranks_run = sizes.get(name, int(comp["ntasks"]))  # in-process: one per component
+        per_node = max(1, int(comp.get("tasks_per_node", 1)))
         current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus,
-                                     int(comp["mem_mb"]), work / steps,
-                                     tasks_per_node=int(comp.get("tasks_per_node", 1))))
+                                     int(comp["mem_mb"]) // per_node, work / steps, tasks_per_node=per_node))
         per_step.append(work / steps)
         price.append(rank_price)
         cpus.append(int(comp["cpus_per_task"]))
-        new_mem = needed[name] or int(comp["mem_mb"])
+        new_mem = needed[name] or int(comp["mem_mb"]) // per_node
         price_new.append(_rank_price(comp, prices, partition, new_mem)[0])
     now = tuple(c.ranks for c in current)
     budget = max_cores or sum(n * c for n, c in zip(now, cpus, strict=True))
