@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hetrun.dag.rank_layout import layout_sets
+
 from hetrun.errors import RunDirError, SpecError
 from hetrun.planfile import read_plan
 from hetrun.rundir import RunPaths

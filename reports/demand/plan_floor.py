@@ -18,6 +18,7 @@ from typing import Any
 from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan_explained
 from hetrun.dag.spec import load_spec
+
 from hetrun.errors import HetrunError
 from hetrun.rundir import JOB_YAML
 

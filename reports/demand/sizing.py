@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from hetrun.dag.rank_layout import layout_sets, rank_layout
+
 from hetrun.errors import SpecError
 
 from ..throughput import run_throughput
