@@ -35,7 +35,9 @@ projection uses AWS EC2 on-demand us-east-1 list prices (p3.2xlarge: 1 V100,
 8 vCPU; c5.2xlarge: 8 vCPU); it is a projection from measured busy seconds,
 labelled as such.
 
-    flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --seeds 0 --json out.json
+    flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --seeds 0 1 2 --json out.json
+    flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --example moe --seeds 0 1 2 --updates 300
+    flock /var/lock/hetrun-heavy.lock python benchmarks/cost_tuning.py --example atari --seeds 0 1 2 --updates 12
     python benchmarks/cost_tuning.py --updates 12 --seeds 0      # smoke
 
 ``--example atari`` / ``--example moe`` check tune's prediction on the Atari PPO
@@ -342,7 +344,9 @@ def main() -> None:
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="cartpole",
                     help="cartpole: (A), (B), (C); atari, moe: tune's prediction only, (B) and (C)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--updates", type=int, default=60, help="updates of every job (equal work)")
+    ap.add_argument("--updates", type=int, default=240,
+                    help="updates of every job (equal work); CartPole at 60 (~2.5 s steady) measures a job's "
+                         "steady rate to +/-15 %% between two runs of it, at 240 to ~1 %% (cost_tuning.md)")
     ap.add_argument("--eval-interval", type=int, default=None,
                     help="evaluate every N updates (default: CartPole 5, the others their example's own)")
     ap.add_argument("--run-timeout", type=float, default=600.0)
