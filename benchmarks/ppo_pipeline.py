@@ -83,7 +83,9 @@ def job_dict(mode: str, seed: int, iterations: int, eval_interval: int, window: 
     return {
         "name": f"ppo-bench-{mode}-s{seed}",
         "workload": "hetrun.examples.ppo:PPOWorkload",
-        "workload_args": {"env_id": ENV_ID, **HYPER},
+        # eval_spread as examples/ppo_cartpole.yaml ships it: on the rollout rank, spread over the
+        # rollouts between two evaluations (examples/ppo_spread_eval.py)
+        "workload_args": {"env_id": ENV_ID, **HYPER, "eval_spread": eval_on == "rollout"},
         "components": {
             "learner": {"nodes": 1, "tasks_per_node": 1, "cpus_per_task": 1, "mem": "2G",
                         "actions": learner_actions},

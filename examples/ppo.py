@@ -56,6 +56,7 @@ from .ppo_envs import (
     make_vector_env,
     restore_env_state,
 )
+from .ppo_spread_eval import SpreadEval, slice_steps, spread_gap
 
 # ---------------------------------------------------------------- configuration
 
@@ -138,12 +139,18 @@ class PPOWorkload(Workload):
     # This rank's phase file when learner_threads is auto (examples/cpu_share.py); built on first use.
     _cpu_phase: CpuPhase | None = None
     _update_thread_counts: list[int]  # threads of each step of the update in progress
+    # eval_spread (ppo_spread_eval.py): the evaluation in flight, and the slice size for the
+    # next one to start at the next rollout (None: nothing to spread). Class defaults: the
+    # Atari workload shares rollout() without this __init__.
+    _spread: SpreadEval | None = None
+    _spread_slice: int | None = None
+    _max_episode_steps: int | None = None
 
     def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
         super().__init__(ctx, **workload_args)
         self.cfg = cfg = PPOConfig.from_args(workload_args)
         torch.set_num_threads(cfg.torch_threads)
-        self.obs_dim, self.n_actions, self.reward_threshold, _ = env_facts(cfg.env_id)
+        self.obs_dim, self.n_actions, self.reward_threshold, self._max_episode_steps = env_facts(cfg.env_id)
         seed = int(ctx.seed)
         # Same seed on every rank: rollout and learner start from identical weights.
         init_gen = torch.Generator().manual_seed(seed)
@@ -191,13 +198,15 @@ class PPOWorkload(Workload):
         """``collect``'s batch, this rank marked busy on its node meanwhile (learner_threads: auto),
         so that a learner there uses this rank's core only while it waits for weights."""
         phase = self._phase("rollout")
-        if phase is None:
-            return self.collect(policy_version)
-        phase.mark(busy=True)
+        if phase is not None:
+            phase.mark(busy=True)
         try:
-            return self.collect(policy_version)
+            batch = self.collect(policy_version)
+            self._advance_spread_eval()
+            return batch
         finally:
-            phase.mark(busy=False)
+            if phase is not None:
+                phase.mark(busy=False)
 
     @torch.no_grad()
     def collect(self, policy_version: int) -> dict[str, Tensor]:
@@ -498,32 +507,55 @@ class PPOWorkload(Workload):
     def evaluate(self) -> dict[str, float]:
         """Mean return of ``eval_episodes`` episodes, seeded by (seed, policy version).
 
-        Its own generator: evaluating never shifts the training streams.
+        Its own generator: evaluating never shifts the training streams. With ``eval_spread``
+        on a rank that also rolls out, the evaluation ran over the rollouts since the previous
+        one and the next starts at the next rollout (ppo_spread_eval.py); ``policy_version``
+        says which weights were evaluated.
         """
-        n = self.cfg.eval_episodes
-        seed = int(np.random.SeedSequence([self.ctx.seed, 1, self.version]).generate_state(1)[0])
-        gen = torch.Generator().manual_seed(seed)
-        envs, obs = make_eval_env(self.cfg.env_id, n, seed % (2**31 - n))
-        try:
-            returns = first_episode_returns(envs, obs, self._eval_actions(gen))
-        finally:
-            envs.close()
+        pending, self._spread = self._spread, None
+        if pending is not None:
+            version, returns = pending.version, pending.finish()
+        else:
+            version = self.version
+            seed = self._eval_seed(version)
+            envs, obs = make_eval_env(self.cfg.env_id, self.cfg.eval_episodes, seed % (2**31 - self.cfg.eval_episodes))
+            try:
+                returns = first_episode_returns(envs, obs, self._eval_actions(self.actor, seed))
+            finally:
+                envs.close()
+        self._spread_slice = None
+        gap = spread_gap(self.ctx) if self.cfg.eval_spread and self._envs is not None else None
+        if gap is not None:  # the next one spread over the rollouts until then (one fewer: margin)
+            self._spread_slice = slice_steps(self._max_episode_steps, gap - 1)
         threshold = self.reward_threshold
         out = {
             "eval_return_mean": float(returns.mean()),
             "eval_return_min": float(returns.min()),
             "eval_return_max": float(returns.max()),
-            "eval_episodes": float(n),
+            "eval_episodes": float(self.cfg.eval_episodes),
             "eval_deterministic": float(self.cfg.eval_deterministic),
-            "policy_version": float(self.version),
+            "policy_version": float(version),
         }
         if threshold is not None:
             out["reward_threshold"] = float(threshold)
             out["solved"] = float(returns.mean() >= threshold)
         return out
 
-    def _eval_actions(self, gen: torch.Generator) -> Callable[[np.ndarray], np.ndarray]:
-        return eval_actions(self.actor, gen, self.cfg.eval_deterministic)
+    def _eval_seed(self, version: int) -> int:
+        return int(np.random.SeedSequence([self.ctx.seed, 1, version]).generate_state(1)[0])
+
+    def _eval_actions(self, actor: nn.Sequential, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+        return eval_actions(actor, torch.Generator().manual_seed(seed), self.cfg.eval_deterministic)
+
+    def _advance_spread_eval(self) -> None:
+        """After a rollout: start the evaluation to spread (the weights held now), or advance it."""
+        if self._spread_slice is not None:
+            seed, n = self._eval_seed(self.version), self.cfg.eval_episodes
+            self._spread = SpreadEval(self.version, self.actor, lambda actor: self._eval_actions(actor, seed),
+                                      self.cfg.env_id, n, seed % (2**31 - n), self._spread_slice)
+            self._spread_slice = None
+        if self._spread is not None:
+            self._spread.advance()
 
     # ------------------------------------------------------------ checkpoint state
 

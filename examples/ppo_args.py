@@ -40,6 +40,10 @@ class PPOWorkloadArgs(BaseModel):
     # Sampled actions by default: a greedy CartPole policy can score 500 after a single update,
     # so "solved" on greedy episodes says little about what PPO learned.
     eval_deterministic: bool = False
+    # On a rank that also rolls out: each evaluation runs a slice at a time inside the rollouts
+    # before the next, in the rollout rank's slack, reported at the next evaluation with the
+    # version it evaluated (examples/ppo_spread_eval.py). Off: every evaluation at once.
+    eval_spread: bool = False
     torch_threads: int = Field(1, gt=0)
     # The learner's update may use more cores than a rollout's small policy batches can: in a
     # pipelined job on one node the learner's peers (rollout ranks) leave their cores idle

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from hetrun.examples.ppo import PPOWorkload
+from hetrun.examples.ppo import PPOWorkload, eval_actions
 from hetrun.examples.ppo_envs import first_episode_returns, make_eval_env
 from hetrun.runtime.context import RankContext
 
@@ -104,7 +104,7 @@ def test_sampling_matches_multinomial_draw_for_draw() -> None:
     w = learner(0)
     balancing(w, gain=1.5)
     g_ref, g_new = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-    act = w._eval_actions(g_new)
+    act = eval_actions(w.actor, g_new)
     obs = np.random.default_rng(0).normal(0, 0.2, size=(20, 4)).astype(np.float32)
     with torch.no_grad():
         for _ in range(5 * 64):  # whole chunks of the sampler's 64 pre-drawn steps

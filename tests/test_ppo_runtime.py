@@ -27,11 +27,12 @@ pytestmark = [
 ]
 
 
-def run_job(tmp_path: Path, mode: str) -> list[dict]:
+def run_job(tmp_path: Path, mode: str, iterations: int = ITERATIONS, spread: bool = False) -> list[dict]:
     """``hetrun submit -b local --wait`` as a user types it; the run's events."""
-    sets = [f"training.iterations={ITERATIONS}", f"training.mode={mode}", "training.eval_interval=2",
+    sets = [f"training.iterations={iterations}", f"training.mode={mode}", "training.eval_interval=2",
             "checkpoint.interval=0",
-            "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 4}"]
+            "workload_args={env_id: CartPole-v1, num_envs: 4, num_steps: 64, eval_episodes: 4, "
+            f"eval_spread: {str(spread).lower()}}}"]
     cmd = [sys.executable, "-m", "hetrun.cli", "submit", str(EXAMPLE), "-b", "local",
            "--runs-dir", str(tmp_path / "runs"), "--wait", "--wait-timeout", "240"]
     for item in sets:
@@ -92,3 +93,15 @@ def test_ppo_job_runs_every_action_with_the_modes_staleness(
         assert e["metrics"]["reward_threshold"] == 475.0
         assert e["metrics"]["eval_episodes"] == 4
         assert 8 <= e["metrics"]["eval_return_mean"] <= 500
+
+
+def test_a_spread_evaluation_reports_the_weights_of_the_rollout_after_the_one_before(tmp_path: Path) -> None:
+    # eval_spread (examples/ppo_spread_eval.py), as examples/ppo_cartpole.yaml ships it: evaluations
+    # at 1, 3, 5; the first at once (the version rollout 1 had: 0), the one at 3 spread over the
+    # rollouts after the one at 1 (rollout 2's weights: 1), the run's last at once (rollout 5's: 4).
+    events = run_job(tmp_path, "pipelined", iterations=6, spread=True)
+    evals = [e for e in actions(events, "eval") if not e.get("skipped")]
+    assert [e["iteration"] for e in evals] == [1, 3, 5]
+    assert [e["metrics"]["policy_version"] for e in evals] == [0, 1, 4]
+    rollouts = {e["iteration"]: e["policy_version"] for e in actions(events, "rollout") if e["rank"] == evals[0]["rank"]}
+    assert (rollouts[1], rollouts[2], rollouts[5]) == (0, 1, 4)

@@ -75,7 +75,7 @@ def test_auto_dry_run_renders_exactly_the_proposal_and_says_what_changes(tmp_pat
 
     res = cli("resubmit", str(run_dir), "--resize", "auto", "--dry-run")
     assert res.returncode == 0, res.stderr
-    assert "tune proposes learner=2 (640M), rollout=1 (384M)" in res.stderr
+    assert "tune proposes learner=2 (640M a rank), rollout=1 (384M a rank)" in res.stderr
     for said in ("learner: 1 -> 2 ranks", "rollout: 2 -> 1 ranks", "learner: mem 2048M -> 640M",
                  "rollout: mem 1024M -> 384M"):
         assert said in res.stderr, res.stderr

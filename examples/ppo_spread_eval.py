@@ -1,0 +1,92 @@
+"""An evaluation spread over the rollouts between two evaluations (``eval_spread: true``).
+
+Why: the example evaluates 20 episodes every 5 updates on its first rollout rank. Once the
+policy is good that is 10,000 env steps, as much env work as the training's own between two
+evaluations, run in one burst inside one update: the learner waits for that update's batch,
+and the pipeline loses the evaluation's whole time although the rollout rank has slack in
+every update (the learner is the busier side: benchmarks/ppo.md, session 23). Spread, each
+rollout after an evaluation also advances the next one by a slice of its batched steps, so
+the evaluation fills the rollout rank's slack instead of stalling the learner.
+
+What changes for the reader of the metrics: an evaluation action reports the evaluation its
+rank ran since the previous one, of the weights the rank held at the first rollout after it
+(``policy_version`` says which); the first evaluation of a process (a fresh run, a restart)
+and the run's last one run at once, as without spreading (the last on the final weights). An evaluation of
+version v gives the same returns either way: its own generator seeded by (seed, v) and the
+weights copied when it starts. A preemption or a restart loses the one in flight, never any
+of the training's state (it is not in the checkpoint: it shifts no training stream).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .ppo_envs import first_episode_steps, make_eval_env
+
+
+class SpreadEval:
+    """One evaluation in flight: frozen weights, its envs, and the episodes' step generator."""
+
+    def __init__(self, version: int, actor: nn.Module, make_actions: Callable[[nn.Module], Any],
+                 env_id: str, episodes: int, env_seed: int, slice_steps: int) -> None:
+        self.version = version
+        self.slice_steps = max(1, slice_steps)
+        self._actor = copy.deepcopy(actor)  # the weights at this version, whatever the rank loads next
+        self._envs, obs = make_eval_env(env_id, episodes, env_seed)
+        self._steps: Generator[None, None, np.ndarray] | None = first_episode_steps(
+            self._envs, obs, make_actions(self._actor))
+        self.returns: np.ndarray | None = None
+
+    @torch.inference_mode()
+    def advance(self, steps: int | None = None) -> bool:
+        """Run up to ``steps`` batched steps (default one slice); True once every episode ended."""
+        if self._steps is None:
+            return True
+        for _ in range(self.slice_steps if steps is None else steps):
+            try:
+                next(self._steps)
+            except StopIteration as done:
+                self.returns = done.value
+                self._steps = None
+                self._envs.close()
+                return True
+        return False
+
+    def finish(self) -> np.ndarray:
+        """The rest at once; the returns."""
+        while not self.advance(1 << 30):
+            pass
+        assert self.returns is not None
+        return self.returns
+
+    def close(self) -> None:
+        if self._steps is not None:
+            self._steps.close()
+            self._steps = None
+            self._envs.close()
+
+
+def slice_steps(max_episode_steps: int | None, rollouts: int) -> int:
+    """Batched steps per rollout for an evaluation to end within ``rollouts`` rollouts."""
+    return math.ceil((max_episode_steps or 1000) / max(1, rollouts))
+
+
+def spread_gap(ctx: Any) -> int | None:
+    """Iterations from this evaluation (at ``ctx.iteration``) to this component's next one when
+    that one is to be spread: None when it is the run's last (it runs at once, on the final
+    weights), when none is due, or when the plan does not say."""
+    plan = getattr(ctx, "plan", None)
+    if plan is None:
+        return None
+    every = [a.every for a in plan.actions if a.type == "eval" and a.component == ctx.component]
+    if not every:
+        return None
+    gap = every[0]
+    return gap if int(ctx.iteration or 0) + 2 * gap <= plan.iterations - 1 else None
