@@ -525,8 +525,8 @@ class PPOWorkload(Workload):
                 envs.close()
         self._spread_slice = None
         gap = spread_gap(self.ctx) if self.cfg.eval_spread and self._envs is not None else None
-        if gap is not None:  # the next one spread over the rollouts until then (one fewer: margin)
-            self._spread_slice = slice_steps(self._max_episode_steps, gap - 1)
+        if gap is not None:  # the next one spread over the `gap` rollouts until then (the rest at it)
+            self._spread_slice = slice_steps(self._max_episode_steps, gap)
         threshold = self.reward_threshold
         out = {
             "eval_return_mean": float(returns.mean()),

@@ -46,7 +46,9 @@ def test_a_spread_evaluation_equals_the_same_evaluation_at_once() -> None:
     w.load_policy(weights(0.7), version=6)  # newer weights: the evaluation in flight keeps version 5's
     for v in (6, 7, 8):
         w.rollout(v)
-    assert spread.returns is not None  # done inside the EVERY - 1 rollouts after the evaluation
+    assert spread.returns is None  # a slice in each of the EVERY rollouts before the next one
+    w.rollout(9)
+    assert spread.returns is not None
     w.ctx.iteration = 2 * EVERY - 1
     got = w.evaluate()
 
