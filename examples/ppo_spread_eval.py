@@ -14,7 +14,8 @@ rank ran since the previous one, of the weights the rank held at the first rollo
 and the run's last one run at once, as without spreading (the last on the final weights). An evaluation of
 version v gives the same returns either way: its own generator seeded by (seed, v) and the
 weights copied when it starts. A preemption or a restart loses the one in flight, never any
-of the training's state (it is not in the checkpoint: it shifts no training stream).
+of the training's state (it is not in the checkpoint: it shifts no training stream). The
+slices run inside the rollout action, so their time shows as the rollout's in the events.
 """
 
 from __future__ import annotations
