@@ -288,3 +288,26 @@ def test_tune_gives_a_node_the_memory_of_all_its_ranks_and_never_less_than_the_p
     below = Overrides(sets=[f"components.learner.mem={(learner.mem_mb - 64) * 2}M"])
     with pytest.raises(HetrunError):  # 64 MB less would not plan
         build_plan_explained(load_spec(small / "job.yaml", below, check_args=False))
+
+
+def balanced_run(run_dir: Path, seconds_per_iteration: float, iterations: int = 20) -> None:
+    lines: list[dict] = [{"ev": "start", "rank": 0, "component": "learner"},
+                         {"ev": "start", "rank": 1, "component": "rollout"}]
+    for it in range(iterations):
+        t = seconds_per_iteration * it
+        lines += [action(1, "rollout", "rollout", it, t, seconds_per_iteration / 2, steps=100),
+                  action(0, "learner", "forward", it, t + seconds_per_iteration / 2, seconds_per_iteration / 2)]
+    write_events(run_dir, lines)
+    plan_json(run_dir, [("learner", 1), ("rollout", 1)])
+
+
+def test_tune_says_when_the_run_it_fitted_is_too_short_to_trust(tmp_path: Path) -> None:
+    # Session 23's finding (benchmarks/cost_tuning.md): runs of one job with ~2.5 s of steady
+    # iterations differed by up to 18 %, whatever their windows' spread; ~10 s by 0-6 %.
+    from hetrun.reports.demand.sizing import SHORT_STEADY_S
+
+    balanced_run(tmp_path / "short", 0.1)  # ~1.8 s steady
+    balanced_run(tmp_path / "long", 1.0)  # ~18 s steady
+    short = [n for n in propose(tmp_path / "short", DEFAULT_PRICES).notes if "steady part lasted" in n]
+    assert len(short) == 1 and f"{SHORT_STEADY_S:.0f} s or more" in short[0], short
+    assert not [n for n in propose(tmp_path / "long", DEFAULT_PRICES).notes if "steady part lasted" in n]

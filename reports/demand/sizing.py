@@ -58,6 +58,10 @@ from .predictors import EWMA, Predictor
 from .series import RunDemand, peak_memory, read_demand
 
 _MIB = 1024 * 1024
+# A fitted attempt whose steady part is shorter than this measures its job's rate no better than
+# ~+/-15-18 % from run to run, whatever its windows' spread says (benchmarks/cost_tuning.md, session
+# 23: CartPole two runs of one job at ~2.5 s steady differed by up to 18 %, at ~10 s by 0-6 %).
+SHORT_STEADY_S = 10.0
 
 
 @dataclass
@@ -169,6 +173,13 @@ def needed_mem_mb(peak_bytes: float, margin: float) -> int | None:
     if peak_bytes <= 0:
         return None
     return max(64, math.ceil(peak_bytes / _MIB * (1 + max(0.0, margin)) / 64) * 64)
+
+
+def steady_seconds(attempt: Any, steps_per_iteration: float) -> float | None:
+    """Seconds of the attempt's steady part (its iterations after warm-up at its steady rate)."""
+    if attempt is None or not attempt.steady:
+        return None
+    return (attempt.iterations - attempt.warmup) * steps_per_iteration / attempt.steady
 
 
 def _needed(run: Path, comp: dict[str, Any], peak_bytes: float, margin: float) -> int | None:
@@ -296,6 +307,11 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
     if fitted is None or fitted.steady is None:
         notes.append("no steady throughput measured yet (too few iterations): the prediction is the "
                      "uncalibrated model's")
+    steady_s = steady_seconds(fitted, steps)
+    if steady_s is not None and steady_s < SHORT_STEADY_S:
+        notes.append(f"the fitted run's steady part lasted {steady_s:.1f} s: two runs of one job this short can "
+                     "differ by more than its windows' spread; for a prediction to trust, tune a run with "
+                     f"{SHORT_STEADY_S:.0f} s or more of steady iterations")
     decision, reason = "resize", ""
     if not cost_new < cost_now:
         decision = "keep"
