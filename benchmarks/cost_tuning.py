@@ -176,17 +176,13 @@ def run_sb3(seed: int, updates: int, eval_interval: int, timeout: float) -> dict
 # ------------------------------------------------------------------ (B), (C) hetrun
 
 
-def job_cores(comps: dict[str, Any]) -> int:
-    return sum(int(c["nodes"]) * int(c.get("tasks_per_node", 1)) * int(c["cpus_per_task"]) for c in comps.values())
-
-
 def fit_to_cores(job: dict[str, Any], cores: int) -> None:
-    """Shrink ``job`` in place until it asks for at most ``cores``: a component that only
+    """Shrink ``job`` in place until it asks for at most ``cores`` (:func:`allocation`): a component that only
     evaluates is folded into the first (its eval runs there), then the component with the most
     ranks loses a node at a time (CartPole, Atari: a rollout rank; the MoE LM: a learner node)."""
     comps = job["components"]
     first = next(iter(comps))
-    while job_cores(comps) > cores:
+    while allocation(job)[0] > cores:
         evaluator = next((n for n, c in comps.items() if n != first and c.get("actions") == ["eval"]), None)
         if evaluator is not None:
             del comps[evaluator]
@@ -205,7 +201,7 @@ def first_written(example: str, seed: int, updates: int, eval_interval: int | No
     fit_to_cores(job, cores)
     job["name"] = f"cost-first-{example}-s{seed}"
     if example == "cartpole":
-        job["workload_args"] = {"env_id": ENV_ID, **HYPER}
+        job["workload_args"] = {**job["workload_args"], "env_id": ENV_ID, **HYPER}  # eval_spread as shipped
     job["training"].update(iterations=updates, seed=seed)
     if eval_interval is not None:
         job["training"]["eval_interval"] = eval_interval

@@ -29,6 +29,7 @@ still a valid set of per-environment trajectories.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections import deque
@@ -51,7 +52,7 @@ from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
     capture_env_state,
     env_facts,
-    first_episode_returns,
+    first_episode_steps,
     make_eval_env,
     make_vector_env,
     restore_env_state,
@@ -513,16 +514,8 @@ class PPOWorkload(Workload):
         says which weights were evaluated.
         """
         pending, self._spread = self._spread, None
-        if pending is not None:
-            version, returns = pending.version, pending.finish()
-        else:
-            version = self.version
-            seed = self._eval_seed(version)
-            envs, obs = make_eval_env(self.cfg.env_id, self.cfg.eval_episodes, seed % (2**31 - self.cfg.eval_episodes))
-            try:
-                returns = first_episode_returns(envs, obs, self._eval_actions(self.actor, seed))
-            finally:
-                envs.close()
+        evaluation = pending if pending is not None else self._evaluation()
+        returns = evaluation.finish()
         self._spread_slice = None
         gap = spread_gap(self.ctx) if self.cfg.eval_spread and self._envs is not None else None
         if gap is not None:  # the next one spread over the `gap` rollouts until then (the rest at it)
@@ -534,26 +527,26 @@ class PPOWorkload(Workload):
             "eval_return_max": float(returns.max()),
             "eval_episodes": float(self.cfg.eval_episodes),
             "eval_deterministic": float(self.cfg.eval_deterministic),
-            "policy_version": float(version),
+            "policy_version": float(evaluation.version),
         }
         if threshold is not None:
             out["reward_threshold"] = float(threshold)
             out["solved"] = float(returns.mean() >= threshold)
         return out
 
-    def _eval_seed(self, version: int) -> int:
-        return int(np.random.SeedSequence([self.ctx.seed, 1, version]).generate_state(1)[0])
-
-    def _eval_actions(self, actor: nn.Sequential, seed: int) -> Callable[[np.ndarray], np.ndarray]:
-        return eval_actions(actor, torch.Generator().manual_seed(seed), self.cfg.eval_deterministic)
+    def _evaluation(self, slice_size: int = 1) -> SpreadEval:
+        """An evaluation of the weights held now (a copy: the rank may load newer ones while it
+        runs), on its own generator seeded by (seed, policy version)."""
+        version, n = self.version, self.cfg.eval_episodes
+        seed = int(np.random.SeedSequence([self.ctx.seed, 1, version]).generate_state(1)[0])
+        envs, obs = make_eval_env(self.cfg.env_id, n, seed % (2**31 - n))
+        act = eval_actions(copy.deepcopy(self.actor), torch.Generator().manual_seed(seed), self.cfg.eval_deterministic)
+        return SpreadEval(version, envs, first_episode_steps(envs, obs, act), slice_size)
 
     def _advance_spread_eval(self) -> None:
         """After a rollout: start the evaluation to spread (the weights held now), or advance it."""
         if self._spread_slice is not None:
-            seed, n = self._eval_seed(self.version), self.cfg.eval_episodes
-            self._spread = SpreadEval(self.version, self.actor, lambda actor: self._eval_actions(actor, seed),
-                                      self.cfg.env_id, n, seed % (2**31 - n), self._spread_slice)
-            self._spread_slice = None
+            self._spread, self._spread_slice = self._evaluation(self._spread_slice), None
         if self._spread is not None:
             self._spread.advance()
 

@@ -20,58 +20,43 @@ slices run inside the rollout action, so their time shows as the rollout's in th
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Callable, Generator
+import sys
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
-from .ppo_envs import first_episode_steps, make_eval_env
 
 
 class SpreadEval:
-    """One evaluation in flight: frozen weights, its envs, and the episodes' step generator."""
+    """One evaluation: its envs and their episodes' step generator (ppo_envs.first_episode_steps
+    over a copy of the weights), advanced a slice at a time or finished at once."""
 
-    def __init__(self, version: int, actor: nn.Module, make_actions: Callable[[nn.Module], Any],
-                 env_id: str, episodes: int, env_seed: int, slice_steps: int) -> None:
+    def __init__(self, version: int, envs: Any, steps: Generator[None, None, np.ndarray],
+                 slice_steps: int = 1) -> None:
         self.version = version
         self.slice_steps = max(1, slice_steps)
-        self._actor = copy.deepcopy(actor)  # the weights at this version, whatever the rank loads next
-        self._envs, obs = make_eval_env(env_id, episodes, env_seed)
-        self._steps: Generator[None, None, np.ndarray] | None = first_episode_steps(
-            self._envs, obs, make_actions(self._actor))
+        self._envs, self._steps = envs, steps
         self.returns: np.ndarray | None = None
 
     @torch.inference_mode()
     def advance(self, steps: int | None = None) -> bool:
         """Run up to ``steps`` batched steps (default one slice); True once every episode ended."""
-        if self._steps is None:
-            return True
-        for _ in range(self.slice_steps if steps is None else steps):
+        if self.returns is None:
             try:
-                next(self._steps)
+                for _ in range(self.slice_steps if steps is None else steps):
+                    next(self._steps)
             except StopIteration as done:
                 self.returns = done.value
-                self._steps = None
                 self._envs.close()
-                return True
-        return False
+        return self.returns is not None
 
     def finish(self) -> np.ndarray:
         """The rest at once; the returns."""
-        while not self.advance(1 << 30):
-            pass
+        self.advance(sys.maxsize)
         assert self.returns is not None
         return self.returns
-
-    def close(self) -> None:
-        if self._steps is not None:
-            self._steps.close()
-            self._steps = None
-            self._envs.close()
 
 
 def slice_steps(max_episode_steps: int | None, rollouts: int) -> int:

@@ -12,12 +12,13 @@ planner itself, on the run's own job.yaml, so tune and submit cannot disagree.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
-from hetrun.dag.overrides import Overrides
 from hetrun.dag.plan import build_plan_explained
-from hetrun.dag.spec import load_spec
+from hetrun.dag.spec import spec_from_dict
+from hetrun.dag.yaml_source import read_yaml_file
 
 from hetrun.errors import HetrunError
 from hetrun.rundir import JOB_YAML
@@ -25,13 +26,19 @@ from hetrun.rundir import JOB_YAML
 _STEP_MB = 64  # the granularity tune proposes memory in (sizing.needed_mem_mb)
 
 
-def _inflight(job: Path, component: str, mem_per_node_mb: int) -> int | None:
+def rank_mem_mb(component: dict[str, Any]) -> int:
+    """A plan.json component's memory per rank: its per-node ``mem_mb`` over its tasks per node
+    (dag.spec.ComponentSpec.mem_per_task_mb's rule, for readers of plan.json)."""
+    return int(component.get("mem_mb", 0)) // max(1, int(component.get("tasks_per_node", 1)))
+
+
+def _inflight(job: dict[str, Any], component: str, mem_per_node_mb: int) -> int | None:
     """The memory pass's micro-batches in flight with the component at ``mem_per_node_mb``
     (0 where the pass does not concern it); None when the planner refuses the job."""
+    data = copy.deepcopy(job)
+    data["components"][component]["mem"] = f"{mem_per_node_mb}M"
     try:
-        spec = load_spec(job, Overrides(sets=[f"components.{component}.mem={mem_per_node_mb}M"]),
-                         check_args=False)
-        memory = build_plan_explained(spec).memory
+        memory = build_plan_explained(spec_from_dict(data)).memory
     except HetrunError:
         return None
     return memory.inflight_after if memory is not None and memory.component == component else 0
@@ -43,12 +50,15 @@ def memory_floor_mb(run_dir: str | Path, component: dict[str, Any], want_mb: int
     ``want_mb`` where that already holds, else the least 64 MB step up to the rank's current
     memory that does (the current memory, which the run planned with, where none does or the
     run has no job.yaml to check)."""
-    job = Path(run_dir) / JOB_YAML
-    per_node = max(1, int(component.get("tasks_per_node", 1)))
-    current = int(component["mem_mb"]) // per_node
-    if want_mb >= current or not job.is_file():
+    path = Path(run_dir) / JOB_YAML
+    current = rank_mem_mb(component)
+    if want_mb >= current or not path.is_file():
         return want_mb
-    name = str(component["name"])
+    try:
+        job = read_yaml_file(path).data  # read once; each probe below plans a copy
+    except HetrunError:
+        return want_mb
+    name, per_node = str(component["name"]), max(1, int(component.get("tasks_per_node", 1)))
     measured = _inflight(job, name, current * per_node)
     if measured is None:  # the run's own job does not plan here (another planner): nothing to hold to
         return want_mb

@@ -53,7 +53,7 @@ from hetrun.dag.rank_layout import layout_sets, rank_layout
 from hetrun.errors import SpecError
 
 from ..throughput import run_throughput
-from .plan_floor import memory_floor_mb
+from .plan_floor import memory_floor_mb, rank_mem_mb
 from .predictors import EWMA, Predictor
 from .series import RunDemand, peak_memory, read_demand
 
@@ -200,9 +200,7 @@ def _rank_price(comp: dict[str, Any], prices: dict[str, Any], partition: str | N
     ntasks = max(1, int(comp.get("ntasks", 1)))
     gpus = float(comp.get("gpus_per_node", 0)) * int(comp.get("nodes", 1)) / ntasks
     cpu_rate = float(rates.get("core_hour", 0.0))
-    if mem_mb is None:
-        mem_mb = float(comp.get("mem_mb", 0)) / max(1, int(comp.get("tasks_per_node", 1)))
-    mem_gb = mem_mb / 1024
+    mem_gb = (rank_mem_mb(comp) if mem_mb is None else mem_mb) / 1024
     return (int(comp.get("cpus_per_task", 1)) * cpu_rate + gpus * float(gpu_rate)
             + mem_gb * float(rates.get("mem_gb_hour", 0.0))), gpus
 
@@ -277,13 +275,12 @@ def propose(run_dir: str | os.PathLike[str], prices: dict[str, Any], *, predicto
         rank_price, gpus = _rank_price(comp, prices, partition)
         sizes = fitted.sizes if fitted is not None and fitted.sizes else demand.ranks
         ranks_run = sizes.get(name, int(comp["ntasks"]))  # in-process: one per component
-        per_node = max(1, int(comp.get("tasks_per_node", 1)))
-        current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus,
-                                     int(comp["mem_mb"]) // per_node, work / steps, tasks_per_node=per_node))
+        current.append(ComponentSize(name, ranks_run, int(comp["cpus_per_task"]), gpus, rank_mem_mb(comp),
+                                     work / steps, tasks_per_node=max(1, int(comp.get("tasks_per_node", 1)))))
         per_step.append(work / steps)
         price.append(rank_price)
         cpus.append(int(comp["cpus_per_task"]))
-        new_mem = needed[name] or int(comp["mem_mb"]) // per_node
+        new_mem = needed[name] or rank_mem_mb(comp)
         price_new.append(_rank_price(comp, prices, partition, new_mem)[0])
     now = tuple(c.ranks for c in current)
     budget = max_cores or sum(n * c for n, c in zip(now, cpus, strict=True))
