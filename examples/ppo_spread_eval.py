@@ -16,6 +16,8 @@ version v gives the same returns either way: its own generator seeded by (seed, 
 weights copied when it starts. A preemption or a restart loses the one in flight, never any
 of the training's state (it is not in the checkpoint: it shifts no training stream). The
 slices run inside the rollout action, so their time shows as the rollout's in the events.
+An evaluation at once (spreading off, or the first and last) is the same ``SpreadEval``
+finished at once: one way to evaluate.
 """
 
 from __future__ import annotations
