@@ -94,8 +94,21 @@ def _make_eligible(job: str, restarts: int) -> bool:
     return True
 
 
+def _restored(run_dir: Path, restart: int) -> int:
+    """The iteration attempt ``restart`` resumed from (-1 before every rank restored)."""
+    its = [e["iteration"] for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == restart]
+    return max(its, default=-1)
+
+
 def _storm(job: str, run_dir: Path, targets: list[int], rng: random.Random, shared: Path) -> None:
     for n, target in enumerate(targets):
+        if n:
+            # A late preemption can leave the next attempt resuming at or past its target; aimed
+            # there, it would stop again at the iteration it restored (two stops at one
+            # iteration, nothing run between them). Aim past the restore point instead.
+            assert wait_for(lambda n=n: _restored(run_dir, n) >= 0, 240, 0.2), (
+                n, _scontrol(job).get("JobState"), events(run_dir)[-5:])
+            target = max(target, _restored(run_dir, n) + 2)
         assert wait_for(lambda n=n, target=target: _newest(run_dir, n) >= target, 240, 0.2), (
             n, target, _scontrol(job).get("JobState"), events(run_dir)[-5:])
         time.sleep(rng.uniform(0.0, 0.6))  # a random moment within the iteration
