@@ -299,26 +299,29 @@ MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
 
 
 def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int,
-             example: str = "ppo") -> dict[str, Any]:
+             example: str = "ppo", modes: tuple[str, ...] = ()) -> dict[str, Any]:
     """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
     as Slurm jobs on the cluster (PPO: learner and rollout on two nodes; the MoE LM
     (``example="moe"``): the learner's two nodes and the evaluator's; the replicas cross
     nodes), interleaved (the order rotates each round); iterations ``skip``..N, so the
     adaptive N (agreed from iteration 4, applied from 8; memory_tier.AGREE_EVERY) is settled in the window. Beside
     the A/B, each run's own share: the tier's seconds per rank (``memory_tier`` events,
-    every snapshot's encode + checksum + tmpfs write + send) over the rank's training time."""
+    every snapshot's encode + checksum + tmpfs write + send) over the rank's training time.
+    ``modes``: the labels to run (default all of MODES; "off" always, the A/B's reference)."""
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
     from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
     if cluster is not None:
         os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    out: dict[str, list[float]] = {label: [] for label, _ in MODES}
-    share: dict[str, list[float]] = {label: [] for label, _ in MODES}
-    chosen: dict[str, list[Any]] = {label: [] for label, _ in MODES}
+    chosen_modes = tuple(m for m in MODES if not modes or m[0] in modes or m[0] == "off")
+    out: dict[str, list[float]] = {label: [] for label, _ in chosen_modes}
+    share: dict[str, list[float]] = {label: [] for label, _ in chosen_modes}
+    chosen: dict[str, list[Any]] = {label: [] for label, _ in chosen_modes}
     runs = []
     for i in range(pairs):
-        for label, every in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+        k = i % len(chosen_modes)
+        for label, every in chosen_modes[k:] + chosen_modes[:k]:
             res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp", example=example)), backend="sbatch",
                               runs_dir=BASE / "overhead")
             wait_for_end(res.run, SbatchBackend(), timeout_s=900, poll_s=1)
@@ -343,7 +346,15 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                    "tier_pct_at_final_n": None if steady is None else round(steady, 3),
                    "iterations_at_final_n": [b and b["iterations"] for b in at_n],
                    "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
-                   "bytes": [e.get("bytes") for e in tier], "run_dir": str(d)}
+                   "bytes": [e.get("bytes") for e in tier],
+                   # ms per snapshot by phase, per rank (runtime/memory_tier.py PHASES); the rest of
+                   # tier_s is the replicas written between snapshots (due and poll)
+                   "phase_ms": [{k: round(1e3 * v / max(1, e.get("snapshots") or 1), 3)
+                                 for k, v in {**(e.get("phase_s") or {}),
+                                              "cpu_after_capture": e.get("phase_cpu_s") or 0,
+                                              "poll": e.get("poll_s") or 0, "polls": e.get("polls") or 0}.items()}
+                                for e in tier],
+                   "run_dir": str(d)}
             runs.append(row)
             print(json.dumps(row), flush=True)
     med = {label: statistics.median(v) for label, v in out.items()}
@@ -361,6 +372,8 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=80)
     p.add_argument("--skip", type=int, default=20, help="overhead: iterations before the measured window")
     p.add_argument("--overhead-only", action="store_true")
+    p.add_argument("--modes", nargs="*", default=[], choices=[m for m, _ in MODES],
+                   help="overhead: the settings to run (default all; off always)")
     p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
     p.add_argument("--leader-spare", action="store_true",
                    help="PPO: the learner (first component) holds a spare too; one death per job")
@@ -382,7 +395,7 @@ def main() -> None:
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
     if args.overhead_only and args.shared_cluster:
         # No node is killed: the shared test cluster (2 of its nodes) will do.
-        result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip, args.example)
+        result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip, args.example, tuple(args.modes))
         _save(args.out, result)
         return
     cluster = NodeCluster()
@@ -402,7 +415,7 @@ def main() -> None:
                     result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
                     result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
         if args.pairs:
-            result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip, args.example)
+            result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip, args.example, tuple(args.modes))
     finally:
         cluster.stop()
     _save(args.out, result)

@@ -278,8 +278,10 @@ class MoELMWorkload(Workload):
 
     # --- checkpoints ---
     def state_dict(self) -> dict[str, Any]:
+        # The live tensors (on a GPU, host copies), not clones: every reader copies before training
+        # goes on and a restore decodes into them in place (examples/ppo.py state_dict says why).
         state: dict[str, Any] = {
-            "model": {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "step": self.step,
             "expert_range": list(self.expert_range),
             "config": self.cfg.to_dict(),
@@ -289,7 +291,7 @@ class MoELMWorkload(Workload):
         opt = self.optimizer.state_dict()
         state["optimizer"] = {
             "state": {
-                str(i): {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                str(i): {k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in s.items()}
                 for i, s in opt["state"].items()
             },
             "param_groups": [
@@ -326,7 +328,9 @@ class MoELMWorkload(Workload):
         opt = state["optimizer"]
         self.optimizer.load_state_dict(
             {
-                "state": {int(i): dict(s) for i, s in opt["state"].items()},
+                # Copies: torch's optimizer keeps the tensors it is given (examples/ppo.py says why).
+                "state": {int(i): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                          for i, s in opt["state"].items()},
                 "param_groups": [
                     {k: (tuple(v) if k == "betas" else v) for k, v in g.items()}
                     for g in opt["param_groups"]

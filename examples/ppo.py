@@ -583,7 +583,13 @@ class PPOWorkload(Workload):
         return self._optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        """Flat ``{name: Tensor | JSON value}``; no pickled objects, nested keys are dotted."""
+        """Flat ``{name: Tensor | JSON value}``; no pickled objects, nested keys are dotted.
+
+        The tensors are the live ones, as torch's own ``state_dict()``s return them: every reader
+        copies before training goes on (the memory tier's encode, the checkpoint writer's
+        snapshot, the lossy path's copy) and a restore decodes into them in place. Copies here
+        were a second copy of each tensor at every snapshot, a fifth of the memory tier's cost
+        when it snapshots every iteration (benchmarks/node_death.md, session 24)."""
         state: dict[str, Any] = {
             "version": self.version,
             "env_steps": self.env_steps,
@@ -592,21 +598,21 @@ class PPOWorkload(Workload):
         }
         for prefix, net in (("actor", self.actor), ("critic", self.critic)):
             for k, v in net.state_dict().items():
-                state[f"{prefix}.{k}"] = v.detach().clone()
+                state[f"{prefix}.{k}"] = v
         if self._optimizer is not None:  # a rank that never optimized has no optimizer state
             opt = self._optimizer.state_dict()
             for idx, slots in opt["state"].items():
                 for slot, value in slots.items():
-                    state[f"optim.state.{idx}.{slot}"] = value.detach().clone()
+                    state[f"optim.state.{idx}.{slot}"] = value
             state["optim.param_groups"] = [
                 {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
                 for g in opt["param_groups"]
             ]
         if self._envs is not None:
             assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
-            state["rollout.obs"] = self._obs.clone()
-            state["rollout.ep_return"] = torch.from_numpy(self._ep_return.copy())
-            state["rollout.ep_len"] = torch.from_numpy(self._ep_len.copy())
+            state["rollout.obs"] = self._obs
+            state["rollout.ep_return"] = torch.from_numpy(self._ep_return)
+            state["rollout.ep_len"] = torch.from_numpy(self._ep_len)
             state["rollout.envs"] = capture_env_state(self._envs, self.cfg.env_id)
         return state
 
@@ -625,7 +631,10 @@ class PPOWorkload(Workload):
                 for key, value in state.items():
                     if key.startswith("optim.state."):
                         _, _, idx, slot = key.split(".", 3)
-                        slots.setdefault(int(idx), {})[slot] = value
+                        # A copy: torch's optimizer keeps the tensors it is given (no copy when
+                        # dtype and device match), and ``state`` may be another live
+                        # workload's state_dict() (its tensors are the live ones).
+                        slots.setdefault(int(idx), {})[slot] = value.clone()
                 groups = [
                     {k: tuple(v) if k == "betas" else v for k, v in g.items()}
                     for g in state["optim.param_groups"]

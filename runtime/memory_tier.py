@@ -50,6 +50,14 @@ MAX_EVERY = 16
 # benchmarks/node_death.md; with 4, 7), rarely enough that the allreduce has arrived when
 # it is needed (ranks run at most a few iterations apart; a rank further ahead waits there).
 AGREE_EVERY = 4
+# poll() looks at most this often: the executor calls it between actions and in each round of
+# its waits (13 times a PPO rollout iteration), an improbe and Tests at 20-60 us each in the job
+# (benchmarks/node_death.md, session 24), while a replica written 2 ms later changes nothing (a
+# node death is decided in seconds).
+POLL_EVERY_S = 0.002
+# snapshot()'s phases, in order: the caller's capture of the tree (``started=``), writing replicas
+# that arrived, encoding the blob, writing it into this node's tier, handing it to the partners.
+PHASES = ("capture", "received", "encode", "write", "send")
 # ... and once early: at the rank's second iteration after its start (two snapshots and two
 # iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
 # restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
@@ -126,6 +134,11 @@ class MemorySnapshots:
         self.transport.bind(self.sources, self.partners, self._received)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
+        # snapshot()'s seconds by phase (PHASES), so a run's cost can be split without a profiler.
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        self.phases_cpu = 0.0  # ... and the CPU seconds of all but the capture
+        self.polls, self.poll_s = 0, 0.0  # poll()'s calls and seconds (the executor's, between actions)
+        self._polled = 0.0  # when poll() last looked
         self.bytes = 0
 
     def due(self, step: int) -> bool:
@@ -186,14 +199,23 @@ class MemorySnapshots:
         time: without it the adaptive N saw two thirds of the cost and kept N = 1 where that
         cost the job more than its 2 % (benchmarks/node_death.md, session 21)."""
         t0 = time.perf_counter() if started is None else started
+        c1 = time.thread_time()
+        t1 = time.perf_counter()
         self.progress()
+        t2 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
+        t3 = time.perf_counter()
         self.tier.write(self.rank, step, blob)
+        t4 = time.perf_counter()
         if self.partners:
             self.transport.send(self.partners, blob)
         self.taken += 1
         self.bytes = len(blob)
         spent = time.perf_counter() - t0
+        for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t0 + spent - t4), strict=True):
+            self.phases[k] += dt
+        # This thread's CPU from the replicas' writing on (wall minus it: waiting for a core)
+        self.phases_cpu += time.thread_time() - c1
         self.seconds += spent
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
@@ -211,12 +233,18 @@ class MemorySnapshots:
         snapshot of step k+1 while this rank is still in iteration k; written only at this
         rank's next iteration start, a node death meanwhile found no step k+1 on every rank
         and the rank ahead lost 2 iterations (benchmarks/node_death.md). An improbe and a few
-        Tests when nothing arrived; counted as the tier's time either way."""
+        Tests when nothing arrived; counted as the tier's time either way. At most every
+        POLL_EVERY_S (``due`` looks every iteration regardless)."""
         if self.size <= 1:
             return
         t0 = time.perf_counter()
+        if t0 - self._polled < POLL_EVERY_S:
+            return
         self.progress()
-        spent = time.perf_counter() - t0
+        self._polled = spent_at = time.perf_counter()
+        spent = spent_at - t0
+        self.polls += 1
+        self.poll_s += spent
         self.seconds += spent
         self._between += spent
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
@@ -240,6 +268,8 @@ class MemorySnapshots:
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
+                "phase_s": {k: round(v, 4) for k, v in self.phases.items()},
+                "phase_cpu_s": round(self.phases_cpu, 4), "polls": self.polls, "poll_s": round(self.poll_s, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,

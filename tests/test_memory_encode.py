@@ -122,6 +122,30 @@ def test_a_changed_tree_never_reuses_what_was_kept() -> None:
     assert enc.slow == 0
 
 
+def test_the_same_live_tensor_changed_in_place_is_encoded_as_it_is_now() -> None:
+    """A workload's state_dict() returns its live tensors (examples/ppo.py): the encoder keeps each
+    one's byte view while the object stays where it was; every in-place change must show."""
+    enc = Encoder()
+    w = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    tree = {"w": w, "b": torch.zeros(3)}
+    _same(enc, tree)
+    w.add_(1)  # new values in the same memory: the kept view sees them
+    _same(enc, tree)
+    w.transpose_(0, 1)  # same pointer and shape, other strides
+    _same(enc, tree)
+    w.set_(torch.arange(16, dtype=torch.float32).reshape(2, 8))  # another storage
+    _same(enc, tree)
+    w.resize_(16)  # the same storage, another shape
+    _same(enc, tree)
+    w.data = torch.ones(16, dtype=torch.float64)  # another dtype
+    _same(enc, tree)
+    w.requires_grad_(True)
+    _same(enc, {"w": w.detach(), "b": tree["b"]})
+    tree["b"] = torch.zeros(3)  # a new object in the old one's place (its id may be reused)
+    _same(enc, tree)
+    assert enc.slow == 0
+
+
 class _Level(enum.IntEnum):
     LOW = 1
 

@@ -78,6 +78,34 @@ def test_tier_keeps_newest_and_lists_holdings(tmp_path: Path) -> None:
     assert other.held() == {}
 
 
+def test_tier_reuses_the_oldest_blobs_file_and_reads_back_exact_bytes(tmp_path: Path) -> None:
+    """A write past ``keep`` goes into the oldest blob's file (renamed out of sight, overwritten):
+    a shorter blob after a longer one must not keep the longer one's tail, a restore to an
+    earlier step (a step older than those held) is kept beside them, and nothing else is left."""
+    from hetrun.runtime.ckpt import memory
+
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    blobs = {}
+    for step in range(1, 11):
+        blobs[step] = bytes(memory.encode(step, 0, {"x": torch.arange(12 - step, dtype=torch.float64)}))
+        tier.write(0, step, blobs[step])
+        held = tier.held()[0]
+        assert held == list(range(max(1, step - 2), step + 1)), (step, held)
+        for s in held:
+            assert tier.read(0, s) == blobs[s]
+    assert sorted(os.listdir(tier.path(0, 10).parent)) == [f"{s:012d}.snap" for s in (8, 9, 10)]
+    # A second process's tier (it lists what the first left) reuses the same way.
+    again = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    eleven = bytes(memory.encode(11, 0, {"x": torch.arange(40, dtype=torch.float64)}))
+    again.write(0, 11, eleven)
+    assert again.held() == {0: [9, 10, 11]} and again.read(0, 11) == eleven
+    # A step older than every one held (a restart that went back) is the oldest: pruned at once,
+    # as before the reuse, and the newer ones stay whole.
+    again.write(0, 5, blobs[5])
+    assert again.held() == {0: [9, 10, 11]}
+    assert [again.read(0, s) for s in (9, 10, 11)] == [blobs[9], blobs[10], eleven]
+
+
 def test_partners_are_on_other_nodes() -> None:
     from hetrun.runtime.memory_tier import partners
 

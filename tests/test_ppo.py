@@ -178,10 +178,11 @@ def test_state_round_trip_resumes_exactly(tmp_path: Path) -> None:
     assert all(_is_plain(v) for v in l_state.values())  # tensors + JSON, nothing pickled
     assert all(_is_plain(v) for v in r_state.values())
     assert "rollout.envs" in r_state and "rollout.envs" not in l_state
-    # Through JSON and back, as a store that keeps JSON values as JSON would.
-    r_state = {k: v if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
+    # Copied as every reader does (the tensors are the live ones), JSON values through JSON and
+    # back, as a store that keeps JSON values as JSON would.
+    r_state = {k: v.clone() if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
                for k, v in r_state.items()}
-    l_state = {k: v if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
+    l_state = {k: v.clone() if isinstance(v, torch.Tensor) else json.loads(json.dumps(v))
                for k, v in l_state.items()}
 
     batch = roller.rollout(learner.version)

@@ -64,6 +64,8 @@ class Encoder:
         self._leaves_json = ""  # ... and their JSON
         self._ints: dict[int, tuple[list[int], str]] = {}  # k-th long int list: (a copy, its node's JSON)
         self._entries: dict[int, tuple[bytes, str]] = {}  # i-th top-level entry: (its marshal, its JSON)
+        # data_ptr -> (dtype, shape, leaf, byte view): the last blob's CPU tensors (their memory)
+        self._tensors: dict[int, tuple[Any, ...]] = {}
         self.fast = 0  # blobs encoded here, and ...
         self.slow = 0  # ... by memory.encode (the reference path)
 
@@ -117,6 +119,9 @@ class Encoder:
         leaves: list[tuple[Any, ...]] = []
         spliced: list[tuple[int, str]] = []
         kept = self._ints
+        tensors = self._tensors
+        # This walk's tensors only: one no longer in the tree is let go (with its memory).
+        seen: dict[int, tuple[Any, ...]] = {}
 
         def walk(obj: Any) -> Any:
             t = type(obj)
@@ -130,6 +135,19 @@ class Encoder:
                     items.append([k, walk(v)])
                 return {"D": items}
             if t in _TENSORS:
+                # A tensor over the same memory as one of the last blob's (a workload's
+                # state_dict() returns its parameters and optimizer state themselves, or detached
+                # views of them): the same bytes, while the shape, dtype and layout are the same,
+                # so the leaf and byte view kept then (numpy() alone is 1 us a tensor). Exact: the
+                # kept view holds that memory, so no other tensor can have been allocated there.
+                ptr = obj.data_ptr()
+                have = tensors.get(ptr)
+                if (have is not None and obj.dtype is have[0] and obj.shape == have[1] and obj.is_cpu
+                        and obj.is_contiguous() and not obj.is_neg()):  # (a square transpose_ keeps pointer and shape)
+                    seen[ptr] = have
+                    leaves.append(have[2])
+                    raws.append(have[3])
+                    return {"T": len(raws) - 1}
                 name = _dtype_name(obj.dtype)
                 if name is None:
                     raise _Slow
@@ -145,6 +163,9 @@ class Encoder:
                         raws.append(memoryview(arr).cast("B"))
                     except TypeError:  # not C-contiguous, or empty: a contiguous copy, flat bytes
                         raws.append(memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8)))
+                    else:  # a view of the tensor's own memory (not a copy): kept for the next blob
+                        if raws[-1].nbytes and not obj.dtype.is_complex:  # (a conjugate view shares memory)
+                            seen[ptr] = (obj.dtype, obj.shape, leaves[-1], raws[-1])
                 return {"T": len(raws) - 1}
             if t is list or t is tuple:
                 tag = "L" if t is list else "U"
@@ -166,4 +187,6 @@ class Encoder:
                 return {"N": len(raws) - 1}
             raise _Slow
 
-        return walk(tree), raws, leaves, spliced
+        skeleton = walk(tree)
+        self._tensors = seen
+        return skeleton, raws, leaves, spliced
