@@ -83,6 +83,78 @@ def test_slurm_holds_a_requeued_job_for_cred_expire_and_its_owner_may_release_it
                           "-J", "hold-probe", "-o", str(shared_tmp / "probe-%j.out"), "--open-mode=append", "--wrap",
                           f'echo "restart=${{SLURM_RESTART_COUNT:-0}}" >> {out}; sleep 300'],
                          capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        assert wait_for(lambda: out.is_file() and "restart=0" in out.read_text(), 120, 0.3), show_job(job)
+        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
+        # Once the old attempt has ended Slurm holds the job: eligible cred_expire + 1 s after the requeue.
+        assert wait_for(lambda: show_job(job).get("Reason") == "BeginTime", 120, 0.3), show_job(job)
+        info = show_job(job)
+        assert info["JobState"] == "PENDING" and info["Restarts"] == "1", info
+        # (Slurm moves SubmitTime 1 s on when the requeue falls in the submission's own second.)
+        assert _seconds(info["SubmitTime"], info["EligibleTime"]) in (hold, hold - 1), (info, hold)
+        # The owner may make it eligible at once (a second after the requeue, for the credential).
+        assert wait_for(lambda: release_if_held(job), 10, 0.3), show_job(job)
+        assert wait_for(lambda: "restart=1" in out.read_text(), 60, 0.3), (show_job(job), out.read_text())
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    first, second = _sacct_attempts(job)[:2]
+    assert first["State"] == "REQUEUED" and _seconds(second["Submit"], second["Eligible"]) < hold, (first, second)
+
+
+def test_shorten_own_hold_does_nothing_for_a_job_slurm_did_not_requeue(slurm_cluster) -> None:  # type: ignore[no-untyped-def]
+    # No such job: Slurm refuses the update, nothing is written or claimed.
+    assert shorten_own_hold("999999999", None, restart=0) is None
+    assert shorten_own_hold("12; rm -rf /", None, restart=0) is None
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def test_a_requeued_hetrun_job_shortens_its_own_hold_and_says_so(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
+    hold = cred_expire_s(subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout) + 1
+    # Attempt 0 runs until Slurm requeues it (SIGTERM, as on a preemption); attempt 1 ends at once.
+    program = 'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then exec sleep 300; fi; echo resumed'
+    spec = spec_from_dict({
+        "name": "hold-short", "components": {"trainer": {"nodes": 1, "tasks_per_node": 1, "mem": "200M",
+                                                        "command": ["bash", "-c", program]}},
+        "slurm": {"partition": "debug", "time": "00:05:00"}})
+    res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs")
+    run_dir, job = Path(res.run.run_dir), str(res.run.job_id)
+    try:
+        assert wait_for(lambda: any(e["ev"] == "start" for e in _events(run_dir)), 180, 0.3), show_job(job)
+        subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, check=True)
+        final = wait_for_end_releasing(res.run, timeout_s=180)
+    finally:
+        subprocess.run(["scancel", job], capture_output=True)
+    evs = _events(run_dir)
+    assert [c.state for c in final.components] == ["COMPLETED"], evs[-6:]
+    assert [e["outcome"] for e in evs if e["ev"] == "attempt_end"] == ["preempted", "done"], evs[-6:]
+    [short] = [e for e in evs if e["ev"] == "requeue_hold_shortened"]
+    assert short["job_id"] == job and short["restart_count"] == 0 and short["delay_s"] >= SHORTEN_TO_S, short
+    batch_log = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*.out"))
+    assert f"as its owner hetrun set its begin time to {short['delay_s']} s from now" in batch_log, batch_log[-2000:]
+    # Slurm kept hetrun's begin time instead of adding its hold (accounting: the requeued attempt's Eligible).
+    attempts = _sacct_attempts(job)
+    assert _seconds(attempts[1]["Submit"], attempts[1]["Eligible"]) < hold, attempts
+
+
+def _nudges(st, job: str) -> list[str]:  # type: ignore[no-untyped-def]
+    log = st.config.directory / "log" / "requeue_nudge.log"
+    return [line for line in log.read_text().splitlines() if f" JobId={job} " in line] if log.exists() else []
+
+
+def test_a_requeued_het_job_held_by_slurm_is_nudged_when_its_begin_time_passes(  # type: ignore[no-untyped-def]
+        slurm_cluster, shared_tmp: Path) -> None:
+    out = shared_tmp / "het-starts.txt"
+    script = shared_tmp / "het.sh"
+    script.write_text("#!/bin/bash\n"
+                      f"#SBATCH -p debug -n 1 --mem=50M -t 5 --requeue -J nudge-probe -o {shared_tmp}/het-%j.out\n"
+                      "#SBATCH --open-mode=append\n#SBATCH hetjob\n#SBATCH -p debug -n 1 --mem=50M\n"
+                      f'echo "restart=${{SLURM_RESTART_COUNT:-0}}" >> {out}\nsleep 300\n')
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                         check=True).stdout.strip().split(";")[0]
     nudged: list[str] = []
     try:
         assert wait_for(lambda: out.is_file() and "restart=0" in out.read_text(), 120, 0.3), show_job(job)
@@ -98,11 +170,12 @@ def test_slurm_holds_a_requeued_job_for_cred_expire_and_its_owner_may_release_it
             assert wait_for(lambda restart=restart: f"restart={restart}" in out.read_text(), 120, 0.5), (
                 show_job(job), _nudges(slurm_cluster, job))
             assert wait_for(lambda: show_job(job).get("JobState") == "RUNNING", 30, 0.3), show_job(job)
-            # The watcher logs right after its update returns, the job may start meanwhile.
-            wait_for(lambda: len(_nudges(slurm_cluster, job)) > len(nudged), 3, 0.2)
+            # The watcher logs right after its update returns; the job may start meanwhile.
+            before = len(nudged)
+            wait_for(lambda before=before: len(_nudges(slurm_cluster, job)) > before, 3, 0.2)
             lines = _nudges(slurm_cluster, job)
-            if len(lines) > len(nudged):
-                [line] = lines[len(nudged):]
+            if len(lines) > before:
+                [line] = lines[before:]
                 nudged = lines
                 assert f"eligible {eligible}, still pending: nudged the backfill scheduler" in line, line
                 assert line.endswith("(scontrol update Requeue=1: done)"), line
