@@ -95,7 +95,7 @@ def _make_eligible(job: str, restarts: int) -> bool:
 
 
 def _restored(run_dir: Path, restart: int) -> int:
-    """The iteration attempt ``restart`` resumed from (-1 before every rank restored)."""
+    """The iteration attempt ``restart`` resumed from (-1 before it restored; every rank restores the same)."""
     its = [e["iteration"] for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == restart]
     return max(its, default=-1)
 
