@@ -68,7 +68,8 @@ HEARTBEAT_DEFAULT_S = 0.5
 # -- spare nodes' files under logs/ (the batch script and runtime/recovery.py) -----------------
 HEARTBEATS = "alive"  # logs/alive/<node>: touched by the node's lowest rank while it runs
 IN_ALLOCATION_RESTARTS = "in-allocation-restarts"  # one "<job id> <restart count>" line per restart
-DEAD_NODES_PREFIX = ".dead-nodes-"  # + job id: nodes found dead in this job, never used again
+DEAD_NODES_PREFIX = ".dead-nodes-"  # + job id: nodes found dead in this job, not used again ...
+RETURNED_SUFFIX = ".returned"  # ... unless taken back once (this file beside it: the nodes that were)
 SILENT_NODES_PREFIX = ".silent-nodes-"  # + job id: nodes the monitor found silent this step
 # logs/cpu-phase/<node>/<component>-<rank>: one byte, "1" while that rank computes, "0" while it
 # waits; a learner's update takes the node's cores its rollout ranks leave idle (examples/cpu_share.py)

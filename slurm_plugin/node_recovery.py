@@ -9,8 +9,9 @@ failed and the post-mortem would requeue it (a failure within
 (the nodes of the ranks the post-mortem named, and the allocation's nodes
 Slurm reports DOWN / NOT_RESPONDING / FAIL / DRAIN) are added to the job's
 dead-node file, and when every component still has enough live nodes the
-script starts the next step at once ("restart"), else it requeues ("requeue")
-as before. Each decision is a ``node_failure`` event: the dead nodes, each
+script starts the next step at once ("restart"). With no spare left, an
+excluded node that answers a probe step again is taken back, once per node
+(``taken_back``); else the job requeues ("requeue") as before. Each decision is a ``node_failure`` event: the dead nodes, each
 component's old and new node list, the spares left, the action and why.
 
 Like the post-mortem, this imports no runtime code and no torch (it runs in the
@@ -43,10 +44,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hetrun.errors import RunDirError
 from hetrun.planfile import read_plan
-from hetrun.rundir import NODE_TIMEOUT_DEFAULT_S, NODE_TIMEOUT_ENV, RunPaths
+from hetrun.rundir import NODE_TIMEOUT_DEFAULT_S, NODE_TIMEOUT_ENV, RETURNED_SUFFIX, RunPaths
 
 from .rundir import append_event, events_of
 
@@ -89,6 +91,31 @@ def pick(allocated: Sequence[Sequence[str]], need: Sequence[int], dead: Sequence
                     f"(dead: {', '.join(x for x in nodes if x in dead) or 'none'}); no spare node left")
         out.append(live[:n])
     return out
+
+
+def taken_back(allocated: Sequence[Sequence[str]], dead: Sequence[str], keep_out: Sequence[str],
+               het: bool, probe_nodes: Any = None) -> dict[str, str]:
+    """The excluded nodes that may serve again, and why: a node this job's batch script
+    excluded (a rank died there, its heartbeat stopped, a probe failed) that Slurm still
+    reports usable and that runs a probe step inside the allocation now, so it is still
+    the job's and its slurmd answers (a node Slurm marked down has left a ``--no-kill``
+    job's allocation: its probe fails). ``keep_out``: nodes never taken back (those that
+    failed in the attempt that just ended, and those taken back once before: a node that
+    fails again after its return stays out). Asked only when no spare is left, so a fresh
+    spare always goes first and a job with spares pays no probe for it."""
+    candidates = {n for nodes in allocated for n in nodes if n in dead and n not in keep_out}
+    if not candidates:
+        return {}
+    states = node_states(sorted(candidates))
+    candidates = {n for n in candidates
+                  if states.get(n) and not any(s in states[n].split("+") or states[n].startswith(s)
+                                               for s in DEAD_STATES)}
+    groups = [[n for n in nodes if n in candidates] for nodes in allocated]
+    if not candidates:
+        return {}
+    failed = (probe_nodes or probe)(groups, het)
+    return {n: f"answered a probe step again (Slurm: {states[n]})" for nodes in groups for n in nodes
+            if n not in failed}
 
 
 def node_states(nodes: Sequence[str]) -> dict[str, str]:
@@ -285,6 +312,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.dead_file.parent.mkdir(parents=True, exist_ok=True)
     args.dead_file.write_text("".join(f"{n}\n" for n in dead))
     chosen = pick(allocated, args.need, dead)
+    returned: dict[str, str] = {}
+    if isinstance(chosen, str):
+        # No spare left: an excluded node that answers again serves once more, before the queue.
+        once = args.dead_file.with_name(args.dead_file.name + RETURNED_SUFFIX)
+        returned = taken_back(allocated, dead, [*new_dead, *read_dead(once)], het)
+        if returned:
+            with once.open("a") as f:
+                f.write("".join(f"{n}\n" for n in returned))
+            dead = [n for n in dead if n not in returned]
+            args.dead_file.write_text("".join(f"{n}\n" for n in dead))
+            chosen = pick(allocated, args.need, dead)
     names = _components(args.run_dir)
     comps = []
     for g, nodes in enumerate(allocated):
@@ -300,8 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         reason = "; ".join(f"{n}: {w}" for n, w in why.items())
         reason += "" if action == "restart" else f"; {chosen}: requeue"
+    if returned:
+        reason += "; no spare left, taken back: " + "; ".join(f"{n} {w}" for n, w in returned.items())
     append_event(args.run_dir.resolve(), "node_failure", restart_count=args.restart, dead_nodes=new_dead,
-                 excluded=dead, components=comps, action=action, reason=reason)
+                 excluded=dead, components=comps, action=action, reason=reason, returned=sorted(returned))
     sys.stderr.write(f"hetrun: attempt {args.restart} failed; {reason}; {action}\n")
     print(action)
     return 0

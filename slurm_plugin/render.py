@@ -162,6 +162,9 @@ def _launch_lines(steps: Sequence[list[str]], traps: Sequence[str]) -> list[str]
 # is never seen in squeue: accounting's start times tell it from an earlier
 # attempt's steps, so such an srun is ended after the same grace, not after
 # WATCHDOG_UNSEEN_S (seen once in CI: the test waited 60 s for the requeue).
+# The spare-nodes monitor ends an srun still running this long after every rank's exit event
+# and every node's heartbeat file removal (a rank stuck after its end; the batch log says so).
+STUCK_AFTER_EXIT_S = 30
 WATCHDOG_GRACE_S = 15
 WATCHDOG_POLL_S = 3
 WATCHDOG_UNSEEN_S = 60
@@ -408,11 +411,30 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "    # marks the node down: it is ended too, at once after this monitor's own kill (a node",
         "    # is known dead), 2 s after the srun reader's (srun may still end by itself). Ages in",
         "    # microseconds from bash's EPOCHREALTIME: whole seconds added up to 1 s to the detection.",
+        "    # Every node's file gone (each removed by its rank's orderly end) and every rank's exit",
+        "    # event written, yet srun still runs STUCK_AFTER_EXIT_S later: a rank stuck after its end",
+        "    # (seen once: a restarted step's srun waited to the time limit after every rank's exit",
+        "    # event): srun is ended, and the post-mortem reads the ranks' exit events, not its code.",
         "    trap '' TERM INT",
         "    local jobs=$1 n v age now steps killed=0 since=0 limit=$(( _hetrun_node_timeout * 1000000 )); shift",
+        "    local gone exits done_for=0",
         "    local -A seen=() changed=()",
         '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
         "        sleep 0.5",
+        "        gone=0",
+        '        for n in "$@"; do',
+        f'            if [ -n "${{seen[$n]-}}" ] && [ ! -e {_LOGS}/{HEARTBEATS}/"$n" ]; then gone=$((gone + 1)); fi',
+        "        done",
+        '        if [ "$killed" -eq 0 ] && [ "$gone" -eq "$#" ]; then',
+        "            exits=$(grep -F '{\"ev\":\"exit\",' \"$HETRUN_RUN_DIR/events.jsonl\" 2>/dev/null \\",
+        '                | grep -c -E "\\"restart_count\\":${SLURM_RESTART_COUNT:-0}[,}]")',
+        '            if [ "${exits:-0}" -ge "$_hetrun_ntasks" ]; then done_for=$((done_for + 1)); else done_for=0; fi',
+        f'            if [ "$done_for" -ge {2 * STUCK_AFTER_EXIT_S} ]; then',
+        f'                echo "hetrun: $EPOCHREALTIME every rank ended {STUCK_AFTER_EXIT_S} s ago and srun still waits: ending it" >&2',
+        '                kill -s KILL "$_hetrun_pid" 2>/dev/null',
+        "                return",
+        "            fi",
+        "        fi",
         '        for n in "$@"; do',
         '            if [ "$killed" -eq 1 ]; then break; fi',
         f'            {{ read -r v < {_LOGS}/{HEARTBEATS}/"$n"; }} 2>/dev/null || continue',
@@ -443,6 +465,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "    done",
         "}",
         "_hetrun_overlap=''",
+        f"_hetrun_ntasks={sum(c.nodes * c.tasks_per_node for c in comps)}  # the step's ranks (the monitor's exit count)",
         "while :; do",
         '    rm -f "$_hetrun_stuck"',
         f'    mapfile -t _hetrun_nl < <({quoting.sh_join([*tool, "nodes"])} "$HETRUN_RUN_DIR" \\',

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -302,6 +303,51 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> 
     assert (tmp_path / "silent").read_text().split() == ["stuck"], proc.stderr
     assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
     assert "node stuck silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
+
+
+def _monitor_after_exits(tmp_path: Path, exits: int) -> subprocess.CompletedProcess[str]:
+    """The spare-nodes monitor, run by bash against an srun that outlives every rank (a sleep
+    standing in for it): both nodes' heartbeat files beat, then are removed (orderly ends),
+    and ``exits`` of the step's 2 ranks wrote their exit event. The grace cut from 30 s to
+    2 s (4 rounds of 0.5 s) in the monitor's text."""
+    from hetrun.slurm_plugin.render import STUCK_AFTER_EXIT_S
+
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["rollout"]["spare_nodes"] = 1
+    lines = _script(_spec(components=comps, preemption={"max_failures": 1})).splitlines()
+    start = lines.index("_hetrun_heartbeats() {")
+    monitor = [ln.replace(f'"$done_for" -ge {2 * STUCK_AFTER_EXIT_S}', '"$done_for" -ge 4')
+               for ln in lines[start:lines.index("}", start) + 1]]
+    assert monitor != lines[start:lines.index("}", start) + 1]
+    alive = tmp_path / "logs" / "alive"
+    alive.mkdir(parents=True)
+    (tmp_path / "events.jsonl").write_text("".join(
+        f'{{"ev":"exit","rank":{r},"code":0,"restart_count":0,"time":1}}\n' for r in range(exits))
+        + '{"ev":"exit","rank":1,"code":0,"restart_count":3,"time":1}\n')  # another attempt's
+    driver = "\n".join([
+        "set -u", "_hetrun_node_timeout=5", '_hetrun_silent="$HETRUN_RUN_DIR/silent"', "_hetrun_ntasks=2",
+        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
+        "sleep 8 & _hetrun_pid=$!", *monitor,
+        'cd "$HETRUN_RUN_DIR/logs/alive"',
+        "(for i in 1 2 3 4; do echo $i > a; echo $i > b; sleep 0.3; done; rm -f a b) &",
+        "_hetrun_heartbeats 4242 a b",
+        'wait "$_hetrun_pid"; echo "srun-rc=$?"',
+    ])
+    env = {"PATH": "/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
+    return subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_monitor_ends_an_srun_that_outlives_every_ranks_end(tmp_path: Path) -> None:
+    """Every node's heartbeat removed and every rank's exit event written: an srun still there
+    after the grace is ended (seen once: a restarted step's srun waited to the time limit).
+    One exit event short, the monitor leaves srun alone (it ends by itself here)."""
+    t0 = time.monotonic()
+    ended = _monitor_after_exits(tmp_path / "all", exits=2)
+    assert "every rank ended 30 s ago and srun still waits: ending it" in ended.stderr, ended.stderr
+    assert ended.stdout.split() == ["srun-rc=137"] and time.monotonic() - t0 < 7, (ended.stdout, ended.stderr)
+    short = _monitor_after_exits(tmp_path / "short", exits=1)
+    assert "srun still waits" not in short.stderr, short.stderr
+    assert short.stdout.split() == ["srun-rc=0"], short.stdout  # the sleep ended by itself, 8 s
 
 
 def _watchdog_start(tmp_path: Path, signalled: bool) -> subprocess.Popen[str]:
