@@ -350,7 +350,8 @@ def test_the_monitor_ends_an_srun_that_outlives_every_ranks_end(tmp_path: Path) 
     assert short.stdout.split() == ["srun-rc=0"], short.stdout  # the sleep ended by itself, 8 s
 
 
-def _watchdog_start(tmp_path: Path, signalled: bool) -> subprocess.Popen[str]:
+def _watchdog_start(tmp_path: Path, signalled: bool, step: str = "4242.0",
+                    sacct: str = "4242.0|COMPLETED|143:0|1") -> subprocess.Popen[str]:
     """The srun watchdog, run by bash against an srun that outlives its step (a sleep: Slurm
     22.05's pmix hang cannot be made on demand) with squeue showing no step and accounting
     showing it ended once squeue has shown it. The process: its stderr has the message."""
@@ -363,8 +364,8 @@ def _watchdog_start(tmp_path: Path, signalled: bool) -> subprocess.Popen[str]:
     bin_dir.mkdir(parents=True)
     # The step runs at the first poll, then is gone.
     (bin_dir / "squeue").write_text('#!/bin/bash\n[ -e "$HETRUN_RUN_DIR/polled" ] && exit 0\n'
-                                    'touch "$HETRUN_RUN_DIR/polled"; printf \'4242.0\\n\'\n')
-    (bin_dir / "sacct").write_text("#!/bin/bash\nprintf '4242.0|COMPLETED|143:0|1\\n'\n")
+                                    f'touch "$HETRUN_RUN_DIR/polled"; printf \'{step}\\n\'\n')
+    (bin_dir / "sacct").write_text(f"#!/bin/bash\nprintf '{sacct}\\n'\n")
     for name in ("squeue", "sacct"):
         (bin_dir / name).chmod(0o755)
     driver = "\n".join([
@@ -390,6 +391,20 @@ def test_the_srun_watchdog_gives_a_signalled_job_one_poll_not_the_grace(tmp_path
         _, err = proc.communicate(timeout=90)
         assert f"srun still running {grace}s after its job step ended (exit 143)" in err, (grace, err)
         assert (where / "stuck").read_text().strip() == "143", err  # the post-mortem's exit code
+
+
+def test_the_srun_watchdog_takes_its_own_steps_code_not_an_earlier_attempts(tmp_path: Path) -> None:
+    """After restarts inside the allocation accounting also lists the earlier attempts' steps,
+    killed (137): an srun stuck after its own step completed must end with that step's code, 0
+    (seen: a run that finished its work ended FAILED). Its step: the newest squeue showed."""
+    from hetrun.slurm_plugin.render import WATCHDOG_POLL_S
+
+    sacct = "\\n".join(["4242+0.0|FAILED|0:9|1", "4242+1.0|CANCELLED|0:9|1", "4242+0.3|FAILED|0:9|2",
+                        "4242+0.6|COMPLETED|0:0|3", "4242+0.7|COMPLETED|0:0|3", "4242+1.7|COMPLETED|0:0|3"])
+    proc = _watchdog_start(tmp_path, signalled=True, step="4242.7", sacct=sacct)
+    _, err = proc.communicate(timeout=90)
+    assert f"srun still running {WATCHDOG_POLL_S}s after its job step ended (exit 0)" in err, err
+    assert (tmp_path / "stuck").read_text().strip() == "0", err
 
 
 def test_each_het_part_names_its_component_so_spares_before_it_do_not_shift_the_ranks() -> None:
