@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -76,8 +77,6 @@ def main() -> None:
     a = p.parse_args()
     if a.rounds <= WARMUP:
         p.error(f"--rounds must exceed the {WARMUP} warm-up rounds")
-    import os
-
     res = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": os.getloadavg(),
            "rounds": a.rounds, **measure(a.rounds)}
     res["load_after"] = os.getloadavg()

@@ -44,7 +44,6 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from hetrun.errors import RunDirError
 from hetrun.planfile import read_plan
@@ -55,6 +54,11 @@ from .rundir import append_event, events_of
 _NODE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Node states after which a node gets no more steps of this job (scontrol's State=, flags joined by +).
 DEAD_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "DRAIN")
+
+
+def slurm_says_dead(state: str) -> bool:
+    """Whether scontrol's State= (flags joined by +) is one of DEAD_STATES."""
+    return any(s in state.split("+") or state.startswith(s) for s in DEAD_STATES)
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -94,7 +98,7 @@ def pick(allocated: Sequence[Sequence[str]], need: Sequence[int], dead: Sequence
 
 
 def taken_back(allocated: Sequence[Sequence[str]], dead: Sequence[str], keep_out: Sequence[str],
-               het: bool, probe_nodes: Any = None) -> dict[str, str]:
+               het: bool) -> dict[str, str]:
     """The excluded nodes that may serve again, and why: a node this job's batch script
     excluded (a rank died there, its heartbeat stopped, a probe failed) that Slurm still
     reports usable and that runs a probe step inside the allocation now, so it is still
@@ -107,13 +111,11 @@ def taken_back(allocated: Sequence[Sequence[str]], dead: Sequence[str], keep_out
     if not candidates:
         return {}
     states = node_states(sorted(candidates))
-    candidates = {n for n in candidates
-                  if states.get(n) and not any(s in states[n].split("+") or states[n].startswith(s)
-                                               for s in DEAD_STATES)}
-    groups = [[n for n in nodes if n in candidates] for nodes in allocated]
+    candidates = {n for n in candidates if states.get(n) and not slurm_says_dead(states[n])}
     if not candidates:
         return {}
-    failed = (probe_nodes or probe)(groups, het)
+    groups = [[n for n in nodes if n in candidates] for nodes in allocated]
+    failed = probe(groups, het)
     return {n: f"answered a probe step again (Slurm: {states[n]})" for nodes in groups for n in nodes
             if n not in failed}
 
@@ -146,7 +148,7 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
     flat = [n for nodes in used for n in nodes]
     why: dict[str, str] = {}
     for node, state in node_states(flat).items():
-        if any(s in state.split("+") or state.startswith(s) for s in DEAD_STATES):
+        if slurm_says_dead(state):
             why[node] = f"Slurm reports it {state}"
     for node in silent:
         if node in flat:
@@ -310,7 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     new_dead, why = dead_after(args.run_dir.resolve(), args.restart, used_lists, het, silent)
     dead = list(dict.fromkeys([*dead, *new_dead]))
     args.dead_file.parent.mkdir(parents=True, exist_ok=True)
-    args.dead_file.write_text("".join(f"{n}\n" for n in dead))
     chosen = pick(allocated, args.need, dead)
     returned: dict[str, str] = {}
     if isinstance(chosen, str):
@@ -321,8 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             with once.open("a") as f:
                 f.write("".join(f"{n}\n" for n in returned))
             dead = [n for n in dead if n not in returned]
-            args.dead_file.write_text("".join(f"{n}\n" for n in dead))
             chosen = pick(allocated, args.need, dead)
+    args.dead_file.write_text("".join(f"{n}\n" for n in dead))
     names = _components(args.run_dir)
     comps = []
     for g, nodes in enumerate(allocated):

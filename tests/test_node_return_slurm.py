@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +80,6 @@ def test_an_excluded_node_that_answers_again_is_taken_back_when_no_spare_is_left
                             >= n, 120, 0.3), events(run_dir)[-5:]
         final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
     finally:
-        import subprocess
-
         subprocess.run(["scancel", str(res.run.job_id)], capture_output=True)
     first, second = [e for e in events(run_dir) if e.get("ev") == "node_failure"]
     assert victims[0] != victims[1], victims  # the restart went to the spare
