@@ -24,7 +24,11 @@ ranks, and per component) and the state's source; and ``stages``: seconds from
 the kill to each step on the way (the monitor's verdict, srun ended, step
 ended, post-mortem, the new ranks' srun start / MPI ready / torch imported /
 executor ready, memory agreed, state loaded), from the batch script's own
-timestamped lines and the ranks' startup and restore events.
+timestamped lines and the ranks' startup and restore events. The restarted ranks fork
+from the job's warm servers (runtime/warm_start.py; the first kill waits until the 4
+are up, as they are in any job that has run a few seconds): ``--starts cold`` runs
+the jobs with ``HETRUN_WARM_START=0``, ``--starts both`` alternates (warm first), and
+each trial says which (``starts``, and the ranks' own ``warm_start``).
 
 The requeue path, in the same run: the same job without spare nodes (no
 ``--no-kill``, no heartbeat monitor; ``max_failures`` requeues it through the
@@ -68,12 +72,16 @@ BASE = Path("/var/tmp/hetrun-bench/node_death")
 # node, since the first holds the batch script).
 EXAMPLES = {"ppo": ("rollout", 2), "moe": ("learner", 1)}  # example -> (victim component, spare nodes)
 RANKS = {"ppo": 2, "moe": 5}  # ranks that restore after a death (every rank of the job)
+NODES = 4  # the spare-node jobs' allocation: the cluster's 4 nodes, one warm server each
 
 
 def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
-         node_timeout: int | None = None, example: str = "ppo", leader_spare: bool = False) -> dict[str, Any]:
+         node_timeout: int | None = None, example: str = "ppo", leader_spare: bool = False,
+         cold: bool = False) -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
+    if cold:  # no warm servers (runtime/warm_start.py): every restarted rank imports torch itself
+        timeout["HETRUN_WARM_START"] = "0"
     if example == "moe":  # learner 2 nodes + 1 spare, evaluator 1: the cluster's 4 nodes
         return example_spec(
             "moe_lm",
@@ -176,12 +184,19 @@ def stages(run_dir: Path, t0: float, restart: int) -> dict[str, float | None]:
     }
 
 
+def warm_servers(run_dir: Path) -> int:
+    """The job's warm servers that are up (runtime/warm_start.py: each logs one "serves" line)."""
+    return sum("serves" in p.read_text(errors="replace") for p in (run_dir / "logs").glob("hetrun-warm-*.out"))
+
+
 def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300,
-              after: int = 4, example: str = "ppo") -> dict[str, Any]:
+              after: int = 4, example: str = "ppo", warm: bool = True) -> dict[str, Any]:
     """Kill the victim component's node of attempt ``restart`` once it has run a few steps (PPO's
     rollout, the MoE LM's first learner node: EXAMPLES); time the recovery."""
     victim, _ = EXAMPLES[example]
     assert wait(lambda: learner_iter(run_dir) >= 0 and victim_node(run_dir, restart, victim), 150), "no start"
+    if restart == 0 and warm:  # a long job's servers are up long before a node dies: wait for them
+        assert wait(lambda: warm_servers(run_dir) >= NODES, 120), "the warm servers did not start"
     base = learner_iter(run_dir)
     assert wait(lambda: learner_iter(run_dir) >= base + after, 200 + 5 * after), "no progress"
     time.sleep(0.5 * (restart % 3))  # a different moment of the iteration each time
@@ -224,6 +239,8 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
         # running ahead also redoes its lead (work_lost above): benchmarks/node_death.md.
         work_lost_job=min((e.get("work_lost") or 0) for e in rs),
         source=sorted({e.get("source") or "store" for e in rs}), step=rs[0].get("step"),
+        # runtime/warm_start.py: each restarted rank forked from its node's warm server, or cold
+        warm_start=sorted({bool(e.get("warm_start")) for e in starts}),
         action=None if nf is None else nf.get("action"), reason=None if nf is None else nf.get("reason"),
         stages=stages(run_dir, t0, restart))
     print(json.dumps(trial), flush=True)
@@ -231,27 +248,31 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
 
 def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None,
-           memory_every: int | str = 1, example: str = "ppo", leader_spare: bool = False) -> tuple[Path, str]:
+           memory_every: int | str = 1, example: str = "ppo", leader_spare: bool = False,
+           cold: bool = False) -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example, leader_spare)
+    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example, leader_spare, cold)
     res = submit_spec(spec_from_dict(job), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
 def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None,
            memory_every: int | str = 1, kill_after: int = 4, example: str = "ppo",
-           leader_spare: bool = False) -> list[dict[str, Any]]:
+           leader_spare: bool = False, starts: str = "warm") -> list[dict[str, Any]]:
     """One death per spare node of the job (PPO: two, kill then kill, or with ``down`` kill then
     down; the MoE LM: one). ``leader_spare`` (PPO): learner and rollout one spare each, one death
-    per job, with ``down`` the jobs alternate kill and down."""
+    per job, with ``down`` the jobs alternate kill and down. ``starts``: warm (the product's
+    default: runtime/warm_start.py), cold (``HETRUN_WARM_START=0``), or both (alternate jobs,
+    warm first)."""
     trials: list[dict[str, Any]] = []
     spares = 1 if leader_spare else EXAMPLES[example][1]
     jobs = 0
     while len(trials) < kills:
-        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example, leader_spare)
+        cold = starts == "cold" or (starts == "both" and jobs % 2 == 1)
+        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example, leader_spare, cold)
         if leader_spare:  # one death per job: kill, or with down every other job a DOWN
             modes: tuple[str, ...] = ("down" if down and jobs % 2 else "kill",)
         else:
@@ -262,7 +283,8 @@ def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | Non
                 if len(trials) < kills:
                     try:
                         trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after,
-                                                example=example))
+                                                example=example, warm=not cold))
+                        trials[-1]["starts"] = "cold" if cold else "warm"
                     except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
                         trials.append({"mode": mode, "restart": restart + 1, "run_dir": str(run_dir),
                                        "error": f"before the kill: {exc}"})
@@ -388,6 +410,9 @@ def main() -> None:
     p.add_argument("--example", choices=sorted(EXAMPLES), default="ppo",
                    help="ppo: the rollout's node dies; moe: one of the MoE LM learner's two nodes (spare-node "
                         "deaths only)")
+    p.add_argument("--starts", choices=("warm", "cold", "both"), default="warm",
+                   help="restarted ranks: forked from the warm servers (the default), cold "
+                        "(HETRUN_WARM_START=0), or both, alternating jobs")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
     args = p.parse_args()
     if args.example != "ppo" and args.requeue_kills:
@@ -406,14 +431,19 @@ def main() -> None:
             result["memory_every"] = args.memory_every
             result["example"] = args.example
             result["leader_spare"] = args.leader_spare
+            result["starts"] = args.starts
             result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout, args.memory_every,
-                                    args.kill_after, args.example, args.leader_spare)
+                                    args.kill_after, args.example, args.leader_spare, args.starts)
             result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]
                 if ok:
                     result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
                     result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
+            for kind in ("warm", "cold"):
+                ok = [t for t in result["spare"] if t.get("first_step_s") is not None and t.get("starts") == kind]
+                if ok and args.starts == "both":
+                    result[f"spare_median_first_step_s_{kind}"] = statistics.median(t["first_step_s"] for t in ok)
         if args.pairs:
             result["overhead"] = overhead(cluster, args.pairs, args.iterations, args.skip, args.example, tuple(args.modes))
     finally:

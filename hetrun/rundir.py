@@ -55,6 +55,12 @@ RESTART_BASE_ENV = "HETRUN_RESTART_BASE"
 # script's monitor takes a node for dead; how often each node's heartbeat file is touched.
 NODE_TIMEOUT_ENV = "HETRUN_NODE_TIMEOUT"
 HEARTBEAT_ENV = "HETRUN_HEARTBEAT_S"
+# Warm starts (runtime/warm_start.py): the node-local socket of the node's warm server, the
+# switch ("0": none), and the name of the servers' job step (the batch script's step lists
+# leave it out: it is not the ranks' step).
+WARM_SOCKET_ENV = "HETRUN_WARM_SOCKET"
+WARM_SWITCH_ENV = "HETRUN_WARM_START"
+WARM_STEP_NAME = "hetrun-warm"
 MEMORY_DIR_ENV = "HETRUN_MEMORY_DIR"  # the memory tier's node-local root (default /dev/shm)
 # Judged by change on the batch node's own clock (never by comparing a shared file's mtime
 # with it). 3 s: at load average 20-28 on 2 cores a healthy rank's heartbeat (every 0.5 s, a

@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
         sys.stderr.write("usage: python -m hetrun.runtime <run_dir>\n")
         return 2
+    # A rank restarted inside the allocation forks from its node's warm server (torch
+    # already imported); with none, or no answer, it starts here as ever.
+    from .warm_start import run_warm
+
+    warm = run_warm(argv)
+    if warm is not None:
+        return warm
     from .entry import run_rank
 
     try:

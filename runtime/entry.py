@@ -30,6 +30,7 @@ from .gc_pause import collector_paused
 from .plan_view import PlanView, load_plan
 from .resume import restart_count
 from .sampler import start_for
+from .warm_start import FORKED_ENV
 
 EXIT_OK = 0
 EXIT_REQUEUE = 85
@@ -178,7 +179,8 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
     try:
         executor = Executor(plan, world, log, run_dir)
         log.emit("startup", restart_count=restarts, executor_ready=time.time(),
-                 cpu_s=round(time.process_time(), 3), **startup_times(world, interp_ready))
+                 cpu_s=round(time.process_time(), 3), warm_start=FORKED_ENV in os.environ,
+                 **startup_times(world, interp_ready))
         sampler = start_for(log, world)  # resource samples for `hetrun report`
         code = executor.run()
         sampler.stop()

@@ -78,7 +78,7 @@ from .gc_pause import collector_paused
 from .hooks import Hooks, load_hooks
 from .plan_view import ActionSpec, Dep, PlanView
 from .state_history import StateHistory, pick_for
-from .workload import load_workload_class
+from .workload import load_workload_class, workload_search_dirs
 
 EXIT_OK = 0
 
@@ -338,7 +338,7 @@ class Executor:
         """The workload, restored, and the pipeline primed; the iteration to start at."""
         from .ckpt.state import seed_global_rngs
 
-        wl_cls = load_workload_class(self.plan.workload, self._search_dirs())
+        wl_cls = load_workload_class(self.plan.workload, workload_search_dirs(self.plan, self.run_dir))
         seed_global_rngs(self.ctx.rank_seed)  # runs of one job save the same RNG states
         try:
             self.workload = wl_cls(self.ctx, **self.plan.workload_args)
@@ -406,17 +406,6 @@ class Executor:
         recovery.stop_heartbeat()
         return code
 
-    def _search_dirs(self) -> list[Path]:
-        dirs = [self.run_dir]
-        for key in ("job_dir", "job_file"):
-            value = self.plan.raw.get(key)
-            if value:
-                p = Path(value)
-                dirs.append(p if key == "job_dir" else p.parent)
-        env_dir = os.environ.get("HETRUN_JOB_DIR")
-        if env_dir:
-            dirs.append(Path(env_dir))
-        return dirs
 
     def _send_initial_states(self, start: int) -> None:
         # Consumers wait for a state labelled >= start-1 before their first

@@ -22,6 +22,7 @@ Data flow the runtime provides (RL):
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from .context import RankContext
+    from .plan_view import PlanView
 
 class Workload:
     """Base class; subclasses override the methods their action types need."""
@@ -119,6 +121,21 @@ def check_workload_ref(ref: str, where: str = "workload") -> tuple[str, str]:
         )
     module, _, cls = ref.partition(":")
     return module, cls
+
+
+def workload_search_dirs(plan: PlanView, run_dir: Path) -> list[Path]:
+    """Where a plan's workload module may live besides sys.path: the run directory, the job
+    file's directory, and ``HETRUN_JOB_DIR``."""
+    dirs = [run_dir]
+    for key in ("job_dir", "job_file"):
+        value = plan.raw.get(key)
+        if value:
+            p = Path(value)
+            dirs.append(p if key == "job_dir" else p.parent)
+    env_dir = os.environ.get("HETRUN_JOB_DIR")
+    if env_dir:
+        dirs.append(Path(env_dir))
+    return dirs
 
 
 def load_workload_class(ref: str, search_dirs: list[Path] | None = None) -> type[Workload]:

@@ -31,6 +31,9 @@ from hetrun.rundir import (
     NODE_TIMEOUT_DEFAULT_S,
     NODE_TIMEOUT_ENV,
     SILENT_NODES_PREFIX,
+    WARM_SOCKET_ENV,
+    WARM_STEP_NAME,
+    WARM_SWITCH_ENV,
 )
 
 from . import quoting
@@ -170,6 +173,13 @@ WATCHDOG_POLL_S = 3
 WATCHDOG_UNSEEN_S = 60
 WATCHDOG = [
     "",
+    "_hetrun_job_steps() {",
+    "    # $1: the job ids. The job's steps (id.N) squeue lists, one a line; fails as squeue",
+    f"    # does. The warm servers' steps ({WARM_STEP_NAME}, spare nodes) are not the ranks' step.",
+    "    local out",
+    "    out=$(squeue -h -s -j \"$1\" -o '%i %j' 2>/dev/null) || return 1",
+    f"    printf '%s\\n' \"$out\" | awk '$2 != \"{WARM_STEP_NAME}\" && $1 ~ /[.][0-9]+$/ {{print $1}}'",
+    "}",
     '_hetrun_stuck="$HETRUN_RUN_DIR/logs/.srun-outlived-step-${SLURM_JOB_ID}"',
     'rm -f "$_hetrun_stuck"',
     "_hetrun_step_rc() {",
@@ -177,10 +187,10 @@ WATCHDOG = [
     "    # once accounting has the step and none of it still runs; prints nothing before.",
     "    # $1 (optional): epoch second; steps that began before it are not counted.",
     "    # $2 (optional): step numbers, space-separated; only those steps are counted.",
-    '    SLURM_TIME_FORMAT=%s sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State,ExitCode,Start 2>/dev/null |',
-    '        awk -F"|" -v since="${1:-0}" -v steps="${2:-}" \'',
+    '    SLURM_TIME_FORMAT=%s sacct -n -P -j "$SLURM_JOB_ID" -o JobID,State,ExitCode,Start,JobName 2>/dev/null |',
+    f'        awk -F"|" -v since="${{1:-0}}" -v steps="${{2:-}}" -v warm={WARM_STEP_NAME} \'',
     "        BEGIN { split(steps, s, \" \"); for (i in s) want[s[i]] = 1 }",
-    "        match($1, /[.][0-9]+$/) && $4 + 0 >= since + 0 && (steps == \"\" || substr($1, RSTART + 1) in want) {",
+    "        match($1, /[.][0-9]+$/) && $5 != warm && $4 + 0 >= since + 0 && (steps == \"\" || substr($1, RSTART + 1) in want) {",
     "                           if ($2 ~ /RUNNING|PENDING|COMPLETING/) busy = 1",
     "                           split($3, e, \":\"); c = e[2] > 0 ? 128 + e[2] : e[1]",
     "                           if (c > max) max = c; n++ }",
@@ -204,7 +214,7 @@ WATCHDOG = [
     # behind for up to a poll, and it must not hold sbatch's (or a caller's) pipes open.
     f"        sleep {WATCHDOG_POLL_S} </dev/null >/dev/null 2>&1",
     f"        waited=$((waited + {WATCHDOG_POLL_S}))",
-    '        steps=$(squeue -h -s -j "$1" -o %i 2>/dev/null) || continue',
+    '        steps=$(_hetrun_job_steps "$1") || continue',
     "        # This srun's steps: those seen running while it ran (an earlier attempt's, killed",
     "        # with 137 before a restart inside the allocation, must not give it their code).",
     "        if printf '%s\\n' \"$steps\" | grep -q '[.][0-9][0-9]*$'; then",
@@ -262,7 +272,7 @@ def srun_reader(*, kill_in_background: bool = False) -> list[str]:
         "                ended=1",
         "                # The steps squeue lists, and step 0 of every component (this script's one srun):",
         "                # a step srun has begun to terminate may be gone from squeue already.",
-        "                steps=\" $(squeue -h -s -j \"$1\" -o %i 2>/dev/null | grep \'[.][0-9][0-9]*$\' | tr \'\\n\' \' \')\"",
+        "                steps=\" $(_hetrun_job_steps \"$1\" | tr \'\\n\' \' \')\"",
         "                for id in ${1//,/ }; do",
         '                    case "$steps" in *" $id."*) ;; *) steps="$steps $id.0" ;; esac',
         "                done",
@@ -397,6 +407,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
     run.insert(at + 1, 'kill "$_hetrun_beat" 2>/dev/null')
     pm = _postmortem_lines(opts, hetrun_py)
     decide, finish = pm[:4], pm[4:]
+    warm_start, warm_end = _warm_lines(comps, run_dir, py)
     body = [
         "",
         "# Spare nodes (in-allocation restart, docs/PREEMPTION.md): nodes found dead in this job",
@@ -454,7 +465,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         '            if [ "$age" -le "$limit" ]; then continue; fi',
         '            echo "$n" >> "$_hetrun_silent"',
         '            printf \'%s\\n\' "$_hetrun_kill_mark" >> "$_hetrun_srun_log"',
-        "            steps=$(squeue -h -s -j \"$jobs\" -o %i 2>/dev/null | grep '[.][0-9][0-9]*$' | tr '\\n' ' ')",
+        "            steps=$(_hetrun_job_steps \"$jobs\" | tr '\\n' ' ')",
         f'            echo "hetrun: $EPOCHREALTIME node $n silent for $((age / 1000000)).$((age / 100000 % 10))s ({NODE_TIMEOUT_ENV}=$_hetrun_node_timeout):" \\',
         '                "SIGKILL to the step:" $steps >&2',
         "            # In the background: the live nodes' tasks die at once, but scancel returns only",
@@ -474,6 +485,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "        fi",
         "    done",
         "}",
+        *warm_start,
         "_hetrun_overlap=''",
         f"_hetrun_ntasks={sum(c.nodes * c.tasks_per_node for c in comps)}  # the step's ranks (the monitor's exit count)",
         "while :; do",
@@ -510,8 +522,55 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "    fi",
         "    break",
         "done",
+        *warm_end,
     ]
     return body + finish
+
+
+def _warm_lines(comps: Sequence[ComponentRequest], run_dir: Path, py: str) -> tuple[list[str], list[str]]:
+    """Warm servers (runtime/warm_start.py) for a job of action components with spares: one per
+    node of the allocation, spares included, started once the first ranks are up (a heartbeat
+    file: their imports must not slow the first start), so that a rank restarted inside the
+    allocation forks from one instead of importing torch again. Ended before the script exits.
+    ``HETRUN_WARM_START=0`` in the job's env starts none."""
+    if comps[0].command is not None:  # a command component runs the user's program, not hetrun's
+        return [], []
+    logs = quoting.sbatch_path(run_dir / "logs", "log directory")
+    sruns = []
+    for g, c in enumerate(comps):
+        n = c.nodes + c.spare_nodes
+        words = ["srun", "--overlap", "--no-kill", "--mpi=none", f"--job-name={WARM_STEP_NAME}",
+                 *([f"--het-group={g}"] if len(comps) > 1 else []),
+                 f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
+                 f"--output={logs}/{WARM_STEP_NAME}-%j-%t.out",
+                 py, "-m", "hetrun.runtime.warm_start", str(run_dir)]
+        sruns.append(f"    {quoting.sh_join(words)} &")
+    start = [
+        "",
+        f'if [ "${{{WARM_SWITCH_ENV}:-1}}" != 0 ]; then',
+        "    # Warm starts (runtime/warm_start.py): each node's server listens on this node-local",
+        "    # socket; a rank restarted inside the allocation forks from it (torch imported).",
+        f'    export {WARM_SOCKET_ENV}="/tmp/{WARM_STEP_NAME}-${{SLURM_JOB_ID}}.sock"',
+        "    {",
+        "    _hetrun_i=0",
+        f'    while ! compgen -G {_LOGS}/"{HEARTBEATS}/*" >/dev/null && [ "$_hetrun_i" -lt 7200 ]; do',
+        "        sleep 0.5; _hetrun_i=$((_hetrun_i + 1))",
+        "    done",
+        *sruns,
+        "    wait",
+        "    } </dev/null >/dev/null 2>&1 &",
+        "    _hetrun_warm=$!",
+        "fi",
+    ]
+    end = [
+        "# The warm servers' steps end with the job's work (else Slurm waits on them at the end).",
+        'if [ -n "${_hetrun_warm:-}" ]; then',
+        '    kill "$_hetrun_warm" 2>/dev/null',
+        f"    scancel $(squeue -h -s -j {_het_job_ids(len(comps))} -o '%i %j' 2>/dev/null"
+        f" | awk '$2 == \"{WARM_STEP_NAME}\" {{print $1}}') 2>/dev/null",
+        "fi",
+    ]
+    return start, end
 
 
 def _header(name: str, comps: Sequence[ComponentRequest], opts: SlurmOptions, run_dir: Path) -> list[str]:

@@ -31,7 +31,7 @@ from test_resume_exact import events, mpirun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ITERATIONS = 30
+ITERATIONS = 80  # long enough for the warm servers (runtime/warm_start.py) to be up before the kill
 KILL_AFTER = 10  # iterations the learner has started before the kill
 
 
@@ -120,7 +120,12 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             return any(e.get("ev") == "action" and e.get("component") == "learner"
                        and e.get("iteration", -1) >= it for e in events(run_dir))
 
+        def warm_servers() -> int:  # runtime/warm_start.py: one per node of the allocation
+            return sum("serves" in p.read_text() for p in (run_dir / "logs").glob("hetrun-warm-*.out"))
+
         assert wait_for(lambda: started(KILL_AFTER), 300, 0.5), events(run_dir)[-5:]
+        assert wait_for(lambda: warm_servers() == 4, 120, 0.2), list((run_dir / "logs").iterdir())
+        assert not started(ITERATIONS - 20), "the warm servers came up too late to test their restart"
         victim = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
         killed_at = time.time()
         assert cluster.kill_node(victim), victim
@@ -174,6 +179,16 @@ def test_every_rank_restores_from_peer_memory(killed_run: dict[str, Any]) -> Non
     assert all(e["work_lost"] is not None and e["work_lost"] <= 2 for e in restores), restores
     used = [e for e in evs if e.get("ev") == "memory_restore" and e.get("used")]
     assert len(used) == 2 and not any(e["rejected"] for e in used), used
+
+
+def test_the_restarted_ranks_fork_from_the_warm_servers(killed_run: dict[str, Any]) -> None:
+    """runtime/warm_start.py: the new step's ranks, on the survivor and the spare, start from
+    their node's warm server (torch imported), not a fresh interpreter."""
+    starts = [e for e in killed_run["events"] if e.get("ev") == "startup"]
+    assert [e["warm_start"] for e in starts if e.get("restart_count") == 0] == [False, False], starts
+    again = [e for e in starts if e.get("restart_count") == 1]
+    assert len(again) == 2 and all(e["warm_start"] for e in again), again
+    assert all(e["torch_imported"] - e["proc_start"] < 1.0 for e in again), again
 
 
 def test_it_ends_bit_identical_to_an_uninterrupted_run(killed_run: dict[str, Any]) -> None:

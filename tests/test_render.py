@@ -277,11 +277,11 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> 
     comps["rollout"]["spare_nodes"] = 1
     spec = _spec(components=comps, preemption={"max_failures": 1})
     lines = _script(spec).splitlines()
-    start = lines.index("_hetrun_heartbeats() {")
-    monitor = lines[start:lines.index("}", start) + 1]
+    monitor = _function(lines, "_hetrun_job_steps") + _function(lines, "_hetrun_heartbeats")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0\\n'\n")
+    # The ranks' step, the warm servers' (runtime/warm_start.py: never killed) and the batch step.
+    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0 python\\n4242.1 hetrun-warm\\n4242.batch batch\\n'\n")
     (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
     for name in ("squeue", "scancel"):
         (bin_dir / name).chmod(0o755)
@@ -303,6 +303,12 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path) -> 
     assert (tmp_path / "silent").read_text().split() == ["stuck"], proc.stderr
     assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
     assert "node stuck silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
+
+
+def _function(lines: list[str], name: str) -> list[str]:
+    """The lines of the batch script's bash function ``name``."""
+    start = lines.index(f"{name}() {{")
+    return lines[start:lines.index("}", start) + 1]
 
 
 def _monitor_after_exits(tmp_path: Path, exits: int) -> subprocess.CompletedProcess[str]:
@@ -356,15 +362,15 @@ def _watchdog_start(tmp_path: Path, signalled: bool, step: str = "4242.0",
     22.05's pmix hang cannot be made on demand) with squeue showing no step and accounting
     showing it ended once squeue has shown it. The process: its stderr has the message."""
     lines = _script(_spec()).splitlines()
-    start = lines.index("_hetrun_watchdog() {")
-    watchdog = lines[start:lines.index("}", start) + 1]
-    rc_start = lines.index("_hetrun_step_rc() {")
-    step_rc = lines[rc_start:lines.index("}", rc_start) + 1]
+    watchdog = _function(lines, "_hetrun_watchdog")
+    step_rc = _function(lines, "_hetrun_step_rc") + _function(lines, "_hetrun_job_steps")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
-    # The step runs at the first poll, then is gone.
-    (bin_dir / "squeue").write_text('#!/bin/bash\n[ -e "$HETRUN_RUN_DIR/polled" ] && exit 0\n'
-                                    f'touch "$HETRUN_RUN_DIR/polled"; printf \'{step}\\n\'\n')
+    # The step runs at the first poll, then is gone; the warm servers' step (spare nodes:
+    # runtime/warm_start.py) runs on and is never this srun's.
+    (bin_dir / "squeue").write_text('#!/bin/bash\nwarm="4242.9 hetrun-warm"\n'
+                                    '[ -e "$HETRUN_RUN_DIR/polled" ] && { echo "$warm"; exit 0; }\n'
+                                    f'touch "$HETRUN_RUN_DIR/polled"; printf \'{step} python\\n%s\\n\' "$warm"\n')
     (bin_dir / "sacct").write_text(f"#!/bin/bash\nprintf '{sacct}\\n'\n")
     for name in ("squeue", "sacct"):
         (bin_dir / name).chmod(0o755)
@@ -400,7 +406,8 @@ def test_the_srun_watchdog_takes_its_own_steps_code_not_an_earlier_attempts(tmp_
     from hetrun.slurm_plugin.render import WATCHDOG_POLL_S
 
     sacct = "\\n".join(["4242+0.0|FAILED|0:9|1", "4242+1.0|CANCELLED|0:9|1", "4242+0.3|FAILED|0:9|2",
-                        "4242+0.6|COMPLETED|0:0|3", "4242+0.7|COMPLETED|0:0|3", "4242+1.7|COMPLETED|0:0|3"])
+                        "4242+0.6|COMPLETED|0:0|3", "4242+0.7|COMPLETED|0:0|3", "4242+1.7|COMPLETED|0:0|3",
+                        "4242+0.9|RUNNING|0:0|3|hetrun-warm"])  # the warm servers' step runs on
     proc = _watchdog_start(tmp_path, signalled=True, step="4242.7", sacct=sacct)
     _, err = proc.communicate(timeout=90)
     assert f"srun still running {WATCHDOG_POLL_S}s after its job step ended (exit 0)" in err, err
@@ -420,7 +427,7 @@ def test_each_het_part_names_its_component_so_spares_before_it_do_not_shift_the_
     comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
     comps["learner"]["spare_nodes"] = 1
     spec = _spec(components=comps, preemption={"max_failures": 1})
-    line = next(ln for ln in _script(spec).splitlines() if ln.lstrip().startswith("srun ") and "hetrun.runtime" in ln)
+    line = next(ln for ln in _script(spec).splitlines() if ln.lstrip().startswith("srun ") and " hetrun.runtime " in ln)
     parts = line.split(" : ")
     assert [shlex.split(p).count("HETRUN_COMPONENT=" + n) for p, n in zip(parts, ["learner", "rollout"], strict=True)] \
         == [1, 1], line
