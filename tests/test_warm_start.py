@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from hetrun.runtime.warm_start import FORKED_ENV, SOCKET_ENV, SWITCH_ENV
 from resume_compare import assert_same_checkpoints, example_spec, plan_dict
 from test_resume_exact import events, mpirun
-
-from hetrun.runtime.warm_start import FORKED_ENV, SOCKET_ENV, SWITCH_ENV
 
 SERVER = r"""
 import os, signal, sys, time
