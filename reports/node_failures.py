@@ -4,7 +4,8 @@ attempt, the dead node, the node that replaced it, where every rank's state came
 
 Read from events.jsonl: ``node_failure`` (the batch script's decision,
 slurm_plugin/node_recovery.py), then the next attempt's ``restore`` and
-``memory_restore`` lines (runtime/recovery.py).
+``memory_restore`` lines (runtime/recovery.py) and its ranks' ``startup`` lines
+(``warm_start``: forked from the node's warm server, runtime/warm_start.py).
 """
 
 from __future__ import annotations
@@ -61,9 +62,13 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
             restores = [e for e in evs if e.get("ev") == "restore" and e.get("restart_count") == nxt]
             memory = [e for e in evs if e.get("ev") == "memory_restore" and start <= _when(e) < end]
             lost = [e["work_lost"] for e in restores if isinstance(e.get("work_lost"), int)]
+            ups = [e for e in evs if e.get("ev") == "startup" and e.get("restart_count") == nxt]
+            warm = sum(bool(e.get("warm_start")) for e in ups)
+            # runtime/warm_start.py: how many new ranks forked from their node's warm server
+            started = f"; ranks started warm: {warm} of {len(ups)}" if ups else ""
             tail = (f"restarted inside the allocation ({'; '.join(moves) or 'same nodes'}; spares left: {spares}); "
                     f"{_state_text(restores, memory)}; work lost: "
-                    + (f"{max(lost)} iteration(s)" if lost else "unknown"))
+                    + (f"{max(lost)} iteration(s)" if lost else "unknown") + started)
         else:
             tail = f"requeued: {f.get('reason')}"
         out.append(f"attempt {r}: node(s) {dead} failed ({f.get('reason')}); {tail}")
@@ -72,6 +77,6 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
 
 def node_failure_lines(run_dir: str | Path) -> list[str]:
     try:  # only the kinds failure_lines reads: the other lines are not parsed (`hetrun status` calls this per run)
-        return failure_lines(EventStream(run_dir, kinds=("node_failure", "restore", "memory_restore")))
+        return failure_lines(EventStream(run_dir, kinds=("node_failure", "restore", "memory_restore", "startup")))
     except OSError:
         return []

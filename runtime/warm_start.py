@@ -17,7 +17,9 @@ gave the requester). The requester stays as srun's task: it forwards the signals
 to the child and ends as the child ends (the same exit code, or killed by the same
 signal), so srun, the batch script's reader and the post-mortem see what they saw before.
 No server, a refused connection, or no answer: the rank starts cold in its own process,
-as before. A requester that dies (srun's SIGKILL, a step killed) closes its connection and
+as before. Forking after ``import torch`` is what torch's DataLoader workers do on Linux:
+the server has run no torch operation (no intra-op pool), and its one native helper thread
+is not carried into the child. A requester that dies (srun's SIGKILL, a step killed) closes its connection and
 the server SIGKILLs the child; a server that dies takes its children with it
 (PR_SET_PDEATHSIG).
 

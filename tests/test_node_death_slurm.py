@@ -202,3 +202,7 @@ def test_status_says_what_happened(killed_run: dict[str, Any]) -> None:
     assert out.returncode == 0, out.stderr
     assert killed_run["victim"] in out.stdout, out.stdout
     assert "memory" in out.stdout, out.stdout
+    from hetrun.reports.node_failures import node_failure_lines
+
+    [line] = node_failure_lines(killed_run["run_dir"])
+    assert line.endswith("ranks started warm: 2 of 2"), line
