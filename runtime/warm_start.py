@@ -75,6 +75,10 @@ def run_warm(args: list[str]) -> int | None:
     path = os.environ.get(SOCKET_ENV, "")
     if not enabled():
         return None
+    # Signals are taken from before the request: the child may run (and srun signal this
+    # task) before its pid arrives. Held until then; on a cold start they are raised again.
+    relay = _Relay()
+    old = {sig: signal.signal(sig, relay.handle) for sig in FORWARDED}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(_CONNECT_TIMEOUT_S)
@@ -84,13 +88,15 @@ def run_warm(args: list[str]) -> int | None:
         sock.sendmsg([_HEADER.pack(len(body)) + body],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds.tobytes())])
         reader = sock.makefile("rb")
-        pid = int(json.loads(reader.readline())["pid"])
+        relay.started(int(json.loads(reader.readline())["pid"]))
     except (OSError, ValueError, KeyError, TypeError):
         sock.close()
+        for sig, handler in old.items():  # None: set outside Python, i.e. the default here
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        for held in relay.pending:  # what this process would have had without the attempt
+            os.kill(os.getpid(), held)
         return None
     sock.settimeout(None)
-    for sig in FORWARDED:
-        signal.signal(sig, lambda s, _f: _pass_on(pid, s))
     try:
         reply = reader.readline()
         status = int(json.loads(reply)["status"]) if reply else None
@@ -102,6 +108,26 @@ def run_warm(args: list[str]) -> int | None:
     if os.WIFSIGNALED(status):
         _die_like(os.WTERMSIG(status))
     return os.waitstatus_to_exitcode(status)
+
+
+class _Relay:
+    """The requester's signal handler: passes each signal on to the child once its pid is
+    known, holds them until then."""
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.pending: list[int] = []
+
+    def handle(self, sig: int, _frame: Any) -> None:
+        if self.pid is None:
+            self.pending.append(sig)
+        else:
+            _pass_on(self.pid, sig)
+
+    def started(self, pid: int) -> None:
+        self.pid = pid
+        for sig in self.pending:
+            _pass_on(pid, sig)
 
 
 def _pass_on(pid: int, sig: int) -> None:

@@ -28,14 +28,15 @@ import os, signal, sys, time
 from hetrun.runtime.warm_start import WarmServer
 
 def target(args):
+    what = args[0] if args else ""
+    got = []
+    if what == "usr1":  # before the first line: the test signals once it has read it
+        signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
     out = {"pid": os.getpid(), "args": args, "cwd": os.getcwd(), "foo": os.environ.get("FOO"),
            "forked": os.environ.get("HETRUN_WARM_FORKED") is not None, "ppid": os.getppid()}
     print(__import__("json").dumps(out), flush=True)
     sys.stderr.write("on stderr\n")
-    what = args[0] if args else ""
     if what == "usr1":
-        got = []
-        signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
         deadline = time.time() + 20
         while not got and time.time() < deadline:
             time.sleep(0.01)
@@ -107,8 +108,7 @@ def test_signals_reach_the_child_and_a_killed_child_kills_its_requester(tmp_path
     _, sock = server
     req = _request(tmp_path, sock, "usr1")
     first = req.stdout.readline()  # type: ignore[union-attr]
-    assert json.loads(first)["args"] == ["usr1"]
-    time.sleep(0.2)  # the child's handler is set right after its first line
+    assert json.loads(first)["args"] == ["usr1"]  # written once the child's handler is set
     req.send_signal(signal.SIGUSR1)
     req.communicate(timeout=30)
     assert req.returncode == 42  # the child saw the signal
@@ -143,9 +143,12 @@ def test_a_stopped_server_waits_for_its_ranks_and_a_second_one_refuses(tmp_path:
     req = _request(tmp_path, sock, "usr1")
     json.loads(req.stdout.readline())  # type: ignore[union-attr]
     proc.send_signal(signal.SIGTERM)  # Slurm signals every step at a time limit
-    time.sleep(0.5)
-    assert proc.poll() is None, "the server left while its rank ran (the rank dies with it)"
+    deadline = time.time() + 30
+    while sock.exists() and time.time() < deadline:
+        time.sleep(0.05)
     assert not sock.exists(), "a stopping server takes no new requests"
+    time.sleep(0.3)
+    assert proc.poll() is None, "the server left while its rank ran (the rank dies with it)"
     req.send_signal(signal.SIGUSR1)
     req.communicate(timeout=30)
     assert req.returncode == 42
