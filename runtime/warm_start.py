@@ -180,6 +180,7 @@ class WarmServer:
 
     def __init__(self, path: str, target: Callable[[list[str]], int]):
         self.path, self.target = path, target
+        self.pid = os.getpid()  # a handler run in a fork (a signal pending at the fork) is not the server's
         self.children: dict[int, socket.socket] = {}  # child pid -> its requester's connection
         self.stopping = False
         self.sel = selectors.DefaultSelector()
@@ -231,7 +232,7 @@ class WarmServer:
         self.close()
 
     def _stop(self) -> None:
-        if not self.stopping:
+        if not self.stopping and os.getpid() == self.pid:
             self.stopping = True
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(self.listener)
