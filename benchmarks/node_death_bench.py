@@ -306,7 +306,7 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     for _ in range(kills):
         run_dir, job = submit(cluster, 0, "requeue")
         try:
-            t = one_death(cluster, run_dir, 0, "kill", wait_s)
+            t = one_death(cluster, run_dir, 0, "kill", wait_s, warm=False)  # no spares: no warm servers
             t["path"] = "requeue"
             trials.append(t)
         finally:
