@@ -31,7 +31,7 @@ from test_resume_exact import events, mpirun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-ITERATIONS = 80  # long enough for the warm servers (runtime/warm_start.py) to be up before the kill
+ITERATIONS = 120  # long enough for the warm servers (runtime/warm_start.py) to be up before the kill
 KILL_AFTER = 10  # iterations the learner has started before the kill
 
 
@@ -125,7 +125,7 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
         assert wait_for(lambda: started(KILL_AFTER), 300, 0.5), events(run_dir)[-5:]
         assert wait_for(lambda: warm_servers() == 4, 120, 0.2), list((run_dir / "logs").iterdir())
-        assert not started(ITERATIONS - 20), "the warm servers came up too late to test their restart"
+        assert not started(ITERATIONS - 30), "the warm servers came up too late to test their restart"
         victim = next(e["node"] for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
         killed_at = time.time()
         assert cluster.kill_node(victim), victim
