@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import gc
 import json
 import os
 import resource
@@ -418,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
 
     with collector_paused(then_freeze=True):  # the forks share these pages: no collection writes them
         failed = preload(Path(argv[0]))
-    gc.freeze()
     server = WarmServer(path, _run_rank)
     print(f"hetrun.runtime.warm_start: {os.uname().nodename} serves {path} "
           f"(preloaded in {time.time() - started:.2f} s, cpu {time.process_time():.2f} s)"

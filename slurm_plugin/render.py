@@ -175,10 +175,11 @@ WATCHDOG = [
     "",
     "_hetrun_job_steps() {",
     "    # $1: the job ids. The job's steps (id.N) squeue lists, one a line; fails as squeue",
-    f"    # does. The warm servers' steps ({WARM_STEP_NAME}, spare nodes) are not the ranks' step.",
+    f"    # does. The warm servers' steps ({WARM_STEP_NAME}, spare nodes) are not the ranks' step:",
+    "    # left out, or with $2 = warm, the only ones listed.",
     "    local out",
     "    out=$(squeue -h -s -j \"$1\" -o '%i %j' 2>/dev/null) || return 1",
-    f"    printf '%s\\n' \"$out\" | awk '$2 != \"{WARM_STEP_NAME}\" && $1 ~ /[.][0-9]+$/ {{print $1}}'",
+    f"    printf '%s\\n' \"$out\" | awk -v warm=\"${{2:-}}\" '$1 ~ /[.][0-9]+$/ && ($2 == \"{WARM_STEP_NAME}\") == (warm == \"warm\") {{print $1}}'",
     "}",
     '_hetrun_stuck="$HETRUN_RUN_DIR/logs/.srun-outlived-step-${SLURM_JOB_ID}"',
     'rm -f "$_hetrun_stuck"',
@@ -566,8 +567,7 @@ def _warm_lines(comps: Sequence[ComponentRequest], run_dir: Path, py: str) -> tu
         "# The warm servers' steps end with the job's work (else Slurm waits on them at the end).",
         'if [ -n "${_hetrun_warm:-}" ]; then',
         '    kill "$_hetrun_warm" 2>/dev/null',
-        f"    scancel $(squeue -h -s -j {_het_job_ids(len(comps))} -o '%i %j' 2>/dev/null"
-        f" | awk '$2 == \"{WARM_STEP_NAME}\" {{print $1}}') 2>/dev/null",
+        f"    scancel $(_hetrun_job_steps {_het_job_ids(len(comps))} warm) 2>/dev/null",
         "fi",
     ]
     return start, end
