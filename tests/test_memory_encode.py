@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from hetrun.runtime.ckpt import memory
-from hetrun.runtime.ckpt.memory_encode import KEEP_INTS_FROM, Encoder
+from hetrun.runtime.ckpt.memory_encode import KEEP_INTS_FROM, PLAN_FROM, Encoder
 from hetrun.runtime.ckpt.state import capture_rng
 
 from hetrun.errors import CheckpointError
@@ -144,6 +144,86 @@ def test_the_same_live_tensor_changed_in_place_is_encoded_as_it_is_now() -> None
     tree["b"] = torch.zeros(3)  # a new object in the old one's place (its id may be reused)
     _same(enc, tree)
     assert enc.slow == 0
+
+
+def _planned() -> tuple[Encoder, list[torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """An encoder whose last walk took a state_dict of PLAN_FROM + 2 tensors from its plan."""
+    enc = Encoder()
+    ws = [torch.arange(9.0).reshape(3, 3) + 10 * i for i in range(PLAN_FROM + 2)]  # every value differs
+    state = {"version": 1, **{f"w{i}": w for i, w in enumerate(ws[:2])}, "betas": [0.9, 0.99],
+             **{f"w{i}": w for i, w in enumerate(ws) if i >= 2}, "lr": 0.5,
+             "bf16": torch.arange(4.0).bfloat16()}  # numpy has no bfloat16: its bytes are a copy
+    tree = {"workload": state, "iteration": 0}
+    _same(enc, tree)
+    _same(enc, tree)
+    assert [p.hits for p in enc._plans.values()] == [1]
+    return enc, ws, state, tree
+
+
+def _put_first(d: dict[str, Any], key: str, value: Any) -> None:
+    rest = d.copy()
+    d.clear()
+    d.update({key: value, **rest})
+
+
+_PLAN_CHANGES = {
+    "values in place": lambda ws, state, tree: ws[0].add_(1),
+    "a copied tensor's values in place": lambda ws, state, tree: state["bf16"].add_(1),
+    "scalars": lambda ws, state, tree: state.update(version=2, lr=0.25),
+    "an int where a float was": lambda ws, state, tree: state.update(lr=1),
+    "a bool where a float was": lambda ws, state, tree: state.update(lr=True),
+    "transpose_": lambda ws, state, tree: ws[1].transpose_(0, 1),  # same pointer and shape
+    "a view of another dtype": lambda ws, state, tree: setattr(ws[5], "data", ws[5].view(torch.int32)),  # and pointer
+    "set_": lambda ws, state, tree: ws[2].set_(torch.zeros(9)),
+    "resize_": lambda ws, state, tree: ws[3].resize_(9),
+    ".data of another dtype": lambda ws, state, tree: setattr(ws[4], "data", torch.ones(3, 3, dtype=torch.float64)),
+    "a new tensor": lambda ws, state, tree: state.update(w0=torch.ones(3, 3)),
+    "a list where a scalar was": lambda ws, state, tree: state.update(lr=[0.1, 0.2]),
+    "a leaf where none was": lambda ws, state, tree: state.update(lr=[torch.ones(2)]),
+    # a list still, now with a leaf: it goes between the plan's (after w0, w1), not after them
+    "a leaf in a list between tensors": lambda ws, state, tree: state.update(betas=[torch.ones(2), 0.99]),
+    "a key gone": lambda ws, state, tree: state.pop("version"),
+    "another key order": lambda ws, state, tree: state.update(version=state.pop("version")),
+    "a leaf before the dict": lambda ws, state, tree: tree.update(workload={"extra": torch.ones(1), **state}),
+    "a leaf before the tree's dicts": lambda ws, state, tree: _put_first(tree, "first", torch.ones(2)),
+    "an int key": lambda ws, state, tree: tree.update(workload={1: torch.ones(1), **state}),
+}
+
+
+@pytest.mark.parametrize("change", list(_PLAN_CHANGES))
+def test_a_state_dict_taken_whole_by_its_plan_is_still_encoded_as_it_is_now(change: str) -> None:
+    """A dict of PLAN_FROM or more tensors is taken whole while it is as the last walk found it
+    (memory_encode._DictPlan): each change after a walk that used the plan must show."""
+    enc, ws, state, tree = _planned()
+    _PLAN_CHANGES[change](ws, state, tree)
+    _same(enc, tree)
+    _same(enc, tree)  # and again, from whatever the walk before kept
+    assert enc.slow == 0
+
+
+def test_a_complex_tensor_is_never_taken_from_a_plan() -> None:
+    """Its bytes were not kept as a view (a conjugate view shares its memory): the plan must not
+    take them for a conjugate view that replaced it, which the reference cannot store either."""
+    enc, _ws, state, tree = _planned()
+    state["c64"] = torch.randn(3, dtype=torch.complex64)
+    _same(enc, tree)
+    _same(enc, tree)
+    state["c64"] = state["c64"].conj()  # the same memory, dtype, shape; the conj bit set
+    for refuse in (enc.encode, memory.encode):
+        with pytest.raises(RuntimeError, match="conjugate"):
+            refuse(7, 1, tree)
+
+
+def test_a_bool_key_where_an_int_was_is_refused_as_the_reference_refuses_it() -> None:
+    enc, _ws, state, tree = _planned()
+    one = torch.ones(1)
+    tree["workload"] = {1: one, **state}
+    _same(enc, tree)
+    _same(enc, tree)
+    tree["workload"] = {True: one, **state}  # 1 == True: the plan's keys and values compare equal
+    for refuse in (enc.encode, memory.encode):
+        with pytest.raises(CheckpointError, match="dict key True of type bool"):
+            refuse(7, 1, tree)
 
 
 class _Level(enum.IntEnum):
