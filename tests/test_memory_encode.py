@@ -201,17 +201,37 @@ def test_a_state_dict_taken_whole_by_its_plan_is_still_encoded_as_it_is_now(chan
     assert enc.slow == 0
 
 
-def test_a_complex_tensor_is_never_taken_from_a_plan() -> None:
-    """Its bytes were not kept as a view (a conjugate view shares its memory): the plan must not
-    take them for a conjugate view that replaced it, which the reference cannot store either."""
+def test_a_conjugate_view_where_a_complex_tensor_was_is_encoded_as_its_values() -> None:
+    """A complex tensor's bytes are not kept as a view (a conjugate view shares its memory):
+    the plan must not take them for a conjugate view that replaced it. Stored as its values."""
     enc, _ws, state, tree = _planned()
     state["c64"] = torch.randn(3, dtype=torch.complex64)
     _same(enc, tree)
     _same(enc, tree)
     state["c64"] = state["c64"].conj()  # the same memory, dtype, shape; the conj bit set
-    for refuse in (enc.encode, memory.encode):
-        with pytest.raises(RuntimeError, match="conjugate"):
-            refuse(7, 1, tree)
+    _head, back = memory.decode(_same(enc, tree))
+    assert torch.equal(back["workload"]["c64"], state["c64"].resolve_conj())
+
+
+def test_conjugate_and_negative_views_are_stored_as_their_values(tmp_path: Path) -> None:
+    """Their memory holds the values before the conjugation or negation: every path stores the
+    values (state.flatten resolves them; the checkpoint writer copied the memory before)."""
+    from hetrun.runtime.ckpt import open_store, tiers_for
+    from hetrun.runtime.ckpt.writer import CheckpointWriter
+
+    g = torch.Generator().manual_seed(5)
+    state = {"c": torch.randn(4, dtype=torch.complex64, generator=g).conj(),
+             "n": torch.randn(3, generator=g)._neg_view()}
+    assert state["c"].is_conj() and state["n"].is_neg()
+    want = {"c": state["c"].resolve_conj(), "n": state["n"].resolve_neg()}
+    _head, back = memory.decode(_same(Encoder(), state))
+    assert all(torch.equal(back[k], want[k]) for k in want)
+    w = CheckpointWriter(tiers_for(tmp_path), keep=1)
+    w.save(1, state)
+    assert w.wait().ok  # type: ignore[union-attr]
+    w.close()
+    got = open_store(tmp_path).restore()
+    assert got is not None and all(torch.equal(got.state[k], want[k]) for k in want)
 
 
 def test_a_bool_key_where_an_int_was_is_refused_as_the_reference_refuses_it() -> None:

@@ -66,7 +66,7 @@ RELIST = 32  # MemoryTier.write lists an owner's directory again after this many
 
 def _raw_bytes(t: Any) -> np.ndarray:
     """A uint8 view (or copy, for a device tensor) of one flattened tensor's bytes."""
-    t = t.detach()
+    t = t.detach().resolve_conj().resolve_neg()  # the values, not a conj/neg view's memory (state.flatten)
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()

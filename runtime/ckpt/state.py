@@ -73,6 +73,10 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor], list[Leaf]]:
             return {"L" if type(obj) is list else "U": list(obj)}
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
+            if t.is_conj() or t.is_neg():
+                # A conjugate or negative view: its memory holds the values before the conjugation
+                # or negation, and the writers copy memory. The values themselves, resolved.
+                t = t.resolve_conj().resolve_neg()
             name = _dtype_name(t.dtype)
             if name is None:
                 raise _Unstorable(f"tensor dtype {t.dtype} is not supported")
