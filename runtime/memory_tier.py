@@ -30,6 +30,7 @@ checkpoint). The outcome says, per rank, where the state came from.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +115,19 @@ class MemorySnapshots:
         self.adaptive = every is None
         self._agreeing: Any = None  # the transport's MAX all-reduce in flight (wait() -> log2 N)
         self.every = 1 if every is None else max(1, int(every))
-        self._cost: float | None = None  # EWMA seconds per snapshot
+        # The adaptive N's cost model, in two parts: what a snapshot costs (EWMA seconds: its own
+        # capture, encode, write and send, the partners' replicas of the same step written here,
+        # the transport threads' CPU), which N divides, and what the tier costs every iteration
+        # whatever N is (EWMA seconds an iteration: the looks for arrived replicas between
+        # actions), which it does not. One figure for both charged a larger N its extra
+        # iterations' looks as snapshot cost, so a rank at N = 4 wanted 4 where 2 fit the budget
+        # (three PPO runs settled at 2, 4 and 8: benchmarks/node_death.md, session 26).
+        self._cost: float | None = None
+        self._per_iter: float | None = None
+        self._iters = 0  # due() calls since the last snapshot
+        self._thread = threading.get_ident()  # the training thread (MPI delivers replicas on it)
+        self._recv_s = 0.0  # seconds writing received replicas on the training thread ...
+        self._recv_mark = 0.0  # ... as of the last snapshot's end
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
@@ -152,6 +165,7 @@ class MemorySnapshots:
             span[1] += dt
             span[2] += 1
         self._last = now
+        self._iters += 1
         if self.size > 1:
             # Every iteration, not only at snapshot points: with N > 1 a replica would
             # otherwise be written on its partner's node only at the partner's next snapshot,
@@ -172,7 +186,10 @@ class MemorySnapshots:
         snapshots take at most BUDGET of its iterations; 1 before a cost is known."""
         if self._cost is None or not self._iter_s:
             return 1
-        need, k = self._cost / (BUDGET * self._iter_s), 1
+        room = BUDGET * self._iter_s - (self._per_iter or 0.0)  # what snapshots may take an iteration
+        if room <= 0:
+            return MAX_EVERY
+        need, k = self._cost / room, 1
         while k < need and k < MAX_EVERY:
             k *= 2
         return k
@@ -200,6 +217,7 @@ class MemorySnapshots:
         cost the job more than its 2 % (benchmarks/node_death.md, session 21)."""
         t0 = time.perf_counter() if started is None else started
         c1 = time.thread_time()
+        outside = self._recv_s - self._recv_mark  # replicas written in due() and poll() since the last
         t1 = time.perf_counter()
         self.progress()
         t2 = time.perf_counter()
@@ -222,9 +240,11 @@ class MemorySnapshots:
         # it received and wrote since the last one (the partners snapshot the same steps),
         # on this thread or (gloo) the transport's replica streams, whose threads' CPU time is counted.
         off_thread = self.transport.thread_cpu_s
-        cost = spent + self._between + (off_thread - self._off_thread)
-        self._between, self._off_thread = 0.0, off_thread
+        cost = spent + outside + (off_thread - self._off_thread)
+        per_iter = max(0.0, self._between - outside) / max(1, self._iters)
+        self._between, self._off_thread, self._iters, self._recv_mark = 0.0, off_thread, 0, self._recv_s
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
+        self._per_iter = per_iter if self._per_iter is None else 0.8 * self._per_iter + 0.2 * per_iter
 
     def poll(self) -> None:
         """Between a rank's actions and in its waits (runtime/executor.py ``_check_stop``):
@@ -259,11 +279,14 @@ class MemorySnapshots:
         thread, which hands over whole blobs only). Not verified here: every copy is verified
         when a restore reads it, and one that fails is named and the next holder's used
         (a full check here cost each replica about as much as writing it)."""
+        t0 = time.perf_counter()
         try:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
         self.tier.write(owner, step, blob)
+        if threading.get_ident() == self._thread:  # (gloo's receiving thread: counted as its CPU)
+            self._recv_s += time.perf_counter() - t0
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""

@@ -122,14 +122,56 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
     m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size, m._between = False, 1, None, None, None, 1, 0.0
-    m._first = None
+    m._first, m._per_iter, m._iters = None, None, 0
     m.by_every = {}
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
     assert m.due(4) and m.by_every[1][2] == 1  # one iteration timed at N = 1
     m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
     assert m.wanted() == 8 and m._cost / (8 * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
-    m._cost = 10.0
+    # What the tier costs every iteration whatever N is (the looks between actions) is not
+    # divided by N: 0.75 ms of the 2 ms an iteration may take leaves 1.25 ms for snapshots.
+    m._per_iter = 0.00075
+    assert m.wanted() == 8 and m._cost / 8 + m._per_iter <= BUDGET * m._iter_s
+    m._cost = 0.0026  # 2.6 ms: 1.3 per iteration at N = 2, 0.65 at 4
+    assert m.wanted() == 4
+    m._per_iter = 0.0025  # more than the budget every iteration: no N fits, the cap
+    assert m.wanted() == 16
+    m._per_iter, m._cost = None, 10.0
     assert m.wanted() == 16  # capped at MAX_EVERY: a node death costs at most 16 iterations
+
+
+def test_the_adaptive_cost_model_splits_snapshots_from_every_iteration() -> None:
+    """snapshot() charges a snapshot its own seconds and the replicas written since the last one;
+    the looks between (due, poll) less those writes go per iteration: the N a rank wants is the
+    same whatever N it is at (one figure for both made a rank at N = 4 want 4 where 2 fit)."""
+    import threading
+
+    from hetrun.runtime.memory_tier import PHASES, MemorySnapshots
+
+    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a tier and transport that do nothing
+    m._cost = m._per_iter = None
+    m._iters, m._between, m._off_thread, m._recv_s, m._recv_mark = 4, 0.004, 0.0, 0.001, 0.0
+    m._thread = threading.get_ident()
+    m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
+    m.seconds, m.partners = 0.0, []
+
+    class _Tier:
+        def write(self, owner: int, step: int, blob: object) -> None:
+            pass
+
+    class _Transport:
+        thread_cpu_s = 0.0
+
+        def poll(self) -> None:
+            pass
+
+    m.tier, m.transport, m.rank = _Tier(), _Transport(), 0
+    m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+    m.snapshot(8, {"x": 1}, started=None)
+    # 1 ms of replica writes in the 4 ms between: the snapshot's; the other 3 ms over 4 iterations
+    assert m._per_iter == pytest.approx(0.00075)
+    assert m._cost == pytest.approx(0.001, abs=5e-4)  # the replicas' 1 ms and the snapshot's own microseconds
+    assert m._iters == 0 and m._between == 0.0 and m._recv_mark == m._recv_s
 
 
 def test_memory_every_auto_spelling_and_bad_values() -> None:
@@ -283,7 +325,7 @@ def _scenario(comm: Any, rank: int, base: Path) -> dict:
     barrier()
     phase("none")
     # The adaptive N: each rank wants its own, all apply the largest, from the same step.
-    mem.adaptive, mem._iter_s = True, 0.1
+    mem.adaptive, mem._iter_s, mem._per_iter = True, 0.1, 0.0
     mem._cost = 0.004 * (rank + 1)  # wants 2, 4, 8, 8
     chosen = []
     for step in range(1, 21):
