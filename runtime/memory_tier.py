@@ -243,6 +243,12 @@ class MemorySnapshots:
         cost = spent + outside + (off_thread - self._off_thread)
         per_iter = max(0.0, self._between - outside) / max(1, self._iters)
         self._between, self._off_thread, self._iters, self._recv_mark = 0.0, off_thread, 0, self._recv_s
+        if self.taken == 1:
+            # A process's first snapshot pays once for what the next ones do not (MPI's first
+            # message to each partner, the tier's first files, the encoder's first walk): in
+            # the PPO job its first iterations' tier cost was ~10x the steady one, so a restart
+            # agreed on N = 8 and a node death 24 iterations later lost up to 5 (session 26).
+            return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
         self._per_iter = per_iter if self._per_iter is None else 0.8 * self._per_iter + 0.2 * per_iter
 
