@@ -64,6 +64,9 @@ PHASES = ("capture", "received", "encode", "write", "send")
 # restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
 # iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
 FIRST_AGREE_AFTER = 2
+# A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
+# cost estimate before the running average takes over (snapshot()).
+WARM_SNAPSHOTS = 4
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -248,6 +251,14 @@ class MemorySnapshots:
             # message to each partner, the tier's first files, the encoder's first walk): in
             # the PPO job its first iterations' tier cost was ~10x the steady one, so a restart
             # agreed on N = 8 and a node death 24 iterations later lost up to 5 (session 26).
+            return
+        if self.taken <= 1 + WARM_SNAPSHOTS:
+            # The next few: the cheapest of them, not their mean. The early agreement comes
+            # after two; one slow one (a first receipt, a partner's first message) set N = 8
+            # or 16 for a restart's first iterations. Too low an N costs a few iterations at
+            # more than 2 % until the next agreement; too high one risks that many iterations.
+            self._cost = cost if self._cost is None else min(self._cost, cost)
+            self._per_iter = per_iter if self._per_iter is None else min(self._per_iter, per_iter)
             return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
         self._per_iter = per_iter if self._per_iter is None else 0.8 * self._per_iter + 0.2 * per_iter

@@ -146,7 +146,9 @@ def test_the_adaptive_cost_model_splits_snapshots_from_every_iteration() -> None
     same whatever N it is at (one figure for both made a rank at N = 4 want 4 where 2 fit)."""
     import threading
 
-    from hetrun.runtime.memory_tier import PHASES, MemorySnapshots
+    from hetrun.runtime.memory_tier import PHASES, WARM_SNAPSHOTS, MemorySnapshots
+
+    assert WARM_SNAPSHOTS == 4  # the sequence below
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a tier and transport that do nothing
     m._cost = m._per_iter = None
@@ -176,6 +178,15 @@ def test_the_adaptive_cost_model_splits_snapshots_from_every_iteration() -> None
     assert m._per_iter == pytest.approx(0.00075)
     assert m._cost == pytest.approx(0.001, abs=5e-4)  # the replicas' 1 ms and the snapshot's own microseconds
     assert m._iters == 0 and m._between == 0.0 and m._recv_mark == m._recv_s
+    # The next WARM_SNAPSHOTS - 1: the cheapest so far (a slow one does not raise it) ...
+    for step, recv, between in ((12, 0.009, 0.020), (16, 0.0004, 0.0020), (20, 0.005, 0.010)):
+        m._iters, m._between, m._recv_s = 4, between, m._recv_s + recv
+        m.snapshot(step, {"x": 1}, started=None)
+    assert m._cost == pytest.approx(0.0004, abs=5e-4) and m._per_iter == pytest.approx(0.0004)
+    # ... then the running average.
+    m._iters, m._between, m._recv_s = 4, 0.004, m._recv_s + 0.010
+    m.snapshot(24, {"x": 1}, started=None)
+    assert m._cost == pytest.approx(0.8 * 0.0004 + 0.2 * 0.010, abs=5e-4)
 
 
 def test_memory_every_auto_spelling_and_bad_values() -> None:

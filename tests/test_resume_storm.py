@@ -44,19 +44,24 @@ from test_resume_exact import events, logs_of, run_to_end
 
 HERE = Path(__file__).parent
 PREEMPTIONS = 3
+# A stop lands 6-8 iterations (of 0.35 s) after its preempting job is submitted (Slurm schedules
+# it, signals the tasks, the ranks agree on a step), and each next target is aimed past the last
+# restore: three stops need ~35 iterations. With 25 the third preemption of one run found the
+# job finished (stops at 9 and 18, the third aimed at 20: session 26).
+ITERATIONS = 40
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PPO = {"workload": "resume_slow_workloads:SlowPPO",
        "workload_args": {"env_id": "CartPole-v1", "num_envs": 4, "num_steps": 32, "hidden": 16,
                          "update_epochs": 2, "num_minibatches": 2, "eval_episodes": 2, "pause": 0.3},
-       "training": {"iterations": 25, "eval_interval": 8},
+       "training": {"iterations": ITERATIONS, "eval_interval": 8},
        "checkpoint": {"interval": 5, "keep": 10}}
 MOE = {"workload": "resume_slow_workloads:SlowMoE",
        "workload_args": {"d_model": 16, "n_layers": 1, "num_experts": 4, "num_groups": 2, "top_k": 2,
                          "seq_len": 16, "batch_size": 2, "corpus_bytes": 400000, "pause": 0.3},
        "components": {"learner": {"nodes": 1, "tasks_per_node": 2}},
-       "training": {"iterations": 25, "micro_batches": 2, "eval_interval": 6},
+       "training": {"iterations": ITERATIONS, "micro_batches": 2, "eval_interval": 6},
        "checkpoint": {"interval": 5, "keep": 10},
        "comms": {"forward_codec": "none", "backward_codec": "none"}}
 CASES = {"ppo": ("ppo_cartpole", PPO), "moe": ("moe_lm", MOE)}
