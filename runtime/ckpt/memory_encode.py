@@ -29,7 +29,6 @@ tests/test_memory_encode.py compares them):
 from __future__ import annotations
 
 import json
-import operator
 from collections import OrderedDict
 from typing import Any
 
@@ -53,14 +52,6 @@ _SCALARS = frozenset({type(None), bool, int, float, str})  # exact types, as sta
 # Lists of plain ints at least this long have their JSON kept (shorter ones cost less to encode
 # than to compare and type-check).
 KEEP_INTS_FROM = 64
-# A dict with at least this many tensors gets a plan (_DictPlan): a state_dict's.
-PLAN_FROM = 4
-_data_ptr = torch.Tensor.data_ptr
-_is_contiguous = torch.Tensor.is_contiguous
-_is_neg = torch.Tensor.is_neg
-_dtype = operator.attrgetter("dtype")
-_shape = operator.attrgetter("shape")
-_is_cpu = operator.attrgetter("is_cpu")
 
 
 class _Slow(Exception):
@@ -77,7 +68,6 @@ class Encoder:
         self._ints: dict[int, tuple[list[int], str]] = {}  # k-th long int list: (a copy, its node's JSON)
         self._strs: dict[str, str] = {}  # a string -> its JSON
         self._refs: dict[str, list[str]] = {"T": [], "N": []}  # tag -> i -> '{"T":i}' (made once)
-        self._plans: dict[int, _DictPlan] = {}  # k-th dict of the walk -> its plan (_DictPlan)
         # data_ptr -> (dtype, shape, leaf, byte view): the last blob's CPU tensors (their memory)
         self._tensors: dict[int, tuple[Any, ...]] = {}
         self.fast = 0  # blobs encoded here, and ...
@@ -117,10 +107,6 @@ class Encoder:
         refs = self._refs
         # This walk's tensors only: one no longer in the tree is let go (with its memory).
         seen: dict[int, tuple[Any, ...]] = {}
-        # The last walk's dict plans by place (_DictPlan), and this walk's: only those used or
-        # made now are kept (each holds its tensors' byte views, so their memory).
-        plans, fresh = self._plans, {}
-        counts = [0]  # dicts walked so far
 
         def ref(tag: str) -> str:
             """The node of the leaf just added, ``{"T":i}`` or ``{"N":i}``."""
@@ -160,14 +146,18 @@ class Encoder:
                 seen[ptr] = (obj.dtype, obj.shape, leaf, raw)
             return leaf, raw
 
+        def jstr(value: str) -> str:
+            """A string's JSON (a key, mostly), kept."""
+            j = strs.get(value)
+            if j is None:
+                j = strs[value] = _encode_str(value)
+            return j
+
         def walk(obj: Any) -> str:
             nonlocal spliced
             t = type(obj)
             if t is str:
-                j = strs.get(obj)
-                if j is None:
-                    j = strs[obj] = _encode_str(obj)
-                return j
+                return jstr(obj)
             if t is int:
                 return int.__repr__(obj)
             if t is float:
@@ -177,30 +167,16 @@ class Encoder:
             if t is bool:
                 return "true" if obj else "false"
             if t in _DICTS:
-                k = counts[0]  # this dict's place among the walk's dicts: its plan's key
-                counts[0] += 1
-                plan = plans.get(k)
-                if plan is not None and (text := plan.reuse(obj, raws, leaves, seen, walk, tensor)) is not None:
-                    fresh[k] = plan
-                    return text
-                base, parts, kjs, kinds = len(raws), [], [], []
+                parts = []
                 for key, v in obj.items():
                     tk = type(key)
                     if tk is str:
-                        kj = strs.get(key)
-                        if kj is None:
-                            kj = strs[key] = _encode_str(key)
+                        kj = jstr(key)
                     elif tk is int:
                         kj = int.__repr__(key)
                     else:
                         raise _Slow
-                    before = len(raws)
                     parts.append(f"[{kj},{walk(v)}]")
-                    kjs.append(kj)
-                    # For a plan: a tensor (one leaf), a value that added none (a scalar), or else
-                    kinds.append("T" if type(v) in _TENSORS else None if len(raws) == before else "")
-                if "" not in kinds and kinds.count("T") >= PLAN_FROM:
-                    fresh[k] = _DictPlan(obj, base, parts, kjs, kinds, raws, leaves, seen)
                 return '{"D":[' + ",".join(parts) + "]}"
             if t in _TENSORS:
                 leaf, raw = tensor(obj)
@@ -236,105 +212,6 @@ class Encoder:
 
         text = walk(tree)
         self._tensors = seen
-        self._plans = fresh
         return text, raws, leaves
 
 
-
-class _DictPlan:
-    """One dict of the tree as the last walk found it, for the next walk to take whole when it
-    is the same: the same keys (and key types) in the same order, the same value types, and its
-    first leaf at the same index (so its tensors' nodes read the same text). Its tensors are
-    checked all at once (``map``: pointer, dtype, shape, CPU, contiguous, no neg bit; a third of
-    the walk's checks one tensor at a time): each that is over the same memory as the plan's
-    kept view, with the same dtype, shape and layout, takes that leaf and view (exact as the
-    walk's own reuse: the view holds its memory); any other (a new RNG state tensor each step,
-    a copied one) is encoded again in its place. Its other values, scalars, are walked again.
-    The PPO learner's state_dict (51 tensors): its walk ~0.07 ms instead of ~0.1."""
-
-    __slots__ = ("at", "base", "dtypes", "entries", "hits", "kept", "keys", "leaves", "others", "ptrs", "raws",
-                 "segments", "shapes", "types")
-
-    def __init__(self, obj: Any, base: int, parts: list[str], kjs: list[str], kinds: list[Any],
-                 raws: list[memoryview], leaves: list[tuple[Any, ...]], seen: dict[int, tuple[Any, ...]]) -> None:
-        vals = list(obj.values())
-        self.hits = 0  # walks that took the dict from here
-        self.keys = tuple(obj)
-        # The keys' types too: 1 == True == 1.0, and only str and int keys are stored.
-        self.types = (*map(type, self.keys), *map(type, vals))
-        self.base = base
-        self.at = [i for i, kind in enumerate(kinds) if kind == "T"]  # the tensors' places
-        self.others = [i for i, kind in enumerate(kinds) if kind is None]  # the scalars'
-        self.raws = raws[base:]
-        self.leaves = leaves[base:]
-        tensors = [vals[i] for i in self.at]
-        self.ptrs: list[int | None] = list(map(_data_ptr, tensors))
-        self.dtypes = list(map(_dtype, tensors))
-        self.shapes = list(map(_shape, tensors))
-        self.entries: list[tuple[Any, ...] | None] = [None] * len(tensors)
-        for j in range(len(tensors)):
-            self._kept_at(j, seen)
-        self.kept = {p: e for p, e in zip(self.ptrs, self.entries, strict=True) if e is not None}
-        # The dict's text around its scalars' (walked each time): fixed runs between them.
-        self.segments, run = [], '{"D":['
-        for i, part in enumerate(parts):
-            if i:
-                run += ","
-            if kinds[i] is None:
-                self.segments.append(run + "[" + kjs[i] + ",")
-                run = "]"
-            else:
-                run += part
-        self.segments.append(run + "]}")
-
-    def _kept_at(self, j: int, seen: dict[int, tuple[Any, ...]]) -> None:
-        """The j-th tensor's kept view (``seen``'s entry, if its raw is that view), or its
-        pointer set to None: bytes copied, not viewed, are never taken again."""
-        have = seen.get(self.ptrs[j]) if self.ptrs[j] is not None else None
-        if have is not None and have[3] is self.raws[j]:
-            self.entries[j] = have
-        else:
-            self.entries[j], self.ptrs[j] = None, None
-
-    def reuse(self, obj: Any, raws: list[memoryview], leaves: list[tuple[Any, ...]],
-              seen: dict[int, tuple[Any, ...]], walk: Any, tensor: Any) -> str | None:
-        """The dict's text, its leaves and views added, if its keys and types are the plan's;
-        else None (nothing added)."""
-        keys = tuple(obj)
-        if len(raws) != self.base or keys != self.keys:
-            return None
-        vals = tuple(obj.values())
-        if (*map(type, keys), *map(type, vals)) != self.types:
-            return None
-        tensors = [vals[i] for i in self.at]
-        ptrs, dtypes, shapes = list(map(_data_ptr, tensors)), list(map(_dtype, tensors)), list(map(_shape, tensors))
-        raws.extend(self.raws)
-        leaves.extend(self.leaves)
-        seen.update(self.kept)
-        # Each tensor not as the plan has it (another pointer, dtype or shape, not on the CPU,
-        # not contiguous, a neg bit; a copied one): encoded again, in its place, and the plan
-        # takes it as it is now. Found with one comparison per list when all are the same.
-        bad: set[int] = set()
-        for now, then in ((ptrs, self.ptrs), (dtypes, self.dtypes), (shapes, self.shapes)):
-            if now != then:
-                bad.update(j for j, (a, b) in enumerate(zip(now, then, strict=True)) if a != b)
-        for test, want in ((_is_cpu, True), (_is_contiguous, True), (_is_neg, False)):
-            if (all if want else any)(map(test, tensors)) is not want:
-                bad.update(j for j, t in enumerate(tensors) if test(t) is not want)
-        if bad:
-            for j in sorted(bad):
-                i = self.base + j
-                leaves[i], raws[i] = tensor(tensors[j])
-                self.raws[j], self.leaves[j] = raws[i], leaves[i]
-                self.ptrs[j], self.dtypes[j], self.shapes[j] = ptrs[j], dtypes[j], shapes[j]
-                self._kept_at(j, seen)
-            self.kept = {p: e for p, e in zip(self.ptrs, self.entries, strict=True) if e is not None}
-        out = [self.segments[0]]
-        for i, segment in zip(self.others, self.segments[1:], strict=True):
-            out.append(walk(vals[i]))
-            out.append(segment)
-        if len(raws) != self.base + len(self.raws):  # a value that had no tensor has one now:
-            del raws[self.base:], leaves[self.base:]  # its leaf goes between the plan's
-            return None
-        self.hits += 1
-        return "".join(out)
