@@ -16,7 +16,9 @@ slurmstepd, the rank; its tmpfs goes with them) twice, or with ``--down`` a kill
 and then ``scontrol update NodeName=X State=DOWN`` (Slurm 22.05 then requeues the
 whole het job, whose first component, the learner, holds one node: docs/PREEMPTION.md;
 ``--leader-spare`` gives the learner a spare and the rollout one, one death per job,
-alternating kill and DOWN with ``--down``); then it is cancelled and the nodes
+alternating kill and DOWN with ``--down``; ``--pack``: the rollout on two nodes, no spare,
+``min_nodes: 1``, the learner with a spare, one kill per job: the restart packs both
+rollout ranks onto the surviving rollout node); then it is cancelled and the nodes
 revived for the next job. Per death: kill -> node_failure event (the batch
 script's decision), -> every rank restored, -> the first action of the resumed
 step ends; work lost (the restore lines' ``work_lost``, the largest over the
@@ -77,7 +79,7 @@ NODES = 4  # the spare-node jobs' allocation: the cluster's 4 nodes, one warm se
 
 def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
          node_timeout: int | None = None, example: str = "ppo", leader_spare: bool = False,
-         cold: bool = False) -> dict[str, Any]:
+         cold: bool = False, pack: bool = False) -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
     if cold:  # no warm servers (runtime/warm_start.py): every restarted rank imports torch itself
@@ -97,8 +99,10 @@ def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
         workload_args={"num_envs": 4, "num_steps": 32, "eval_episodes": 2},
         # leader_spare: the learner (the het job's first component) holds a spare too, so Slurm
         # marking a dead rollout node down leaves the job running (docs/PREEMPTION.md).
-        components={"rollout": {"nodes": 1, "spare_nodes": spares, "mem": "500M"},
-                    "learner": {"mem": "1G", **({"spare_nodes": 1} if leader_spare else {})}},
+        # pack: the rollout's two nodes, no spare; its ranks packed onto the survivor (min_nodes).
+        components={"rollout": ({"nodes": 2, "min_nodes": 1, "mem": "500M"} if pack
+                                else {"nodes": 1, "spare_nodes": spares, "mem": "500M"}),
+                    "learner": {"mem": "1G", **({"spare_nodes": 1} if leader_spare or pack else {})}},
         training={"iterations": iterations, "eval_interval": 1000000},
         checkpoint={"interval": 10, "keep": 3, "memory_every": memory_every},
         preemption={"max_failures": 100},
@@ -190,7 +194,7 @@ def warm_servers(run_dir: Path) -> int:
 
 
 def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait_s: float = 300,
-              after: int = 4, example: str = "ppo", warm: bool = True) -> dict[str, Any]:
+              after: int = 4, example: str = "ppo", warm: bool = True, ranks: int | None = None) -> dict[str, Any]:
     """Kill the victim component's node of attempt ``restart`` once it has run a few steps (PPO's
     rollout, the MoE LM's first learner node: EXAMPLES); time the recovery."""
     victim, _ = EXAMPLES[example]
@@ -211,7 +215,7 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
     def restored() -> list[dict[str, Any]] | None:
         rs = [e for e in events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == nxt]
-        return rs if len(rs) == RANKS[example] else None
+        return rs if len(rs) == (ranks or RANKS[example]) else None
 
     rs = wait(restored, wait_s, poll=0.5)
     trial: dict[str, Any] = {"example": example, "mode": mode, "node": node, "restart": nxt, "killed_at": t0,
@@ -249,19 +253,19 @@ def one_death(cluster: NodeCluster, run_dir: Path, restart: int, mode: str, wait
 
 def submit(cluster: NodeCluster, spares: int, tag: str, node_timeout: int | None = None,
            memory_every: int | str = 1, example: str = "ppo", leader_spare: bool = False,
-           cold: bool = False) -> tuple[Path, str]:
+           cold: bool = False, pack: bool = False) -> tuple[Path, str]:
     from hetrun.dag.spec import spec_from_dict
     from hetrun.slurm_plugin.submit import submit_spec
 
     os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example, leader_spare, cold)
+    job = spec(spares, memory_every, 100000, "/tmp", node_timeout, example, leader_spare, cold, pack)
     res = submit_spec(spec_from_dict(job), backend="sbatch", runs_dir=BASE / tag)
     return Path(res.run.run_dir), str(res.run.job_id)
 
 
 def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | None,
            memory_every: int | str = 1, kill_after: int = 4, example: str = "ppo",
-           leader_spare: bool = False, starts: str = "warm") -> list[dict[str, Any]]:
+           leader_spare: bool = False, starts: str = "warm", pack: bool = False) -> list[dict[str, Any]]:
     """One death per spare node of the job (PPO: two, kill then kill, or with ``down`` kill then
     down; the MoE LM: one). ``leader_spare`` (PPO): learner and rollout one spare each, one death
     per job, with ``down`` the jobs alternate kill and down. ``starts``: warm (the product's
@@ -272,9 +276,12 @@ def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | Non
     jobs = 0
     while len(trials) < kills:
         cold = starts == "cold" or (starts == "both" and jobs % 2 == 1)
-        run_dir, job = submit(cluster, spares, "spare", node_timeout, memory_every, example, leader_spare, cold)
-        if leader_spare:  # one death per job: kill, or with down every other job a DOWN
-            modes: tuple[str, ...] = ("down" if down and jobs % 2 else "kill",)
+        run_dir, job = submit(cluster, spares, "pack" if pack else "spare", node_timeout, memory_every, example,
+                              leader_spare, cold, pack)
+        if pack:  # one kill per job: the rollout then runs packed on its one node left
+            modes: tuple[str, ...] = ("kill",)
+        elif leader_spare:  # one death per job: kill, or with down every other job a DOWN
+            modes = ("down" if down and jobs % 2 else "kill",)
         else:
             modes = ("kill", "down" if down else "kill")[:spares]
         jobs += 1
@@ -283,8 +290,9 @@ def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | Non
                 if len(trials) < kills:
                     try:
                         trials.append(one_death(cluster, run_dir, restart, mode, after=kill_after,
-                                                example=example, warm=not cold))
+                                                example=example, warm=not cold, ranks=3 if pack else None))
                         trials[-1]["starts"] = "cold" if cold else "warm"
+                        trials[-1]["packed"] = pack
                     except AssertionError as exc:  # recorded, not hidden: the job failed before the kill
                         trials.append({"mode": mode, "restart": restart + 1, "run_dir": str(run_dir),
                                        "error": f"before the kill: {exc}"})
@@ -397,6 +405,9 @@ def main() -> None:
     p.add_argument("--modes", nargs="*", default=[], choices=[m for m, _ in MODES],
                    help="overhead: the settings to run (default all; off always)")
     p.add_argument("--down", action="store_true", help="every job's second death: scontrol ... State=DOWN")
+    p.add_argument("--pack", action="store_true",
+                   help="PPO: the rollout on two nodes with min_nodes 1 and no spare (the learner with one); "
+                        "one kill per job, the restart packs the rollout's ranks onto its surviving node")
     p.add_argument("--leader-spare", action="store_true",
                    help="PPO: the learner (first component) holds a spare too; one death per job")
     p.add_argument("--node-timeout", type=int, default=None,
@@ -415,6 +426,9 @@ def main() -> None:
                         "(HETRUN_WARM_START=0), or both, alternating jobs")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death.json")
     args = p.parse_args()
+    if args.pack and (args.example != "ppo" or args.leader_spare or args.down):
+        p.error("--pack is a PPO job of its own (the learner holds a spare): without --example moe, "
+                "--leader-spare or --down")
     if args.example != "ppo" and args.requeue_kills:
         p.error("--example moe measures the spare-node path and the overhead only: add --requeue-kills 0")
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime())}
@@ -431,9 +445,10 @@ def main() -> None:
             result["memory_every"] = args.memory_every
             result["example"] = args.example
             result["leader_spare"] = args.leader_spare
+            result["pack"] = args.pack
             result["starts"] = args.starts
             result["spare"] = deaths(cluster, args.kills, args.down, args.node_timeout, args.memory_every,
-                                    args.kill_after, args.example, args.leader_spare, args.starts)
+                                    args.kill_after, args.example, args.leader_spare, args.starts, args.pack)
             result["requeue"] = requeues(cluster, args.requeue_kills, args.requeue_wait)
             for key in ("spare", "requeue"):
                 ok = [t for t in result[key] if t.get("first_step_s") is not None]

@@ -129,6 +129,14 @@ class ComponentPlan(BaseModel):
     placement: PlacementChoice | None = Field(
         default=None, description="set by hetrun submit for a placement: auto (or --fit) component")
     spare_nodes: int = Field(default=0, description="idle nodes held for an in-allocation restart")
+    min_nodes: int | None = Field(
+        default=None, description="the fewest nodes its ranks may be packed onto after a node death "
+                                  "(None: nodes, no packing)")
+
+    @property
+    def packs(self) -> bool:
+        """Whether a node death with no spare left packs its ranks onto fewer nodes."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     @property
     def runs_actions(self) -> bool:
@@ -144,6 +152,8 @@ class ComponentPlan(BaseModel):
                 data.pop(key, None)
         if not data.get("spare_nodes"):
             data.pop("spare_nodes", None)
+        if data.get("min_nodes") is None:
+            data.pop("min_nodes", None)
         return data
 
 
@@ -294,6 +304,7 @@ def _components(spec: JobSpec, graph: ActionGraph) -> list[ComponentPlan]:
             name=name, index=index, nodes=comp.nodes, tasks_per_node=comp.tasks_per_node,
             ntasks=comp.ntasks, cpus_per_task=comp.cpus_per_task, gpus_per_node=comp.gpus_per_node,
             mem_mb=comp.mem_mb, actions=listed, command=comp.command, spare_nodes=comp.spare_nodes,
+            min_nodes=comp.min_nodes if comp.min_nodes is not None and comp.min_nodes < comp.nodes else None,
         ))
     return out
 

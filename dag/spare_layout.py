@@ -17,19 +17,24 @@ Not an error: a spare on the leader costs a node, and a job that ends before
 
 from __future__ import annotations
 
-from .spec import JobSpec
+from .spec import ComponentSpec, JobSpec
+
+
+def _recovers(comp: ComponentSpec) -> bool:
+    """A component restarted inside the allocation after a node death: a spare, or packing (min_nodes)."""
+    return bool(comp.spare_nodes) or (comp.min_nodes is not None and comp.min_nodes < comp.nodes)
 
 
 def spare_layout_warnings(spec: JobSpec) -> list[str]:
     """One line per problem; empty when the layout holds."""
     comps = list(spec.components.items())
-    if len(comps) < 2 or not any(c.spare_nodes for _, c in comps):
+    if len(comps) < 2 or not any(_recovers(c) for _, c in comps):
         return []
     name, lead = comps[0]
     if lead.nodes + lead.spare_nodes >= 2:
         return []
-    spared = ", ".join(n for n, c in comps[1:] if c.spare_nodes)
+    spared = ", ".join(n for n, c in comps[1:] if _recovers(c))
     return [f"components.{name} leads the het job with one node: once Slurm marks a dead node of "
             f"{spared} down (SlurmdTimeout, or an administrator), it requeues the whole het job, "
-            f"after hetrun restarted it on a spare; give components.{name} spare_nodes: 1 "
+            f"after hetrun restarted it on a spare (or packed); give components.{name} spare_nodes: 1 "
             "(docs/PREEMPTION.md, \"Slurm and a het job's dead node\")"]

@@ -97,6 +97,13 @@ class ComponentSpec(_Section):
                     "job's batch script restarts the step on the survivors plus a spare, inside the allocation "
                     "(a job of action components, or of one command component resuming through the run API; "
                     "docs/PREEMPTION.md, node failure)")
+    min_nodes: int | None = Field(
+        None, ge=1, le=100_000,
+        description="the fewest nodes this component may go on with when a node dies and no spare is left: "
+                    "the job restarts inside its allocation with the component's ranks packed onto its "
+                    "surviving nodes (the same ranks: the run stays bit-identical; each survivor runs more "
+                    "of them, slower) instead of requeueing; default: nodes (no packing). Action components "
+                    "without GPUs (docs/PREEMPTION.md, node failure)")
     node_counts: list[int] = Field(default_factory=list, max_length=16,
                                    description="placement: auto / ranked only: node counts it may be spread over, its "
                                                "ranks, GPUs and memory in total staying those of nodes: (e.g. "
@@ -444,6 +451,7 @@ class JobSpec(_Section):
                                     hint="each action type runs in exactly one component")
                 owner[act] = cname
             _check_placement(cname, comp)
+            self._check_min_nodes(cname, comp)
             if comp.spare_nodes and any(c.is_command for c in self.components.values()) \
                     and len(self.components) > 1:
                 # The in-allocation restart reruns one srun step (slurm_plugin/render.py); a command
@@ -483,6 +491,35 @@ class JobSpec(_Section):
                             path=("components", owner["rollout"], "actions"),
                             hint="remove rollout, or set training.kind: rl")
         return self
+
+    def _check_min_nodes(self, cname: str, comp: ComponentSpec) -> None:
+        """min_nodes packs a component's ranks onto its surviving nodes after a node death: only
+        where the restart runs inside the allocation and the ranks may share a node's cores."""
+        if comp.min_nodes is None:
+            return
+        path = ("components", cname, "min_nodes")
+        if comp.min_nodes > comp.nodes:
+            raise SpecIssue(f"min_nodes {comp.min_nodes} on component {cname!r} is more than its nodes "
+                            f"{comp.nodes}", path=path, hint=f"set min_nodes between 1 and {comp.nodes}")
+        if comp.min_nodes == comp.nodes:
+            return
+        if comp.is_command:
+            raise SpecIssue(f"min_nodes {comp.min_nodes} on command component {cname!r}: packing ranks onto "
+                            "fewer nodes is supported for action components (a user's program may assume "
+                            "its ranks per node)", path=path,
+                            hint="remove min_nodes, or give the component spare_nodes instead")
+        if comp.gpus_per_node:
+            raise SpecIssue(f"min_nodes {comp.min_nodes} on component {cname!r} with gpus_per_node "
+                            f"{comp.gpus_per_node}: packed ranks would have no GPUs of their own", path=path,
+                            hint="remove min_nodes, or give the component spare_nodes instead")
+        if any(c.is_command for c in self.components.values()):
+            raise SpecIssue(f"min_nodes {comp.min_nodes} on component {cname!r} in a job with a command "
+                            "component: the in-allocation restart reruns one srun step of action components",
+                            path=path, hint="remove min_nodes, or run the command component as a job of its own")
+        if self.preemption.max_failures < 1:
+            raise SpecIssue(f"min_nodes {comp.min_nodes} on component {cname!r} with preemption.max_failures "
+                            f"{self.preemption.max_failures}: a restart on fewer nodes is a retried failure",
+                            path=path, hint="set preemption.max_failures >= 1, or remove min_nodes")
 
     def _check_component_kinds(self) -> None:
         """Each component runs actions or a command; workload + training exactly when actions run."""

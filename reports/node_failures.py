@@ -56,6 +56,10 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
         for c in f.get("components") or []:
             for rep in c.get("replaced") or []:
                 moves.append(f"{c.get('component')}: {rep.get('dead')} -> {rep.get('by')}")
+            packed = c.get("packed")
+            if isinstance(packed, Mapping):  # no spare left: its ranks on fewer nodes (min_nodes)
+                moves.append(f"{c.get('component')}: ranks packed onto {packed.get('nodes')} of "
+                             f"{packed.get('of')} nodes ({', '.join(c.get('new') or [])})")
         spares = ", ".join(f"{c.get('component')} {max(0, c.get('spares_left') or 0)}"
                            for c in f.get("components") or [])
         if f.get("action") == "restart":

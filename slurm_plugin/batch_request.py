@@ -48,6 +48,13 @@ class ComponentRequest:
     partition: str | None = None
     gpu_type: str | None = None
     spare_nodes: int = 0  # allocated beside ``nodes``, idle until a node dies (in-allocation restart)
+    # With no spare left, the fewest nodes the ranks may be packed onto (None: nodes, no packing).
+    min_nodes: int | None = None
+
+    @property
+    def recovers(self) -> bool:
+        """Whether a node death restarts this component inside the allocation (a spare, or packing)."""
+        return bool(self.spare_nodes) or (self.min_nodes is not None and self.min_nodes < self.nodes)
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ def _component(i: int, c: ComponentPlan, job_partition: str | None) -> Component
         name=name, nodes=c.nodes, tasks_per_node=c.tasks_per_node, cpus_per_task=c.cpus_per_task,
         gpus_per_node=c.gpus_per_node, mem_mb=c.mem_mb,
         command=None if c.command is None else tuple(quoting.command(c.command, f"{kp}.command")),
-        partition=partition, gpu_type=gpu_type, spare_nodes=c.spare_nodes)
+        partition=partition, gpu_type=gpu_type, spare_nodes=c.spare_nodes,
+        min_nodes=min(c.min_nodes, c.nodes) if c.packs and c.min_nodes is not None else None)
 
 
 def slurm_options(spec: JobSpec) -> SlurmOptions:

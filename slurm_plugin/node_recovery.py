@@ -85,13 +85,18 @@ def read_dead(path: Path) -> list[str]:
     return [n for n in dict.fromkeys(lines) if _NODE_RE.fullmatch(n)]
 
 
-def pick(allocated: Sequence[Sequence[str]], need: Sequence[int], dead: Sequence[str]) -> list[list[str]] | str:
-    """The first ``need[g]`` live nodes of each group; or why there are not enough."""
+def pick(allocated: Sequence[Sequence[str]], need: Sequence[int], dead: Sequence[str],
+         fewest: Sequence[int] | None = None) -> list[list[str]] | str:
+    """The first ``need[g]`` live nodes of each group; or why there are not enough.
+    ``fewest``: a group with fewer live nodes than it needs but at least ``fewest[g]``
+    (its ``min_nodes``) gets them all, its ranks to be packed onto them."""
     out = []
     for g, (nodes, n) in enumerate(zip(allocated, need, strict=True)):
         live = [x for x in nodes if x not in dead]
-        if len(live) < n:
-            return (f"het group {g}: {len(live)} live node(s) of {len(nodes)} allocated, {n} needed "
+        least = n if fewest is None else min(n, fewest[g])
+        if len(live) < least:
+            packed = f", {least} at the least (min_nodes)" if least < n else ""
+            return (f"het group {g}: {len(live)} live node(s) of {len(nodes)} allocated, {n} needed{packed} "
                     f"(dead: {', '.join(x for x in nodes if x in dead) or 'none'}); no spare node left")
         out.append(live[:n])
     return out
@@ -293,14 +298,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--dead-file", type=Path, required=True)
     p.add_argument("--need", type=int, nargs="+", required=True, help="nodes each het group's step runs on")
+    p.add_argument("--fewest", type=int, nargs="*", default=None,
+                   help="with no spare left, the fewest nodes each group's ranks may be packed onto (min_nodes)")
     p.add_argument("--restart", type=int, default=0, help="the attempt that failed (failed)")
     p.add_argument("--used", nargs="*", default=[], help="the node list each group's failed step ran on")
     p.add_argument("--silent", nargs="*", default=[], help="failed: nodes whose heartbeat stopped")
     args = p.parse_args(argv)
     allocated = group_nodes(os.environ, len(args.need))
     dead = read_dead(args.dead_file)
+    fewest = args.fewest if args.fewest and len(args.fewest) == len(args.need) else None
     if args.mode == "nodes":
-        chosen = pick(allocated, args.need, dead)
+        chosen = pick(allocated, args.need, dead, fewest)
         if isinstance(chosen, str):
             sys.stderr.write(f"hetrun: {chosen}\n")
             return 1
@@ -323,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f.write("".join(f"{n}\n" for n in returned))
             dead = [n for n in dead if n not in returned]
             chosen = pick(allocated, args.need, dead)
+        if isinstance(chosen, str) and fewest is not None:
+            # Still short: the groups that may (min_nodes) go on packed onto their survivors.
+            chosen = pick(allocated, args.need, dead, fewest)
     args.dead_file.write_text("".join(f"{n}\n" for n in dead))
     names = _components(args.run_dir)
     comps = []
@@ -332,13 +343,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         comps.append({"component": names[g] if g < len(names) else str(g), "old": used, "new": new,
                       "replaced": [{"dead": d, "by": b} for d, b in zip(
                           [x for x in used if x not in new], [x for x in new if x not in used], strict=False)],
-                      "spares_left": len([x for x in nodes if x not in dead]) - args.need[g]})
+                      "spares_left": max(0, len([x for x in nodes if x not in dead]) - args.need[g]),
+                      **({"packed": {"nodes": len(new), "of": args.need[g]}} if 0 < len(new) < args.need[g] else {})})
     action = "requeue" if isinstance(chosen, str) else "restart"
     if not new_dead:
-        reason = "no dead node identified: restarting on the same nodes" if action == "restart" else chosen
+        reason = "no dead node identified: restarting on the same nodes" if action == "restart" else str(chosen)
     else:
         reason = "; ".join(f"{n}: {w}" for n, w in why.items())
         reason += "" if action == "restart" else f"; {chosen}: requeue"
+    packed = [f"{c['component']} on {c['packed']['nodes']} of its {c['packed']['of']} nodes" for c in comps
+              if "packed" in c]
+    if packed and action == "restart":
+        reason += "; no spare left, ranks packed (min_nodes): " + ", ".join(packed)
     if returned:
         reason += "; no spare left, taken back: " + "; ".join(f"{n} {w}" for n, w in returned.items())
     append_event(args.run_dir.resolve(), "node_failure", restart_count=args.restart, dead_nodes=new_dead,

@@ -349,9 +349,9 @@ def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
         raise ValueError("no Python interpreter path (sys.executable is empty)")
     sig = opts.signal
     traps = [sig] if sig == "TERM" else [sig, "TERM"]
-    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base,
-                                                            any(c.spare_nodes for c in comps))
-    if any(c.spare_nodes for c in comps):
+    recovers = any(c.recovers for c in comps)
+    lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base, recovers)
+    if recovers:
         return "\n".join(lines + _recovery_body(comps, run_dir, py, hetrun_py, opts, traps))
     lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
     lines += _postmortem_lines(opts, hetrun_py)
@@ -364,10 +364,14 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
     ``nodes`` live nodes of each het group; a failed step the post-mortem would requeue
     (a failure within max_failures, not a preemption) restarts at once, inside the
     allocation, on the survivors plus a spare, the dead nodes excluded
-    (``hetrun.slurm_plugin.node_recovery``); with no spare left it requeues as before."""
+    (``hetrun.slurm_plugin.node_recovery``); with no spare left a component with ``min_nodes``
+    runs its ranks packed onto its surviving nodes (``--overcommit``: the same ranks on fewer
+    nodes' cores); else the job requeues as before."""
     # One srun: the action components' (one MPI world), or a single command component's
     # (the spec refuses spares in a job of several steps: JobSpec's component checks).
     need = [str(c.nodes) for c in comps]
+    # The fewest nodes each group may be packed onto (its nodes where it never packs).
+    fewest = [str(c.min_nodes if c.min_nodes is not None else c.nodes) for c in comps]
     tool = [hetrun_py, "-m", "hetrun.slurm_plugin.node_recovery"]
     steps = launch_steps(comps, run_dir, py)
     if len(steps) != 1:
@@ -384,11 +388,13 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         where = f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[0]}}" {overlap}'
         step = step.replace("srun ", f"srun --no-kill {where} ", 1)
     else:
-        # Each het group's part of the one srun: its node count, task count and live node list.
+        # Each het group's part of the one srun: its node count (fewer than its nodes once packed),
+        # task count (always its ranks) and live node list; packed, --overcommit and the ranks
+        # per node it takes (the allocation's --ntasks-per-node no longer fits).
         parts = step.split(" : ") if len(comps) > 1 else [step]
         for g, c in enumerate(comps):
-            where = (f'--nodes={c.nodes} --ntasks={c.nodes * c.tasks_per_node} --nodelist="${{_hetrun_nl[{g}]}}" '
-                     + overlap)
+            where = (f'--nodes="${{_hetrun_nn[{g}]}}" --ntasks={c.nodes * c.tasks_per_node} '
+                     f'--nodelist="${{_hetrun_nl[{g}]}}" ${{_hetrun_pack[{g}]}} {overlap}')
             # srun --no-kill: on a node failure srun would otherwise SIGTERM the survivors, which
             # they take for a preemption; hetrun's reader and heartbeat monitor end the step instead.
             parts[g] = parts[g].replace("srun ", f"srun --no-kill {where} ", 1) if g == 0 else f"{where} {parts[g]}"
@@ -492,7 +498,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "while :; do",
         '    rm -f "$_hetrun_stuck"',
         f'    mapfile -t _hetrun_nl < <({quoting.sh_join([*tool, "nodes"])} "$HETRUN_RUN_DIR" \\',
-        f'        --dead-file "$_hetrun_dead_file" --need {" ".join(need)})',
+        f'        --dead-file "$_hetrun_dead_file" --need {" ".join(need)} --fewest {" ".join(fewest)})',
         f'    if [ "${{#_hetrun_nl[@]}}" -ne {len(comps)} ]; then',
         '        echo "hetrun: not enough live nodes left in the allocation" >&2',
         # No node list (too few live nodes, or the tool failed: an scontrol timeout, an import
@@ -503,6 +509,17 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         *["        " + line for line in decide],
         "        break",
         "    fi",
+        "    # Each group's node count, and where it is below the group's nodes (packed after a node",
+        "    # death, min_nodes) the srun options that put its ranks on the survivors' cores.",
+        f"    _hetrun_need=({' '.join(need)}) _hetrun_ranks=({' '.join(str(c.nodes * c.tasks_per_node) for c in comps)})",
+        "    _hetrun_nn=() _hetrun_pack=()",
+        '    for _hetrun_g in "${!_hetrun_nl[@]}"; do',
+        '        IFS=, read -r -a _hetrun_x <<< "${_hetrun_nl[$_hetrun_g]}"',
+        "        _hetrun_nn[$_hetrun_g]=${#_hetrun_x[@]} _hetrun_pack[$_hetrun_g]=''",
+        '        if [ "${#_hetrun_x[@]}" -lt "${_hetrun_need[$_hetrun_g]}" ]; then',
+        "            _hetrun_pack[$_hetrun_g]=\"--overcommit --ntasks-per-node=$(( (_hetrun_ranks[$_hetrun_g] + ${#_hetrun_x[@]} - 1) / ${#_hetrun_x[@]} ))\"",
+        "        fi",
+        "    done",
         *["    " + line if line else line for line in run],
         '    echo "hetrun: $EPOCHREALTIME step ended (exit $_hetrun_rc)" >&2',
         *["    " + line for line in decide],
@@ -512,7 +529,8 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         '        mapfile -t _hetrun_quiet < <(cat "$_hetrun_silent" 2>/dev/null)',
         f'        _hetrun_again=$({quoting.sh_join([*tool, "failed"])} "$HETRUN_RUN_DIR" \\',
         '            --dead-file "$_hetrun_dead_file" --restart "${SLURM_RESTART_COUNT:-0}" \\',
-        f'            --need {" ".join(need)} --used "${{_hetrun_nl[@]}}" --silent "${{_hetrun_quiet[@]}}")',
+        f'            --need {" ".join(need)} --fewest {" ".join(fewest)} --used "${{_hetrun_nl[@]}}" '
+        '--silent "${_hetrun_quiet[@]}")',
         '        if [ "$_hetrun_again" = restart ]; then',
         '            echo "${SLURM_JOB_ID} ${SLURM_RESTART_COUNT:-0}" >> "$_hetrun_inalloc"',
         "            export SLURM_RESTART_COUNT=$(( ${SLURM_RESTART_COUNT:-0} + 1 ))",
@@ -595,9 +613,9 @@ def _header(name: str, comps: Sequence[ComponentRequest], opts: SlurmOptions, ru
             out.append("#SBATCH hetjob")
         out.append(f"# component {i}: {comp.name}")
         out += _component_block(comp, name, opts)
-        if any(c.spare_nodes for c in comps):
+        if any(c.recovers for c in comps):
             # Per component (each is a job record of its own): a dead node of any component
-            # leaves the allocation alive, and the spares take over.
+            # leaves the allocation alive, and the spares (or the survivors, packed) take over.
             out.append("#SBATCH --no-kill")
     return out
 
