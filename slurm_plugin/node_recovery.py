@@ -11,7 +11,9 @@ Slurm reports DOWN / NOT_RESPONDING / FAIL / DRAIN) are added to the job's
 dead-node file, and when every component still has enough live nodes the
 script starts the next step at once ("restart"). With no spare left, an
 excluded node that answers a probe step again is taken back, once per node
-(``taken_back``); else the job requeues ("requeue") as before. Each decision is a ``node_failure`` event: the dead nodes, each
+(``taken_back``); still short, a group whose component has ``min_nodes`` goes on with
+its ranks packed onto its surviving nodes (``--fewest``: the script runs the group's
+ranks there with ``--overcommit``); else the job requeues ("requeue") as before. Each decision is a ``node_failure`` event: the dead nodes, each
 component's old and new node list, the spares left, the action and why.
 
 Like the post-mortem, this imports no runtime code and no torch (it runs in the
