@@ -185,7 +185,7 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
         code = executor.run()
         sampler.stop()
     except RankFailed as exc:
-        _report_failure(log, exc.action, exc.iteration, exc.cause, world)
+        _report_failure(log, exc.action, exc.iteration, exc.cause, world, exc.waiting_on)
         return 1  # unreachable: _report_failure aborts
     except BaseException as exc:
         _report_failure(log, None, None, exc, world)
@@ -198,7 +198,7 @@ def _execute(plan: PlanView, world: Any, log: EventLog, run_dir: Path, restarts:
 
 
 def _report_failure(log: EventLog, action: str | None, iteration: int | None,
-                    exc: BaseException, world: object) -> None:
+                    exc: BaseException, world: object, waiting_on: list[int] | None = None) -> None:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     code = exc.exit_code if isinstance(exc, HetrunError) else 6
     try:
@@ -206,7 +206,9 @@ def _report_failure(log: EventLog, action: str | None, iteration: int | None,
                  traceback=tb, code=code)
         log.emit("rank_failure", signal=None, exit_code=code, detected_by="runtime",
                  restart_count=restart_count(), action=action, iteration=iteration,
-                 message=f"{type(exc).__name__}: {exc}", t=time.time())
+                 message=f"{type(exc).__name__}: {exc}", t=time.time(),
+                 # a timed-out wait: the ranks it waited for (node recovery blames their nodes)
+                 **({"waiting_on": waiting_on} if waiting_on else {}))
     finally:
         where = f" in action {action} (iteration {iteration})" if action else ""
         rank = getattr(world, "rank", "?")

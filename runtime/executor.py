@@ -86,11 +86,15 @@ EXIT_OK = 0
 class RankFailed(Exception):
     """An action raised; carries which one for the error event."""
 
-    def __init__(self, action: str | None, iteration: int | None, cause: BaseException) -> None:
+    def __init__(self, action: str | None, iteration: int | None, cause: BaseException,
+                 waiting_on: list[int] | None = None) -> None:
         super().__init__(f"{action}@{iteration}: {cause}")
         self.action = action
         self.iteration = iteration
         self.cause = cause
+        # A timed-out wait: the other components' ranks whose message never came (a hung
+        # rank's peers name it; the post-mortem and node recovery blame its node, not theirs).
+        self.waiting_on = waiting_on or []
 
 
 def effective_lag(plan: PlanView, consumer: ActionSpec, dep: Dep, producer: ActionSpec) -> int:
@@ -474,6 +478,30 @@ class Executor:
         return max(lags, default=0)
 
     # ------------------------------------------------------------------ deps
+    def _waiting_on(self, pending: list[ActionSpec], it: int, done: set[str]) -> list[int]:
+        """The other components' ranks whose message the pending actions still lack (``_ready``'s
+        checks, per producer): a data dependency's senders that have not sent, a state
+        dependency's sender. Empty when the wait is on this component alone."""
+        silent: set[int] = set()
+        for action in pending:
+            for dep in action.deps:
+                producer = self.by_id[dep.id]
+                if producer.component == self.me:
+                    continue
+                src_it = it - self.lags[(action.id, dep.id)]
+                if dep.id in self.in_data:
+                    if src_it >= 0:
+                        got = self.data.get((dep.id, src_it), {})
+                        silent.update(r for r in self.in_data[dep.id] if r not in got)
+                elif dep.id in self.shared:
+                    if self.shared[dep.id].newest() < producer.last_run_at_or_before(src_it):
+                        silent.update(self.world.comp_ranks[producer.component])
+                elif dep.id in self.in_state:
+                    history = self.states.get(dep.id)
+                    if history is None or not history.covers(producer.last_run_at_or_before(src_it)):
+                        silent.add(self.in_state[dep.id])
+        return sorted(silent)
+
     def _ready(self, action: ActionSpec, it: int, done: set[str]) -> bool:
         for dep in action.deps:
             lag = self.lags[(action.id, dep.id)]
@@ -512,12 +540,15 @@ class Executor:
             waited = time.monotonic() - t0
             if waited > self.timeout_s:
                 blocked = ", ".join(f"{a.id} (needs {[d.id for d in a.deps]})" for a in pending)
+                silent = self._waiting_on(pending, it, done)
+                names = ", ".join(f"{r} ({self.world.component_of(r)})" for r in silent)
                 raise RankFailed(pending[0].id, it, RuntimeFailure(
                     f"rank {self.world.rank} ({self.me}) waited {waited:.0f}s in iteration {it} "
-                    f"for {blocked}; no message arrived",
+                    f"for {blocked}; no message arrived"
+                    + (f" from rank(s) {names}: stuck, or dead" if silent else ""),
                     hint="a peer is stuck or dead; raise HETRUN_COLLECTIVE_TIMEOUT if an "
                          "action legitimately takes longer",
-                ))
+                ), waiting_on=silent)
             # Back off: ranks share cores with the ranks they wait for.
             time.sleep(delay)
             delay = min(delay * 2, 0.005)

@@ -46,6 +46,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from hetrun.errors import RunDirError
 from hetrun.planfile import read_plan
@@ -150,8 +151,9 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
     script's monitor saw stop while the step ran (``silent``), and, with neither, those
     that fail a probe step. A dead node takes its peers' MPI connections with it, so
     survivors fail too (their rank_failure lines name their own, healthy node): with a
-    node gone, only it is excluded. With none gone, where srun saw a rank die, else
-    where a rank raised."""
+    node gone, only it is excluded. With none gone, where srun saw a rank die, else the
+    nodes of the ranks a rank timed out waiting for (``waiting_on``: a rank that hangs
+    keeps its process and heartbeat; its peers' wait names it), else where a rank raised."""
     flat = [n for nodes in used for n in nodes]
     why: dict[str, str] = {}
     for node, state in node_states(flat).items():
@@ -168,14 +170,40 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
         return list(why), why
     failures = [f for f in events_of(run_dir, ("rank_failure",)) if f.get("restart_count") == restart
                 and isinstance(f.get("node"), str) and f["node"] in flat]
-    for detected in ("srun", "runtime"):
+    for detected in ("srun", "hung", "runtime"):
         if why:
             break
+        if detected == "hung":
+            why.update(_hung(run_dir, restart, failures, flat))
+            continue
         for f in failures:
             if f.get("detected_by") == detected:
                 why.setdefault(f["node"], f"rank {f.get('rank')} ({f.get('component') or '?'}) "
                                           f"{'died' if detected == 'srun' else 'failed'} there")
     return list(why), why
+
+
+def _hung(run_dir: Path, restart: int, failures: Sequence[Mapping[str, Any]],
+          flat: Sequence[str]) -> dict[str, str]:
+    """The nodes of the ranks that ranks of attempt ``restart`` timed out waiting for (their
+    ``rank_failure`` lines' ``waiting_on``), and why: such a rank's process and heartbeat live
+    on, so only its peers' wait names it (HETRUN_COLLECTIVE_TIMEOUT)."""
+    waited: dict[int, list[str]] = {}
+    for f in failures:
+        for r in f.get("waiting_on") or []:
+            if isinstance(r, int):
+                waited.setdefault(r, []).append(f"rank {f.get('rank')} ({f.get('component') or '?'})")
+    if not waited:
+        return {}
+    where = {e.get("rank"): (e.get("node"), e.get("component")) for e in events_of(run_dir, ("start",))
+             if e.get("restart_count") == restart}
+    out: dict[str, str] = {}
+    for r, by in sorted(waited.items()):
+        node, comp = where.get(r, (None, None))
+        if isinstance(node, str) and node in flat:
+            text = f"rank {r} ({comp or '?'}) hung there: {', '.join(by)} timed out waiting for it"
+            out[node] = f"{out[node]}; {text}" if node in out else text
+    return out
 
 
 PROBE_TIMEOUT_S = 5.0  # a live node answers a one-task step in well under a second
