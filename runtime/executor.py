@@ -541,7 +541,8 @@ class Executor:
             if waited > self.timeout_s:
                 blocked = ", ".join(f"{a.id} (needs {[d.id for d in a.deps]})" for a in pending)
                 silent = self._waiting_on(pending, it, done)
-                names = ", ".join(f"{r} ({self.world.component_of(r)})" for r in silent)
+                comp_of = {r: c for c, ranks in self.world.comp_ranks.items() for r in ranks}
+                names = ", ".join(f"{r} ({comp_of.get(r, '?')})" for r in silent)
                 raise RankFailed(pending[0].id, it, RuntimeFailure(
                     f"rank {self.world.rank} ({self.me}) waited {waited:.0f}s in iteration {it} "
                     f"for {blocked}; no message arrived"

@@ -176,10 +176,6 @@ class World:
     def leader_of(self, component: str) -> int:
         return self.comp_ranks[component][0]
 
-    def component_of(self, rank: int) -> str:
-        """The component global ``rank`` belongs to ("?" for a rank outside the world)."""
-        return next((c for c, ranks in self.comp_ranks.items() if rank in ranks), "?")
-
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
 

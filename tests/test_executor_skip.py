@@ -54,7 +54,7 @@ def _executor(history: list[int], mailbox: _Mailbox, timeout_s: float = 0.3,
     ex.in_state = {"optimize": 0}
     ex.states = {"optimize": StateHistory([(label, _state(label)) for label in history])}
     ex.mailbox, ex.timeout_s = mailbox, timeout_s
-    ex.world = SimpleNamespace(rank=1)
+    ex.world = SimpleNamespace(rank=1, comp_ranks={"learner": [0], "rollout": [1]})
     ex.memory = ex.agreement = None
     ex.stop_level = 0
     ex.hooks = SimpleNamespace(local_stop_level=lambda ctx: 0)
@@ -84,9 +84,12 @@ def test_running_action_still_waits_for_its_dependency() -> None:
 
 def test_running_action_whose_dependency_never_comes_fails_the_rank() -> None:
     ex, ran = _executor(history=[2, 3], mailbox=_Mailbox([]), timeout_s=0.2)
-    with pytest.raises(RankFailed, match="iteration 4"):
+    with pytest.raises(RankFailed, match="iteration 4") as err:
         ex._run_iteration(4)
     assert ran == [("collect", 4)]
+    # The rank whose state never came is named: a hung peer's node is the one to replace.
+    assert err.value.waiting_on == [0]
+    assert "no message arrived from rank(s) 0 (learner)" in str(err.value.cause)
 
 
 def test_only_the_first_rank_of_a_rolling_out_component_evaluates() -> None:
