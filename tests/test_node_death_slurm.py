@@ -188,7 +188,9 @@ def test_the_restarted_ranks_fork_from_the_warm_servers(killed_run: dict[str, An
     assert [e["warm_start"] for e in starts if e.get("restart_count") == 0] == [False, False], starts
     again = [e for e in starts if e.get("restart_count") == 1]
     assert len(again) == 2 and all(e["warm_start"] for e in again), again
-    assert all(e["torch_imported"] - e["proc_start"] < 1.0 for e in again), again
+    # Forked: the rank's own CPU seconds at startup (a forked child's count starts at the fork;
+    # a cold rank spends 1.7-1.8 CPU-s importing torch here), not wall time, which load stretches.
+    assert all(e["cpu_s"] < 1.0 for e in again), again
 
 
 def test_it_ends_bit_identical_to_an_uninterrupted_run(killed_run: dict[str, Any]) -> None:
