@@ -37,7 +37,17 @@ def heartbeat_s(env: Any = None) -> float:
 
 
 def spares_in(plan: Any) -> bool:
-    return plan is not None and any(int(c.get("spare_nodes") or 0) for c in (plan.raw.get("components") or []))
+    """Whether a node death restarts the job inside its allocation: a component holds spare
+    nodes, or may go on packed onto fewer nodes (``min_nodes`` below its ``nodes``). Such a
+    job's ranks beat (the batch script's monitor needs it to see a node die in seconds) and
+    its memory tier is on by default."""
+    if plan is None:
+        return False
+    for c in plan.raw.get("components") or []:
+        fewest = c.get("min_nodes")
+        if int(c.get("spare_nodes") or 0) or (fewest is not None and int(fewest) < int(c.get("nodes") or 1)):
+            return True
+    return False
 
 
 # The beat itself: a bash loop beside the rank, not a thread in it. Measured

@@ -38,8 +38,8 @@ KEEP = 8
 
 def memory_every(plan: Any) -> int | None:
     """N of ``checkpoint.memory_every``: 0 off, None adaptive (MemorySnapshots picks N).
-    ``auto``: adaptive. Unset: the default (hetrun.rundir.DEFAULTS: adaptive) when a component
-    has spare_nodes, else off."""
+    ``auto``: adaptive. Unset: the default (hetrun.rundir.DEFAULTS: adaptive) when a node death
+    restarts the job inside its allocation (a component with spare_nodes or min_nodes), else off."""
     cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
     value = cfg.get("memory_every", DEFAULTS.memory_every)
     if value == ADAPTIVE:

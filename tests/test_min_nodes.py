@@ -172,3 +172,22 @@ def test_the_script_starts_the_step_packed_once_a_node_is_dead(tmp_path: Path) -
     learner, rollout = argv.split(" : ")
     assert "--nodes=1 --ntasks=1 --nodelist=n1 " in learner and "--overcommit" not in learner, (argv, proc.stderr)
     assert "--nodes=1 --ntasks=2 --nodelist=n4 --overcommit --ntasks-per-node=2 " in rollout, (argv, proc.stderr)
+
+
+def test_a_job_that_only_packs_still_beats_and_snapshots(tmp_path: Path) -> None:
+    """No spare anywhere, a component with min_nodes: the ranks must beat (the batch script's
+    monitor sees a node die in seconds, not after HETRUN_COLLECTIVE_TIMEOUT or SlurmdTimeout)
+    and the memory tier is on by default, as with spares."""
+    from hetrun.runtime import heartbeat, recovery
+
+    from hetrun.planfile import PlanView, read_plan
+
+    def view(spec: JobSpec, where: Path) -> PlanView:
+        where.mkdir()
+        (where / "plan.json").write_text(build_plan(spec).to_json())
+        return read_plan(where)
+
+    packs = view(_spec(learner={"spare_nodes": 0}), tmp_path / "packs")
+    assert heartbeat.spares_in(packs) and recovery.memory_every(packs) is None  # adaptive
+    plain = view(_spec(learner={"spare_nodes": 0}, rollout={"min_nodes": None}), tmp_path / "plain")
+    assert not heartbeat.spares_in(plain) and recovery.memory_every(plain) == 0
