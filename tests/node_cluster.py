@@ -14,13 +14,16 @@ to 20 s per daemon (60 s of the node-death test's teardown in CI).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hetrun.slurm_plugin.cluster_daemons import slurm_daemon_pid, start_slurmd
 from second_cluster import SecondCluster, node_processes
@@ -149,3 +152,55 @@ if __name__ == "__main__":  # python tests/node_cluster.py up|down: by hand, for
         c.start()
         print(" ".join(f"{k}={v}" for k, v in c.env.items() if k == "SLURM_CONF"))
     subprocess.run(["true"], check=False)
+
+
+@contextlib.contextmanager
+def job_beside_reference(spec_for: Callable[[str], dict[str, Any]], name: str) -> Iterator[dict[str, Any]]:
+    """The node-death tests' shared part: ``spec_for(memory_dir)``'s plan run uninterrupted
+    under mpirun on this host (the reference), started before a throw-away NodeCluster boots
+    and done before the job is submitted there (a node's heartbeat must not be slowed by the
+    reference's ranks); then the same spec submitted to that cluster with the memory tier in
+    each node's own /tmp (it dies with its node). Yields ``cluster``, ``ref`` (the reference's
+    run directory), ``res`` (the submission), ``run_dir`` and ``started(it)`` (the learner has
+    begun iteration ``it``). On exit SLURM_CONF is put back first (the shared cluster's tests
+    after this one must not talk to a deleted cluster), the cluster stopped and, unless
+    HETRUN_KEEP_TEST_DIRS, the directories removed."""
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.slurm_plugin.submit import submit_spec
+    from resume_compare import plan_dict
+    from test_resume_exact import events, mpirun
+
+    root = Path("/var/tmp/hetrun-tests") / f"{name}-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    ref = root / "reference"
+    ref.mkdir()
+    (ref / "plan.json").write_text(json.dumps(plan_dict(spec_for(str(root / "ref-mem")))))
+    old_mem = os.environ.get("HETRUN_MEMORY_DIR")
+    os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")  # read when mpirun starts: the job never sees it
+    try:
+        reference = mpirun(ref, 0)
+    finally:
+        os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
+    cluster = NodeCluster()
+    old_conf = os.environ.get("SLURM_CONF")
+    try:
+        cluster.start()
+        try:
+            assert reference.wait(timeout=300) == 0, (ref / "mpirun-0.log").read_text()[-3000:]
+        finally:
+            if reference.poll() is None:
+                os.killpg(reference.pid, signal.SIGKILL)
+        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
+        res = submit_spec(spec_from_dict(spec_for("/tmp")), backend="sbatch", runs_dir=root / "runs")
+        run_dir = Path(res.run.run_dir)
+
+        def started(it: int) -> bool:
+            return any(e.get("ev") == "action" and e.get("component") == "learner"
+                       and e.get("iteration", -1) >= it for e in events(run_dir))
+
+        yield {"cluster": cluster, "ref": ref, "res": res, "run_dir": run_dir, "started": started}
+    finally:
+        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
+        cluster.stop()  # kills every process of the cluster, the job's included
+    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):  # as shared_tmp (tests/conftest.py)
+        shutil.rmtree(root, ignore_errors=True)

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_compare import assert_same_checkpoints, example_spec, plan_dict
-from test_resume_exact import events, mpirun
+from resume_compare import assert_same_checkpoints, example_spec
+from test_resume_exact import events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -78,47 +75,14 @@ def _mark_down_once_ended(cluster: Any, job_id: str, node: str, timeout: float =
 
 
 @pytest.fixture(scope="module")
-def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from hetrun.dag.spec import spec_from_dict
+def killed_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
     from hetrun.slurm_plugin.rundir import wait_for
-    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
-    from node_cluster import NodeCluster
+    from hetrun.slurm_plugin.submit import wait_for_end
+    from node_cluster import job_beside_reference
 
-    root = Path("/var/tmp/hetrun-tests") / f"node-death-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    # The reference: the same plan, uninterrupted, under mpirun on this host, started
-    # before the throw-away cluster boots and running while it does (the environment is
-    # read when mpirun starts, so the job submitted below never sees the variable).
-    ref = root / "reference"
-    ref.mkdir()
-    (ref / "plan.json").write_text(json.dumps(plan_dict(_spec(str(root / "ref-mem")))))
-    old_mem = os.environ.get("HETRUN_MEMORY_DIR")
-    os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")
-    try:
-        reference = mpirun(ref, 0)
-    finally:
-        os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
-
-    cluster = NodeCluster()
-    old_conf = os.environ.get("SLURM_CONF")
-    try:
-        cluster.start()
-        try:
-            # Done before the job starts: the heartbeat monitor's 4 s must not see a node
-            # slowed by the reference's ranks.
-            assert reference.wait(timeout=300) == 0, (ref / "mpirun-0.log").read_text()[-3000:]
-        finally:
-            if reference.poll() is None:
-                os.killpg(reference.pid, signal.SIGKILL)
-        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-        # /tmp is each emulated node's own tmpfs: the memory tier dies with its node.
-        res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
-        run_dir = Path(res.run.run_dir)
-
-        def started(it: int) -> bool:
-            return any(e.get("ev") == "action" and e.get("component") == "learner"
-                       and e.get("iteration", -1) >= it for e in events(run_dir))
+    with job_beside_reference(_spec, "node-death") as job:
+        run_dir, cluster, started = job["run_dir"], job["cluster"], job["started"]
 
         def warm_servers() -> int:  # runtime/warm_start.py: one per node of the allocation
             return sum("serves" in p.read_text() for p in (run_dir / "logs").glob("hetrun-warm-*.out"))
@@ -135,19 +99,12 @@ def killed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             events(run_dir)[-5:]
         cluster.run("scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=killed_by_test")
         down_at = time.time()
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+        final = wait_for_end(job["res"].run, SbatchBackend(), timeout_s=300, poll_s=1)
         status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
                                 env={**os.environ, "COLUMNS": "220"})
-        yield {"run_dir": run_dir, "reference": ref, "victim": victim, "killed_at": killed_at,
+        yield {"run_dir": run_dir, "reference": job["ref"], "victim": victim, "killed_at": killed_at,
                "down_at": down_at, "final": final,
                "events": events(run_dir), "status": status}
-    finally:
-        # SLURM_CONF back first: if stop() fails, the Slurm tests after this one (same
-        # worker) must still talk to the shared cluster, not this deleted one.
-        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
-        cluster.stop()  # kills every process of the cluster, the job's included
-    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):  # as shared_tmp (tests/conftest.py)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_job_finishes_inside_its_allocation(killed_run: dict[str, Any]) -> None:

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_compare import assert_same_checkpoints, example_spec, plan_dict
-from test_resume_exact import events, mpirun
+from resume_compare import assert_same_checkpoints, example_spec
+from test_resume_exact import events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -48,59 +46,22 @@ def _spec(memory_dir: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def hung_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from hetrun.dag.spec import spec_from_dict
+def hung_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
     from hetrun.slurm_plugin.rundir import wait_for
-    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
-    from node_cluster import NodeCluster
+    from hetrun.slurm_plugin.submit import wait_for_end
+    from node_cluster import job_beside_reference
 
-    root = Path("/var/tmp/hetrun-tests") / f"node-hang-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    ref = root / "reference"  # the same plan, uninterrupted, under mpirun, while the cluster boots
-    ref.mkdir()
-    (ref / "plan.json").write_text(json.dumps(plan_dict(_spec(str(root / "ref-mem")))))
-    old_mem = os.environ.get("HETRUN_MEMORY_DIR")
-    os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")
-    try:
-        reference = mpirun(ref, 0)
-    finally:
-        os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
-
-    cluster = NodeCluster()
-    old_conf = os.environ.get("SLURM_CONF")
-    stopped: int | None = None
-    try:
-        cluster.start()
-        try:
-            assert reference.wait(timeout=300) == 0, (ref / "mpirun-0.log").read_text()[-3000:]
-        finally:
-            if reference.poll() is None:
-                os.killpg(reference.pid, signal.SIGKILL)
-        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-        res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
-        run_dir = Path(res.run.run_dir)
-
-        def started(it: int) -> bool:
-            return any(e.get("ev") == "action" and e.get("component") == "learner"
-                       and e.get("iteration", -1) >= it for e in events(run_dir))
-
-        assert wait_for(lambda: started(STOP_AFTER), 300, 0.5), events(run_dir)[-5:]
+    with job_beside_reference(_spec, "node-hang") as job:
+        run_dir = job["run_dir"]
+        assert wait_for(lambda: job["started"](STOP_AFTER), 300, 0.5), events(run_dir)[-5:]
         rollout = next(e for e in events(run_dir) if e.get("ev") == "start" and e.get("component") == "rollout")
-        stopped = int(rollout["pid"])
-        os.kill(stopped, signal.SIGSTOP)  # hangs: its process and its node's heartbeat live on
+        os.kill(int(rollout["pid"]), signal.SIGSTOP)  # hangs: its process and its node's heartbeat live on
         stopped_at = time.time()
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
-        yield {"run_dir": run_dir, "reference": ref, "victim": rollout["node"], "rank": rollout["rank"],
+        # (the stopped rank is SIGKILLed with the step at the restart, or by the cluster's stop)
+        final = wait_for_end(job["res"].run, SbatchBackend(), timeout_s=300, poll_s=1)
+        yield {"run_dir": run_dir, "reference": job["ref"], "victim": rollout["node"], "rank": rollout["rank"],
                "stopped_at": stopped_at, "final": final, "events": events(run_dir)}
-    finally:
-        if stopped is not None:
-            with __import__("contextlib").suppress(ProcessLookupError):
-                os.kill(stopped, signal.SIGKILL)
-        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
-        cluster.stop()
-    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_waiting_rank_names_the_hung_one(hung_run: dict[str, Any]) -> None:

@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from resume_compare import assert_same_checkpoints, example_spec, plan_dict
-from test_resume_exact import events, mpirun
+from resume_compare import assert_same_checkpoints, example_spec
+from test_resume_exact import events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -48,66 +44,30 @@ def _spec(memory_dir: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def packed_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    from hetrun.dag.spec import spec_from_dict
+def packed_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
     from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
     from hetrun.slurm_plugin.rundir import wait_for
-    from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
-    from node_cluster import NodeCluster
+    from hetrun.slurm_plugin.submit import wait_for_end
+    from node_cluster import job_beside_reference
 
-    root = Path("/var/tmp/hetrun-tests") / f"node-pack-{os.getpid()}"
-    root.mkdir(parents=True, exist_ok=True)
-    # The reference: the same plan, uninterrupted, under mpirun on this host, run while the
-    # throw-away cluster boots (test_node_death_slurm.py does the same).
-    ref = root / "reference"
-    ref.mkdir()
-    (ref / "plan.json").write_text(json.dumps(plan_dict(_spec(str(root / "ref-mem")))))
-    old_mem = os.environ.get("HETRUN_MEMORY_DIR")
-    os.environ["HETRUN_MEMORY_DIR"] = str(root / "ref-mem")
-    try:
-        reference = mpirun(ref, 0)
-    finally:
-        os.environ.pop("HETRUN_MEMORY_DIR") if old_mem is None else os.environ.update(HETRUN_MEMORY_DIR=old_mem)
-
-    cluster = NodeCluster()
-    old_conf = os.environ.get("SLURM_CONF")
-    try:
-        cluster.start()
-        try:
-            assert reference.wait(timeout=300) == 0, (ref / "mpirun-0.log").read_text()[-3000:]
-        finally:
-            if reference.poll() is None:
-                os.killpg(reference.pid, signal.SIGKILL)
-        os.environ["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-        res = submit_spec(spec_from_dict(_spec("/tmp")), backend="sbatch", runs_dir=root / "runs")
-        run_dir = Path(res.run.run_dir)
-
-        def started(it: int) -> bool:
-            return any(e.get("ev") == "action" and e.get("component") == "learner"
-                       and e.get("iteration", -1) >= it for e in events(run_dir))
-
-        assert wait_for(lambda: started(KILL_AFTER), 300, 0.5), events(run_dir)[-5:]
+    with job_beside_reference(_spec, "node-pack") as job:
+        run_dir, cluster = job["run_dir"], job["cluster"]
+        assert wait_for(lambda: job["started"](KILL_AFTER), 300, 0.5), events(run_dir)[-5:]
         rollout_nodes = sorted({e["node"] for e in events(run_dir)
                                 if e.get("ev") == "start" and e.get("component") == "rollout"})
         assert len(rollout_nodes) == 2, rollout_nodes
         victim = rollout_nodes[0]
-        killed_at = time.time()
         assert cluster.kill_node(victim), victim
         assert wait_for(lambda: any(e.get("ev") == "node_failure" for e in events(run_dir)), 120, 0.2), \
             events(run_dir)[-5:]
         # Slurm marks the node down while the job runs on (after SlurmdTimeout, or an
         # administrator): the rollout keeps its other node (a component of two: docs/PREEMPTION.md).
         cluster.run("scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=killed_by_test")
-        final = wait_for_end(res.run, SbatchBackend(), timeout_s=300, poll_s=1)
+        final = wait_for_end(job["res"].run, SbatchBackend(), timeout_s=300, poll_s=1)
         status = subprocess.run(["hetrun", "status", str(run_dir)], capture_output=True, text=True,
                                 env={**os.environ, "COLUMNS": "220"})
-        yield {"run_dir": run_dir, "reference": ref, "victim": victim, "survivor": rollout_nodes[1],
-               "killed_at": killed_at, "final": final, "events": events(run_dir), "status": status}
-    finally:
-        os.environ.pop("SLURM_CONF", None) if old_conf is None else os.environ.update(SLURM_CONF=old_conf)
-        cluster.stop()
-    if not os.environ.get("HETRUN_KEEP_TEST_DIRS"):
-        shutil.rmtree(root, ignore_errors=True)
+        yield {"run_dir": run_dir, "reference": job["ref"], "victim": victim, "survivor": rollout_nodes[1],
+               "final": final, "events": events(run_dir), "status": status}
 
 
 def test_the_job_goes_on_packed_inside_its_allocation(packed_run: dict[str, Any]) -> None:
