@@ -219,7 +219,7 @@ def main(args: Sequence[str] | None = None) -> int:
     # Spare nodes: each node's lowest rank beats for its node (the executor's beat,
     # runtime/heartbeat.py), so the batch script's monitor finds a dead node in seconds
     # (a survivor's collective on a dead peer may otherwise wait for its own timeout).
-    beating = heartbeat.spares_in(plan) and env["LOCAL_RANK"] == "0"
+    beating = heartbeat.restarts_in_allocation(plan) and env["LOCAL_RANK"] == "0"
     if beating:
         heartbeat.start_heartbeat(run_dir, node)
     try:

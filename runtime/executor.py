@@ -352,7 +352,7 @@ class Executor:
             raise RankFailed("workload.__init__", None, exc) from exc
         # resume.restore_if_any writes the restore event (restarts, work lost); with the
         # memory tier on, runtime/recovery.py first tries peer-memory snapshots.
-        if recovery.spares_in(self.plan) and self.world.node_rank == 0:
+        if recovery.restarts_in_allocation(self.plan) and self.world.node_rank == 0:
             recovery.start_heartbeat(self.run_dir, self.world.node)
         if recovery.enabled(self.ctx):
             start, self.memory = recovery.restore(self.ctx, self.workload, self.hooks.restore)

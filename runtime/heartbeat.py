@@ -36,7 +36,7 @@ def heartbeat_s(env: Any = None) -> float:
     return value
 
 
-def spares_in(plan: Any) -> bool:
+def restarts_in_allocation(plan: Any) -> bool:
     """Whether a node death restarts the job inside its allocation: a component holds spare
     nodes, or may go on packed onto fewer nodes (``min_nodes`` below its ``nodes``). Such a
     job's ranks beat (the batch script's monitor needs it to see a node die in seconds) and

@@ -24,7 +24,13 @@ from typing import Any
 
 from hetrun.runtime import preempt, resume
 from hetrun.runtime.ckpt.state import capture_rng  # loaded by memory_tier's import anyway
-from hetrun.runtime.heartbeat import _BEAT, heartbeat_s, spares_in, start_heartbeat, stop_heartbeat  # noqa: F401
+from hetrun.runtime.heartbeat import (  # noqa: F401
+    _BEAT,
+    heartbeat_s,
+    restarts_in_allocation,
+    start_heartbeat,
+    stop_heartbeat,
+)
 from hetrun.runtime.memory_tier import MemorySnapshots
 
 from hetrun.rundir import DEFAULTS
@@ -45,7 +51,7 @@ def memory_every(plan: Any) -> int | None:
     if value == ADAPTIVE:
         return None
     if value is None:
-        return None if spares_in(plan) else 0
+        return None if restarts_in_allocation(plan) else 0
     return int(value)
 
 

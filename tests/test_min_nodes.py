@@ -188,6 +188,6 @@ def test_a_job_that_only_packs_still_beats_and_snapshots(tmp_path: Path) -> None
         return read_plan(where)
 
     packs = view(_spec(learner={"spare_nodes": 0}), tmp_path / "packs")
-    assert heartbeat.spares_in(packs) and recovery.memory_every(packs) is None  # adaptive
+    assert heartbeat.restarts_in_allocation(packs) and recovery.memory_every(packs) is None  # adaptive
     plain = view(_spec(learner={"spare_nodes": 0}, rollout={"min_nodes": None}), tmp_path / "plain")
-    assert not heartbeat.spares_in(plain) and recovery.memory_every(plain) == 0
+    assert not heartbeat.restarts_in_allocation(plain) and recovery.memory_every(plain) == 0
