@@ -8,9 +8,10 @@ rule below is here once, whichever carries the bytes.
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
 point and the same tree as an interval checkpoint: workload state, RNG,
 iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
-into this node's tmpfs and, with a non-blocking send, to ``replicas`` partner
-ranks on other nodes, which write it into THEIR node's tmpfs (MPI: a non-blocking
-send; gloo: the transport's replica streams). Partners: the
+into this node's tmpfs (written by the rank's writer thread, runtime/memory_writer.py)
+and, with a non-blocking send, to ``replicas`` partner ranks on other nodes, which
+write it into THEIR node's tmpfs (MPI: a non-blocking send; gloo: the transport's
+replica streams). Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
 least two nodes). Received replicas are written as they arrive: whenever a rank
@@ -40,6 +41,7 @@ from hetrun.errors import CheckpointError
 from .ckpt import memory
 from .ckpt.memory_encode import Encoder
 from .memory_transport import wrap
+from .memory_writer import TierWriter
 
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
 # Adaptive N's cap, so the work a node death can cost stays bounded: with N the restore
@@ -56,8 +58,9 @@ AGREE_EVERY = 4
 # (benchmarks/node_death.md, session 24), while a replica written 2 ms later changes nothing (a
 # node death is decided in seconds).
 POLL_EVERY_S = 0.002
-# snapshot()'s phases, in order: the caller's capture of the tree (``started=``), writing replicas
-# that arrived, encoding the blob, writing it into this node's tier, handing it to the partners.
+# snapshot()'s phases, in order: the caller's capture of the tree (``started=``), taking in replicas
+# that arrived, encoding the blob, handing it to the writer thread (the tmpfs write runs there:
+# its CPU is ``writer_thread_cpu_s``), handing it to the partners.
 PHASES = ("capture", "received", "encode", "write", "send")
 # ... and once early: at the rank's second iteration after its start (two snapshots and two
 # iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
@@ -141,6 +144,9 @@ class MemorySnapshots:
         self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
+        # The tmpfs writes (this rank's blobs, the replicas it receives) on a thread of their own
+        # (runtime/memory_writer.py): system calls that run beside the training thread's compute.
+        self.writer = TierWriter(self.tier)
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
@@ -226,7 +232,7 @@ class MemorySnapshots:
         t2 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
         t3 = time.perf_counter()
-        self.tier.write(self.rank, step, blob)
+        self.writer.submit(self.rank, step, blob)
         t4 = time.perf_counter()
         if self.partners:
             self.transport.send(self.partners, blob)
@@ -241,8 +247,9 @@ class MemorySnapshots:
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own encode + write + send, and the replicas
         # it received and wrote since the last one (the partners snapshot the same steps),
-        # on this thread or (gloo) the transport's replica streams, whose threads' CPU time is counted.
-        off_thread = self.transport.thread_cpu_s
+        # on this thread or (gloo) the transport's replica streams, and the writer thread's tmpfs
+        # writes: those threads' CPU time is counted (on a busy node they take a core from training).
+        off_thread = self.transport.thread_cpu_s + self.writer.cpu_s
         cost = spent + outside + (off_thread - self._off_thread)
         per_iter = max(0.0, self._between - outside) / max(1, self._iters)
         self._between, self._off_thread, self._iters, self._recv_mark = 0.0, off_thread, 0, self._recv_s
@@ -291,8 +298,8 @@ class MemorySnapshots:
         self.transport.poll()
 
     def _received(self, blob: Any) -> None:
-        """A replica from a partner, written into this node's tier under the owner and step its
-        prefix names. Called by the transport (MPI: inside ``progress``; gloo: on its receiving
+        """A replica from a partner, queued for this node's tier (the writer thread) under the
+        owner and step its prefix names. Called by the transport (MPI: inside ``progress``; gloo: on its receiving
         thread, which hands over whole blobs only). Not verified here: every copy is verified
         when a restore reads it, and one that fails is named and the next holder's used
         (a full check here cost each replica about as much as writing it)."""
@@ -301,7 +308,7 @@ class MemorySnapshots:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        self.tier.write(owner, step, blob)
+        self.writer.submit(owner, step, blob)
         if threading.get_ident() == self._thread:  # (gloo's receiving thread: counted as its CPU)
             self._recv_s += time.perf_counter() - t0
 
@@ -311,6 +318,7 @@ class MemorySnapshots:
                 "phase_s": {k: round(v, 4) for k, v in self.phases.items()},
                 "phase_cpu_s": round(self.phases_cpu, 4), "polls": self.polls, "poll_s": round(self.poll_s, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
+                "writer_thread_cpu_s": round(self.writer.cpu_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
@@ -324,6 +332,7 @@ class MemorySnapshots:
             self._agreeing.wait()
             self._agreeing = None
         self.transport.drain()
+        self.writer.close()  # every blob and replica this rank queued, written
         if remove:
             self.transport.barrier()  # every rank is past its last write
             if min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank:
@@ -335,6 +344,7 @@ class MemorySnapshots:
     def restore(self) -> RestoreOutcome:
         """Collective. The newest step every rank holds a verified copy of, loaded on its owner."""
         t0 = time.perf_counter()
+        self.writer.flush()  # what this node holds includes every write queued (an in-process restart)
         out = RestoreOutcome()
         lead = min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank
         # [owner, steps] pairs, not a dict: the gloo transport sends JSON (string keys only).

@@ -117,6 +117,38 @@ def test_partners_are_on_other_nodes() -> None:
     assert partners(["n1", "n1"], 0, 1) == []  # one node: no replica possible
 
 
+def test_the_writer_thread_writes_in_order_and_raises_a_failed_write_on_the_caller(tmp_path: Path) -> None:
+    """runtime/memory_writer.py: the tmpfs writes leave the training thread; a step is held once
+    flushed, an owner's steps land in order (its ``keep`` newest kept), and a write that fails is
+    raised at the caller's next submit or flush, not lost on the thread."""
+    from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.memory_writer import TierWriter
+
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    writer = TierWriter(tier)
+    blobs = {s: memory.encode(s, 0, _tree(s, 0)) for s in range(1, 7)}
+    for s, blob in blobs.items():
+        writer.submit(0, s, blob)
+    assert writer.flush(timeout=30)
+    assert tier.steps(0) == [4, 5, 6] and writer.written == 6 and writer.cpu_s > 0
+    assert memory.verify(tier.read(0, 6))["step"] == 6
+    writer.close()
+    writer.submit(0, 7, memory.encode(7, 0, _tree(7, 0)))  # closed, then used again: a new thread
+    assert writer.flush(timeout=30) and tier.steps(0) == [5, 6, 7]
+    # The tier's directory made unwritable (a file where the owner's directory goes): the error
+    # reaches the caller, once, with the exception the write raised there.
+    import shutil
+
+    shutil.rmtree(tier.dir)
+    tier.dir.parent.mkdir(parents=True, exist_ok=True)
+    tier.dir.write_text("not a directory")
+    writer.submit(0, 8, blobs[6])
+    with pytest.raises(OSError):
+        writer.flush(timeout=30)
+    assert writer.flush(timeout=30)  # raised once, then the writer goes on
+    writer.close()
+
+
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
@@ -167,7 +199,10 @@ def test_the_adaptive_cost_model_splits_snapshots_from_every_iteration() -> None
         def poll(self) -> None:
             pass
 
+    from hetrun.runtime.memory_writer import TierWriter
+
     m.tier, m.transport, m.rank = _Tier(), _Transport(), 0
+    m.writer = TierWriter(m.tier)
     m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
     m.snapshot(4, {"x": 1}, started=None)
     # A process's first snapshot pays once for what the next do not: not in the model.
