@@ -328,6 +328,21 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
 MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
 
 
+def learner_gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
+    """Median ms an iteration the learner's rank spent outside its actions (iterations from ``skip``):
+    from one iteration's first action start to the next's, less the actions' own time."""
+    first: dict[int, float] = {}
+    busy: dict[int, float] = {}
+    for e in acts:
+        if e.get("rank") != acts[0].get("rank"):
+            continue
+        it = e["iteration"]
+        first[it] = min(first.get(it, e["start"]), e["start"])
+        busy[it] = busy.get(it, 0.0) + e["end"] - e["start"]
+    gaps = [first[i + 1] - first[i] - busy[i] for i in sorted(first) if i >= skip and i + 1 in first]
+    return round(1e3 * statistics.median(gaps), 3) if gaps else 0.0
+
+
 def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int,
              example: str = "ppo", modes: tuple[str, ...] = ()) -> dict[str, Any]:
     """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
@@ -377,13 +392,19 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                    "iterations_at_final_n": [b and b["iterations"] for b in at_n],
                    "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
                    "bytes": [e.get("bytes") for e in tier],
-                   # ms per snapshot by phase, per rank (runtime/memory_tier.py PHASES); the rest of
-                   # tier_s is the replicas written between snapshots (due and poll)
+                   # ms per snapshot by phase, per rank (runtime/memory_tier.py PHASES), and the CPU its
+                   # writer and replica threads spent per snapshot (off the training thread, on the node)
                    "phase_ms": [{k: round(1e3 * v / max(1, e.get("snapshots") or 1), 3)
                                  for k, v in {**(e.get("phase_s") or {}),
                                               "cpu_after_capture": e.get("phase_cpu_s") or 0,
-                                              "poll": e.get("poll_s") or 0, "polls": e.get("polls") or 0}.items()}
+                                              "writer_thread_cpu": e.get("writer_thread_cpu_s") or 0,
+                                              "replica_thread_cpu": e.get("replica_thread_cpu_s") or 0}.items()}
                                 for e in tier],
+                   # The learner's time outside its actions an iteration (median over the window): the
+                   # executor's own between actions, and the tier's snapshot on the training thread. Its
+                   # difference to `off` is the tier's cost on the critical path (the learner is the
+                   # slower rank), with less of the machine's noise than the whole iteration's.
+                   "learner_gap_ms": learner_gap_ms(acts, skip),
                    "run_dir": str(d)}
             runs.append(row)
             print(json.dumps(row), flush=True)
@@ -391,7 +412,9 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
     return {"runs": runs, "s_per_iter": out, "median_s_per_iter": med, "tier_pct": share, "every": chosen,
             "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
                                     for label in med if label != "off"},
-            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"}}
+            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"},
+            "median_learner_gap_ms": {label: statistics.median(r["learner_gap_ms"] for r in runs
+                                                               if r["overhead_run"] == label) for label in out}}
 
 
 def main() -> None:

@@ -581,8 +581,6 @@ class Executor:
         preemption watchdog as soon as the signal is seen.
         """
         got = self._pump()
-        if self.memory is not None:
-            self.memory.poll()  # replicas written as they arrive (runtime/memory_tier.py poll)
         if self.agreement is not None:
             self.agreement.poll()
             if self.agreement.stop_at is not None and not self._told_hooks:

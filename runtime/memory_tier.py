@@ -14,10 +14,10 @@ write it into THEIR node's tmpfs (MPI: a non-blocking send; gloo: the transport'
 replica streams). Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
-least two nodes). Received replicas are written as they arrive: whenever a rank
-starts an iteration (``due`` calls ``progress``) and between its actions and in
-its waits (``poll``, from the executor); ``close`` drains every send with a
-non-blocking barrier (no rank leaves while a peer still sends to it).
+least two nodes). Received replicas are written as they
+arrive (the transport's replica streams: a receiving thread hands each blob to
+the writer thread; the training thread is not involved); ``close`` drains every
+stream (no rank leaves while a peer still sends to it).
 
 Restore (``restore``, collective over the world, at a step's start): each
 node's lowest rank lists what the node holds; the candidate steps are those
@@ -31,7 +31,6 @@ checkpoint). The outcome says, per rank, where the state came from.
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,15 +52,10 @@ MAX_EVERY = 16
 # benchmarks/node_death.md; with 4, 7), rarely enough that the allreduce has arrived when
 # it is needed (ranks run at most a few iterations apart; a rank further ahead waits there).
 AGREE_EVERY = 4
-# poll() looks at most this often: the executor calls it between actions and in each round of
-# its waits (13 times a PPO rollout iteration), an improbe and Tests at 20-60 us each in the job
-# (benchmarks/node_death.md, session 24), while a replica written 2 ms later changes nothing (a
-# node death is decided in seconds).
-POLL_EVERY_S = 0.002
-# snapshot()'s phases, in order: the caller's capture of the tree (``started=``), taking in replicas
-# that arrived, encoding the blob, handing it to the writer thread (the tmpfs write runs there:
-# its CPU is ``writer_thread_cpu_s``), handing it to the partners.
-PHASES = ("capture", "received", "encode", "write", "send")
+# snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
+# blob, handing it to the writer thread (the tmpfs write runs there: its CPU is
+# ``writer_thread_cpu_s``), handing it to the replica streams (``replica_thread_cpu_s``).
+PHASES = ("capture", "encode", "write", "send")
 # ... and once early: at the rank's second iteration after its start (two snapshots and two
 # iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
 # restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
@@ -121,24 +115,18 @@ class MemorySnapshots:
         self.adaptive = every is None
         self._agreeing: Any = None  # the transport's MAX all-reduce in flight (wait() -> log2 N)
         self.every = 1 if every is None else max(1, int(every))
-        # The adaptive N's cost model, in two parts: what a snapshot costs (EWMA seconds: its own
-        # capture, encode, write and send, the partners' replicas of the same step written here,
-        # the transport threads' CPU), which N divides, and what the tier costs every iteration
-        # whatever N is (EWMA seconds an iteration: the looks for arrived replicas between
-        # actions), which it does not. One figure for both charged a larger N its extra
-        # iterations' looks as snapshot cost, so a rank at N = 4 wanted 4 where 2 fit the budget
-        # (three PPO runs settled at 2, 4 and 8: benchmarks/node_death.md, session 26).
+        # The adaptive N's cost model: what a snapshot costs (EWMA seconds: its capture, encode and
+        # hand-overs on the training thread, and the CPU the writer and replica threads spent
+        # since the last one: this rank's blob written and sent, the partners' replicas of the
+        # same step received and written here), which N divides. Nothing of the tier runs on the
+        # training thread between snapshots (the replicas arrive on the streams' thread), so
+        # there is no per-iteration part (session 26's split of "the looks between actions" went
+        # with them: benchmarks/node_death.md, session 28).
         self._cost: float | None = None
-        self._per_iter: float | None = None
-        self._iters = 0  # due() calls since the last snapshot
-        self._thread = threading.get_ident()  # the training thread (MPI delivers replicas on it)
-        self._recv_s = 0.0  # seconds writing received replicas on the training thread ...
-        self._recv_mark = 0.0  # ... as of the last snapshot's end
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
-        self._between = 0.0  # seconds of progress() in due() since the last snapshot
-        self._off_thread = 0.0  # the transport's own thread's CPU seconds, as of the last snapshot
+        self._off_thread = 0.0  # the writer's and the streams' CPU seconds, as of the last snapshot
         # N -> [the tier's seconds, wall seconds, iterations] while that N was in effect:
         # the tier's share at the N it settled on, beside the whole run's (benchmarks/node_death.md).
         self.by_every: dict[int, list[float]] = {}
@@ -159,8 +147,6 @@ class MemorySnapshots:
         # snapshot()'s seconds by phase (PHASES), so a run's cost can be split without a profiler.
         self.phases = dict.fromkeys(PHASES, 0.0)
         self.phases_cpu = 0.0  # ... and the CPU seconds of all but the capture
-        self.polls, self.poll_s = 0, 0.0  # poll()'s calls and seconds (the executor's, between actions)
-        self._polled = 0.0  # when poll() last looked
         self.bytes = 0
 
     def due(self, step: int) -> bool:
@@ -174,18 +160,6 @@ class MemorySnapshots:
             span[1] += dt
             span[2] += 1
         self._last = now
-        self._iters += 1
-        if self.size > 1:
-            # Every iteration, not only at snapshot points: with N > 1 a replica would
-            # otherwise be written on its partner's node only at the partner's next snapshot,
-            # N iterations later, and a node dying meanwhile would cost 2N (an improbe and a
-            # few Tests: microseconds). Its time (mostly writing the replicas received) is
-            # the tier's too: counted, and charged to the next snapshot's cost.
-            self.progress()
-            spent = time.perf_counter() - now
-            self.seconds += spent
-            self._between += spent
-            self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         if self.adaptive:
             self._agree(step)
         return step % self.every == 0
@@ -195,10 +169,7 @@ class MemorySnapshots:
         snapshots take at most BUDGET of its iterations; 1 before a cost is known."""
         if self._cost is None or not self._iter_s:
             return 1
-        room = BUDGET * self._iter_s - (self._per_iter or 0.0)  # what snapshots may take an iteration
-        if room <= 0:
-            return MAX_EVERY
-        need, k = self._cost / room, 1
+        need, k = self._cost / (BUDGET * self._iter_s), 1
         while k < need and k < MAX_EVERY:
             k *= 2
         return k
@@ -226,33 +197,29 @@ class MemorySnapshots:
         cost the job more than its 2 % (benchmarks/node_death.md, session 21)."""
         t0 = time.perf_counter() if started is None else started
         c1 = time.thread_time()
-        outside = self._recv_s - self._recv_mark  # replicas written in due() and poll() since the last
         t1 = time.perf_counter()
-        self.progress()
-        t2 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         self.writer.submit(self.rank, step, blob)
-        t4 = time.perf_counter()
+        t3 = time.perf_counter()
         if self.partners:
             self.transport.send(self.partners, blob)
         self.taken += 1
         self.bytes = len(blob)
         spent = time.perf_counter() - t0
-        for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t0 + spent - t4), strict=True):
+        for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t0 + spent - t3), strict=True):
             self.phases[k] += dt
-        # This thread's CPU from the replicas' writing on (wall minus it: waiting for a core)
+        # This thread's CPU from the encode on (wall minus it: waiting for a core)
         self.phases_cpu += time.thread_time() - c1
         self.seconds += spent
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
-        # One snapshot's cost to this rank: its own encode + write + send, and the replicas
-        # it received and wrote since the last one (the partners snapshot the same steps),
-        # on this thread or (gloo) the transport's replica streams, and the writer thread's tmpfs
-        # writes: those threads' CPU time is counted (on a busy node they take a core from training).
+        # One snapshot's cost to this rank: its own seconds here, and the CPU its writer and
+        # replica threads spent since the last one (its blob written and sent, the partners'
+        # replicas of the same steps received and written): off the training thread, but on a
+        # busy node they take a core from training, so the adaptive N counts them.
         off_thread = self.transport.thread_cpu_s + self.writer.cpu_s
-        cost = spent + outside + (off_thread - self._off_thread)
-        per_iter = max(0.0, self._between - outside) / max(1, self._iters)
-        self._between, self._off_thread, self._iters, self._recv_mark = 0.0, off_thread, 0, self._recv_s
+        cost = spent + (off_thread - self._off_thread)
+        self._off_thread = off_thread
         if self.taken == 1:
             # A process's first snapshot pays once for what the next ones do not (MPI's first
             # message to each partner, the tier's first files, the encoder's first walk): in
@@ -265,58 +232,26 @@ class MemorySnapshots:
             # or 16 for a restart's first iterations. Too low an N costs a few iterations at
             # more than 2 % until the next agreement; too high one risks that many iterations.
             self._cost = cost if self._cost is None else min(self._cost, cost)
-            self._per_iter = per_iter if self._per_iter is None else min(self._per_iter, per_iter)
             return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
-        self._per_iter = per_iter if self._per_iter is None else 0.8 * self._per_iter + 0.2 * per_iter
-
-    def poll(self) -> None:
-        """Between a rank's actions and in its waits (runtime/executor.py ``_check_stop``):
-        write the replicas that have arrived now, not at this rank's next ``due``. A partner
-        ahead in the pipeline (a rollout one iteration ahead of its learner) sends its
-        snapshot of step k+1 while this rank is still in iteration k; written only at this
-        rank's next iteration start, a node death meanwhile found no step k+1 on every rank
-        and the rank ahead lost 2 iterations (benchmarks/node_death.md). An improbe and a few
-        Tests when nothing arrived; counted as the tier's time either way. At most every
-        POLL_EVERY_S (``due`` looks every iteration regardless)."""
-        if self.size <= 1:
-            return
-        t0 = time.perf_counter()
-        if t0 - self._polled < POLL_EVERY_S:
-            return
-        self.progress()
-        self._polled = spent_at = time.perf_counter()
-        spent = spent_at - t0
-        self.polls += 1
-        self.poll_s += spent
-        self.seconds += spent
-        self._between += spent
-        self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
-
-    def progress(self) -> None:
-        """The replicas that have arrived, written now (the transport's ``poll``: never blocks)."""
-        self.transport.poll()
 
     def _received(self, blob: Any) -> None:
         """A replica from a partner, queued for this node's tier (the writer thread) under the
-        owner and step its prefix names. Called by the transport (MPI: inside ``progress``; gloo: on its receiving
-        thread, which hands over whole blobs only). Not verified here: every copy is verified
-        when a restore reads it, and one that fails is named and the next holder's used
-        (a full check here cost each replica about as much as writing it)."""
-        t0 = time.perf_counter()
+        owner and step its prefix names. Called on the replica streams' receiving thread, which
+        hands over whole blobs only. Not verified here: every copy is verified when a restore
+        reads it, and one that fails is named and the next holder's used (a full check here cost
+        each replica about as much as writing it)."""
         try:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
         self.writer.submit(owner, step, blob)
-        if threading.get_ident() == self._thread:  # (gloo's receiving thread: counted as its CPU)
-            self._recv_s += time.perf_counter() - t0
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
                 "phase_s": {k: round(v, 4) for k, v in self.phases.items()},
-                "phase_cpu_s": round(self.phases_cpu, 4), "polls": self.polls, "poll_s": round(self.poll_s, 4),
+                "phase_cpu_s": round(self.phases_cpu, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
                 "writer_thread_cpu_s": round(self.writer.cpu_s, 4),
                 "replicas_skipped": self.transport.skipped,

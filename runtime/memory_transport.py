@@ -9,33 +9,35 @@ bytes and small values:
   rank's in rank order. Lists and dicts with string keys only (the gloo one sends JSON).
 - ``start_max(value)``: a non-blocking MAX all-reduce of one int (the adaptive N's agreement);
   its handle's ``wait()`` returns the maximum.
-- ``bind(sources, dests, deliver)``, ``send(dests, blob)``, ``poll()``, ``drain()``: replicas.
-  ``bind`` is collective; ``send`` never waits for a partner; every replica that arrives is
-  handed to ``deliver`` (which files it; a restore verifies it); ``drain`` is collective: every replica
-  sent has been delivered before any rank returns.
+- ``bind(sources, dests, deliver)``, ``send(dests, blob)``, ``drain()``: replicas. ``bind`` is
+  collective; ``send`` never waits for a partner; every replica that arrives is handed to
+  ``deliver`` (which files it; a restore verifies it) on the streams' receiving thread;
+  ``drain`` is collective: every replica sent has been delivered before any rank returns.
 - ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
   out, the one blob from ``source`` (None: none) comes back.
 - ``barrier()``.
-- ``thread_cpu_s``: CPU seconds of the transport's own threads (gloo's replica streams; 0 for
-  MPI), which the adaptive N counts as the tier's cost.
+- ``thread_cpu_s``: CPU seconds of the replica streams' threads, which the adaptive N counts as
+  the tier's cost.
 - ``skipped``: replicas not sent because a newer one of the same rank was ready before they
-  left (gloo, behind a slow partner; 0 for MPI).
+  left (behind a slow partner).
 
-Why two implementations and not the MPI code over a fake communicator: the two libraries differ
-where it matters. MPI can probe for a message from anyone and test a receive without blocking,
-so the MPI transport receives on the training thread whenever the tier is polled. Gloo can do
-neither (a gloo receive completes only inside ``wait``; a receive from "any source" is not
-polled either), so the gloo transport moves replicas on plain TCP streams between each rank and
-its partners, with a sending and a receiving thread (runtime/replica_sockets.py: measured, gloo
-sends on a thread cost the DDP example 2.9 ms a step where the tier's code took 1.0 ms). The
-small collectives use two gloo groups of the tier's own, so they never interleave with the
-script's collectives or with each other; both are made at construction, collectively, on the
-main thread.
+Replicas travel on plain TCP streams between each rank and its partners, with a sending and a
+receiving thread (runtime/replica_sockets.py), whichever library the small collectives use. Gloo
+can neither test a receive without blocking nor receive from "any source", and gloo sends on a
+thread cost the DDP example 2.9 ms a step where the tier's code took 1.0 ms. MPI can, and the MPI
+transport once received on the training thread whenever the tier was polled (an improbe and a
+few Tests between actions, the receive, the replica's write): for the PPO learner, on the
+critical path, that was 0.3-0.4 ms of an iteration of ~45 ms, a tenth of the 2 % budget, spent
+in front of training rather than beside it (benchmarks/node_death.md, session 28). On the streams
+the training thread only queues a blob; the threads spend their time in ``sendmsg`` and
+``recv_into``, which release the GIL, and their CPU is counted. The small collectives and the
+restore's transfers stay on the communicator (MPI) or two gloo groups of the tier's own, so they
+never interleave with the script's collectives or with each other.
 """
 
 from __future__ import annotations
 
-import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -51,22 +53,59 @@ def wrap(comm: Any) -> Any:
     return MPITransport(comm) if hasattr(comm, "Dup") else comm
 
 
-class MPITransport:
-    """The memory tier over a private duplicate of an mpi4py communicator."""
+class _Streams(ABC):
+    """The replica half of a transport: the streams ``bind`` opens (runtime/replica_sockets.py)."""
 
-    thread_cpu_s = 0.0  # no thread of its own: receives run on the training thread (``poll``)
-    skipped = 0  # every replica is sent (non-blocking sends, completed in ``poll``)
+    _streams: Any = None  # runtime.replica_sockets.ReplicaSockets, from bind()
+    rank: int
 
-    TAG_REPLICA = 0x4D54  # "MT": a replica blob
+    @property
+    def error(self) -> BaseException | None:
+        """Why replication stopped (a partner gone); None while it runs."""
+        return None if self._streams is None else self._streams.error
+
+    @property
+    def thread_cpu_s(self) -> float:
+        """CPU seconds of the replica streams' threads (sending, receiving): off the training
+        thread, but on the node's cores and under the same GIL, so the adaptive N counts it."""
+        return 0.0 if self._streams is None else self._streams.thread_cpu_s
+
+    @property
+    def skipped(self) -> int:
+        """Replicas never sent because a newer one of the same rank was ready first."""
+        return 0 if self._streams is None else self._streams.skipped
+
+    @abstractmethod
+    def allgather(self, value: Any) -> list[Any]: ...
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
+        from hetrun.runtime.replica_sockets import ReplicaSockets
+
+        self._streams = ReplicaSockets(self.rank, self.allgather, sources, dests, deliver)
+
+    def send(self, dests: list[int], blob: Any) -> None:
+        """To the partners ``bind`` connected (``dests`` are the same ranks)."""
+        self._streams.send(blob)
+
+    def drain(self) -> None:
+        if self._streams is not None:
+            self._streams.drain(DRAIN_TIMEOUT_S)
+        if self.error is None:
+            self.barrier()
+
+
+class MPITransport(_Streams):
+    """The memory tier over a private duplicate of an mpi4py communicator (replicas: the streams)."""
+
     TAG_RESTORE = 0x4D55  # a verified copy on its way to its owner at restore
 
     def __init__(self, comm: Any) -> None:
         self.comm = mpi_wait.dup(comm)
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
-        self._deliver: Deliver = lambda _blob: None
-        self._sends: list[tuple[Any, Any]] = []  # (request, blob kept alive until sent)
-        self._recvs: list[tuple[Any, bytearray]] = []  # replicas being received
 
     def allgather(self, value: Any) -> list[Any]:
         return mpi_wait.allgather(self.comm, value)
@@ -77,47 +116,6 @@ class MPITransport:
 
         mine, got = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
         return _MPIMax(self.comm.Iallreduce(mine, got, op=MPI.MAX), mine, got)
-
-    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
-        self._deliver = deliver  # MPI receives from anyone: the sources are not needed
-
-    def send(self, dests: list[int], blob: Any) -> None:
-        from mpi4py import MPI
-
-        for p in dests:
-            self._sends.append((self.comm.Isend([blob, MPI.BYTE], dest=p, tag=self.TAG_REPLICA), blob))
-
-    def poll(self) -> None:
-        """Start receiving the replicas that are announced, deliver those that have arrived,
-        forget the sends that completed. Never blocks: a blocking receive would wait for the
-        sender to enter MPI again (measured: 83 ms per snapshot on a busy rollout rank)."""
-        from mpi4py import MPI
-
-        status = MPI.Status()
-        while (msg := self.comm.improbe(source=MPI.ANY_SOURCE, tag=self.TAG_REPLICA, status=status)) is not None:
-            buf = bytearray(status.Get_count(MPI.BYTE))
-            self._recvs.append((msg.Irecv([buf, MPI.BYTE]), buf))
-        pending = []
-        for req, buf in self._recvs:
-            if req.Test():
-                self._deliver(buf)
-            else:
-                pending.append((req, buf))
-        self._recvs = pending
-        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
-
-    def drain(self) -> None:
-        """Collective: every send delivered (a non-blocking barrier once this rank's sends are
-        done, polled with the receives: no rank leaves while a peer still sends to it)."""
-        barrier = None
-        while True:
-            self.poll()
-            if barrier is None and not self._sends:
-                barrier = self.comm.Ibarrier()
-            if barrier is not None and barrier.Test() and not self._recvs:
-                break
-            time.sleep(0.002)
-        self.poll()
 
     def barrier(self) -> None:
         mpi_wait.meet(self.comm)
@@ -148,7 +146,7 @@ class _MPIMax:
         return int(self.got[0])
 
 
-class GlooTransport:
+class GlooTransport(_Streams):
     """The memory tier over torch.distributed (gloo), for ranks that have a default process
     group and no MPI. Collective to create (two ``new_group`` calls, the same on every rank);
     ``bind`` is collective too (it opens the replica streams, runtime/replica_sockets.py)."""
@@ -163,24 +161,6 @@ class GlooTransport:
         self._main = new_cpu_group()  # allgather, barrier, restore transfers (main thread)
         self._agree = new_cpu_group()  # the adaptive N's all-reduce, in flight across steps
         self._coll = TorchCollective(self._main)
-        self._streams: Any = None  # runtime.replica_sockets.ReplicaSockets, from bind()
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why replication stopped (a partner gone); None while it runs."""
-        return None if self._streams is None else self._streams.error
-
-    @property
-    def thread_cpu_s(self) -> float:
-        """CPU seconds of the replica streams' threads (sending, receiving, writing):
-        off the training thread, but on the same cores and under the same GIL, so the adaptive
-        N counts it."""
-        return 0.0 if self._streams is None else self._streams.thread_cpu_s
-
-    @property
-    def skipped(self) -> int:
-        """Replicas never sent because a newer one of the same rank was ready first."""
-        return 0 if self._streams is None else self._streams.skipped
 
     def allgather(self, value: Any) -> list[Any]:
         return self._coll.allgather(value)
@@ -191,24 +171,6 @@ class GlooTransport:
         buf = torch.tensor([value], dtype=torch.int64)
         work = self._dist.all_reduce(buf, op=self._dist.ReduceOp.MAX, group=self._agree, async_op=True)
         return _GlooMax(work, buf)
-
-    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
-        from hetrun.runtime.replica_sockets import ReplicaSockets
-
-        self._streams = ReplicaSockets(self.rank, self.allgather, sources, dests, deliver)
-
-    def send(self, dests: list[int], blob: Any) -> None:
-        """To the partners ``bind`` connected (``dests`` are the same ranks)."""
-        self._streams.send(blob)
-
-    def poll(self) -> None:
-        """Nothing to do: the receiving thread delivers as blobs arrive."""
-
-    def drain(self) -> None:
-        if self._streams is not None:
-            self._streams.drain(DRAIN_TIMEOUT_S)
-        if self.error is None:
-            self.barrier()
 
     def barrier(self) -> None:
         self._dist.barrier(group=self._main)

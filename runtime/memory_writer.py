@@ -96,7 +96,7 @@ class TierWriter:
             try:
                 self.tier.write(owner, step, blob)
                 self.written += 1
-            except BaseException as exc:  # noqa: BLE001 - handed to the training thread, raised there
+            except BaseException as exc:  # handed to the training thread, raised there
                 if self._error is None:
                     self._error = exc
             finally:

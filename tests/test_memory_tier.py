@@ -153,75 +153,63 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone, no communicator
-    m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size, m._between = False, 1, None, None, None, 1, 0.0
-    m._first, m._per_iter, m._iters = None, None, 0
+    m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size = False, 1, None, None, None, 1
+    m._first = None
     m.by_every = {}
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
     assert m.due(4) and m.by_every[1][2] == 1  # one iteration timed at N = 1
     m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
     assert m.wanted() == 8 and m._cost / (8 * m._iter_s) <= BUDGET  # 5 -> 8: 1.25% of the time
-    # What the tier costs every iteration whatever N is (the looks between actions) is not
-    # divided by N: 0.75 ms of the 2 ms an iteration may take leaves 1.25 ms for snapshots.
-    m._per_iter = 0.00075
-    assert m.wanted() == 8 and m._cost / 8 + m._per_iter <= BUDGET * m._iter_s
-    m._cost = 0.0026  # 2.6 ms: 1.3 per iteration at N = 2, 0.65 at 4
-    assert m.wanted() == 4
-    m._per_iter = 0.0025  # more than the budget every iteration: no N fits, the cap
-    assert m.wanted() == 16
-    m._per_iter, m._cost = None, 10.0
+    m._cost = 0.0016  # 1.6 ms: 1.6 % of an iteration at N = 1, within the 2 %
+    assert m.wanted() == 1
+    m._cost = 0.0026  # 2.6 % at N = 1, 1.3 % at 2
+    assert m.wanted() == 2
+    m._cost = 10.0
     assert m.wanted() == 16  # capped at MAX_EVERY: a node death costs at most 16 iterations
 
 
-def test_the_adaptive_cost_model_splits_snapshots_from_every_iteration() -> None:
-    """snapshot() charges a snapshot its own seconds and the replicas written since the last one;
-    the looks between (due, poll) less those writes go per iteration: the N a rank wants is the
-    same whatever N it is at (one figure for both made a rank at N = 4 want 4 where 2 fit)."""
-    import threading
-
+def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
+    """snapshot() charges a snapshot its own seconds on the training thread and the CPU its writer
+    and replica threads spent since the last one (on a busy node they take a core from
+    training); the first snapshot is left out, the next few give their cheapest, then an EWMA."""
     from hetrun.runtime.memory_tier import PHASES, WARM_SNAPSHOTS, MemorySnapshots
 
     assert WARM_SNAPSHOTS == 4  # the sequence below
 
-    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a tier and transport that do nothing
-    m._cost = m._per_iter = None
-    m._iters, m._between, m._off_thread, m._recv_s, m._recv_mark = 4, 0.004, 0.0, 0.001, 0.0
-    m._thread = threading.get_ident()
+    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a writer and transport that do nothing
+    m._cost, m._off_thread = None, 0.0
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
-    m.seconds, m.partners = 0.0, []
+    m.seconds, m.partners, m.rank = 0.0, [], 0
 
-    class _Tier:
-        def write(self, owner: int, step: int, blob: object) -> None:
+    class _Writer:
+        cpu_s = 0.0
+
+        def submit(self, owner: int, step: int, blob: object) -> None:
             pass
 
     class _Transport:
         thread_cpu_s = 0.0
 
-        def poll(self) -> None:
-            pass
-
-    from hetrun.runtime.memory_writer import TierWriter
-
-    m.tier, m.transport, m.rank = _Tier(), _Transport(), 0
-    m.writer = TierWriter(m.tier)
+    m.writer, m.transport = _Writer(), _Transport()
     m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+    m.writer.cpu_s, m.transport.thread_cpu_s = 0.004, 0.002
     m.snapshot(4, {"x": 1}, started=None)
     # A process's first snapshot pays once for what the next do not: not in the model.
-    assert m._cost is None and m._per_iter is None and m._iters == 0 and m._recv_mark == m._recv_s
-    m._iters, m._between, m._recv_s = 4, 0.004, m._recv_s + 0.001
+    assert m._cost is None and m._off_thread == pytest.approx(0.006)
+    m.writer.cpu_s += 0.001
     m.snapshot(8, {"x": 1}, started=None)
-    # 1 ms of replica writes in the 4 ms between: the snapshot's; the other 3 ms over 4 iterations
-    assert m._per_iter == pytest.approx(0.00075)
-    assert m._cost == pytest.approx(0.001, abs=5e-4)  # the replicas' 1 ms and the snapshot's own microseconds
-    assert m._iters == 0 and m._between == 0.0 and m._recv_mark == m._recv_s
+    assert m._cost == pytest.approx(0.001, abs=5e-4)  # the writer's 1 ms and the snapshot's microseconds
     # The next WARM_SNAPSHOTS - 1: the cheapest so far (a slow one does not raise it) ...
-    for step, recv, between in ((12, 0.009, 0.020), (16, 0.0004, 0.0020), (20, 0.005, 0.010)):
-        m._iters, m._between, m._recv_s = 4, between, m._recv_s + recv
+    for step, writer, streams in ((12, 0.009, 0.0), (16, 0.0002, 0.0002), (20, 0.003, 0.002)):
+        m.writer.cpu_s += writer
+        m.transport.thread_cpu_s += streams
         m.snapshot(step, {"x": 1}, started=None)
-    assert m._cost == pytest.approx(0.0004, abs=5e-4) and m._per_iter == pytest.approx(0.0004)
+    assert m._cost == pytest.approx(0.0004, abs=5e-4)
     # ... then the running average.
-    m._iters, m._between, m._recv_s = 4, 0.004, m._recv_s + 0.010
+    m.transport.thread_cpu_s += 0.010
     m.snapshot(24, {"x": 1}, started=None)
     assert m._cost == pytest.approx(0.8 * 0.0004 + 0.2 * 0.010, abs=5e-4)
+    assert m.taken == 6 and set(m.phases) == set(PHASES)
 
 
 def test_memory_every_auto_spelling_and_bad_values() -> None:
