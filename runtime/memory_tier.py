@@ -39,6 +39,7 @@ from hetrun.errors import CheckpointError
 
 from .ckpt import memory
 from .ckpt.memory_encode import Encoder
+from .idle_cores import IdleMeter
 from .memory_transport import wrap
 from .memory_writer import TierWriter
 
@@ -127,6 +128,10 @@ class MemorySnapshots:
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
         self._off_thread = 0.0  # the writer's and the streams' CPU seconds, as of the last snapshot
+        # ... of which those that ran on cores otherwise idle are not charged (runtime/idle_cores.py):
+        # they took no core from training. Read only for the adaptive N (a pread, ~2 us a snapshot).
+        self._idle = IdleMeter() if self.adaptive else None
+        self.charged_s = 0.0  # the helper threads' CPU seconds the adaptive N charged
         # N -> [the tier's seconds, wall seconds, iterations] while that N was in effect:
         # the tier's share at the N it settled on, beside the whole run's (benchmarks/node_death.md).
         self.by_every: dict[int, list[float]] = {}
@@ -215,10 +220,15 @@ class MemorySnapshots:
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
         # One snapshot's cost to this rank: its own seconds here, and the CPU its writer and
         # replica threads spent since the last one (its blob written and sent, the partners'
-        # replicas of the same steps received and written): off the training thread, but on a
-        # busy node they take a core from training, so the adaptive N counts them.
+        # replicas of the same steps received and written), less what the rank's cores left idle
+        # meanwhile: off the training thread, the helpers take a core from training only where
+        # none stood idle (one core per task, bound; not known: all of it is charged).
         off_thread = self.transport.thread_cpu_s + self.writer.cpu_s
-        cost = spent + (off_thread - self._off_thread)
+        helpers = off_thread - self._off_thread
+        idle = self._idle.idle_s() if self._idle is not None else None
+        charged = helpers if idle is None else max(0.0, helpers - idle)
+        self.charged_s += charged
+        cost = spent + charged
         self._off_thread = off_thread
         if self.taken == 1:
             # A process's first snapshot pays once for what the next ones do not (MPI's first
@@ -254,6 +264,7 @@ class MemorySnapshots:
                 "phase_cpu_s": round(self.phases_cpu, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
                 "writer_thread_cpu_s": round(self.writer.cpu_s, 4),
+                "helper_cpu_charged_s": round(self.charged_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
@@ -268,6 +279,9 @@ class MemorySnapshots:
             self._agreeing = None
         self.transport.drain()
         self.writer.close()  # every blob and replica this rank queued, written
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
         if remove:
             self.transport.barrier()  # every rank is past its last write
             if min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank:

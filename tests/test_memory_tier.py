@@ -177,7 +177,7 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     assert WARM_SNAPSHOTS == 4  # the sequence below
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a writer and transport that do nothing
-    m._cost, m._off_thread = None, 0.0
+    m._cost, m._off_thread, m._idle, m.charged_s = None, 0.0, None, 0.0
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
     m.seconds, m.partners, m.rank = 0.0, [], 0
 
@@ -210,6 +210,54 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     m.snapshot(24, {"x": 1}, started=None)
     assert m._cost == pytest.approx(0.8 * 0.0004 + 0.2 * 0.010, abs=5e-4)
     assert m.taken == 6 and set(m.phases) == set(PHASES)
+    # The rank's cores stood idle for longer than the helpers ran: they took no core from
+    # training, so only the training thread's seconds are charged; idle shorter than the helpers'
+    # CPU: the rest is charged.
+    before, charged = m._cost, m.charged_s
+    m._idle = type("Idle", (), {"idle_s": lambda self: 0.020})()
+    m.writer.cpu_s += 0.010
+    m.snapshot(28, {"x": 1}, started=None)
+    assert m.charged_s == charged and m._cost == pytest.approx(0.8 * before, abs=2e-4)
+    m._idle = type("Idle", (), {"idle_s": lambda self: 0.004})()
+    m.writer.cpu_s += 0.010
+    m.snapshot(32, {"x": 1}, started=None)
+    assert m.charged_s == pytest.approx(charged + 0.006)
+
+
+def test_idle_meter_reads_the_allowed_cores_idle_time(tmp_path: Path, monkeypatch) -> None:
+    """runtime/idle_cores.py: the idle seconds of the CPUs the process may run on, from /proc/stat
+    when that is a subset of the machine's (here a stand-in file, two of four CPUs), counted
+    between reads; the whole machine's from /proc/uptime; not known without either."""
+    import os
+
+    from hetrun.runtime import idle_cores
+
+    stat = tmp_path / "stat"
+
+    def write(idle1: int, idle3: int) -> None:
+        stat.write_text("cpu  1 2 3 4 5 0 0 0 0 0\n"
+                        f"cpu0 1 0 1 900 9 0 0 0 0 0\ncpu1 1 0 1 {idle1} 5 0 0 0 0 0\n"
+                        f"cpu2 1 0 1 700 7 0 0 0 0 0\ncpu3 1 0 1 {idle3} 5 0 0 0 0 0\nintr 1 2 3\n")
+
+    write(100, 300)
+    monkeypatch.setattr(idle_cores, "_STAT", str(stat))
+    monkeypatch.setattr(idle_cores, "_quota_limited", lambda: False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {1, 3})
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    meter = idle_cores.IdleMeter()
+    assert meter.known and not meter._whole
+    tick = os.sysconf("SC_CLK_TCK")
+    write(100 + tick, 300 + 2 * tick)  # cpu1 idle 1 s more, cpu3 2 s; cpu0 and cpu2 not counted
+    assert meter.idle_s() == pytest.approx(3.0)
+    assert meter.idle_s() == 0.0
+    meter.close()
+    monkeypatch.setattr(idle_cores, "_STAT", str(tmp_path / "missing"))
+    gone = idle_cores.IdleMeter()
+    assert not gone.known and gone.idle_s() is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    whole = idle_cores.IdleMeter()  # every CPU allowed: the real /proc/uptime
+    assert whole._whole and whole.known and whole.idle_s() >= 0.0
+    whole.close()
 
 
 def test_memory_every_auto_spelling_and_bad_values() -> None:
