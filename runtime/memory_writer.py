@@ -28,8 +28,14 @@ from collections import deque
 from typing import Any
 
 from .ckpt import memory
+from .idle_cores import run_in_idle_time
 
 EXIT_FLUSH_S = 5.0  # at interpreter exit: the writes still queued, at most this long
+# Writes waiting at most: the thread runs in the cores' idle time (idle_cores.run_in_idle_time),
+# so on a node with none to spare it falls behind; the oldest waiting write is dropped for a new
+# one (counted in ``dropped``) rather than holding ever more blobs. A dropped step is not held
+# here; the restore takes a step every rank holds.
+MAX_QUEUED = 8
 
 
 class TierWriter:
@@ -45,6 +51,8 @@ class TierWriter:
         self._error: BaseException | None = None
         self.cpu_s = 0.0  # the thread's CPU seconds in writes: the tier's cost off the training thread
         self.written = 0
+        self.dropped = 0
+        self.priority = ""  # what run_in_idle_time() got for the thread
 
     def submit(self, owner: int, step: int, blob: Any) -> None:
         """Queue ``blob`` as ``owner``'s snapshot of ``step``; returns at once. Raises the error
@@ -55,6 +63,9 @@ class TierWriter:
                 self._thread = threading.Thread(target=self._run, name="hetrun-memory-writer", daemon=True)
                 self._thread.start()
                 atexit.register(self._at_exit)
+            if len(self._queue) >= MAX_QUEUED:
+                self._queue.popleft()
+                self.dropped += 1
             self._queue.append((owner, step, blob))
             self._cv.notify()
 
@@ -85,6 +96,7 @@ class TierWriter:
             raise err
 
     def _run(self) -> None:
+        self.priority = run_in_idle_time()
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._closed)

@@ -147,6 +147,37 @@ def test_the_writer_thread_writes_in_order_and_raises_a_failed_write_on_the_call
         writer.flush(timeout=30)
     assert writer.flush(timeout=30)  # raised once, then the writer goes on
     writer.close()
+    assert writer.priority == "idle"  # Linux: the scheduler's idle class (runtime/idle_cores.py)
+
+
+def test_the_writer_drops_its_oldest_waiting_write_when_it_falls_behind() -> None:
+    """The writer runs in the cores' idle time; on a node with none it falls behind, and holds at
+    most MAX_QUEUED waiting blobs: the oldest goes for a new one, counted."""
+    import threading
+    import time
+
+    from hetrun.runtime.memory_writer import MAX_QUEUED, TierWriter
+
+    class _Gated:
+        def __init__(self) -> None:
+            self.gate, self.got = threading.Event(), []
+
+        def write(self, owner: int, step: int, blob: object) -> None:
+            self.gate.wait(30)
+            self.got.append(step)
+
+    tier = _Gated()
+    writer = TierWriter(tier)  # type: ignore[arg-type]
+    writer.submit(0, 0, b"")
+    deadline = time.monotonic() + 30
+    while not writer._busy and time.monotonic() < deadline:  # the thread holds step 0
+        time.sleep(0.001)
+    for step in range(1, MAX_QUEUED + 3):
+        writer.submit(0, step, b"")
+    tier.gate.set()
+    assert writer.flush(timeout=30)
+    assert tier.got == [0, *range(3, MAX_QUEUED + 3)] and writer.dropped == 2
+    writer.close()
 
 
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
