@@ -18,9 +18,7 @@ need not be this process's to use.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 from pathlib import Path
 
 _STAT = "/proc/stat"
@@ -101,23 +99,3 @@ class IdleMeter:
             os.close(self._fd)
             self._fd = -1
 
-
-def run_in_idle_time() -> str:
-    """Put the calling thread in the scheduler's idle class (Linux ``SCHED_IDLE``; else nice 19):
-    it runs when a core it may use has nothing else to run, and does not take one from a thread
-    that does. For the memory tier's helper threads (the writer, the replica streams): a snapshot
-    hands them its blob while the training threads are busy, and at normal priority they ran
-    beside them, on the same cores; in the DDP command example, two ranks computing on the two
-    cores, that cost +3.3 % a step where the tier's own share was 1.4 % (benchmarks/node_death.md,
-    session 28). In the idle class they run in the gaps (a step's wait, a sleep, a rank's idle
-    core): Gemini's "copies in the gaps of training". The GIL cannot be held against the
-    training thread for long: a thread that waits for it makes the holder drop it within
-    microseconds, and once it waits its core is idle, so the helper runs and lets go.
-    Returns what it got: "idle", "nice", or "" (neither: normal priority)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        return "idle"
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        return "nice"
-    return ""

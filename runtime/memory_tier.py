@@ -264,7 +264,6 @@ class MemorySnapshots:
                 "phase_cpu_s": round(self.phases_cpu, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
                 "writer_thread_cpu_s": round(self.writer.cpu_s, 4), "writes_dropped": self.writer.dropped,
-                "helper_priority": self.writer.priority,
                 "helper_cpu_charged_s": round(self.charged_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,

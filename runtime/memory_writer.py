@@ -28,13 +28,11 @@ from collections import deque
 from typing import Any
 
 from .ckpt import memory
-from .idle_cores import run_in_idle_time
 
 EXIT_FLUSH_S = 5.0  # at interpreter exit: the writes still queued, at most this long
-# Writes waiting at most: the thread runs in the cores' idle time (idle_cores.run_in_idle_time),
-# so on a node with none to spare it falls behind; the oldest waiting write is dropped for a new
-# one (counted in ``dropped``) rather than holding ever more blobs. A dropped step is not held
-# here; the restore takes a step every rank holds.
+# Writes waiting at most: behind a slow tmpfs or on a starved node the oldest waiting write is
+# dropped for a new one (counted in ``dropped``) rather than holding ever more blobs. A dropped
+# step is not held here; the restore takes a step every rank holds.
 MAX_QUEUED = 8
 
 
@@ -52,7 +50,6 @@ class TierWriter:
         self.cpu_s = 0.0  # the thread's CPU seconds in writes: the tier's cost off the training thread
         self.written = 0
         self.dropped = 0
-        self.priority = ""  # what run_in_idle_time() got for the thread
 
     def submit(self, owner: int, step: int, blob: Any) -> None:
         """Queue ``blob`` as ``owner``'s snapshot of ``step``; returns at once. Raises the error
@@ -96,7 +93,6 @@ class TierWriter:
             raise err
 
     def _run(self) -> None:
-        self.priority = run_in_idle_time()
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._closed)

@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .idle_cores import run_in_idle_time
-
 _LEN = struct.Struct("<Q")
 FLUSH = (1 << 64) - 1
 _HELLO = struct.Struct("<32sI")  # rank 0's token (hex), the connecting rank
@@ -220,7 +218,6 @@ class ReplicaSockets:
             return self._pending.popleft()
 
     def _send_loop(self) -> None:
-        run_in_idle_time()  # in the cores' idle time, not in the training threads' place
         while True:
             blob = self._next()
             t0 = time.thread_time()
@@ -243,7 +240,6 @@ class ReplicaSockets:
     def _recv_loop(self) -> None:
         if not self._in:
             return
-        run_in_idle_time()
         sel = selectors.DefaultSelector()
         head = bytearray(_LEN.size)
         try:

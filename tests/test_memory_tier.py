@@ -147,12 +147,11 @@ def test_the_writer_thread_writes_in_order_and_raises_a_failed_write_on_the_call
         writer.flush(timeout=30)
     assert writer.flush(timeout=30)  # raised once, then the writer goes on
     writer.close()
-    assert writer.priority == "idle"  # Linux: the scheduler's idle class (runtime/idle_cores.py)
 
 
 def test_the_writer_drops_its_oldest_waiting_write_when_it_falls_behind() -> None:
-    """The writer runs in the cores' idle time; on a node with none it falls behind, and holds at
-    most MAX_QUEUED waiting blobs: the oldest goes for a new one, counted."""
+    """Behind (a slow tmpfs, a starved node) the writer holds at most MAX_QUEUED waiting blobs:
+    the oldest goes for a new one, counted."""
     import threading
     import time
 
