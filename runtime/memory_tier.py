@@ -55,8 +55,16 @@ MAX_EVERY = 16
 AGREE_EVERY = 4
 # snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
 # blob, handing it to the writer thread (the tmpfs write runs there: its CPU is
-# ``writer_thread_cpu_s``), handing it to the replica streams (``replica_thread_cpu_s``).
+# ``writer_thread_cpu_s``) or writing it here, handing it to the replica streams (``replica_thread_cpu_s``).
 PHASES = ("capture", "encode", "write", "send")
+# A rank's own blob goes to the writer thread from this size on, and is written on the training
+# thread below it: handing a blob over costs the training thread a thread's wake-up and the GIL's
+# hand-backs, more than a small write. Measured in the job (benchmarks/node_death.md, session 28):
+# the DDP command example's 43 KB blobs, the whole step +2.5 % written here against +3.0-3.3 % on
+# the thread; the PPO learner's 176 KB, its training thread's share 1.7-1.8 % on the thread
+# against 2.3-2.4 % here. Decided once per process, at its first snapshot (a rank's blobs keep
+# their size), so one owner's writes never come from two threads.
+WRITE_ON_THREAD_FROM = 128 * 1024
 # ... and once early: at the rank's second iteration after its start (two snapshots and two
 # iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
 # restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
@@ -137,9 +145,10 @@ class MemorySnapshots:
         self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
-        # The tmpfs writes (this rank's blobs, the replicas it receives) on a thread of their own
-        # (runtime/memory_writer.py): system calls that run beside the training thread's compute.
+        # A large own blob's tmpfs write on a thread of its own (runtime/memory_writer.py): system
+        # calls that run beside the training thread's compute (WRITE_ON_THREAD_FROM).
         self.writer = TierWriter(self.tier)
+        self._threaded: bool | None = None  # decided at the first snapshot
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
@@ -205,7 +214,12 @@ class MemorySnapshots:
         t1 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
         t2 = time.perf_counter()
-        self.writer.submit(self.rank, step, blob)
+        if self._threaded is None:
+            self._threaded = len(blob) >= WRITE_ON_THREAD_FROM
+        if self._threaded:
+            self.writer.submit(self.rank, step, blob)
+        else:
+            self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()
         if self.partners:
             self.transport.send(self.partners, blob)
@@ -246,16 +260,17 @@ class MemorySnapshots:
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
     def _received(self, blob: Any) -> None:
-        """A replica from a partner, queued for this node's tier (the writer thread) under the
-        owner and step its prefix names. Called on the replica streams' receiving thread, which
-        hands over whole blobs only. Not verified here: every copy is verified when a restore
+        """A replica from a partner, written into this node's tier under the owner and step its
+        prefix names. Called on the replica streams' receiving thread, which hands over whole
+        blobs only (and writes them itself: handing them on to the writer thread would be one
+        more wake-up; one thread writes each owner's directory here). Not verified here: every copy is verified when a restore
         reads it, and one that fails is named and the next holder's used (a full check here cost
         each replica about as much as writing it)."""
         try:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        self.writer.submit(owner, step, blob)
+        self.tier.write(owner, step, blob)
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""

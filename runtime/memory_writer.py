@@ -1,16 +1,17 @@
-"""The memory tier's writes into this node's tmpfs, on a thread of their own.
+"""A rank's own memory-tier blobs written into this node's tmpfs on a thread of their own (from
+``memory_tier.WRITE_ON_THREAD_FROM`` bytes; smaller ones are written on the training thread, and
+received replicas on the replica streams' receiving thread).
 
-Why: a snapshot every iteration put two tmpfs writes on the training thread, the rank's own blob
-and the partner's replica it received (PPO learner: 0.16-0.24 ms + ~0.1-0.15 ms of an iteration
-that is ~45 ms, a fifth of the tier's 3 %; the MoE LM: 1.2-2.4 ms + 3-5 ms,
+Why: a snapshot every iteration put the rank's own blob's tmpfs write on the training thread (PPO
+learner: 0.16-0.24 ms of an iteration that is ~45 ms; the MoE LM: 1.2-2.4 ms,
 benchmarks/node_death.md). A write is a few system calls, and Python releases the GIL around each,
 so on a thread they run beside the training thread's compute instead of in front of it (on a
 core the rank does not use: a learner's node has cores its ranks leave idle; each emulated node
 here is a process on a 2-core machine, no task binding). The bytes are immutable once handed
-over (a blob is a fresh ``bytearray`` per snapshot, a replica a fresh receive buffer).
+over (a blob is a fresh ``bytearray`` per snapshot).
 
-Order and atomicity are ``MemoryTier.write``'s: one thread writes, in the order handed over, so
-an owner's steps land oldest first and its ``keep`` newest are kept as before. A blob is held by
+Order and atomicity are ``MemoryTier.write``'s: one thread writes the rank's blobs, in the order
+handed over, so its steps land oldest first and its ``keep`` newest are kept as before. A blob is held by
 this node once its write is done (``flush`` waits for that: the restore, the close, exit).
 
 A write that fails (the tmpfs full, its directory unwritable) is raised on the training thread at

@@ -207,7 +207,7 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     assert WARM_SNAPSHOTS == 4  # the sequence below
 
     m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a writer and transport that do nothing
-    m._cost, m._off_thread, m._idle, m.charged_s = None, 0.0, None, 0.0
+    m._cost, m._off_thread, m._idle, m.charged_s, m._threaded = None, 0.0, None, 0.0, True
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
     m.seconds, m.partners, m.rank = 0.0, [], 0
 
