@@ -8,15 +8,14 @@ rule below is here once, whichever carries the bytes.
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
 point and the same tree as an interval checkpoint: workload state, RNG,
 iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
-into this node's tmpfs (written by the rank's writer thread, runtime/memory_writer.py)
-and, with a non-blocking send, to ``replicas`` partner ranks on other nodes, which
-write it into THEIR node's tmpfs (MPI: a non-blocking send; gloo: the transport's
-replica streams). Partners: the
+into this node's tmpfs (from WRITE_ON_THREAD_FROM bytes by the rank's writer thread,
+runtime/memory_writer.py) and, handed to the transport's replica streams, to ``replicas``
+partner ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
 least two nodes). Received replicas are written as they
-arrive (the transport's replica streams: a receiving thread hands each blob to
-the writer thread; the training thread is not involved); ``close`` drains every
+arrive, by the streams' receiving thread (the training thread is not involved);
+``close`` drains every
 stream (no rank leaves while a peer still sends to it).
 
 Restore (``restore``, collective over the world, at a step's start): each
