@@ -43,7 +43,7 @@ CONNECT_TIMEOUT_S = 120.0  # set-up only: a partner slower to reach the tier tha
 def local_hosts() -> list[str]:
     """Addresses peers may reach this rank at, most likely first: the one it reaches the job's
     rendezvous (``MASTER_ADDR``) from (a UDP "connect" sends nothing; it only picks the route),
-    then its host name's. Loopback last: right only when the partner shares the host (on the
+    then the host's routable address, then its host name's. Loopback last: right only when the partner shares the host (on the
     rendezvous node a host name can resolve to 127.0.1.1), and a wrong guess is refused by the
     token check below, then the next address is tried."""
     found: list[str] = []
@@ -52,6 +52,11 @@ def local_hosts() -> list[str]:
         with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((master, 9))
             found.append(probe.getsockname()[0])
+    # The executor's ranks have no MASTER_ADDR: the address its own rendezvous uses across hosts
+    # (world.routable_address: not Debian's 127.0.1.1 alias for the host name).
+    from .world import routable_address
+
+    found.append(routable_address())
     with contextlib.suppress(OSError):
         found.append(socket.gethostbyname(socket.gethostname()))
     found.append("127.0.0.1")

@@ -123,3 +123,17 @@ def test_a_slow_partner_costs_at_most_the_waiting_blobs(monkeypatch: pytest.Monk
     assert len(got) + a.skipped == 12
     a.close()
     b.close()
+
+
+def test_local_hosts_offer_the_routable_address_before_loopback(monkeypatch) -> None:
+    """A rank of the executor has no MASTER_ADDR: its partners on other hosts reach it at the
+    host's routable address (world.routable_address), offered before the host name's (Debian
+    maps it to 127.0.1.1) and loopback, which comes last."""
+    from hetrun.runtime import replica_sockets
+    from hetrun.runtime.world import routable_address
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    hosts = replica_sockets.local_hosts()
+    assert hosts[-1] == "127.0.0.1" and all(h.startswith("127.") for h in hosts[hosts.index("127.0.0.1"):])
+    addr = routable_address()
+    assert addr in hosts and (addr.startswith("127.") or hosts.index(addr) == 0)
