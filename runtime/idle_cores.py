@@ -89,9 +89,9 @@ class IdleMeter:
         if not self.known:
             return None
         now = self._read()
-        if now is None or self._last is None:
+        if now is None:
             return None
-        spent, self._last = now - self._last, now
+        spent, self._last = now - (self._last or 0.0), now
         return max(0.0, spent)
 
     def close(self) -> None:

@@ -43,9 +43,8 @@ CONNECT_TIMEOUT_S = 120.0  # set-up only: a partner slower to reach the tier tha
 def local_hosts() -> list[str]:
     """Addresses peers may reach this rank at, most likely first: the one it reaches the job's
     rendezvous (``MASTER_ADDR``) from (a UDP "connect" sends nothing; it only picks the route),
-    then the host's routable address, then its host name's. Loopback last: right only when the partner shares the host (on the
-    rendezvous node a host name can resolve to 127.0.1.1), and a wrong guess is refused by the
-    token check below, then the next address is tried."""
+    then the host's routable address. Loopback last: right only when the partner shares the host,
+    and a wrong guess is refused by the token check below, then the next address is tried."""
     found: list[str] = []
     master = os.environ.get("MASTER_ADDR")
     if master:
@@ -56,9 +55,7 @@ def local_hosts() -> list[str]:
     # (world.routable_address: not Debian's 127.0.1.1 alias for the host name).
     from .world import routable_address
 
-    found.append(routable_address())
-    with contextlib.suppress(OSError):
-        found.append(socket.gethostbyname(socket.gethostname()))
+    found.append(routable_address())  # (it resolves the host name itself: a non-loopback address first)
     found.append("127.0.0.1")
     unique = list(dict.fromkeys(found))
     return [h for h in unique if not h.startswith("127.")] + [h for h in unique if h.startswith("127.")]
