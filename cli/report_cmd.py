@@ -232,8 +232,9 @@ def _print_restarts(console, rep, details: bool = False) -> None:
                           markup=False, highlight=False)
     from hetrun.reports.node_failures import node_failure_lines
 
-    for line in node_failure_lines(rep.run_dir):  # in-allocation restarts (spare_nodes)
-        console.print(f"  node failure: {line}", markup=False, highlight=False)
+    for line in node_failure_lines(rep.run_dir, tier=True):  # in-allocation restarts (spare_nodes), the tier
+        label = "" if line.startswith("memory tier:") else "node failure: "
+        console.print(f"  {label}{line}", markup=False, highlight=False)
     for row in rep.resumes if details else ():
         secs_text = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
         if row.get("start_to_restored_s") is not None:

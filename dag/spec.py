@@ -300,9 +300,14 @@ class CheckpointSpec(_Section):
     memory_every: int | Literal["auto"] | None = Field(
         DEFAULTS.memory_every,
         description="snapshot every rank's state into node-local memory (and replicate it to another node) "
-                    "every N iterations; 0 = off; auto = adaptive (the smallest power of two N <= 16 whose "
-                    "snapshots take <= 2% of training; a node death then costs <= N iterations); "
-                    "default: auto with spare_nodes, else off")
+                    "every N iterations; 0 = off; auto = adaptive (the smallest power of two N <= "
+                    "memory_every_max whose snapshots take <= 2% of training; a node death then costs "
+                    "<= N iterations); default: auto with spare_nodes, else off")
+    memory_every_max: int = Field(
+        DEFAULTS.memory_every_max, ge=1, le=1024,
+        description="auto's largest N, a power of two (default 2: a node death costs at most one "
+                    "iteration; where the snapshots cost more than 2% at that N, `hetrun report` says so: "
+                    "raise it to trade iterations lost for speed)")
     memory_replicas: int = Field(DEFAULTS.memory_replicas, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
 
     object_store: ObjectStoreSpec | None = Field(
@@ -317,6 +322,15 @@ class CheckpointSpec(_Section):
             return value
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000_000:
             raise ValueError(f"expected a whole number of iterations >= 0 (0 = off) or 'auto', got {value!r}")
+        return value
+
+    @field_validator("memory_every_max")
+    @classmethod
+    def _memory_every_max(cls, value: int) -> int:
+        # The ranks agree on N as its log2 (runtime/memory_tier.py): a power of two.
+        if value & (value - 1):
+            low = 1 << (value.bit_length() - 1)
+            raise ValueError(f"expected a power of two (1, 2, 4, 8, ...), got {value}; use {low} or {low * 2}")
         return value
 
     @field_validator("directory")

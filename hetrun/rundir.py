@@ -103,6 +103,9 @@ class Defaults:
     object_shard_wait_s: float = 600.0  # checkpoint.object_store.shard_wait_s: rank 0's wait for every shard
     # checkpoint.memory_every: None = adaptive with spare_nodes (runtime/memory_tier.py), else off
     memory_every: int | None = None
+    # checkpoint.memory_every_max: the adaptive N's largest (a power of two). 2: a node death
+    # costs at most one iteration (plus one whose replica was still in flight) at `auto`.
+    memory_every_max: int = 2
     memory_replicas: int = 1  # checkpoint.memory_replicas
 
 

@@ -5,7 +5,8 @@ attempt, the dead node, the node that replaced it, where every rank's state came
 Read from events.jsonl: ``node_failure`` (the batch script's decision,
 slurm_plugin/node_recovery.py), then the next attempt's ``restore`` and
 ``memory_restore`` lines (runtime/recovery.py) and its ranks' ``startup`` lines
-(``warm_start``: forked from the node's warm server, runtime/warm_start.py).
+(``warm_start``: forked from the node's warm server, runtime/warm_start.py). And the memory tier's
+cost from its ranks' ``memory_tier`` lines (``memory_tier_line``: `hetrun report` only).
 """
 
 from __future__ import annotations
@@ -79,8 +80,46 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def node_failure_lines(run_dir: str | Path) -> list[str]:
-    try:  # only the kinds failure_lines reads: the other lines are not parsed (`hetrun status` calls this per run)
-        return failure_lines(EventStream(run_dir, kinds=("node_failure", "restore", "memory_restore", "startup")))
+def memory_tier_line(records: Iterable[Mapping[str, Any]]) -> str | None:
+    """The memory tier's cost as its ranks' ``memory_tier`` events (at their close) last said: the
+    N in effect, the share of the training thread, and whether ``checkpoint.memory_every_max`` held
+    the adaptive N below what the 2 % budget asked for (runtime/memory_tier.py)."""
+    newest: dict[Any, Mapping[str, Any]] = {}
+    for e in records:
+        if e.get("ev") == "memory_tier":
+            key = (e.get("component"), e.get("rank"))
+            if key not in newest or _when(e) >= _when(newest[key]):
+                newest[key] = e
+    if not newest:
+        return None
+    ranks = list(newest.values())
+
+    def share(e: Mapping[str, Any]) -> float:
+        wall = sum(float(v.get("wall_s") or 0.0) for v in (e.get("by_every") or {}).values())
+        return float(e.get("seconds") or 0.0) / wall if wall > 0 else 0.0
+
+    top = max(ranks, key=share)
+    every = sorted({e.get("every") for e in ranks if isinstance(e.get("every"), int)})
+    caps = {e.get("every_max") for e in ranks if isinstance(e.get("every_max"), int)}
+    how = f"auto, at most {max(caps)}" if caps else "fixed"
+    text = (f"memory tier: a snapshot every {'/'.join(map(str, every)) or '?'} iteration(s) ({how}); "
+            f"{max(int(e.get('snapshots') or 0) for e in ranks)} snapshots, "
+            f"{max(int(e.get('bytes') or 0) for e in ranks) / 1024:.0f} KiB a rank; "
+            f"{100 * share(top):.2f} % of the training thread at most (rank {top.get('rank')}"
+            + (f", {top.get('component')}" if top.get("component") else "") + ")")
+    wanted = max((int(e.get("wanted_most") or 1) for e in ranks), default=1)
+    if caps and wanted > max(caps):
+        text += (f"; the 2 % budget asked for N = {wanted}, held at {max(caps)} by checkpoint.memory_every_max "
+                 f"(a node death costs at most about N iterations: raise it to {wanted} to trade those for speed)")
+    return text
+
+
+def node_failure_lines(run_dir: str | Path, *, tier: bool = False) -> list[str]:
+    """``failure_lines``, and with ``tier`` the memory tier's line after them."""
+    kinds = ("node_failure", "restore", "memory_restore", "startup") + (("memory_tier",) if tier else ())
+    try:  # only the kinds read here: the other lines are not parsed (`hetrun status` calls this per run)
+        evs = list(EventStream(run_dir, kinds=kinds))
     except OSError:
         return []
+    line = memory_tier_line(evs) if tier else None
+    return failure_lines(evs) + ([line] if line else [])

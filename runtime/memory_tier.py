@@ -43,9 +43,11 @@ from .memory_transport import wrap
 from .memory_writer import TierWriter
 
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
-# Adaptive N's cap, so the work a node death can cost stays bounded: with N the restore
-# goes back to the last multiple of N, at most N iterations (docs/PREEMPTION.md).
-MAX_EVERY = 16
+# The adaptive N's largest, whatever ``checkpoint.memory_every_max`` says: with N the restore
+# goes back to the last multiple of N (docs/PREEMPTION.md). The default cap is the job's own
+# (hetrun.rundir.DEFAULTS.memory_every_max, 2: at most one iteration lost): at 16 a loaded
+# machine pushed the PPO example to N >= 8 and a node death lost 6 iterations (session 28).
+MAX_EVERY = 1024
 # The ranks agree on N every AGREE_EVERY steps (non-blocking; applied at the next multiple):
 # often enough that a short run leaves N = 1 early (with 8 a run spent its first 15
 # snapshots at N = 1, which alone put 4 of 12 80-iteration runs over the 2 % budget:
@@ -109,7 +111,7 @@ class MemorySnapshots:
     ``comm``: an mpi4py communicator or a transport (runtime/memory_transport.py)."""
 
     def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
-                 keep: int = 4, root: Any = None) -> None:
+                 keep: int = 4, root: Any = None, every_max: int = 2) -> None:
         self.transport = wrap(comm)
         self.rank = self.transport.rank
         self.size = self.transport.size
@@ -123,6 +125,11 @@ class MemorySnapshots:
         self.adaptive = every is None
         self._agreeing: Any = None  # the transport's MAX all-reduce in flight (wait() -> log2 N)
         self.every = 1 if every is None else max(1, int(every))
+        # The adaptive N's cap (a power of two): the iterations a node death may cost come first,
+        # the 2 % budget second. ``wanted_most``: the largest N the budget alone asked for, so
+        # the report can say when the cap held N below it (the tier then costs more than 2 %).
+        self.every_max = 1 << (min(MAX_EVERY, max(1, int(every_max))).bit_length() - 1)
+        self.wanted_most = 1
         # The adaptive N's cost model: what a snapshot costs (EWMA seconds: its capture, encode and
         # hand-overs on the training thread, and the CPU the writer and replica threads spent
         # since the last one: this rank's blob written and sent, the partners' replicas of the
@@ -178,14 +185,15 @@ class MemorySnapshots:
         return step % self.every == 0
 
     def wanted(self) -> int:
-        """This rank's own adaptive N: the smallest power of two (<= MAX_EVERY) whose
+        """This rank's own adaptive N: the smallest power of two (<= ``every_max``) whose
         snapshots take at most BUDGET of its iterations; 1 before a cost is known."""
         if self._cost is None or not self._iter_s:
             return 1
         need, k = self._cost / (BUDGET * self._iter_s), 1
         while k < need and k < MAX_EVERY:
             k *= 2
-        return k
+        self.wanted_most = max(self.wanted_most, k)
+        return min(k, self.every_max)
 
     def _agree(self, step: int) -> None:
         """At each multiple of AGREE_EVERY (a step every rank's loop passes): apply the N the
@@ -281,6 +289,7 @@ class MemorySnapshots:
                 "helper_cpu_charged_s": round(self.charged_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,
+                **({"every_max": self.every_max, "wanted_most": self.wanted_most} if self.adaptive else {}),
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},
                 **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {})}

@@ -55,6 +55,13 @@ def memory_every(plan: Any) -> int | None:
     return int(value)
 
 
+def memory_every_max(plan: Any) -> int:
+    """``checkpoint.memory_every_max``: the adaptive N's largest (a power of two, dag/spec.py)."""
+    cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
+    value = cfg.get("memory_every_max")
+    return DEFAULTS.memory_every_max if value is None else int(value)
+
+
 def memory_replicas(plan: Any) -> int:
     cfg = (getattr(plan, "checkpoint", None) or {}) if plan is not None else {}
     value = cfg.get("memory_replicas")
@@ -86,7 +93,7 @@ def snapshots(ctx: Any, comm: Any = None) -> MemorySnapshots:
     transport = wrap(ctx.world_comm if comm is None else comm)
     # None: adaptive (the smallest power-of-two N costing <= 2%, agreed across the ranks).
     return MemorySnapshots(transport, ctx.run_dir, node=ctx.node, every=memory_every(plan),
-                           replicas=memory_replicas(plan), keep=KEEP,
+                           every_max=memory_every_max(plan), replicas=memory_replicas(plan), keep=KEEP,
                            root=_root(transport.size, None if comm is None else ctx.component))
 
 

@@ -186,6 +186,7 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     m.adaptive, m.every, m._cost, m._iter_s, m._last, m.size = False, 1, None, None, None, 1
     m._first = None
     m.by_every = {}
+    m.every_max, m.wanted_most = 16, 1
     assert m.wanted() == 1 and m.due(3)  # no cost known yet: every iteration
     assert m.due(4) and m.by_every[1][2] == 1  # one iteration timed at N = 1
     m._cost, m._iter_s = 0.010, 0.1  # 10 ms per snapshot, 100 ms iterations
@@ -195,7 +196,31 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     m._cost = 0.0026  # 2.6 % at N = 1, 1.3 % at 2
     assert m.wanted() == 2
     m._cost = 10.0
-    assert m.wanted() == 16  # capped at MAX_EVERY: a node death costs at most 16 iterations
+    assert m.wanted() == 16 and m.wanted_most == 1024  # capped at every_max; what the budget asked is kept
+    m.every_max, m.wanted_most, m._cost = 2, 1, 0.010
+    assert m.wanted() == 2 and m.wanted_most == 8  # the default cap: a node death costs <= 1 iteration
+
+
+def test_memory_every_max_is_the_plans_power_of_two() -> None:
+    """checkpoint.memory_every_max: default 2, a power of two, else a clear error naming the key."""
+    from types import SimpleNamespace
+
+    import yaml
+    from hetrun.dag.spec import spec_from_dict
+    from hetrun.runtime.recovery import memory_every_max
+
+    from hetrun.errors import SpecError
+
+    assert memory_every_max(SimpleNamespace(checkpoint={})) == 2
+    assert memory_every_max(SimpleNamespace(checkpoint={"memory_every_max": 16})) == 16
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml").read_text())
+    doc.setdefault("checkpoint", {})["memory_every_max"] = 8
+    assert spec_from_dict(doc).checkpoint.memory_every_max == 8
+    for bad, fix in ((3, "use 2 or 4"), (0, "greater than or equal to 1"), (2048, "less than or equal to 1024")):
+        doc["checkpoint"]["memory_every_max"] = bad
+        with pytest.raises(SpecError, match=r"checkpoint\.memory_every_max") as exc:
+            spec_from_dict(doc)
+        assert fix in str(exc.value)
 
 
 def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
@@ -441,7 +466,7 @@ def _scenario(comm: Any, rank: int, base: Path) -> dict:
     barrier()
     phase("none")
     # The adaptive N: each rank wants its own, all apply the largest, from the same step.
-    mem.adaptive, mem._iter_s, mem._per_iter = True, 0.1, 0.0
+    mem.adaptive, mem._iter_s, mem.every_max = True, 0.1, 16  # above the default cap of 2
     mem._cost = 0.004 * (rank + 1)  # wants 2, 4, 8, 8
     chosen = []
     for step in range(1, 21):
@@ -560,3 +585,23 @@ def test_heartbeat_survives_stop_signals_and_ends_with_its_rank(tmp_path: Path) 
     finally:
         rank.kill()
         beat.kill()
+
+
+def test_the_report_says_when_the_cap_held_n_below_the_budget() -> None:
+    """`hetrun report`'s memory tier line, from the ranks' memory_tier events: the N, the busiest
+    rank's share, and the cap (checkpoint.memory_every_max) when it held N below the budget's."""
+    from hetrun.reports.node_failures import memory_tier_line
+
+    def ev(rank: int, seconds: float, wanted: int, t: float = 1.0) -> dict:
+        return {"ev": "memory_tier", "t": t, "component": "learner", "rank": rank, "snapshots": 100,
+                "seconds": seconds, "bytes": 180224, "every": 2, "every_max": 2, "wanted_most": wanted,
+                "by_every": {"1": {"seconds": 0.0, "wall_s": 2.0, "iterations": 40},
+                             "2": {"seconds": 0.0, "wall_s": 8.0, "iterations": 160}}}
+
+    assert memory_tier_line([{"ev": "startup"}]) is None
+    line = memory_tier_line([ev(0, 0.1, 2), ev(1, 0.3, 8, t=0.5), ev(1, 0.2, 2, t=2.0)])  # rank 1's newest
+    assert line == ("memory tier: a snapshot every 2 iteration(s) (auto, at most 2); 100 snapshots, 176 KiB "
+                    "a rank; 2.00 % of the training thread at most (rank 1, learner)"), line
+    capped = memory_tier_line([ev(0, 0.1, 2), ev(1, 0.2, 8, t=2.0)])
+    assert capped.endswith("the 2 % budget asked for N = 8, held at 2 by checkpoint.memory_every_max (a node "
+                           "death costs at most about N iterations: raise it to 8 to trade those for speed)"), capped
