@@ -71,6 +71,16 @@ def _print_checkpoint_summary(console, rep) -> None:
             console.print(f"checkpoints: {note}", markup=False, highlight=False)
 
 
+def _print_memory_tier(console, rep) -> None:
+    """The memory tier's line (a job with spare_nodes, min_nodes or checkpoint.memory_every): its N,
+    its cost on the training thread, and whether memory_every_max held N below the 2 % budget's."""
+    from hetrun.reports.node_failures import memory_tier_summary
+
+    line = memory_tier_summary(rep.run_dir)
+    if line:
+        console.print(line, markup=False, highlight=False)
+
+
 def _print_checkpoints(console, rep) -> None:
     """Every checkpoint: step, bytes, ratio to the full state, stall, save time, tier, verified."""
     import time
@@ -232,9 +242,8 @@ def _print_restarts(console, rep, details: bool = False) -> None:
                           markup=False, highlight=False)
     from hetrun.reports.node_failures import node_failure_lines
 
-    for line in node_failure_lines(rep.run_dir, tier=True):  # in-allocation restarts (spare_nodes), the tier
-        label = "" if line.startswith("memory tier:") else "node failure: "
-        console.print(f"  {label}{line}", markup=False, highlight=False)
+    for line in node_failure_lines(rep.run_dir):  # in-allocation restarts (spare_nodes)
+        console.print(f"  node failure: {line}", markup=False, highlight=False)
     for row in rep.resumes if details else ():
         secs_text = "" if row.get("seconds") is None else f" in {row['seconds']:.2f}s"
         if row.get("start_to_restored_s") is not None:
@@ -507,6 +516,7 @@ def _print_report(console, rep, *, ranks: bool, timeline: bool, demand: bool, ch
         _print_ranks(console, rep)
     _print_restarts(console, rep, details)
     _print_checkpoint_summary(console, rep)
+    _print_memory_tier(console, rep)
     if checkpoints:
         _print_checkpoints(console, rep)
     _print_cost(console, rep)

@@ -6,7 +6,7 @@ Read from events.jsonl: ``node_failure`` (the batch script's decision,
 slurm_plugin/node_recovery.py), then the next attempt's ``restore`` and
 ``memory_restore`` lines (runtime/recovery.py) and its ranks' ``startup`` lines
 (``warm_start``: forked from the node's warm server, runtime/warm_start.py). And the memory tier's
-cost from its ranks' ``memory_tier`` lines (``memory_tier_line``: `hetrun report` only).
+cost from its ranks' ``memory_tier`` lines (``memory_tier_summary``: `hetrun report` only).
 """
 
 from __future__ import annotations
@@ -114,12 +114,16 @@ def memory_tier_line(records: Iterable[Mapping[str, Any]]) -> str | None:
     return text
 
 
-def node_failure_lines(run_dir: str | Path, *, tier: bool = False) -> list[str]:
-    """``failure_lines``, and with ``tier`` the memory tier's line after them."""
-    kinds = ("node_failure", "restore", "memory_restore", "startup") + (("memory_tier",) if tier else ())
-    try:  # only the kinds read here: the other lines are not parsed (`hetrun status` calls this per run)
-        evs = list(EventStream(run_dir, kinds=kinds))
+def node_failure_lines(run_dir: str | Path) -> list[str]:
+    try:  # only the kinds failure_lines reads: the other lines are not parsed (`hetrun status` calls this per run)
+        return failure_lines(EventStream(run_dir, kinds=("node_failure", "restore", "memory_restore", "startup")))
     except OSError:
         return []
-    line = memory_tier_line(evs) if tier else None
-    return failure_lines(evs) + ([line] if line else [])
+
+
+def memory_tier_summary(run_dir: str | Path) -> str | None:
+    """``memory_tier_line`` of a run directory (`hetrun report`), None without a memory tier."""
+    try:
+        return memory_tier_line(EventStream(run_dir, kinds=("memory_tier",)))
+    except OSError:
+        return None

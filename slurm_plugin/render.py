@@ -465,9 +465,15 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "        fi",
         '        for n in "$@"; do',
         '            if [ "$killed" -eq 1 ]; then break; fi',
-        f'            {{ read -r v < {_LOGS}/{HEARTBEATS}/"$n"; }} 2>/dev/null || continue',
+        f'            if ! {{ read -r v < {_LOGS}/{HEARTBEATS}/"$n"; }} 2>/dev/null; then',
+        # No whole line in a file that is there: no change (a beat killed in its first write
+        # leaves it empty; the beat never truncates, runtime/heartbeat.py). Not there: not
+        # started yet, or ended in order (counted as gone above).
+        f'                [ -e {_LOGS}/{HEARTBEATS}/"$n" ] || continue',
+        '                v=${seen[$n]-}',
+        '            fi',
         '            now=${EPOCHREALTIME//[!0-9]/}',
-        '            if [ "${seen[$n]-}" != "$v" ]; then seen[$n]=$v; changed[$n]=$now; continue; fi',
+        '            if [ -z "${changed[$n]-}" ] || [ "${seen[$n]-}" != "$v" ]; then seen[$n]=$v; changed[$n]=$now; continue; fi',
         "            age=$(( now - ${changed[$n]} ))",
         '            if [ "$age" -le "$limit" ]; then continue; fi',
         '            echo "$n" >> "$_hetrun_silent"',

@@ -587,7 +587,38 @@ def test_heartbeat_survives_stop_signals_and_ends_with_its_rank(tmp_path: Path) 
         beat.kill()
 
 
-def test_the_report_says_when_the_cap_held_n_below_the_budget() -> None:
+def test_heartbeat_file_is_never_empty_once_written(tmp_path: Path) -> None:
+    """The beat rewrites its line in place, never truncating the file: a node killed mid-write
+    leaves the last count or the new one, not an empty file the monitor cannot read (and on
+    ext4 a truncate-and-rewrite is flushed at close, which stalled beats under checkpoint I/O
+    for seconds; session 29). Read as the monitor does, in a tight loop over many beats."""
+    import subprocess
+    import time
+
+    from hetrun.runtime import recovery
+
+    path = tmp_path / "n1"
+    rank = subprocess.Popen(["sleep", "30"])
+    beat = subprocess.Popen(["bash", "-c", recovery._BEAT, "beat", str(rank.pid), str(path), "0.001"])
+    try:
+        deadline = time.monotonic() + 30
+        while not (path.exists() and path.read_bytes().endswith(b"\n")) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        inode, reads, values = path.stat().st_ino, 0, set()
+        stop = time.monotonic() + 1.5
+        while time.monotonic() < stop:
+            text = path.read_bytes()
+            assert text.endswith(b"\n") and text.split(b"\n")[0].isdigit(), text  # a whole count, always
+            values.add(int(text.split(b"\n")[0]))
+            reads += 1
+        assert len(values) > 20 and reads > len(values), (reads, len(values))  # many beats, each read
+        assert path.stat().st_ino == inode  # the same file, rewritten in place
+    finally:
+        rank.kill()
+        beat.kill()
+
+
+def test_the_report_says_when_the_cap_held_n_below_the_budget(tmp_path: Path) -> None:
     """`hetrun report`'s memory tier line, from the ranks' memory_tier events: the N, the busiest
     rank's share, and the cap (checkpoint.memory_every_max) when it held N below the budget's."""
     from hetrun.reports.node_failures import memory_tier_line
@@ -605,3 +636,16 @@ def test_the_report_says_when_the_cap_held_n_below_the_budget() -> None:
     capped = memory_tier_line([ev(0, 0.1, 2), ev(1, 0.2, 8, t=2.0)])
     assert capped.endswith("the 2 % budget asked for N = 8, held at 2 by checkpoint.memory_every_max (a node "
                            "death costs at most about N iterations: raise it to 8 to trade those for speed)"), capped
+    # `hetrun report` prints it after the checkpoints, from the run directory's events.jsonl
+    from types import SimpleNamespace
+
+    from hetrun.cli.report_cmd import _print_memory_tier
+    from hetrun.reports.node_failures import memory_tier_summary
+    from rich.console import Console
+
+    assert memory_tier_summary(tmp_path) is None  # no events: no memory tier, no line
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in (ev(0, 0.1, 2), ev(1, 0.2, 8))))
+    assert memory_tier_summary(tmp_path) == capped
+    console = Console(record=True, width=400)
+    _print_memory_tier(console, SimpleNamespace(run_dir=tmp_path))
+    assert console.export_text().strip() == capped
