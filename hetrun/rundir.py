@@ -104,7 +104,7 @@ class Defaults:
     # checkpoint.memory_every: None = adaptive with spare_nodes (runtime/memory_tier.py), else off
     memory_every: int | None = None
     # checkpoint.memory_every_max: the adaptive N's largest (a power of two). 2: a node death
-    # costs at most one iteration (plus one whose replica was still in flight) at `auto`.
+    # costs at most 2 iterations at `auto` (memory_every: 1 for at most 1).
     memory_every_max: int = 2
     memory_replicas: int = 1  # checkpoint.memory_replicas
 

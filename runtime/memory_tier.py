@@ -45,7 +45,7 @@ from .memory_writer import TierWriter
 BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
 # The adaptive N's largest, whatever ``checkpoint.memory_every_max`` says: with N the restore
 # goes back to the last multiple of N (docs/PREEMPTION.md). The default cap is the job's own
-# (hetrun.rundir.DEFAULTS.memory_every_max, 2: at most one iteration lost): at 16 a loaded
+# (hetrun.rundir.DEFAULTS.memory_every_max, 2: at most 2 iterations lost): at 16 a loaded
 # machine pushed the PPO example to N >= 8 and a node death lost 6 iterations (session 28).
 MAX_EVERY = 1024
 # The ranks agree on N every AGREE_EVERY steps (non-blocking; applied at the next multiple):
