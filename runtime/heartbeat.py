@@ -61,12 +61,10 @@ def restarts_in_allocation(plan: Any) -> bool:
 # outlived the SIGKILL that stop_heartbeat sends bash and put the file back after its
 # unlink (seen at load 25: a stale counter after a healthy end, which the monitor takes
 # for a dead node). Opened read-write (`1<>`), never truncated: the counter only grows,
-# so each line covers the last. Truncating it (`>`) each beat had two costs (session 29,
-# benchmarks/node_death.md): a node killed between the truncation and the write left an
-# empty file, which the monitor's `read` skipped for ever (a death seen only 122.8 s later,
-# by a collective's timeout), and ext4 flushes a file truncated to zero and written again
-# at its close (auto_da_alloc), so under checkpoint I/O a healthy node's beat stalled for
-# 3-16 s and was taken for a death.
+# so each line covers the last. Truncated (`>`) each beat, a node killed between the
+# truncation and the write left an empty file, which the monitor's `read` skipped for ever:
+# a death seen only 122.8 s later, by a collective's timeout (session 29,
+# benchmarks/node_death.md).
 _BEAT = r"""
 trap '' TERM INT HUP USR1 USR2
 rank=$1 path=$2 period=$3 count=0

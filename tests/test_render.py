@@ -269,13 +269,16 @@ def test_only_a_spare_nodes_script_sends_the_readers_kill_to_the_background() ->
     assert "scancel -s KILL $steps 2>/dev/null & ;;" in spares
 
 
-@pytest.mark.parametrize("dead", ["stuck", "empty"])
+@pytest.mark.parametrize("dead", ["stuck", "empty", "stall"])
 def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dead: str) -> None:
     """The spare-nodes monitor, run by bash: a node whose heartbeat file changes is alive
     however old its mtime looks (NFS attribute caching, clock skew); one whose file stops
     changing for longer than HETRUN_NODE_TIMEOUT is named silent and its step killed, and so
     is one whose file is there but holds no line (a beat killed in its first write: the
-    monitor skipped such a file for ever, and saw a death 122.8 s late, session 29)."""
+    monitor skipped such a file for ever, and saw a death 122.8 s late, session 29). With
+    every file still (``stall``: a shared file system that stalled, 6 s after the MoE LM's
+    checkpoints, session 29) nobody is named; once the others beat again, the one still
+    silent is, counted from then."""
     comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
     comps["rollout"]["spare_nodes"] = 1
     spec = _spec(components=comps, preemption={"max_failures": 1})
@@ -294,11 +297,14 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
         "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
         "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
         "sleep 60 & _hetrun_pid=$!", *monitor,
-        'cd "$HETRUN_RUN_DIR/logs/alive" && ' + ('echo 1 > stuck && touch -d "1 hour ago" stuck' if dead == "stuck"
-                                                else ": > empty"),
-        # live: a new counter every 0.2 s, its mtime always an hour old (a skewed clock)
-        '(i=0; while :; do i=$((i + 1)); echo "$i" > live; touch -d "1 hour ago" live; sleep 0.2; done) &',
-        "_writer=$!",
+        'cd "$HETRUN_RUN_DIR/logs/alive" && ' + {"stuck": 'echo 1 > stuck && touch -d "1 hour ago" stuck',
+                                                 "empty": ": > empty", "stall": "echo 1 > stall && echo 1 > live"}[dead],
+        # live: a new counter every 0.2 s, its mtime always an hour old (a skewed clock); with a
+        # stall, still for 3 s first (three times the timeout) like every other file
+        f'(i=1; {"sleep 3; " if dead == "stall" else ""}'
+        'while :; do i=$((i + 1)); echo "$i" > live; touch -d "1 hour ago" live; sleep 0.2; done) &',
+        "_writer=$!", '_started=$EPOCHREALTIME',
+        '(sleep 2.5; echo "$EPOCHREALTIME" > "$HETRUN_RUN_DIR/stall_over") &' if dead == "stall" else ":",
         f"_hetrun_heartbeats 4242 live {dead}",
         'kill "$_writer"',
     ])
@@ -307,6 +313,9 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
     assert (tmp_path / "silent").read_text().split() == [dead], proc.stderr
     assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
     assert f"node {dead} silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
+    if dead == "stall":  # named only after the other node beat again (3 s), not while both were still
+        named = float(proc.stderr.split("hetrun: ")[1].split()[0])
+        assert named > float((tmp_path / "stall_over").read_text()), proc.stderr
 
 
 def _function(lines: list[str], name: str) -> list[str]:
