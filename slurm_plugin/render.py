@@ -447,7 +447,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "    local jobs=$1 n v age now steps killed=0 since=0 limit=$(( _hetrun_node_timeout * 1000000 )); shift",
         "    local gone exits done_for=0",
         "    local -A seen=() changed=() quiet=()",
-        "    local beat there others last=${EPOCHREALTIME//[!0-9]/}",
+        "    local beat there others dt last=${EPOCHREALTIME//[!0-9]/}",
         '    while kill -0 "$_hetrun_pid" 2>/dev/null; do',
         "        sleep 0.5",
         "        gone=0",
@@ -465,6 +465,9 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "            fi",
         "        fi",
         '        now=${EPOCHREALTIME//[!0-9]/} beat=0 there=0',
+        # This poll's share of a silence: at most 1 s, so a monitor that was itself held up
+        # (by the same stalled file system) does not count its own wait as the others' beats.
+        '        dt=$(( now - last )); if [ "$dt" -gt 1000000 ]; then dt=1000000; fi',
         '        for n in "$@"; do',
         f'            if ! {{ read -r v < {_LOGS}/{HEARTBEATS}/"$n"; }} 2>/dev/null; then',
         # No whole line in a file that is there: no change (a beat killed in its first write
@@ -485,7 +488,8 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         # the shared file system stalled (seen for 6 s after the MoE LM's checkpoints: every rank
         # and every beat waited), not every node died. A node alone with a file: its own age.
         '            others=$(( beat - (age <= limit / 2) ))',
-        '            if [ "$others" -gt 0 ]; then quiet[$n]=$(( ${quiet[$n]-0} + now - last )); fi',
+        '            if [ "$others" -gt 0 ]; then quiet[$n]=$(( ${quiet[$n]-0} + dt )); fi',
+        '            if [ "${quiet[$n]}" -gt "$age" ]; then quiet[$n]=$age; fi  # never more than its own silence',
         '            if [ "$there" -gt 1 ] && [ "${quiet[$n]-0}" -le "$limit" ]; then continue; fi',
         '            if [ "$there" -le 1 ] && [ "$age" -le "$limit" ]; then continue; fi',
         '            echo "$n" >> "$_hetrun_silent"',

@@ -318,6 +318,37 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
         assert named > float((tmp_path / "stall_over").read_text()), proc.stderr
 
 
+def test_heartbeat_monitor_held_up_itself_names_no_live_node(tmp_path: Path) -> None:
+    """A monitor that was itself held up (a stalled file system holds its reads too: session 29)
+    must not count its own wait as silence: two nodes beat throughout, the monitor is stopped for
+    2.5 s at a 1 s timeout and resumed; nobody is named (it had named a node that had just beaten)."""
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["rollout"]["spare_nodes"] = 1
+    lines = _script(_spec(components=comps, preemption={"max_failures": 1})).splitlines()
+    monitor = _function(lines, "_hetrun_job_steps") + _function(lines, "_hetrun_heartbeats")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0 python\\n'\n")
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "logs" / "alive").mkdir(parents=True)
+    driver = "\n".join([
+        "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
+        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
+        "sleep 60 & _hetrun_pid=$!", *monitor,
+        'cd "$HETRUN_RUN_DIR/logs/alive"',
+        "(i=0; while :; do i=$((i + 1)); echo $i > a; echo $i > b; sleep 0.1; done) & _writer=$!",
+        "_hetrun_heartbeats 4242 a b & _mon=$!",
+        "sleep 1.2; kill -STOP $_mon; sleep 2.5; kill -CONT $_mon; sleep 2",
+        'kill "$_hetrun_pid" "$_writer"; wait "$_mon"',
+    ])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
+    proc = subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert not (tmp_path / "silent").exists(), proc.stderr
+    assert "silent for" not in proc.stderr, proc.stderr
+
+
 def _function(lines: list[str], name: str) -> list[str]:
     """The lines of the batch script's bash function ``name``."""
     start = lines.index(f"{name}() {{")
