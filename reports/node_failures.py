@@ -80,6 +80,9 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+BUDGET = 0.02  # the adaptive N's share of training (runtime/memory_tier.py's BUDGET: not imported, it pulls torch)
+
+
 def memory_tier_line(records: Iterable[Mapping[str, Any]]) -> str | None:
     """The memory tier's cost as its ranks' ``memory_tier`` events (at their close) last said: the
     N in effect, the share of the training thread, and whether ``checkpoint.memory_every_max`` held
@@ -108,9 +111,12 @@ def memory_tier_line(records: Iterable[Mapping[str, Any]]) -> str | None:
             f"{100 * share(top):.2f} % of the training thread at most (rank {top.get('rank')}"
             + (f", {top.get('component')}" if top.get("component") else "") + ")")
     wanted = max((int(e.get("wanted_most") or 1) for e in ranks), default=1)
-    if caps and wanted > max(caps):
-        text += (f"; the 2 % budget asked for N = {wanted}, held at {max(caps)} by checkpoint.memory_every_max "
-                 f"(a node death costs at most about N iterations: raise it to {wanted} to trade those for speed)")
+    # Said only where the cap cost the budget: a run whose N wanted more for a while but whose
+    # tier stayed within 2 % over the run has nothing to trade.
+    if caps and wanted > max(caps) and share(top) > BUDGET:
+        text += (f"; over the 2 % budget: it asked for N = {wanted} at its most, held at {max(caps)} by "
+                 f"checkpoint.memory_every_max (a node death costs at most about N iterations: raise it "
+                 f"to {wanted} to trade those for speed)")
     return text
 
 
