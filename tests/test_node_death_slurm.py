@@ -170,4 +170,4 @@ def test_status_says_what_happened(killed_run: dict[str, Any]) -> None:
 
     tier = memory_tier_summary(killed_run["run_dir"])
     assert tier and tier.startswith("memory tier: a snapshot every 1 iteration(s) (fixed); "), tier
-    assert "of the training thread at most (rank " in tier and "budget asked" not in tier, tier
+    assert "of the training thread at most (rank " in tier and "budget" not in tier, tier
