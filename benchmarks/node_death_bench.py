@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -460,6 +461,8 @@ def main() -> None:
         result["overhead"] = overhead(None, args.pairs, args.iterations, args.skip, args.example, tuple(args.modes))
         _save(args.out, result)
         return
+    # Stopped by a signal (kill, pkill), the benchmark still stops its throw-away cluster (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = NodeCluster()
     cluster.start()
     try:

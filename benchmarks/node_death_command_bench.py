@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -223,6 +224,8 @@ def main() -> None:
     result: dict[str, Any] = {"load_before": os.getloadavg(), "started": time.strftime("%H:%M:%S", time.gmtime()),
                               "save_every": args.save_every, "kill_after": args.kill_after,
                               "memory_every": args.memory_every}
+    # Stopped by a signal (kill, pkill), the benchmark still stops its throw-away cluster (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = NodeCluster()
     cluster.start()
     try:
