@@ -269,6 +269,31 @@ def test_only_a_spare_nodes_script_sends_the_readers_kill_to_the_background() ->
     assert "scancel -s KILL $steps 2>/dev/null & ;;" in spares
 
 
+def _run_monitor(tmp_path: Path, scenario: list[str]) -> subprocess.CompletedProcess[str]:
+    """The spare-nodes heartbeat monitor of a rendered batch script, run by bash at a 1 s timeout
+    against ``scenario`` (lines that write logs/alive/<node> files and call it); squeue lists the
+    ranks' step, the warm servers' (runtime/warm_start.py: never killed) and the batch step, and
+    scancel records its arguments in scancel.argv."""
+    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
+    comps["rollout"]["spare_nodes"] = 1
+    lines = _script(_spec(components=comps, preemption={"max_failures": 1})).splitlines()
+    monitor = _function(lines, "_hetrun_job_steps") + _function(lines, "_hetrun_heartbeats")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0 python\\n4242.1 hetrun-warm\\n4242.batch batch\\n'\n")
+    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
+    for name in ("squeue", "scancel"):
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "logs" / "alive").mkdir(parents=True)
+    driver = "\n".join([
+        "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
+        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
+        "sleep 60 & _hetrun_pid=$!", *monitor, *scenario,
+    ])
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
+    return subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
 @pytest.mark.parametrize("dead", ["stuck", "empty", "stall"])
 def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dead: str) -> None:
     """The spare-nodes monitor, run by bash: a node whose heartbeat file changes is alive
@@ -279,24 +304,7 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
     every file still (``stall``: a shared file system that stalled, 6 s after the MoE LM's
     checkpoints, session 29) nobody is named; once the others beat again, the one still
     silent is, counted from then."""
-    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
-    comps["rollout"]["spare_nodes"] = 1
-    spec = _spec(components=comps, preemption={"max_failures": 1})
-    lines = _script(spec).splitlines()
-    monitor = _function(lines, "_hetrun_job_steps") + _function(lines, "_hetrun_heartbeats")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    # The ranks' step, the warm servers' (runtime/warm_start.py: never killed) and the batch step.
-    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0 python\\n4242.1 hetrun-warm\\n4242.batch batch\\n'\n")
-    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
-    for name in ("squeue", "scancel"):
-        (bin_dir / name).chmod(0o755)
-    alive = tmp_path / "logs" / "alive"
-    alive.mkdir(parents=True)
-    driver = "\n".join([
-        "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
-        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
-        "sleep 60 & _hetrun_pid=$!", *monitor,
+    proc = _run_monitor(tmp_path, [
         'cd "$HETRUN_RUN_DIR/logs/alive" && ' + {"stuck": 'echo 1 > stuck && touch -d "1 hour ago" stuck',
                                                  "empty": ": > empty", "stall": "echo 1 > stall && echo 1 > live"}[dead],
         # live: a new counter every 0.2 s, its mtime always an hour old (a skewed clock); with a
@@ -308,8 +316,6 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
         f"_hetrun_heartbeats 4242 live {dead}",
         'kill "$_writer"',
     ])
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
-    proc = subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert (tmp_path / "silent").read_text().split() == [dead], proc.stderr
     assert (tmp_path / "scancel.argv").read_text().split() == ["-s", "KILL", "4242.0"], proc.stderr
     assert f"node {dead} silent" in proc.stderr and "HETRUN_NODE_TIMEOUT=1" in proc.stderr, proc.stderr
@@ -322,29 +328,13 @@ def test_heartbeat_monitor_held_up_itself_names_no_live_node(tmp_path: Path) -> 
     """A monitor that was itself held up (a stalled file system holds its reads too: session 29)
     must not count its own wait as silence: two nodes beat throughout, the monitor is stopped for
     2.5 s at a 1 s timeout and resumed; nobody is named (it had named a node that had just beaten)."""
-    comps = _spec().model_dump()["components"]  # type: ignore[attr-defined]
-    comps["rollout"]["spare_nodes"] = 1
-    lines = _script(_spec(components=comps, preemption={"max_failures": 1})).splitlines()
-    monitor = _function(lines, "_hetrun_job_steps") + _function(lines, "_hetrun_heartbeats")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "squeue").write_text("#!/bin/bash\nprintf '4242.0 python\\n'\n")
-    (bin_dir / "scancel").write_text('#!/bin/bash\necho "$@" >> "$HETRUN_RUN_DIR/scancel.argv"\n')
-    for name in ("squeue", "scancel"):
-        (bin_dir / name).chmod(0o755)
-    (tmp_path / "logs" / "alive").mkdir(parents=True)
-    driver = "\n".join([
-        "set -u", "_hetrun_node_timeout=1", '_hetrun_silent="$HETRUN_RUN_DIR/silent"',
-        "_hetrun_kill_mark=KILLED", '_hetrun_srun_log="$HETRUN_RUN_DIR/srun.err"',
-        "sleep 60 & _hetrun_pid=$!", *monitor,
+    proc = _run_monitor(tmp_path, [
         'cd "$HETRUN_RUN_DIR/logs/alive"',
         "(i=0; while :; do i=$((i + 1)); echo $i > a; echo $i > b; sleep 0.1; done) & _writer=$!",
         "_hetrun_heartbeats 4242 a b & _mon=$!",
         "sleep 1.2; kill -STOP $_mon; sleep 2.5; kill -CONT $_mon; sleep 2",
         'kill "$_hetrun_pid" "$_writer"; wait "$_mon"',
     ])
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
-    proc = subprocess.run(["bash", "-c", driver], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert not (tmp_path / "silent").exists(), proc.stderr
     assert "silent for" not in proc.stderr, proc.stderr
 
