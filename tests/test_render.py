@@ -311,7 +311,7 @@ def test_heartbeat_monitor_judges_by_change_not_by_mtime_age(tmp_path: Path, dea
         # stall, still for 3 s first (three times the timeout) like every other file
         f'(i=1; {"sleep 3; " if dead == "stall" else ""}'
         'while :; do i=$((i + 1)); echo "$i" > live; touch -d "1 hour ago" live; sleep 0.2; done) &',
-        "_writer=$!", '_started=$EPOCHREALTIME',
+        "_writer=$!",
         '(sleep 2.5; echo "$EPOCHREALTIME" > "$HETRUN_RUN_DIR/stall_over") &' if dead == "stall" else ":",
         f"_hetrun_heartbeats 4242 live {dead}",
         'kill "$_writer"',
