@@ -106,6 +106,7 @@ class Defaults:
     # checkpoint.memory_every_max: the adaptive N's largest (a power of two). 2: a node death
     # costs at most 2 iterations at `auto` (memory_every: 1 for at most 1).
     memory_every_max: int = 2
+    memory_budget: float = 0.02  # the adaptive N's share of training (runtime/memory_tier.py, the report's line)
     memory_replicas: int = 1  # checkpoint.memory_replicas
 
 

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hetrun.rundir import DEFAULTS
+
 from .reader import EventStream
 
 
@@ -80,7 +82,7 @@ def failure_lines(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-BUDGET = 0.02  # the adaptive N's share of training (runtime/memory_tier.py's BUDGET: not imported, it pulls torch)
+BUDGET = DEFAULTS.memory_budget  # the adaptive N's (runtime/memory_tier.py pulls torch: not imported)
 
 
 def memory_tier_line(records: Iterable[Mapping[str, Any]]) -> str | None:

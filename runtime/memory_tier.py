@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetrun.errors import CheckpointError
+from hetrun.rundir import DEFAULTS
 
 from .ckpt import memory
 from .ckpt.memory_encode import Encoder
@@ -42,7 +43,7 @@ from .idle_cores import IdleMeter
 from .memory_transport import wrap
 from .memory_writer import TierWriter
 
-BUDGET = 0.02  # adaptive N: the share of training time the snapshots may take
+BUDGET = DEFAULTS.memory_budget  # adaptive N: the share of training time the snapshots may take
 # The adaptive N's largest, whatever ``checkpoint.memory_every_max`` says: with N the restore
 # goes back to the last multiple of N (docs/PREEMPTION.md). The default cap is the job's own
 # (hetrun.rundir.DEFAULTS.memory_every_max, 2: at most 2 iterations lost): at 16 a loaded
