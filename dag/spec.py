@@ -305,9 +305,9 @@ class CheckpointSpec(_Section):
                     "<= N iterations); default: auto with spare_nodes, else off")
     memory_every_max: int = Field(
         DEFAULTS.memory_every_max, ge=1, le=1024,
-        description="auto's largest N, a power of two (default 2: a node death costs at most 2 "
-                    "iterations; where the snapshots cost more than 2% at that N, `hetrun report` says so: "
-                    "raise it to trade iterations lost for speed)")
+        description="auto's largest N, a power of two (default 1: a snapshot every iteration, so a "
+                    "node death costs at most the iteration it interrupted; where the snapshots cost more "
+                    "than 2% at that N, `hetrun report` says so: raise it to trade iterations lost for speed)")
     memory_replicas: int = Field(DEFAULTS.memory_replicas, ge=1, le=8, description="copies of each snapshot sent to ranks on other nodes")
 
     object_store: ObjectStoreSpec | None = Field(

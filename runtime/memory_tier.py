@@ -46,8 +46,9 @@ from .memory_writer import TierWriter
 BUDGET = DEFAULTS.memory_budget  # adaptive N: the share of training time the snapshots may take
 # The adaptive N's largest, whatever ``checkpoint.memory_every_max`` says: with N the restore
 # goes back to the last multiple of N (docs/PREEMPTION.md). The default cap is the job's own
-# (hetrun.rundir.DEFAULTS.memory_every_max, 2: at most 2 iterations lost): at 16 a loaded
-# machine pushed the PPO example to N >= 8 and a node death lost 6 iterations (session 28).
+# (hetrun.rundir.DEFAULTS.memory_every_max, 1: at most the interrupted iteration lost): at 16 a
+# loaded machine pushed the PPO example to N >= 8 and a node death lost 6 iterations (session
+# 28); at 2 a death lost 2 in 3 of 40 PPO deaths and 5 of 20 DDP ones (session 29).
 MAX_EVERY = 1024
 # The ranks agree on N every AGREE_EVERY steps (non-blocking; applied at the next multiple):
 # often enough that a short run leaves N = 1 early (with 8 a run spent its first 15
@@ -112,7 +113,7 @@ class MemorySnapshots:
     ``comm``: an mpi4py communicator or a transport (runtime/memory_transport.py)."""
 
     def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
-                 keep: int = 4, root: Any = None, every_max: int = 2) -> None:
+                 keep: int = 4, root: Any = None, every_max: int = DEFAULTS.memory_every_max) -> None:
         self.transport = wrap(comm)
         self.rank = self.transport.rank
         self.size = self.transport.size
@@ -205,6 +206,11 @@ class MemorySnapshots:
         stay equal."""
         early = self._first is not None and step == self._first + FIRST_AGREE_AFTER
         if step % AGREE_EVERY and not early:
+            return
+        if self.every_max == 1:
+            # N cannot change (the default cap): no all-reduce. wanted() still records the N the
+            # budget asks for, which the report names when the tier costs more than its 2 %.
+            self.wanted()
             return
         if self._agreeing is not None:
             self.every = 1 << self._agreeing.wait()

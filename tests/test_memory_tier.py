@@ -198,11 +198,19 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     m._cost = 10.0
     assert m.wanted() == 16 and m.wanted_most == 1024  # capped at every_max; what the budget asked is kept
     m.every_max, m.wanted_most, m._cost = 2, 1, 0.010
-    assert m.wanted() == 2 and m.wanted_most == 8  # the default cap: a node death costs <= 1 iteration
+    assert m.wanted() == 2 and m.wanted_most == 8
+    # The default cap, 1: a snapshot every iteration (a node death costs at most the iteration it
+    # interrupted), and no all-reduce to agree on an N that cannot change; what the budget asked
+    # is still kept for the report.
+    m.every_max, m.wanted_most, m._agreeing = 1, 1, None
+    m.transport = type("NoCollectives", (), {"start_max": lambda self, v: pytest.fail("no all-reduce at cap 1")})()
+    for step in range(1, 13):
+        m._agree(step)
+    assert m.every == 1 and m.wanted_most == 8 and m._agreeing is None
 
 
 def test_memory_every_max_is_the_plans_power_of_two() -> None:
-    """checkpoint.memory_every_max: default 2, a power of two, else a clear error naming the key."""
+    """checkpoint.memory_every_max: default 1, a power of two, else a clear error naming the key."""
     from types import SimpleNamespace
 
     import yaml
@@ -211,7 +219,7 @@ def test_memory_every_max_is_the_plans_power_of_two() -> None:
 
     from hetrun.errors import SpecError
 
-    assert memory_every_max(SimpleNamespace(checkpoint={})) == 2
+    assert memory_every_max(SimpleNamespace(checkpoint={})) == 1
     assert memory_every_max(SimpleNamespace(checkpoint={"memory_every_max": 16})) == 16
     doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "ppo_cartpole.yaml").read_text())
     doc.setdefault("checkpoint", {})["memory_every_max"] = 8
@@ -378,8 +386,9 @@ def test_restore_falls_back_over_gloo(scenario: dict) -> None:
 
 
 def _check_scenario(got: dict) -> None:
-    # 1. every copy intact: the newest step, each rank from its own node.
-    assert got["intact"]["step"] == 3
+    # 1. every copy intact: the newest step, each rank from its own node, equal to the state
+    # at the snapshot (changed in place after it).
+    assert got["intact"]["step"] == 3 and got["intact"]["tree_ok"]
     assert [s["kind"] for s in got["intact"]["sources"]] == ["own"] * 4
     # 2. rank 1's own copy has a flipped byte: detected, its replica on the other node used.
     flipped = got["flipped"]
@@ -432,13 +441,19 @@ def _scenario(comm: Any, rank: int, base: Path) -> dict:
     mem = MemorySnapshots(comm, base / "run", node=node, every=1, replicas=1, root=root)
     allgather, barrier = mem.transport.allgather, mem.transport.barrier
     for step in (1, 2, 3):
-        mem.snapshot(step, _tree(step, rank))
+        tree = _tree(step, rank)
+        mem.snapshot(step, tree)
+        # The script's next step changes its tensors in place: the snapshot holds the state before.
+        tree["workload"]["w"].add_(1000.0)
+        tree["workload"]["n"] += 7
     mem.close()
     results: dict[str, Any] = {}
 
     def phase(name: str) -> None:
         got = mem.restore()
-        ok = got.tree is not None and torch.equal(got.tree["workload"]["w"], _tree(got.step, rank)["workload"]["w"])
+        want = _tree(got.step, rank)["workload"] if got.step is not None else None
+        ok = got.tree is not None and torch.equal(got.tree["workload"]["w"], want["w"]) and np.array_equal(
+            got.tree["workload"]["n"], want["n"])
         oks = allgather(ok)
         results[name] = {"step": got.step, "sources": got.sources, "rejected": got.rejected,
                          "reason": got.reason, "tree_ok": all(oks)}

@@ -218,7 +218,7 @@ class Run:
     def snapshot(self, step: int, objs: dict[str, Any]) -> bool:
         """Keep the state after ``step`` in memory: this node's and a partner rank's on another
         node, every N steps (``checkpoint.memory_every``; adaptive by default: the smallest N
-        costing <= 2 % of the step time, at most ``checkpoint.memory_every_max``, default 2). Call it after every step, on every rank (collective
+        costing <= 2 % of the step time, at most ``checkpoint.memory_every_max``, default 1). Call it after every step, on every rank (collective
         at the steps it keeps). A no-op (False) when the job has no memory tier: no
         ``spare_nodes`` nor ``memory_every``, one rank, or a script hetrun did not submit.
         Returns whether a snapshot was taken."""
