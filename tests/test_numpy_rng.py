@@ -8,12 +8,7 @@ import threading
 
 import numpy as np
 import pytest
-
-
-def _equal(got: list, want: tuple) -> bool:
-    from hetrun.runtime.ckpt.numpy_rng import _same
-
-    return _same(got, want)
+from hetrun.runtime.ckpt.numpy_rng import _same
 
 
 @pytest.fixture
@@ -36,7 +31,7 @@ def test_the_read_state_is_numpys_in_every_state(saved_global_state) -> None:
                    lambda: np.random.randint(0, 10, size=624 * 3)):
         change()
         got = numpy_rng.legacy_state()
-        assert _equal(got, np.random.get_state(legacy=True))
+        assert _same(got, np.random.get_state(legacy=True))
         states.append(got)
     assert [s[3] for s in states[:4]] == [0, 0, 1, 0]
     # A state set with a cached Gaussian and the same key and position as the current one: only
@@ -44,7 +39,7 @@ def test_the_read_state_is_numpys_in_every_state(saved_global_state) -> None:
     name, key, pos, _, _ = np.random.get_state(legacy=True)
     np.random.set_state((name, key, pos, 1, 0.25))
     got = numpy_rng.legacy_state()
-    assert got[3:] == [1, 0.25] and _equal(got, np.random.get_state(legacy=True))
+    assert got[3:] == [1, 0.25] and _same(got, np.random.get_state(legacy=True))
     # The copy is the state then, not a view of the generator: draws that regenerate the key
     # leave it as it was.
     np.random.random_sample(1000)
@@ -82,7 +77,7 @@ def test_reads_under_the_generators_lock(saved_global_state) -> None:
         assert not done.wait(0.3)  # blocked on the lock
     assert done.wait(10)
     t.join()
-    assert _equal(out[0], np.random.get_state(legacy=True))
+    assert _same(out[0], np.random.get_state(legacy=True))
 
 
 def test_falls_back_to_numpys_getter_where_the_reader_does_not_apply(saved_global_state, monkeypatch) -> None:
@@ -90,10 +85,13 @@ def test_falls_back_to_numpys_getter_where_the_reader_does_not_apply(saved_globa
 
     # Another bit generator than MT19937: no offsets, no reader.
     assert numpy_rng._gauss_offsets(np.random.RandomState(np.random.PCG64(1))) is None
-    # The global generator swapped for another object than the one checked: numpy's getter.
-    monkeypatch.setattr(numpy_rng, "_GLOBAL_BG", [object()])
+    # The global RandomState's generator swapped for another than the one checked: numpy's getter.
+    rs = np.random.mtrand._rand
+    checked = rs._bit_generator
+    monkeypatch.setattr(rs, "_bit_generator", np.random.MT19937(9))
     calls = []
     real = np.random.get_state
     monkeypatch.setattr(np.random, "get_state", lambda legacy=True: calls.append(1) or real(legacy=legacy))
-    np.random.standard_normal()
-    assert _equal(numpy_rng.legacy_state(), real(legacy=True)) and calls == [1]
+    assert _same(numpy_rng.legacy_state(), real(legacy=True)) and calls == [1]
+    rs._bit_generator = checked  # (monkeypatch restores it too)
+    assert _same(numpy_rng.legacy_state(), real(legacy=True)) and calls == [1]  # the reader again

@@ -29,17 +29,15 @@ _KEY_WORDS = 624  # MT19937's state: uint32 key[624], then int pos
 
 def legacy_state() -> list[Any]:
     """``list(np.random.get_state(legacy=True))``: [name, key (uint32[624]), pos, has_gauss, gauss]."""
-    read = _global_reader()
-    if read is None or np.random.mtrand._rand._bit_generator is not _GLOBAL_BG[0]:
-        return list(np.random.get_state(legacy=True))
-    return read()
-
-
-_GLOBAL_BG: list[Any] = [None]  # the bit generator the global reader was made for
+    checked = _global_reader()
+    if checked is None or np.random.mtrand._rand._bit_generator is not checked[1]:
+        return list(np.random.get_state(legacy=True))  # no reader, or not the generator it was checked on
+    return checked[0]()
 
 
 @functools.cache
-def _global_reader() -> Callable[[], list[Any]] | None:
+def _global_reader() -> tuple[Callable[[], list[Any]], Any] | None:
+    """The global RandomState's reader, checked, and the bit generator it reads; None: use numpy's getter."""
     rs = np.random.mtrand._rand
     try:
         private = np.random.RandomState(12345)
@@ -51,8 +49,7 @@ def _global_reader() -> Callable[[], list[Any]] | None:
             return None
     except Exception:  # any surprise: numpy's own getter
         return None
-    _GLOBAL_BG[0] = rs._bit_generator
-    return read
+    return read, rs._bit_generator
 
 
 def _gauss_offsets(rs: Any) -> tuple[int, int] | None:
