@@ -436,8 +436,7 @@ def test_corrupted_object_is_caught_by_its_hash_and_restore_falls_back(s3: Any, 
 
 
 @pytest.fixture(scope="module")
-def own_s3(weed_s3: Any) -> Iterator[Any]:
-    """A second weed this module may kill and restart (the session's stays up)."""
+def _own_s3_server(weed_s3: Any) -> Iterator[Any]:
     root = Path(tempfile.mkdtemp(prefix="weed-fault-", dir=os.environ.get("HETRUN_TEST_SHARED_TMP", "/var/tmp/hetrun-tests")))
     srv = local_s3.start(root)
     local_s3.make_bucket(srv, BUCKET)
@@ -446,6 +445,15 @@ def own_s3(weed_s3: Any) -> Iterator[Any]:
     finally:
         srv.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_s3(_own_s3_server: Any) -> Any:
+    """A second weed a test may kill (the session's stays up): started again here, on its
+    ports and data, only for a test that finds it killed (a restart takes seconds)."""
+    if not _own_s3_server.alive():
+        _own_s3_server.restart()
+    return _own_s3_server
 
 
 @pytest.mark.slow
@@ -484,20 +492,17 @@ def test_server_down_at_restore_falls_back_and_says_so(own_s3: Any, tmp_path: Pa
     state = _state(7)
     saver.save(1, state)
     saver.close()
-    srv.kill()
-    try:
-        events: list[dict[str, Any]] = []
-        # A killed server refuses the connection: reported at once (a silent server or a
-        # 5xx would be waited out for read_retry_s; 60 s here, so a retried refusal shows).
-        bucket = BucketTier(ObjectStore(store.url, env=srv.env(), read_retry_s=60.0), on_event=events.append)
-        got = CheckpointStore([Tier(tmp_path / "empty"), bucket, Tier(tmp_path / "shared")]).restore()
-        assert got is not None and got.step == 1 and got.tier == "shared" and _same(got.state, state)
-        assert events and events[0]["ev"] == "ckpt_tier_failure" and events[0]["op"] == "list"
-        assert "does not answer" in events[0]["error"] and "falling back" in events[0]["message"]
-        assert "connection refused" in events[0]["error"], events
-        assert "(retried for " not in events[0]["error"], events
-    finally:
-        srv.restart()
+    srv.kill()  # left down: the own_s3 fixture restarts it for a test that needs it
+    events: list[dict[str, Any]] = []
+    # A killed server refuses the connection: reported at once (a silent server or a
+    # 5xx would be waited out for read_retry_s; 60 s here, so a retried refusal shows).
+    bucket = BucketTier(ObjectStore(store.url, env=srv.env(), read_retry_s=60.0), on_event=events.append)
+    got = CheckpointStore([Tier(tmp_path / "empty"), bucket, Tier(tmp_path / "shared")]).restore()
+    assert got is not None and got.step == 1 and got.tier == "shared" and _same(got.state, state)
+    assert events and events[0]["ev"] == "ckpt_tier_failure" and events[0]["op"] == "list"
+    assert "does not answer" in events[0]["error"] and "falling back" in events[0]["message"]
+    assert "connection refused" in events[0]["error"], events
+    assert "(retried for " not in events[0]["error"], events
 
 
 def _relay(handler: http.server.BaseHTTPRequestHandler, upstream: tuple[str, int], body: bytes) -> None:

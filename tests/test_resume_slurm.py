@@ -6,7 +6,8 @@ in events.jsonl and in ``hetrun status``, and the time from the requeued job's
 start in Slurm to its first resumed training step is broken down from the
 runtime's startup/restore/action events (printed, and written to
 ``requeue_timing.json`` in the run directory). benchmarks/requeue_bench.py
-does the same with the example jobs.
+does the same with the example jobs. `hetrun report` is checked on the same run
+(tests/test_report_slurm.py keeps the failed run).
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import itertools
 import json
 import os
 import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hetrun.dag.spec import spec_from_dict
+from hetrun.reports.attempts import status_summary
 from hetrun.reports.run_report import build_report
 from hetrun.runtime.ckpt import open_store
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
-from hetrun.slurm_plugin.rundir import wait_for
+from hetrun.slurm_plugin.rundir import events_of, wait_for
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
 
 HERE = Path(__file__).parent
@@ -158,10 +161,45 @@ def test_preempted_twice_through_the_high_partition_resumes_and_finishes(slurm_c
                    strict=False))
     assert (row["STATE"], row["RESTARTS"], row["WORK LOST"]) == ("COMPLETED", "2", "0"), out.stdout
     # `hetrun report`'s restart rows carry the startup timing.
-    resumes = build_report(run_dir).resumes
+    rep = build_report(run_dir)
+    resumes = rep.resumes
     assert [r["restart"] for r in resumes] == [1, 2], resumes
     for r, t in zip(resumes, timings, strict=True):
         assert 0 < r["startup_s"] < r["start_to_restored_s"] < t["total_s"] + 1, (resumes, timings)
+    _assert_report_of_two_preemptions(run_dir, rep, restored=[t["restored_step"] for t in timings])
+
+
+def _cli(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _assert_report_of_two_preemptions(run_dir: Path, rep: Any, restored: list[int]) -> None:
+    """`hetrun report` of this run (the one real preempted-and-resumed Slurm run it is checked on):
+    the restart section carries the real cause, what was restored and the work lost; status and
+    report agree; sacct's rows span the requeues."""
+    assert rep.counts["restarts"] == 2 and rep.counts["preemptions"] == 2, (rep.counts, events_of(run_dir, ("attempt_end",)))
+    assert [row["cause"] for row in rep.restart_history] == ["preempted", "preempted"], rep.restart_history
+    for row, step in zip(rep.restart_history, restored, strict=True):
+        learner = row["components"]["learner"]
+        assert learner["state"] == "restored" and learner["step"] == step, row
+        assert row["queue_wait_s"] is not None and row["queue_wait_s"] >= 0, row
+        assert row["first_step_s"] is not None and row["first_step_s"] > 0, row
+        assert row["work_lost_iterations"] == 0 and row["work_lost_s"] is not None, row
+    assert rep.outcome["outcome"] == "done" and rep.outcome["attempt"] == 2, rep.outcome
+    counts, lost = status_summary(run_dir)
+    assert rep.counts["restarts"] == counts.restarts and lost == rep.work_lost
+    acc = rep.accounting
+    if acc["note"] is None:  # accounting is up on the local cluster; the rows span the requeues
+        states = [r["state"] for r in acc["rows"] if r["component"] == "learner"]
+        assert len(states) >= 3 and states[-1] == "COMPLETED", acc
+    text = _cli("report", str(run_dir))
+    assert all(f"learner@{step}" in text for step in restored), text
+    assert "preempted" in text and "done (attempt 3)" in text, text
+    doc = json.loads(_cli("report", str(run_dir), "--json"))
+    assert [h["cause"] for h in doc["restart_history"]] == ["preempted", "preempted"], doc["restart_history"]
 
 
 def _first_steps(evs: list[dict[str, Any]], restart: int) -> dict[int, float]:

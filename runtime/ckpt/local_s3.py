@@ -138,7 +138,10 @@ def start(root: str | os.PathLike[str], *, timeout: float = 60.0, _ports: list[i
            f"-filer.port={f}", f"-filer.port.grpc={fg}", "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-metricsPort={metrics}",
            f"-s3.config={root / 's3.json'}", "-master.volumeSizeLimitMB=1024", "-volume.max=0",
-           "-master.telemetry=false"]
+           "-master.telemetry=false",
+           # One master: after a restart on its old data it waits out an election before it leads
+           # (~19 s at the default 10 s; ~1 s here), and until then nothing is served.
+           "-master.electionTimeout=1s"]
     log = open(root / "weed.log", "ab")  # noqa: SIM115 (the child owns it)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     log.close()
