@@ -410,7 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = shorten_own_hold(os.environ.get("SLURM_JOB_ID", ""), args.run_dir.resolve(), restart=args.restart)
         if done:
             sys.stderr.write(f"hetrun: {done['message']}\n")
-    print("requeue" if requeue else "end")
+    # "done": the attempt finished (every rank's own exit says so, outcome()), whatever srun's
+    # status: a step whose srun was ended after its ranks' clean exits (stuck on a dead node's
+    # slurmstepd, or on a rank's leftover child) is a completed job, and the batch script exits 0.
+    print("requeue" if requeue else "done" if rec["outcome"] == "done" else "end")
     return 0
 
 

@@ -317,6 +317,9 @@ def _postmortem_lines(opts: SlurmOptions, hetrun_python: str) -> list[str]:
         '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
         '    echo "hetrun: scontrol requeue $SLURM_JOB_ID failed" >&2',
         "fi",
+        "# Every rank exited 0 (the post-mortem reads their exit events): a completed job, even",
+        "# where srun itself was ended after them (its status then is 137).",
+        'if [ "$_hetrun_next" = done ]; then exit 0; fi',
         'exit "$_hetrun_rc"',
         "",
     ]
