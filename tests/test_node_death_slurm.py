@@ -107,9 +107,16 @@ def killed_run(slurm_cluster) -> Iterator[dict[str, Any]]:  # type: ignore[no-un
                "events": events(run_dir), "status": status}
 
 
+def _batch_logs(run_dir: Any) -> str:
+    """The batch script's and srun's logs, for a failed assertion (the run directory goes with
+    the module's throw-away cluster: a failure seen once in the suite could not be read after)."""
+    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:]
+                     for p in sorted((run_dir / "logs").glob("*.err")) + sorted((run_dir / "logs").glob("batch-*.out")))
+
+
 def test_the_job_finishes_inside_its_allocation(killed_run: dict[str, Any]) -> None:
     final = killed_run["final"]
-    assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], final
+    assert [c.state for c in final.components] == ["COMPLETED", "COMPLETED"], (final, _batch_logs(killed_run["run_dir"]))
     assert all(c.restarts == 0 for c in final.components), final  # never went back to the queue
     # ... and it trained on after Slurm was told the node is down.
     assert any(e.get("ev") == "action" and e.get("end", 0) > killed_run["down_at"]
