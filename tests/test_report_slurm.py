@@ -4,9 +4,7 @@ on tests/test_resume_slurm.py's run (preempted twice): one Slurm job for both cl
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ from hetrun.reports.run_report import build_report
 from hetrun.slurm_plugin.backends.sbatch import SbatchBackend
 from hetrun.slurm_plugin.rundir import events_of
 from hetrun.slurm_plugin.submit import submit_spec, wait_for_end
-from test_resume_slurm import _idle_node
+from test_resume_slurm import _cli, _idle_node
 
 HERE = Path(__file__).parent
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -34,13 +32,6 @@ def _spec(name: str, job_dir: Path, workload: str, args: dict[str, Any], iterati
         "slurm": {"partition": "debug", "time": "00:10:00", "extra": [f"--nodelist={node}"] if node else []},
         "env": {"OMP_NUM_THREADS": "1", "HETRUN_JOB_DIR": str(job_dir)},
     })
-
-
-def _cli(*args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "hetrun.cli", *args], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "COLUMNS": "200"})
-    assert out.returncode == 0, out.stderr
-    return out.stdout
 
 
 def test_report_of_a_failed_run_names_the_rank(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
