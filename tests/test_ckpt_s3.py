@@ -522,17 +522,25 @@ def _relay(handler: http.server.BaseHTTPRequestHandler, upstream: tuple[str, int
     conn.close()
 
 
-class _Throttler(http.server.BaseHTTPRequestHandler):
-    """A real HTTP hop in front of weed answering 503 SlowDown to every other PUT
-    at first (S3's throttling answer), forwarding everything else."""
+class _Hop(http.server.BaseHTTPRequestHandler):
+    """A real HTTP hop in front of weed. HTTP/1.1, as S3 speaks: botocore asks a PUT's body to be
+    welcome first (``Expect: 100-continue``) and waits 1 s for the answer an HTTP/1.0 server
+    never sends (every PUT through the hop took 1.0 s: 16 s of the throttling test)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _Throttler(_Hop):
+    """A hop answering 503 SlowDown to every other PUT at first (S3's throttling answer),
+    forwarding everything else."""
 
     upstream: tuple[str, int] = ("127.0.0.1", 0)
     throttled = 0
     budget = 6
     lock = threading.Lock()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -578,13 +586,10 @@ def test_throttling_is_retried_with_backoff(s3: Any, tmp_path: Path) -> None:
         proxy.shutdown()
 
 
-class _Failing(http.server.BaseHTTPRequestHandler):
-    """A real HTTP hop in front of weed answering 500 InternalError (what weed answers while its
-    volume servers register after a restart) to the first ``server.failures`` GETs and HEADs;
-    the count lives on the server object, so no two tests share it."""
-
-    def log_message(self, *args: Any) -> None:
-        pass
+class _Failing(_Hop):
+    """A hop answering 500 InternalError (what weed answers while its volume servers register
+    after a restart) to the first ``server.failures`` GETs and HEADs; the count lives on the
+    server object, so no two tests share it."""
 
     def _forward(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
