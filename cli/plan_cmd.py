@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from hetrun.dag.action import NodeCapacity
     from hetrun.dag.plan import Plan, PlanBuild, PlanDep
     from hetrun.dag.spec import JobSpec
+    from hetrun.slurm_plugin.backends import BackendChoice
     from rich.console import Console
 
 # --unroll prints one line per dispatch; beyond this the table is cut (the counts stay exact).
@@ -43,11 +44,13 @@ _MAX_UNROLL_ROWS = 400
 _MAX_SCALE_ACTIONS = 5_000_000
 
 
-def _capacities(spec: JobSpec, mode: str, job: Path) -> tuple[list[NodeCapacity] | None, str]:
+def _capacities(spec: JobSpec, mode: str, job: Path, probe: BackendChoice) -> tuple[list[NodeCapacity] | None, str]:
     """Node capacities to check against and where they came from; first the mistakes
     ``hetrun submit`` would refuse before the queue (``slurm_plugin.prequeue``): a partition
     the cluster does not have (when a controller answers), a command's missing program or
-    script (and, when the job is bound for a cluster, one under a node-private /tmp)."""
+    script (and, when the job is bound for a cluster, one under a node-private /tmp).
+    ``probe``: whether a controller answers; sinfo is asked only when one does (without one
+    it waits out its 5 s timeout)."""
     from hetrun.slurm_plugin.prequeue import check_commands, check_partitions
 
     if mode == "spec":
@@ -55,17 +58,18 @@ def _capacities(spec: JobSpec, mode: str, job: Path) -> tuple[list[NodeCapacity]
         return None, "the job spec (--capacity spec)"
     from hetrun.slurm_plugin.inventory import capacities_of, node_inventory
 
-    nodes = node_inventory()
+    nodes = node_inventory() if probe.name == "sbatch" else None
     check_partitions(spec, nodes, file=str(job))
     bound = nodes is not None  # a controller answered: the job goes to it, with this PATH
     check_commands(spec, job.parent, to_slurm=bound, search_path=bound, file=str(job))
     if nodes is None:
+        why = "sinfo did not answer" if probe.name == "sbatch" else probe.reason
         if mode == "cluster":
             from hetrun.errors import SlurmError
 
-            raise SlurmError("--capacity cluster: no Slurm cluster answered sinfo",
+            raise SlurmError(f"--capacity cluster: no Slurm cluster to ask ({why})",
                              hint="start one (hetrun cluster up) or use --capacity auto")
-        return None, "the job spec (no cluster answered sinfo; partitions not checked)"
+        return None, f"the job spec (no cluster: {why}; partitions not checked)"
     part = spec.slurm.partition or "the default partition"
     caps = capacities_of(nodes, spec.slurm.partition)
     if caps is None:  # every named partition exists (checked above) but holds no node
@@ -73,7 +77,7 @@ def _capacities(spec: JobSpec, mode: str, job: Path) -> tuple[list[NodeCapacity]
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
-def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[Plan, list[str]]:
+def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool, probe: BackendChoice) -> tuple[Plan, list[str]]:
     """plan.json as ``hetrun submit`` would write it: the ``placement: auto`` components (every
     one with ``--fit``) placed against the pool by submit's own fit step (``placement_fit.place``),
     when a controller answers; otherwise unplaced, and notes saying which and why."""
@@ -83,11 +87,10 @@ def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool) -> tuple[Plan, list
     names = auto_components(spec, fit)
     if not names:
         return plan, []
-    from hetrun.slurm_plugin.backends import choose_auto, get_backend
+    from hetrun.slurm_plugin.backends import get_backend
 
     from hetrun.errors import SlurmError
 
-    probe = choose_auto()
     why = probe.reason
     if probe.name == "sbatch":
         try:
@@ -255,9 +258,12 @@ def register(app: typer.Typer) -> None:
             from hetrun.runtime.ckpt.object_preflight import preflight
 
             preflight(spec.checkpoint.object_store, str(job))
-        caps, cap_source = _capacities(spec, capacity, job)
+        from hetrun.slurm_plugin.backends import choose_auto
+
+        probe = choose_auto()  # once: the capacities, the placement and --explain all ask it
+        caps, cap_source = _capacities(spec, capacity, job, probe)
         build = build_plan_explained(spec, capacities=caps)
-        placed, unplaced = _placed_plan(build, spec, fit)
+        placed, unplaced = _placed_plan(build, spec, fit, probe)
         if as_json:  # plan.json as submit writes it (the placement choices in it)
             for note in unplaced:
                 sys.stderr.write(f"hetrun: {note}\n")
@@ -279,7 +285,7 @@ def register(app: typer.Typer) -> None:
             from hetrun.slurm_plugin.placement_fit import explain_lines
 
             console.print("[bold]placement[/bold]")
-            for line in explain_lines(explain_fit(spec)):
+            for line in explain_lines(explain_fit(spec, probe=probe)):
                 console.print(line, markup=False)
         from hetrun.cli.submit_cmd import placement_lines
 

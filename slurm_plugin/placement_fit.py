@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from hetrun.dag.plan import ComponentPlan, PlacementChoice, Plan
     from hetrun.dag.spec import JobSpec
 
+    from .backends import BackendChoice
     from .backends.base import Backend
 
 # A candidate over a quota with what runs now, where no candidate is inside the quotas:
@@ -172,15 +173,15 @@ def _default_runner(argv: Sequence[str]) -> str:
 
 
 def explain(spec: JobSpec, *, run: Runner | None = None, test_only: Callable[[list[str]], str] | None = None,
-            hours: float = 6.0) -> FitReport:
+            hours: float = 6.0, probe: BackendChoice | None = None) -> FitReport:
     """Every component's needs and, when a cluster answers, its candidates (``hours``: the
-    pool's failure-history window)."""
+    pool's failure-history window; ``probe``: the caller's ``choose_auto()``, if it asked)."""
     needs = component_needs(spec)
     snap, quotas, why = None, None, None
     if run is None:  # the default cluster: ask quickly whether a controller answers at all
         from .backends import choose_auto
 
-        probe = choose_auto()
+        probe = probe or choose_auto()
         why = None if probe.name == "sbatch" else probe.reason
     if why is None:
         snap, quotas, why = _snapshot(run, spec, hours)
