@@ -8,6 +8,7 @@ Thin: the planning is in ``hetrun.dag``; node capacities come from
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
@@ -31,6 +32,8 @@ from hetrun.cli.spec_options import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from hetrun.dag.action import NodeCapacity
     from hetrun.dag.plan import Plan, PlanBuild, PlanDep
     from hetrun.dag.spec import JobSpec
@@ -44,12 +47,13 @@ _MAX_UNROLL_ROWS = 400
 _MAX_SCALE_ACTIONS = 5_000_000
 
 
-def _capacities(spec: JobSpec, mode: str, job: Path, probe: BackendChoice) -> tuple[list[NodeCapacity] | None, str]:
+def _capacities(spec: JobSpec, mode: str, job: Path,
+                probe: Callable[[], BackendChoice]) -> tuple[list[NodeCapacity] | None, str]:
     """Node capacities to check against and where they came from; first the mistakes
     ``hetrun submit`` would refuse before the queue (``slurm_plugin.prequeue``): a partition
     the cluster does not have (when a controller answers), a command's missing program or
     script (and, when the job is bound for a cluster, one under a node-private /tmp).
-    ``probe``: whether a controller answers; sinfo is asked only when one does (without one
+    ``probe()``: whether a controller answers; sinfo is asked only when one does (without one
     it waits out its 5 s timeout)."""
     from hetrun.slurm_plugin.prequeue import check_commands, check_partitions
 
@@ -58,12 +62,13 @@ def _capacities(spec: JobSpec, mode: str, job: Path, probe: BackendChoice) -> tu
         return None, "the job spec (--capacity spec)"
     from hetrun.slurm_plugin.inventory import capacities_of, node_inventory
 
-    nodes = node_inventory() if probe.name == "sbatch" else None
+    answer = probe()
+    nodes = node_inventory() if answer.name == "sbatch" else None
     check_partitions(spec, nodes, file=str(job))
     bound = nodes is not None  # a controller answered: the job goes to it, with this PATH
     check_commands(spec, job.parent, to_slurm=bound, search_path=bound, file=str(job))
     if nodes is None:
-        why = "sinfo did not answer" if probe.name == "sbatch" else probe.reason
+        why = "sinfo did not answer" if answer.name == "sbatch" else answer.reason
         if mode == "cluster":
             from hetrun.errors import SlurmError
 
@@ -77,7 +82,8 @@ def _capacities(spec: JobSpec, mode: str, job: Path, probe: BackendChoice) -> tu
     return caps, f"sinfo: {len(caps)} nodes of {part}"
 
 
-def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool, probe: BackendChoice) -> tuple[Plan, list[str]]:
+def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool,
+                 probe: Callable[[], BackendChoice]) -> tuple[Plan, list[str]]:
     """plan.json as ``hetrun submit`` would write it: the ``placement: auto`` components (every
     one with ``--fit``) placed against the pool by submit's own fit step (``placement_fit.place``),
     when a controller answers; otherwise unplaced, and notes saying which and why."""
@@ -91,8 +97,9 @@ def _placed_plan(build: PlanBuild, spec: JobSpec, fit: bool, probe: BackendChoic
 
     from hetrun.errors import SlurmError
 
-    why = probe.reason
-    if probe.name == "sbatch":
+    answer = probe()
+    why = answer.reason
+    if answer.name == "sbatch":
         try:
             return place(spec, plan, get_backend("sbatch"), fit_all=fit), []
         except SlurmError as exc:  # the controller answered the probe but not the pool's queries
@@ -260,7 +267,8 @@ def register(app: typer.Typer) -> None:
             preflight(spec.checkpoint.object_store, str(job))
         from hetrun.slurm_plugin.backends import choose_auto
 
-        probe = choose_auto()  # once: the capacities, the placement and --explain all ask it
+        # At most once, when asked: the capacities, the placement and --explain all want it.
+        probe = functools.cache(choose_auto)
         caps, cap_source = _capacities(spec, capacity, job, probe)
         build = build_plan_explained(spec, capacities=caps)
         placed, unplaced = _placed_plan(build, spec, fit, probe)
@@ -285,7 +293,7 @@ def register(app: typer.Typer) -> None:
             from hetrun.slurm_plugin.placement_fit import explain_lines
 
             console.print("[bold]placement[/bold]")
-            for line in explain_lines(explain_fit(spec, probe=probe)):
+            for line in explain_lines(explain_fit(spec, probe=probe())):
                 console.print(line, markup=False)
         from hetrun.cli.submit_cmd import placement_lines
 

@@ -234,6 +234,8 @@ def test_plan_explain_without_a_cluster_shows_the_needs(tmp_path: Path, monkeypa
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "placement: the pool is unavailable (" in out and "the needs alone:" in out
+    # One ping decided it (no sinfo waited out its timeout): the capacities say the ping's answer.
+    assert "against the job spec (no cluster: sbatch is installed but no Slurm controller answered" in out, out
     assert "component trainer (placement auto): 1 node(s) x 2 CPUs, 2 GPUs, 1000 MB per node" in out
     assert "allowed: partitions debug; GPU types a100, v100" in out
     assert "component watcher (placement fixed)" in out
