@@ -8,8 +8,9 @@ QOS/accounts applied through sacctmgr.
   the critical tier through preempt/qos: Slurm requeues it (PreemptMode=requeue
   on the QOS), the job starts again and hetrun's resume restores its checkpoint
   (restore event with restored_state) and finishes;
-- time_slicing: two jobs that each want a whole node share it on the policy's
-  partition (OverSubscribe=FORCE:2) and the gang scheduler takes turns.
+- the policy's time_slicing is on (PreemptMode=REQUEUE,GANG): the preemption above
+  runs under it. Two whole-node jobs taking turns on the time-sliced partition is
+  tests/test_pool_big.py's (the same check ran here too, 15 s of the suite).
 
 Job ids restart at 1 on every fresh start of this cluster while the shared
 slurmdbd keeps the records of earlier lives under the same ids: look jobs up
@@ -128,29 +129,3 @@ def test_a_critical_job_preempts_a_normal_hetrun_job_which_resumes(cluster: Seco
     assert sacct == ["hrtest2_critical|COMPLETED"], sacct
     restore = next(e for e in _events(run_dir) if e.get("ev") == "restore" and e.get("restart_count") == 1)
     assert restore["step"] >= 4 and restore["restored_state"] is True, restore
-
-
-def _states(c: SecondCluster, ids: list[str]) -> dict[str, str]:
-    out = c.run("squeue", "-h", "-j", ",".join(ids), "-o", "%i %T", check=False).stdout
-    return dict(line.split() for line in out.splitlines() if line.strip())
-
-
-def test_short_jobs_time_slice_on_the_policys_partition(cluster: SecondCluster, shared_tmp: Path) -> None:
-    """time_slicing: two jobs that each want all of n2's CPUs share them (OverSubscribe=FORCE:2)
-    and the gang scheduler takes turns: each is RUNNING while the other is SUSPENDED."""
-    part = cluster.run("scontrol", "show", "partition", "high").stdout
-    assert "OverSubscribe=FORCE:2" in part, part
-    ids = [cluster.run("sbatch", "--parsable", "-A", ACCOUNT, "-p", "high", "-w", "n2", "-n1", "-c2",
-                       "--mem=300M", "-t", "00:03:00", f"--output={shared_tmp}/slice-%j.out",
-                       "--wrap", "sleep 120").stdout.strip().split(";")[0] for _ in range(2)]
-    seen: set[tuple[str, str]] = set()
-    try:
-        def both_took_turns() -> bool:
-            states = _states(cluster, ids)
-            if sorted(states.values()) == ["RUNNING", "SUSPENDED"]:
-                seen.add(tuple(states[i] for i in ids))  # type: ignore[arg-type]
-            return len(seen) == 2
-        assert wait_for(both_took_turns, 90, 0.5), (seen, _states(cluster, ids))
-    finally:
-        cluster.run("scancel", *ids, check=False)
-
