@@ -1,10 +1,16 @@
 """`hetrun resume RUN` on the real local Slurm cluster: the CartPole PPO example is
 scancel'ed (`hetrun cancel`) after its first checkpoint, resumed as a new Slurm job
 in the same run directory, and ends with the checkpoint an uninterrupted Slurm run
-of the same spec writes."""
+of the same spec writes.
+
+The example's learner pauses 0.1 s after each update (tests/resume_slow_workloads.py,
+copied beside the job file): unpaused, the 64 iterations after the first checkpoint took
+about 3 s on an idle fast VM, and once the run reached its end before the cancel (the
+`hetrun cancel` CLI and Slurm's signal) landed."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,9 +20,20 @@ from hetrun.slurm_plugin.rundir import events_of, find_run
 from hetrun.slurm_plugin.submit import backend_for, is_finished
 
 from tests.resume_compare import assert_same_checkpoints
-from tests.test_resume_cmd import ITERATIONS, cli, job_file, store_steps
+from tests.test_resume_cmd import ITERATIONS, SMALL_PPO, cli, store_steps
+from tests.test_resume_cmd import job_file as ppo_job_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+HERE = Path(__file__).parent
+PAUSE_S = 0.1
+
+
+def job_file(tmp: Path) -> Path:
+    """test_resume_cmd's CartPole job, its learner paused ``PAUSE_S`` after each update."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "resume_slow_workloads.py", tmp / "resume_slow_workloads.py")  # beside job.yaml
+    return ppo_job_file(tmp, workload="resume_slow_workloads:SlowPPO",
+                        workload_args={**SMALL_PPO["workload_args"], "pause": PAUSE_S})
 
 
 def submit(job: Path, runs: Path, *extra: str) -> Path:
