@@ -50,12 +50,14 @@ from hetrun.runtime.plan_view import PlanView, load_plan
 
 from hetrun.rundir import RunPaths
 
-# MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 20000. Components
+# MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 12000. Components
 # of one job never share a port (at most 32 components); jobs whose ids differ
-# by less than 625 never do either. The run API's own choice for a plain srun
-# step (runtime/api/env.py) is only used where no port is set.
+# by less than 375 never do either. Below Linux's ephemeral range (32768-60999 by
+# default): a port in it can be held by any outgoing connection on the node (seen:
+# EADDRINUSE on 38656 for a job's store). The run API's own choice for a plain srun
+# step (runtime/api/env.py, the same range) is only used where no port is set.
 COMMAND_PORT_BASE = 20000
-COMMAND_PORT_SPAN = 20000
+COMMAND_PORT_SPAN = 12000
 NOT_FOUND_EXIT = 127
 
 

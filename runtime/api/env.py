@@ -104,12 +104,12 @@ def discover() -> RankEnv:
 
 def master_port(job_id: str | None, step_id: str | None) -> int:
     """A port derived from the job and step, so that concurrent jobs sharing a
-    node (and successive steps of one job) do not collide; 29500 as torchrun
-    when there is no job."""
+    node (and successive steps of one job) do not collide, below Linux's ephemeral
+    range (runtime/command_rank.py's ports); 29500 as torchrun when there is no job."""
     if not job_id:
         return 29500
     digits = int(re.sub(r"\D", "", job_id) or 0)
-    return 20000 + (digits * 16 + int(step_id or 0)) % 20000
+    return 20000 + (digits * 16 + int(step_id or 0)) % 12000
 
 
 def _free_port() -> int:
