@@ -43,21 +43,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hetrun.runtime import command_stop, heartbeat, preempt
-from hetrun.runtime.api.env import first_host, tasks_on_node
+from hetrun.runtime.api.env import PORT_BASE, PORT_SPAN, first_host, tasks_on_node
 from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PlanView, load_plan
 
 from hetrun.rundir import RunPaths
 
-# MASTER_PORT of component k of job J: 20000 + (J * 32 + k) % 12000. Components
-# of one job never share a port (at most 32 components); jobs whose ids differ
-# by less than 375 never do either. Below Linux's ephemeral range (32768-60999 by
-# default): a port in it can be held by any outgoing connection on the node (seen:
-# EADDRINUSE on 38656 for a job's store). The run API's own choice for a plain srun
-# step (runtime/api/env.py, the same range) is only used where no port is set.
-COMMAND_PORT_BASE = 20000
-COMMAND_PORT_SPAN = 12000
+# MASTER_PORT of component k of job J: PORT_BASE + (J * 32 + k) % PORT_SPAN (runtime/api/env.py:
+# below the ephemeral ports). Components of one job never share a port (at most 32 components);
+# jobs whose ids differ by less than 375 never do either. The run API's own choice for a plain
+# srun step (env.master_port) is only used where no port is set.
 NOT_FOUND_EXIT = 127
 
 
@@ -67,7 +63,7 @@ def command_port(job_id: str | None, index: int) -> int:
     digits = int(re.sub(r"\D", "", job_id or "") or 0)
     if not digits:
         return 29500 + index
-    return COMMAND_PORT_BASE + (digits * 32 + index) % COMMAND_PORT_SPAN
+    return PORT_BASE + (digits * 32 + index) % PORT_SPAN
 
 
 def _given_port(environ: Mapping[str, str]) -> str | None:

@@ -102,14 +102,21 @@ def discover() -> RankEnv:
     return RankEnv(0, 1, 0, 1, 0, "standalone", job)
 
 
+# MASTER_PORTs hetrun derives from a Slurm job id (here and runtime/command_rank.py): 20000 up to
+# 31999, below Linux's ephemeral range (32768-60999 by default), where any outgoing connection on
+# the node may hold a port (seen: EADDRINUSE on 38656 for a job's store).
+PORT_BASE = 20000
+PORT_SPAN = 12000
+
+
 def master_port(job_id: str | None, step_id: str | None) -> int:
     """A port derived from the job and step, so that concurrent jobs sharing a
-    node (and successive steps of one job) do not collide, below Linux's ephemeral
-    range (runtime/command_rank.py's ports); 29500 as torchrun when there is no job."""
+    node (and successive steps of one job) do not collide (PORT_BASE, PORT_SPAN); 29500 as
+    torchrun when there is no job."""
     if not job_id:
         return 29500
     digits = int(re.sub(r"\D", "", job_id) or 0)
-    return 20000 + (digits * 16 + int(step_id or 0)) % 12000
+    return PORT_BASE + (digits * 16 + int(step_id or 0)) % PORT_SPAN
 
 
 def _free_port() -> int:
