@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+import torchrun_elastic_peer as peer  # noqa: E402
 from node_cluster import NodeCluster  # noqa: E402
 from node_death_bench import batch_marks, wait  # noqa: E402
 from test_resume_exact import events  # noqa: E402
@@ -217,6 +218,9 @@ def main() -> None:
     p.add_argument("--overhead-pairs", type=int, default=0, help="rounds of off / every-1 / auto (no kill)")
     p.add_argument("--overhead-steps", type=int, default=300)
     p.add_argument("--overhead-skip", type=int, default=20, help="steps before the measured window")
+    p.add_argument("--torchrun-kills", type=int, default=0,
+                   help="the peer (benchmarks/torchrun_elastic_peer.py): deaths per rendezvous setting")
+    p.add_argument("--torchrun-confs", nargs="+", default=list(peer.CONFS), choices=list(peer.CONFS))
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "node_death_command.json")
     args = p.parse_args()
     if args.memory_every is not None and args.memory_every != "auto":
@@ -231,6 +235,9 @@ def main() -> None:
     try:
         result["spare"] = trials(cluster, 1, ["kill"] * args.kills + ["down"] * args.downs, args)
         result["requeue"] = trials(cluster, 0, ["kill"] * args.requeue_kills, args)
+        for conf in args.torchrun_confs if args.torchrun_kills else []:
+            result[conf] = peer.trials(cluster, conf, args.torchrun_kills, args.kill_after, args.save_every,
+                                       args.wait, BASE)
         if args.overhead_pairs:
             try:
                 result["overhead"] = overhead(cluster, args.overhead_pairs, args.overhead_steps, args.overhead_skip)
@@ -238,7 +245,7 @@ def main() -> None:
                 result["overhead"] = {"error": repr(exc)}
     finally:
         cluster.stop()
-    for key in ("spare", "requeue"):
+    for key in ("spare", "requeue", *(c for c in peer.CONFS if c in result)):
         ok = [t for t in result[key] if t.get("first_step_s") is not None]
         if ok:
             result[f"{key}_median_first_step_s"] = statistics.median(t["first_step_s"] for t in ok)
@@ -248,14 +255,15 @@ def main() -> None:
                     result[f"spare_{mode}_median_first_step_s"] = statistics.median(mine)
             result[f"{key}_max_work_lost"] = max(t["work_lost"] for t in ok)
             result[f"{key}_work_lost"] = [t["work_lost"] for t in ok]
-            result[f"{key}_state_from"] = [sorted({s["source"] for s in t.get("sources") or []}) for t in ok]
+            if key in ("spare", "requeue"):
+                result[f"{key}_state_from"] = [sorted({s["source"] for s in t.get("sources") or []}) for t in ok]
         result[f"{key}_errors"] = len(result[key]) - len(ok)
     result["load_after"] = os.getloadavg()
     result["ended"] = time.strftime("%H:%M:%S", time.gmtime())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(args.out.read_text()) if args.out.exists() else []
     args.out.write_text(json.dumps([*prev, result], indent=1))
-    summary = {k: v for k, v in result.items() if k not in ("spare", "requeue", "overhead")}
+    summary = {k: v for k, v in result.items() if k not in ("spare", "requeue", "overhead", *peer.CONFS)}
     if "overhead" in result:
         summary["overhead"] = {k: v for k, v in result["overhead"].items() if k != "runs"}
     print(json.dumps(summary, indent=1))
