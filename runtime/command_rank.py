@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from hetrun.runtime import command_stop, heartbeat, preempt
+from hetrun.runtime import command_stop, heartbeat, preempt, warm_command
 from hetrun.runtime.api.env import PORT_BASE, PORT_SPAN, first_host, tasks_on_node
 from hetrun.runtime.entry import env_time, process_start_time
 from hetrun.runtime.events import EventLog
@@ -221,7 +221,9 @@ def main(args: Sequence[str] | None = None) -> int:
     if beating:
         heartbeat.start_heartbeat(run_dir, node)
     try:
-        return _run([program, *argv[1:]], env, cwd, events, log, plan, run_dir)
+        # A Python program restarted inside the allocation forks from the node's warm server
+        # (torch imported there) where the job has one (runtime/warm_command.py).
+        return _run(warm_command.wrapped(argv, program, env), env, cwd, events, log, plan, run_dir)
     finally:
         if beating:
             # Ended (done, stopped or failed, all recorded above): not a dead node.

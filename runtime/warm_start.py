@@ -151,19 +151,31 @@ def _die_like(sig: int) -> None:
 
 def preload(run_dir: Path) -> list[str]:
     """Import what a rank's start imports, MPI excepted; the modules that failed (the rank
-    then imports them itself and reports their errors where it always has)."""
+    then imports them itself and reports their errors where it always has). A job of command
+    components (runtime/warm_command.py: their Python programs fork from here): torch's
+    distributed and DDP modules, and torch._dynamo, which ``DistributedDataParallel(...)`` and
+    torch's optimizers import on first use (~1.3 s of a DDP script's restart); not hetrun's
+    runtime, which such a program does not run."""
     failed = []
-    import torch  # noqa: F401
+    import torch
 
-    from . import entry, executor  # noqa: F401
     from .plan_view import load_plan
-    from .workload import load_workload_class, workload_search_dirs
     try:
         plan = load_plan(run_dir, validate=False)
-        if plan.workload:
-            load_workload_class(plan.workload, workload_search_dirs(plan, run_dir))
     except Exception as exc:  # the rank reports it, with its context, if it fails there too
-        failed.append(f"{type(exc).__name__}: {exc}")
+        return [f"{type(exc).__name__}: {exc}"]
+    if any(c.command is not None for c in plan.components):
+        import torch._dynamo
+        import torch.distributed
+        import torch.nn.parallel  # noqa: F401
+    if any(c.command is None for c in plan.components):
+        from . import entry, executor  # noqa: F401
+        from .workload import load_workload_class, workload_search_dirs
+        try:
+            if plan.workload:
+                load_workload_class(plan.workload, workload_search_dirs(plan, run_dir))
+        except Exception as exc:
+            failed.append(f"{type(exc).__name__}: {exc}")
     if "mpi4py.MPI" in sys.modules:  # MPI_Init in a server would be inherited by every fork
         raise RuntimeError("a preloaded module imported mpi4py.MPI: warm starts would share its MPI state")
     return failed
@@ -395,6 +407,12 @@ def _match_threads() -> None:
 
 
 def _run_rank(argv: list[str]) -> int:
+    """The forked child's work: a command component's Python program (runtime/warm_command.py),
+    else an action rank (``python -m hetrun.runtime <run_dir>``)."""
+    from .warm_command import PYTHON_FLAG, run_program
+
+    if argv[:1] == [PYTHON_FLAG] and len(argv) >= 2:
+        return run_program(argv[1:])
     from .entry import run_rank
 
     if len(argv) != 1:

@@ -164,12 +164,14 @@ def dead_after(run_dir: Path, restart: int, used: Sequence[Sequence[str]], het: 
             # The monitor saw it stop first, while the step still ran: no probe needed (it
             # would wait out its timeout on a dead node).
             why.setdefault(node, "its heartbeat stopped while the step ran")
-    if not why:
-        why.update(probe(used, het, heartbeats=RunPaths(str(run_dir)).heartbeats))
-    if why:
-        return list(why), why
     failures = [f for f in events_of(run_dir, ("rank_failure",)) if f.get("restart_count") == restart
                 and isinstance(f.get("node"), str) and f["node"] in flat]
+    if not why:
+        # A rank of this step failed (a survivor's collective broke): the probe's verdict needs
+        # a heartbeat silent for CORROBORATED_SILENCE_S, not the monitor's whole timeout.
+        why.update(probe(used, het, heartbeats=RunPaths(str(run_dir)).heartbeats, corroborated=bool(failures)))
+    if why:
+        return list(why), why
     for detected in ("srun", "hung", "runtime"):
         if why:
             break
@@ -208,6 +210,16 @@ def _hung(run_dir: Path, restart: int, failures: Sequence[Mapping[str, Any]],
 
 PROBE_TIMEOUT_S = 5.0  # a live node answers a one-task step in well under a second
 PROBE_GRACE_S = 1.0  # the least a node's probe is given before its stale heartbeat decides
+# The heartbeat silence that, with a probe not answered, names a node dead once a rank of the
+# step has failed (its rank_failure line: a survivor's collective broke on the dead node's
+# connections). Two beats at the default period. Without that failure the monitor's own rule,
+# $HETRUN_NODE_TIMEOUT. After the step's kill every node's beat has stopped (the beat is a
+# process of the step), so once the post-mortem runs the age alone tells little: the probe
+# decides, and the age keeps a node whose beat stopped only just now (killed a moment ago with
+# the step, its probe slow to start) from a verdict. At the whole timeout, a dead node's verdict
+# waited until 3 s after the kill though the survivor had failed within 0.1 s of it
+# (benchmarks/node_death.md, session 33).
+CORROBORATED_SILENCE_S = 1.0
 
 
 def node_timeout_s(env: Mapping[str, str] | None = None) -> float:
@@ -246,7 +258,7 @@ def heartbeat_ages(heartbeats: Path, nodes: Sequence[str]) -> dict[str, float | 
 
 
 def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = PROBE_TIMEOUT_S,
-          heartbeats: Path | None = None) -> dict[str, str]:
+          heartbeats: Path | None = None, corroborated: bool = False) -> dict[str, str]:
     """The nodes that do not run a one-task step (``srun --overlap ... true``) within
     ``timeout`` s, and why: a dead node's slurmd never answers, while Slurm itself marks
     it down only after SlurmdTimeout. All probes run at once; ``await_probes`` may decide
@@ -258,11 +270,12 @@ def probe(nodes_by_group: Sequence[Sequence[str]], het: bool, timeout: float = P
                     *([f"--het-group={g}"] if het else []), "true"]
             procs.append((node, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                  stderr=subprocess.PIPE, text=True)))
-    return await_probes(procs, timeout, heartbeats)
+    return await_probes(procs, timeout, heartbeats, corroborated=corroborated)
 
 
 def await_probes(procs: Sequence[tuple[str, subprocess.Popen[str]]], timeout: float = PROBE_TIMEOUT_S,
-                 heartbeats: Path | None = None, node_timeout: float | None = None) -> dict[str, str]:
+                 heartbeats: Path | None = None, node_timeout: float | None = None,
+                 corroborated: bool = False) -> dict[str, str]:
     """Wait for the probe steps ``procs`` (node, process); the nodes whose probe failed or
     did not answer within ``timeout`` s, and why.
 
@@ -274,8 +287,13 @@ def await_probes(procs: Sequence[tuple[str, subprocess.Popen[str]]], timeout: fl
     is dead: its probe is not waited out. Both are needed: a heartbeat merely late (a
     younger file) is never a verdict, and a live node whose rank was SIGKILLed (its file
     left behind, stale) answers its probe. Without a heartbeat file (never beating, or
-    removed by an orderly end) or with a fresh one, the probe's timeout decides as before."""
+    removed by an orderly end) or with a fresh one, the probe's timeout decides as before.
+    ``corroborated`` (a rank of the step failed): the silence needed is at most
+    ``CORROBORATED_SILENCE_S``."""
     limit = node_timeout_s() if node_timeout is None else node_timeout
+    rule = f"{NODE_TIMEOUT_ENV}={limit:g}"
+    if corroborated and limit > CORROBORATED_SILENCE_S:
+        limit, rule = CORROBORATED_SILENCE_S, f"{CORROBORATED_SILENCE_S:g} s: a rank of the step failed"
     start = time.monotonic()
     deadline = start + timeout
     pending = dict(procs)
@@ -301,9 +319,8 @@ def await_probes(procs: Sequence[tuple[str, subprocess.Popen[str]]], timeout: fl
                 for node, proc in pending.items():
                     proc.kill()
                     proc.communicate()
-                    out[node] = (f"its heartbeat has been silent for {ages[node]:.1f} s ({NODE_TIMEOUT_ENV}="
-                                 f"{limit:g}) and it did not answer a probe step in {waited:.1f} s "
-                                 "while the others did")
+                    out[node] = (f"its heartbeat has been silent for {ages[node]:.1f} s ({rule}) and it "
+                                 f"did not answer a probe step in {waited:.1f} s while the others did")
                 break
         if time.monotonic() >= deadline:
             for node, proc in pending.items():

@@ -17,6 +17,7 @@ shell-quotes every word it writes.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -440,7 +441,7 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "    # SIGKILLed (Slurm itself notices a dead node only after SlurmdTimeout). Once the",
         "    # step's tasks are killed, srun may still wait for a dead node's slurmstepd until Slurm",
         "    # marks the node down: it is ended too, at once after this monitor's own kill (a node",
-        "    # is known dead), 2 s after the srun reader's (srun may still end by itself). Ages in",
+        "    # is known dead), 0.5-1 s after the srun reader's (srun may still end by itself). Ages in",
         "    # microseconds from bash's EPOCHREALTIME: whole seconds added up to 1 s to the detection.",
         "    # Every node's file gone (each removed by its rank's orderly end) and every rank's exit",
         "    # event written, yet srun still runs STUCK_AFTER_EXIT_S later: a rank stuck after its end",
@@ -507,7 +508,11 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
         "            killed=1 since=3",
         "        done",
         "        last=$now",
-        '        if [ "$killed" -eq 0 ] && grep -qF "$_hetrun_kill_mark" "$_hetrun_srun_log" 2>/dev/null; then killed=1; fi',
+        # The srun reader killed the step (a rank died): srun is given one more poll to end by
+        # itself (it does within a few tenths of a second when every node lives); one whose
+        # node died waits for that node's slurmstepd until Slurm marks it down. It had four
+        # polls: 1.5-2 s of every node-death restart (benchmarks/node_death.md, session 33).
+        '        if [ "$killed" -eq 0 ] && grep -qF "$_hetrun_kill_mark" "$_hetrun_srun_log" 2>/dev/null; then killed=1 since=2; fi',
         '        if [ "$killed" -eq 1 ]; then',
         "            since=$((since + 1))",
         '            if [ "$since" -ge 4 ]; then',
@@ -572,13 +577,20 @@ def _recovery_body(comps: Sequence[ComponentRequest], run_dir: Path, py: str, he
     return body + finish
 
 
+# A command whose program is a Python interpreter by name (``python``, ``python3.11``): the rank
+# wrapper checks that it is the job's own before forking it warm (runtime/warm_command.py).
+_PYTHON_WORD = re.compile(r"python[0-9.]*")
+
+
 def _warm_lines(comps: Sequence[ComponentRequest], run_dir: Path, py: str) -> tuple[list[str], list[str]]:
-    """Warm servers (runtime/warm_start.py) for a job of action components with spares: one per
-    node of the allocation, spares included, started once the first ranks are up (a heartbeat
-    file: their imports must not slow the first start), so that a rank restarted inside the
-    allocation forks from one instead of importing torch again. Ended before the script exits.
-    ``HETRUN_WARM_START=0`` in the job's env starts none."""
-    if comps[0].command is not None:  # a command component runs the user's program, not hetrun's
+    """Warm servers (runtime/warm_start.py) for a job with spares: one per node of the
+    allocation, spares included, started once the first ranks are up (a heartbeat file: their
+    imports must not slow the first start), so that a rank restarted inside the allocation forks
+    from one instead of importing torch again: an action rank, or a command component's Python
+    program (runtime/warm_command.py). None where every component runs a program that is not
+    ``python ...`` (nothing would fork). Ended before the script exits. ``HETRUN_WARM_START=0``
+    in the job's env starts none."""
+    if not any(c.command is None or _PYTHON_WORD.fullmatch(c.command[0].rsplit("/", 1)[-1]) for c in comps):
         return [], []
     logs = quoting.sbatch_path(run_dir / "logs", "log directory")
     sruns = []

@@ -9,7 +9,8 @@ One run shared by every assertion: examples/ddp_train_hetrun.py (2 ranks, gloo) 
 process of rank 1's node is SIGKILLed (slurmd, slurmstepd, the rank); the surviving
 rank's gloo call fails at once, the batch script finds the dead node (heartbeat or
 probe step), excludes it and starts a new step on the survivor plus the spare inside
-the same allocation (one job id, Slurm's restart count 0). Rank 1's state comes from its
+the same allocation (one job id, Slurm's restart count 0), the new ranks' scripts forked from
+the nodes' warm servers (runtime/warm_command.py). Rank 1's state comes from its
 replica in the survivor's memory (sent over the tier's gloo group), rank 0's from its own
 copy; at most one step is lost. The run ends bit-identical to an uninterrupted torchrun
 of the same script, and status/report say what happened.
@@ -145,6 +146,10 @@ def test_the_command_job_restarts_on_a_spare_inside_its_allocation(killed_comman
     # The new step's ranks ran on the survivor and the spare, as attempt 1 of the run.
     second = [e for e in run["events"] if e.get("ev") == "start" and e.get("command") and e.get("restart_count") == 1]
     assert sorted(e["node"] for e in second) == sorted(trainer["new"]), second
+    # The first step's scripts started cold; the restarted ones forked from their nodes' warm
+    # servers (runtime/warm_command.py: torch imported there), and still end bit-identical (below).
+    starts = [(e["restart_count"], e["warm_start"]) for e in run["events"] if e.get("ev") == "start" and e.get("api")]
+    assert sorted(starts) == [(0, False), (0, False), (1, True), (1, True)], starts
     ends = [(e["restart_count"], e["outcome"]) for e in run["events"] if e.get("ev") == "attempt_end"]
     assert ends == [(0, "failed"), (1, "done")], ends
     assert (run["run_dir"] / "logs" / "in-allocation-restarts").read_text().split() == [run["job_id"], "0"]

@@ -1,6 +1,7 @@
 """node_recovery's verdict on which node died once the step has ended (no Slurm): a node
 whose probe has not answered while the others have, and whose heartbeat file has been
-silent for HETRUN_NODE_TIMEOUT, is dead without waiting out the probe; a fresh or missing
+silent for HETRUN_NODE_TIMEOUT (1 s once a rank of the step failed), is dead without waiting
+out the probe; a fresh or missing
 heartbeat leaves it to the probe's timeout. The probes are real processes standing in for
 ``srun ... true``: ``true`` a live slurmd's answer, ``sleep`` a dead node's silence."""
 
@@ -58,6 +59,28 @@ def test_a_stale_heartbeat_and_no_answer_while_the_others_answered_is_dead_at_on
     assert "did not answer a probe step in" in out["n2"], out
     assert "heartbeat has been silent" in out["n2"] and "HETRUN_NODE_TIMEOUT=3" in out["n2"], out
     assert dead.returncode is not None and time.monotonic() - t0 < 60.0  # killed, not waited out
+
+
+def test_a_failed_rank_corroborates_a_shorter_silence(tmp_path: Path) -> None:
+    """A rank of the step failed (``corroborated``): a heartbeat silent for 1.5 s, under the
+    3 s timeout, with no answer while the other node answered, is dead after the probe's grace
+    (1 s), and the reason names the rule; without the failure the same silence is no verdict
+    and the probe's own timeout decides."""
+    alive = tmp_path / "alive"
+    _beat(alive, "n2", 1.5)
+    t0 = time.monotonic()
+    out = await_probes([("n1", _live()), ("n2", _silent())], timeout=20.0, heartbeats=alive, node_timeout=3,
+                       corroborated=True)
+    assert list(out) == ["n2"] and "(1 s: a rank of the step failed)" in out["n2"], out
+    assert time.monotonic() - t0 < 5.0
+    _beat(alive, "n2", 1.0)  # (it ages while the probe waits: 2.5 s at the end, under the 3)
+    out = await_probes([("n1", _live()), ("n2", _silent())], timeout=1.5, heartbeats=alive, node_timeout=3)
+    assert out == {"n2": "did not answer a probe step within 1.5 s"}, out
+    # A fresh file (a beat stopped a moment ago) stays no verdict even then.
+    _beat(alive, "n2", 0.0)
+    out = await_probes([("n1", _live()), ("n2", _silent())], timeout=0.8, heartbeats=alive, node_timeout=3,
+                       corroborated=True)
+    assert out == {"n2": "did not answer a probe step within 0.8 s"}, out
 
 
 def test_a_fresh_or_missing_heartbeat_leaves_the_verdict_to_the_probe(tmp_path: Path) -> None:
