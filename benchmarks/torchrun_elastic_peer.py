@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node_death_bench import wait  # the benchmarks' folder is on sys.path (run as a script)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "ddp_train.py"
 CONFS = {"torchrun": "", "torchrun-tuned": "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"}
@@ -80,26 +82,16 @@ def progress(out: Path) -> list[tuple[int, float, int]]:
     return rows
 
 
-def _wait(cond: Any, timeout: float, poll: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(poll)
-    return None
-
-
 def one_death(cluster: Any, out: Path, job: str, kill_after: int, wait_s: float) -> dict[str, Any]:
     """Kill the second node once rank 0 has logged ``kill_after`` steps; time the first resumed step."""
-    if not _wait(lambda: len(progress(out)) > kill_after, 200):
+    if not wait(lambda: len(progress(out)) > kill_after, 200):
         return {"error": "no progress before the kill", "log": _tail(out, job)}
     nodelist = cluster.run("squeue", "-h", "-j", job, "-o", "%N").stdout.strip()
     node = cluster.run("scontrol", "show", "hostnames", nodelist).stdout.split()[1]
     t0 = time.time()
     cluster.kill_node(node)
     trial: dict[str, Any] = {"mode": "kill", "node": node, "killed_at": t0, "load": os.getloadavg()[0]}
-    first = _wait(lambda: next((r for r in progress(out) if r[1] > t0 and r[2] > 0), None), wait_s)
+    first = wait(lambda: next((r for r in progress(out) if r[1] > t0 and r[2] > 0), None), wait_s)
     if first is None:
         trial.update(error=f"no resumed step within {wait_s:g} s", log=_tail(out, job))
         return trial
