@@ -34,6 +34,8 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=10)
     p.add_argument("--out", default="ddp_out")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (tests)")
+    p.add_argument("--progress", default=None,
+                   help="rank 0 appends 'step end-time start-step' per step to this file (benchmarks)")
     args = p.parse_args()
     run = hetrun.attach()  # before init: sets RANK/MASTER_ADDR... under srun or standalone
     dist.init_process_group("gloo")
@@ -58,6 +60,9 @@ def main() -> None:
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
+        if rank == 0 and args.progress:
+            with open(args.progress, "a") as f:
+                f.write(f"{step} {time.time():.4f} {start}\n")
         if rank == 0 and step % 10 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
         run.log(step, loss=loss.item())

@@ -64,14 +64,17 @@ def run_program(argv: list[str]) -> int:
     server's child handler (warm_start.WarmServer._child), which ends the process with them."""
     import runpy
 
+    # sys.path[0] is the server's own first entry (its working directory: it runs as `python -m`);
+    # the program's interpreter would have put the script's directory there, or for -m its own
+    # working directory, in its place.
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
-        sys.path.insert(0, os.getcwd())
+        sys.path[0] = os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
         script = os.path.abspath(argv[0])
-        sys.path.insert(0, os.path.dirname(script))
+        sys.path[0] = os.path.dirname(script)
         runpy.run_path(script, run_name="__main__")
     return 0
 

@@ -21,7 +21,7 @@ from hetrun.rundir import WARM_SOCKET_ENV
 
 PROGRAM = r"""
 import json, os, sys
-out = {"argv": sys.argv, "name": __name__, "path0": sys.path[0], "cwd": os.getcwd(),
+out = {"argv": sys.argv, "name": __name__, "path0": sys.path[0], "path1": sys.path[1], "cwd": os.getcwd(),
        "foo": os.environ.get("FOO"), "forked": "HETRUN_WARM_FORKED" in os.environ,
        "torch_before": "torch" in sys.modules}
 print(json.dumps(out), flush=True)
@@ -72,6 +72,8 @@ def test_a_script_and_a_module_run_forked_as_in_their_own_interpreter(tmp_path: 
     assert out["forked"] and out["torch_before"], out  # forked from the server, torch there already
     assert out["argv"] == [str(scripts / "prog.py"), "a", "5"] and out["name"] == "__main__", out
     assert out["path0"] == str(scripts) and out["cwd"] == str(tmp_path / "work") and out["foo"] == "bar", out
+    cold = _run(tmp_path, None, str(scripts / "prog.py"), "a", "5")
+    assert json.loads(cold.stdout)["path1"] == out["path1"], (cold.stdout, out)  # no entry of the server's
     got = _run(tmp_path, server, "-m", "progmod", "b", "0")
     assert got.returncode == 0, got.stderr
     out = json.loads(got.stdout)
