@@ -300,10 +300,7 @@ def deaths(cluster: NodeCluster, kills: int, down: bool, node_timeout: int | Non
                         print(json.dumps(trials[-1]), flush=True)
                         break
         finally:
-            cluster.run("scancel", job, check=False)
-            time.sleep(2)
-            for n in cluster.cfg.node_names:
-                cluster.revive(n)
+            cluster.end_trial(job)
     return trials
 
 
@@ -319,10 +316,7 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
             t["path"] = "requeue"
             trials.append(t)
         finally:
-            cluster.run("scancel", job, check=False)
-            time.sleep(2)
-            for n in cluster.cfg.node_names:
-                cluster.revive(n)
+            cluster.end_trial(job)
     return trials
 
 

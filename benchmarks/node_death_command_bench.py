@@ -149,10 +149,7 @@ def trials(cluster: NodeCluster, spares: int, modes: list[str], args: argparse.N
             print(json.dumps(t), flush=True)
         t["path"] = "spare" if spares else "requeue"
         out.append(t)
-        cluster.run("scancel", job, check=False)
-        time.sleep(2)
-        for n in cluster.cfg.node_names:
-            cluster.revive(n)
+        cluster.end_trial(job)
     return out
 
 

@@ -122,8 +122,5 @@ def trials(cluster: Any, conf_name: str, kills: int, kill_after: int, save_every
         t.update(path=conf_name, out=str(out))
         print(json.dumps({k: v for k, v in t.items() if k != "log"}), flush=True)
         out_all.append(t)
-        cluster.run("scancel", job, check=False)
-        time.sleep(2)
-        for n in cluster.cfg.node_names:
-            cluster.revive(n)
+        cluster.end_trial(job)
     return out_all

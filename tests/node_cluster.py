@@ -92,6 +92,14 @@ class NodeCluster(SecondCluster):
                        timeout=60)
         shutil.rmtree(self.cfg.directory, ignore_errors=True)
 
+    def end_trial(self, job: str) -> None:
+        """After one death trial: cancel ``job`` and bring every node back (a killed node's slurmd
+        restarted, a DOWN one resumed), so the next trial finds the whole cluster idle."""
+        self.run("scancel", job, check=False)
+        time.sleep(2)
+        for n in self.cfg.node_names:
+            self.revive(n)
+
     def revive(self, node: str, timeout: float = 90) -> None:
         """A new slurmd for a killed node, and state resume once the controller sees it."""
         if self.slurmd_pid(node) is None:
