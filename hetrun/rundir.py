@@ -60,6 +60,7 @@ HEARTBEAT_ENV = "HETRUN_HEARTBEAT_S"
 # leave it out: it is not the ranks' step).
 WARM_SOCKET_ENV = "HETRUN_WARM_SOCKET"
 WARM_SWITCH_ENV = "HETRUN_WARM_START"
+WARM_FORKED_ENV = "HETRUN_WARM_FORKED"  # set in a forked rank or program: when it was forked (epoch s)
 WARM_STEP_NAME = "hetrun-warm"
 MEMORY_DIR_ENV = "HETRUN_MEMORY_DIR"  # the memory tier's node-local root (default /dev/shm)
 # Judged by change on the batch node's own clock (never by comparing a shared file's mtime

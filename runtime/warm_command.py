@@ -53,7 +53,7 @@ def python_program(argv: Sequence[str], program: str) -> bool:
 def wrapped(argv: Sequence[str], program: str, env: Mapping[str, str]) -> list[str]:
     """The argv the rank wrapper runs: this requester in front of a Python program when the job's
     warm servers are on, else the program as it is."""
-    if warm_start.enabled(dict(env)) and python_program(argv, program):
+    if warm_start.enabled(env) and python_program(argv, program):
         return [sys.executable, "-m", "hetrun.runtime.warm_command", program, *argv[1:]]
     return [program, *argv[1:]]
 

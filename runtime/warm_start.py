@@ -43,14 +43,13 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hetrun.rundir import WARM_FORKED_ENV as FORKED_ENV
 from hetrun.rundir import WARM_SOCKET_ENV as SOCKET_ENV
 from hetrun.rundir import WARM_SWITCH_ENV as SWITCH_ENV
-
-FORKED_ENV = "HETRUN_WARM_FORKED"  # set in a forked rank: when it was forked (epoch seconds)
 
 # Signals srun (or the batch script) may send a rank; the requester passes each on.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -60,7 +59,7 @@ _CONNECT_TIMEOUT_S = 2.0  # no answer within this: start cold (no child exists y
 _PR_SET_PDEATHSIG = 1
 
 
-def enabled(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+def enabled(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return bool(env.get(SOCKET_ENV)) and env.get(SWITCH_ENV, "1") != "0"
 

@@ -43,10 +43,9 @@ from hetrun.runtime.api import env as envmod
 from hetrun.runtime.api.stop import SoloAgreement, StepAgreement
 from hetrun.runtime.events import EventLog
 from hetrun.runtime.plan_view import PLAN_FILE, PlanView, load_plan
-from hetrun.runtime.warm_start import FORKED_ENV
 
 from hetrun.errors import CheckpointError, RuntimeFailure
-from hetrun.rundir import runs_at
+from hetrun.rundir import WARM_FORKED_ENV, runs_at
 
 if TYPE_CHECKING:
     from hetrun.runtime.context import RankContext
@@ -149,7 +148,7 @@ class Run:
         self.events.emit("start", job_id=rank_env.job_id, restart_count=resume.restart_count(),
                          size=rank_env.world_size, comp_rank=rank_env.rank, comp_size=rank_env.world_size,
                          launcher=rank_env.launcher, pid=os.getpid(), api=True,
-                         warm_start=FORKED_ENV in os.environ)  # forked from a warm server (runtime/warm_command.py)
+                         warm_start=WARM_FORKED_ENV in os.environ)  # forked from a warm server (runtime/warm_command.py)
 
     @property
     def rank(self) -> int:
