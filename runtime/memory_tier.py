@@ -144,6 +144,7 @@ class MemorySnapshots:
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
         self._off_thread = 0.0  # the writer's and the streams' CPU seconds, as of the last snapshot
+        self._window = [0.0, 0]  # N pinned at 1: the snapshots' seconds and count since the model's update
         # ... of which those that ran on cores otherwise idle are not charged (runtime/idle_cores.py):
         # they took no core from training. Read only for the adaptive N (a pread, ~2 us a snapshot).
         self._idle = IdleMeter() if self.adaptive else None
@@ -246,9 +247,23 @@ class MemorySnapshots:
         self.phases_cpu += time.thread_time() - c1
         self.seconds += spent
         self.by_every.setdefault(self.every, [0.0, 0.0, 0])[0] += spent
+        if self.taken > 1 and self.adaptive and self.every_max == 1:
+            # N cannot change (the default cap): the cost model only tells the report which N the
+            # budget would ask for, so it is updated once per AGREE_EVERY snapshots, over their
+            # mean: reading the idle cores costs a system call on the training thread (2-8 us,
+            # 50-80 after the DDP example's sleep; benchmarks/node_death.md, session 34).
+            window = self._window
+            window[0] += spent
+            window[1] += 1
+            if window[1] < AGREE_EVERY:
+                return
+            spent, count = window[0] / window[1], window[1]
+            window[0], window[1] = 0.0, 0
+        else:
+            count = 1
         # One snapshot's cost to this rank: its own seconds here, and the CPU its writer and
         # replica threads spent since the last one (its blob written and sent, the partners'
-        # replicas of the same steps received and written), less what the rank's cores left idle
+        # replicas of the same steps received and written here), less what the rank's cores left idle
         # meanwhile: off the training thread, the helpers take a core from training only where
         # none stood idle (one core per task, bound; not known: all of it is charged).
         off_thread = self.transport.thread_cpu_s + self.writer.cpu_s
@@ -256,7 +271,7 @@ class MemorySnapshots:
         idle = self._idle.idle_s() if self._idle is not None else None
         charged = helpers if idle is None else max(0.0, helpers - idle)
         self.charged_s += charged
-        cost = spent + charged
+        cost = spent + charged / count
         self._off_thread = off_thread
         if self.taken == 1:
             # A process's first snapshot pays once for what the next ones do not (MPI's first

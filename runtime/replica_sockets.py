@@ -242,34 +242,45 @@ class ReplicaSockets:
     def _recv_loop(self) -> None:
         if not self._in:
             return
-        sel = selectors.DefaultSelector()
         head = bytearray(_LEN.size)
         try:
-            for src, sock in self._in.items():
-                sel.register(sock, selectors.EVENT_READ, src)
-            while True:
-                for key, _ in sel.select():
-                    sock = key.fileobj
-                    t0 = time.thread_time()
-                    try:
-                        if not _recv_exact(sock, memoryview(head)):
-                            raise ConnectionError(f"rank {key.data} closed its replica stream")
-                        (n,) = _LEN.unpack(head)
-                        if n == FLUSH:
-                            with self._marks:
-                                self._got_marks[key.data] += 1
-                                self._marks.notify_all()
-                            continue
-                        buf = bytearray(n)
-                        if not _recv_exact(sock, memoryview(buf)):
-                            raise ConnectionError(f"rank {key.data} closed its replica stream mid-blob")
-                        self._deliver(memoryview(buf))
-                    finally:
-                        self._count(t0)
+            if len(self._in) == 1:
+                # One source (one replica a rank, the default): block in its socket's recv, no
+                # selector (its Python and one more GIL wait per blob, on a busy rank's step).
+                ((src, sock),) = self._in.items()
+                while True:
+                    self._recv_frame(src, sock, head)
+            sel = selectors.DefaultSelector()
+            try:
+                for src, sock in self._in.items():
+                    sel.register(sock, selectors.EVENT_READ, src)
+                while True:
+                    for key, _ in sel.select():
+                        self._recv_frame(key.data, key.fileobj, head)
+            finally:
+                sel.close()
         except (OSError, ValueError) as exc:  # ConnectionError included: a source gone; ValueError: closed here
             self._stop(exc)
+
+    def _recv_frame(self, src: int, sock: Any, head: bytearray) -> None:
+        """One frame from ``src``: a blob delivered, or a drain mark counted. Its CPU is counted
+        (a blocking wait for it is not CPU)."""
+        t0 = time.thread_time()
+        try:
+            if not _recv_exact(sock, memoryview(head)):
+                raise ConnectionError(f"rank {src} closed its replica stream")
+            (n,) = _LEN.unpack(head)
+            if n == FLUSH:
+                with self._marks:
+                    self._got_marks[src] += 1
+                    self._marks.notify_all()
+                return
+            buf = bytearray(n)
+            if not _recv_exact(sock, memoryview(buf)):
+                raise ConnectionError(f"rank {src} closed its replica stream mid-blob")
+            self._deliver(memoryview(buf))
         finally:
-            sel.close()
+            self._count(t0)
 
     def _stop(self, exc: BaseException) -> None:
         with self._marks:

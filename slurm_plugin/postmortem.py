@@ -231,6 +231,7 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
             for d in deaths:
                 fields = {k: v for k, v in asdict(d).items() if k != "task"}
                 append_event(run_dir, "rank_failure", **fields, detected_by=launcher, restart_count=restart)
+    close_unrecorded(run_dir, restart)  # before the budgets count the run's attempts
     previous = events_of(run_dir, ("attempt_end",))
     this = {"ev": "attempt_end", "restart_count": restart, "outcome": result}
     counts = count_attempts([*previous, this], restart_count=restart)
@@ -263,6 +264,37 @@ def finish_attempt(run_dir: Path, *, restart: int, exit_code: int, launcher: str
                           **({"failure_key": key} if key is not None else {}),
                           **({"stop_ignored": [e.get("rank") for e in ignored]} if ignored else {}))
     return requeue, record
+
+
+# The batch shell's trap writes the signal it took into logs/<SIGNAL_MARK><attempt> (render.py):
+# the post-mortem of a later attempt reads it for an attempt that left no attempt_end.
+SIGNAL_MARK = ".signal-"
+
+
+def close_unrecorded(run_dir: Path, restart: int) -> list[dict[str, Any]]:
+    """An ``attempt_end`` for each earlier attempt that started and has none: its batch script was
+    killed before its post-mortem ran (Slurm's KillWait after a preemption signal, with the
+    ranks' last checkpoint slow on a loaded node), so the run's attempts, its budgets and
+    ``hetrun report`` would miss it. Its outcome as its own post-mortem would have said it: the
+    ranks' exit events, then the signal its batch shell trapped (the mark it left in logs/);
+    neither: failed. Returns the lines written."""
+    ended = {e.get("restart_count") for e in events_of(run_dir, ("attempt_end",))}
+    started = sorted({r for e in events_of(run_dir, ("start", "restore"))
+                      if type(r := e.get("restart_count")) is int and r < restart} - ended)
+    out = []
+    for r in started:
+        try:
+            mark = (run_dir / LOGS / f"{SIGNAL_MARK}{r}").read_text().strip() or None
+        except OSError:
+            mark = None
+        result = outcome(Attempt.read(run_dir, r), -1, mark)
+        out.append(append_event(
+            run_dir, "attempt_end", restart_count=r, outcome=result, requeued=True, exit_code=None,
+            reason=(f"{result}; its batch script ended before its post-mortem"
+                    + (f" ({mark} trapped, then killed)" if mark else "")
+                    + f"; recorded by attempt {restart}'s"),
+            launcher=None, signal=mark, failed_ranks=[], recorded_by=restart))
+    return out
 
 
 def failure_key(attempt: Attempt, deaths: Sequence[Death]) -> list[str] | None:

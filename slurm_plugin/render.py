@@ -39,7 +39,7 @@ from hetrun.rundir import (
 
 from . import quoting
 from .batch_request import BatchRequest, ComponentRequest, SlurmOptions, build_request
-from .postmortem import KILL_MARK
+from .postmortem import KILL_MARK, SIGNAL_MARK
 
 if TYPE_CHECKING:
     from hetrun.dag.plan import Plan
@@ -699,6 +699,8 @@ def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], 
         "    # srun passes the signal on to every task; the runtime checkpoints and exits 85",
         "    # (143 after SIGTERM). The post-mortem records which signal it was.",
         '    _hetrun_sig=$1',
+        "    # Marked for a later attempt's post-mortem, in case Slurm kills this script before its own.",
+        f'    printf \'%s\\n\' "$1" > "$HETRUN_RUN_DIR/logs/{SIGNAL_MARK}${{SLURM_RESTART_COUNT:-0}}" 2>/dev/null || true',
         '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
         '    if [ -n "${_hetrun_watch:-}" ]; then kill -s USR2 "$_hetrun_watch" 2>/dev/null || true; fi',
         "}",

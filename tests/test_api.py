@@ -149,3 +149,27 @@ def test_sigterm_exits_143_after_the_agreed_checkpoint(shared_tmp: Path) -> None
     assert done.returncode == 128 + signal.SIGTERM, done.stdout
     exits = [e for e in events(run_dir) if e["ev"] == "exit"]
     assert exits[-1]["code"] == 143 and exits[-1]["reason"] == "SIGTERM"
+
+
+def test_snapshot_validates_the_state_dict_once_while_it_holds_the_same_objects() -> None:
+    """Run.snapshot wraps the script's dict as StateObjects (its checks) once, and again only when
+    the dict or an object in it changed: tensors are compared by identity (never by value), and a
+    changed object is checked (a bad one named) before it is used."""
+    import torch
+    from hetrun.runtime.api.run import Run
+
+    from hetrun.errors import CheckpointError
+
+    run = Run.__new__(Run)
+    run._state_kept = None
+    model, t = torch.nn.Linear(2, 2), torch.zeros(3)
+    objs = {"model": model, "t": t}
+    first = run._state_of(objs)
+    assert run._state_of(objs) is first and first.objs is objs
+    objs["t"] = torch.zeros(3)  # an equal tensor, another object: checked again
+    second = run._state_of(objs)
+    assert second is not first and run._state_of(objs) is second
+    assert run._state_of(dict(objs)) is not second  # another dict
+    objs["t"] = object()
+    with pytest.raises(CheckpointError, match="key 't'"):
+        run._state_of(objs)

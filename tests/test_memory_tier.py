@@ -243,6 +243,7 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     m._cost, m._off_thread, m._idle, m.charged_s, m._threaded = None, 0.0, None, 0.0, True
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
     m.seconds, m.partners, m.rank = 0.0, [], 0
+    m.adaptive, m.every_max, m._window = True, 8, [0.0, 0]  # N free to change: the model at every snapshot
 
     class _Writer:
         cpu_s = 0.0
@@ -285,6 +286,41 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     m.writer.cpu_s += 0.010
     m.snapshot(32, {"x": 1}, started=None)
     assert m.charged_s == pytest.approx(charged + 0.006)
+
+
+def test_a_pinned_n_updates_the_cost_model_once_per_window() -> None:
+    """At the default cap (N pinned at 1) the model only names the N the budget would ask for: it
+    is updated once per AGREE_EVERY snapshots, from their mean and the helpers' CPU over the
+    window, so the idle cores are read (a system call on the training thread) once per window."""
+    from hetrun.runtime.memory_tier import AGREE_EVERY, PHASES, MemorySnapshots
+
+    m = MemorySnapshots.__new__(MemorySnapshots)
+    m._cost, m._off_thread, m.charged_s, m._threaded = None, 0.0, 0.0, True
+    m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
+    m.seconds, m.partners, m.rank = 0.0, [], 0
+    m.adaptive, m.every_max, m._window = True, 1, [0.0, 0]
+    reads = []
+
+    class _Idle:
+        def idle_s(self) -> float:
+            reads.append(m.taken)
+            return 0.0
+
+    m._idle = _Idle()
+    m.writer = type("W", (), {"cpu_s": 0.0, "submit": lambda self, *a: None})()
+    m.transport = type("T", (), {"thread_cpu_s": 0.0})()
+    m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+    m.snapshot(1, {"x": 1})
+    assert reads == [1] and m._cost is None  # the first: the baseline, left out of the model
+    for step in range(2, 2 + 2 * AGREE_EVERY):
+        m.writer.cpu_s += 0.004  # 4 ms of writer CPU per snapshot, all of it charged (no idle)
+        m.snapshot(step, {"x": 1})
+    assert reads == [1, 1 + AGREE_EVERY, 1 + 2 * AGREE_EVERY]
+    # each update: the window's mean own seconds (microseconds here) plus its helpers' CPU / count
+    assert m._cost == pytest.approx(0.004, abs=5e-4)
+    assert m.charged_s == pytest.approx(0.004 * 2 * AGREE_EVERY)
+    m._iter_s, m.wanted_most = 0.06, 1  # 4 ms a snapshot of a 60 ms iteration: the budget asks for N = 4
+    assert m.wanted() == 1 and m.wanted_most == 4 and m.taken == 1 + 2 * AGREE_EVERY
 
 
 def test_idle_meter_reads_the_allowed_cores_idle_time(tmp_path: Path, monkeypatch) -> None:

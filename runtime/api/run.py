@@ -28,6 +28,7 @@ write (``memory_restore``, ``restore`` with ``source: "memory"``,
 from __future__ import annotations
 
 import atexit
+import operator
 import os
 import shutil
 import socket
@@ -142,6 +143,8 @@ class Run:
         self._last_step: int | None = None
         self._saved_step: int | None = None
         self._memory: Any = None  # hetrun.runtime.memory_tier.MemorySnapshots when the tier is on
+        self._state_kept: tuple[Any, ...] | None = None  # snapshot()'s last (objs, keys, values, StateObjects)
+        self._take_snapshot: Any = None  # hetrun.runtime.recovery.take_snapshot, once the tier is on
         self._memory_enabled: bool | None = None  # _memory_on()'s answer, once asked
         atexit.register(self._unclosed)
         preempt.install(self.ctx)  # now: USR1's default action would kill the process
@@ -235,10 +238,28 @@ class Run:
         at = step + 1  # the step a restart resumes at, as save() numbers it
         if not self._memory.due(at):
             return False
-        from hetrun.runtime.recovery import take_snapshot
+        take = self._take_snapshot
+        if take is None:  # imported once (an import statement per step cost ~5-40 us)
+            from hetrun.runtime.recovery import take_snapshot as take
 
-        take_snapshot(self._memory, StateObjects(objs), at, None)
+            self._take_snapshot = take
+        take(self._memory, self._state_of(objs), at, None)
         return True
+
+    def _state_of(self, objs: dict[str, Any]) -> StateObjects:
+        """``StateObjects(objs)``, validated once while the script passes the same dict holding the
+        same objects (every step, after the step's sleep in the DDP example: its checks and this
+        method's import cost ~0.05 ms there, off the tier's own count; benchmarks/node_death.md)."""
+        if type(objs) is not dict:
+            return StateObjects(objs)  # (its error names what was passed)
+        values = tuple(objs.values())
+        kept = self._state_kept
+        if (kept is not None and kept[0] is objs and len(kept[2]) == len(values)
+                and all(map(operator.is_, kept[2], values)) and kept[1] == tuple(objs)):
+            return kept[3]
+        wrapped = StateObjects(objs)
+        self._state_kept = (objs, tuple(objs), values, wrapped)
+        return wrapped
 
     def _memory_on(self) -> bool:
         """The job's memory tier (``hetrun.runtime.recovery.memory_every``): a hetrun job, >1 rank.

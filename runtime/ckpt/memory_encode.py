@@ -217,7 +217,9 @@ class Encoder:
                 # just checked: equal means the same text).
                 k, spliced = spliced, spliced + 1
                 have = ints.get(k)
-                if have is None or have[0] != obj:  # an equal list (or tuple) of ints encodes the same
+                # an equal list (or tuple) of ints encodes the same; the same tuple (Python's RNG
+                # state while unchanged: runtime/ckpt/python_rng.py) without comparing its ints
+                if have is None or (have[0] is not obj and have[0] != obj):
                     # A copy of a list (the caller may change it in place); a tuple cannot change.
                     have = ints[k] = (list(obj) if t is list else obj, _JSON.encode({tag: obj}))
                 return have[1]

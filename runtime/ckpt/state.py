@@ -24,6 +24,7 @@ from hetrun.runtime.tensor_dtypes import TORCH_DTYPES as _TORCH_DTYPES
 from hetrun.errors import CheckpointError
 
 from .numpy_rng import legacy_state
+from .python_rng import state as python_state
 
 _SCALARS = {type(None), bool, int, float, str}
 
@@ -252,9 +253,10 @@ def _cuda_available() -> bool:
 
 def capture_rng() -> dict[str, Any]:
     """python, numpy and torch (CPU and CUDA) generator states."""
-    py = random.getstate()
     state: dict[str, Any] = {
-        "python": [py[0], list(py[1]), py[2]],
+        # random.getstate() as [version, internal (a tuple), gauss], read from the generator's
+        # memory, the same tuple while the state is unchanged (runtime/ckpt/python_rng.py)
+        "python": python_state(),
         # np.random.get_state(legacy=True) as a list, read in ~2 us instead of its ~40 (runtime/ckpt/numpy_rng.py)
         "numpy": legacy_state(),
         "torch": torch.get_rng_state(),
