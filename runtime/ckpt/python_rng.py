@@ -27,6 +27,7 @@ import ctypes
 import functools
 import random
 import struct
+import sys
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +50,8 @@ def state() -> list[Any]:
 def _global_reader() -> tuple[Callable[[], list[Any]], Any] | None:
     """The global generator's reader, checked, and the instance it reads; None: use getstate()."""
     inst = getattr(random.getstate, "__self__", None)
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None  # a free-threaded build: a draw on another thread could tear the copy
     try:
         private = random.Random(12345)
         if inst is None or not _agrees(private) or not _same(_reader(inst)(), inst.getstate()):
