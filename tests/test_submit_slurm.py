@@ -279,16 +279,19 @@ def test_time_limit_signal_requeues_the_job(slurm_cluster, shared_tmp: Path) -> 
     spec = two_component_spec(
         "timelimit",
         mem="300M",
-        slurm={"time": "00:01:00"},
-        # USR1 about 10-20 s after the start (Slurm checks signal deadlines periodically).
-        preemption={"signal": "USR1", "grace_seconds": 50, "max_restarts": 1},
+        slurm={"time": "00:02:00"},
+        # USR1 at slurmctld's first periodic check (every 30 s) with the job running: usually
+        # 10-20 s after the start. With a 1-minute limit, once in a suite run on a loaded machine
+        # no check sent it before the limit: 2 minutes leave three checks (the test's time when it
+        # passes is the same).
+        preemption={"signal": "USR1", "grace_seconds": 110, "max_restarts": 1},
     )
     res = submit_spec(spec, backend="sbatch", runs_dir=shared_tmp / "runs", python=str(fake))
     run_dir = Path(res.run.run_dir)
     backend = SbatchBackend()
     try:
         signals = run_dir / "fake-signals"
-        assert wait_for(lambda: signals.exists() and len(signals.read_text().splitlines()) == 2, 75, 1.0)
+        assert wait_for(lambda: signals.exists() and len(signals.read_text().splitlines()) == 2, 135, 1.0)
         assert sorted(signals.read_text().splitlines()) == ["usr1 rank=0", "usr1 rank=1"]
 
         def requeued() -> bool:
