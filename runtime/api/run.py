@@ -254,8 +254,8 @@ class Run:
             return StateObjects(objs)  # (its error names what was passed)
         values = tuple(objs.values())
         kept = self._state_kept
-        if (kept is not None and kept[0] is objs and len(kept[2]) == len(values)
-                and all(map(operator.is_, kept[2], values)) and kept[1] == tuple(objs)):
+        # (equal keys: as many values, each compared by identity)
+        if kept is not None and kept[0] is objs and kept[1] == tuple(objs) and all(map(operator.is_, kept[2], values)):
             return kept[3]
         wrapped = StateObjects(objs)
         self._state_kept = (objs, tuple(objs), values, wrapped)

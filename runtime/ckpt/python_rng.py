@@ -53,12 +53,14 @@ def _global_reader() -> tuple[Callable[[], list[Any]], Any] | None:
     if not getattr(sys, "_is_gil_enabled", lambda: True)():
         return None  # a free-threaded build: a draw on another thread could tear the copy
     try:
-        private = random.Random(12345)
-        if inst is None or not _agrees(private) or not _same(_reader(inst)(), inst.getstate()):
+        if inst is None or not _agrees(random.Random(12345)):
+            return None
+        read = _reader(inst)
+        if not _same(read(), inst.getstate()):
             return None
     except Exception:  # any surprise: Python's own getter
         return None
-    return _reader(inst), inst
+    return read, inst
 
 
 def _layout_known(inst: Any) -> bool:
