@@ -228,15 +228,18 @@ def hand_partition(job: TraceJob) -> tuple[str, str | None]:
 
 def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool,
                 one_tier: bool = False, limits: str = "tight", run_dir: Path | None = None,
-                ckpt_qos: bool = False) -> list[str]:
+                ckpt_qos: bool = False, nodelist: tuple[str, ...] = ()) -> list[str]:
     """``one_tier``: every job in the default tier (``normal``), for the default side run on
     the policy pool: equal QOS, so no preemption and priority by age alone, i.e. FIFO.
     A checkpointing job (``job.ckpt``) runs benchmarks/trace_job.py in ``run_dir``; with
     ``ckpt_qos`` (the policy side) it asks for its tier's checkpointing QOS, ``<tier>_ckpt``
-    (the policy's ``scheduling.checkpointed``: preempted first, with a GraceTime)."""
+    (the policy's ``scheduling.checkpointed``: preempted first, with a GraceTime). ``nodelist``:
+    the victims' nodes placement names for a start by preemption (``--nodelist``)."""
     argv = ["sbatch", "--parsable", "-o", "/dev/null", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={CPUS}",
             f"--mem-per-cpu={MEM_PER_CPU_MB}M", f"--time={time_limit_min(job, limits)}", "--requeue"]
+    if nodelist:
+        argv.append(f"--nodelist={','.join(nodelist)}")
     if job.gpu_types:
         argv.append(f"--gres=gpu:{gpu_type}:{GPUS}" if gpu_type else f"--gres=gpu:{GPUS}")
     if tiers or one_tier:
@@ -254,8 +257,10 @@ HISTORY_S = 30.0  # the placement snapshot's sacct + sshare part is reused this 
 
 
 def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
-        preempt: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> tuple[str, str | None, float]:
-    """(partitions, GPU type, seconds spent) chosen by fitness placement on a fresh snapshot.
+        preempt: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> tuple[str, str | None, float, tuple[str, ...]]:
+    """(partitions, GPU type, seconds spent, nodes to name) chosen by fitness placement on a fresh
+    snapshot. Nodes are named where the job must start by preemption (``ranked_list``'s
+    ``nodelist``: the victims that lose least, in the best's partition alone).
 
     Not ``ranked`` (``--fit-mode single``): the best candidate's partition and GPU type.
     ``ranked``: hetrun's ``placement: ranked`` (``placement_fit.ranked_list``): the candidates
@@ -274,13 +279,13 @@ def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
     cands = placement.score(need, snap)
     spent = time.monotonic() - t0
     if not cands:
-        return job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None), spent
+        return job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None), spent, ()
     if not ranked:
         best = cands[0]
-        return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent
+        return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent, ()
     ranked = ranked_list(cands, bool(job.gpu_types))  # what hetrun's placement: ranked hands Slurm
     gpu_type = ranked.gres.partition(":")[2] or None if job.gpu_types else None  # None: untyped gpu:2
-    return ",".join(ranked.partitions), gpu_type, spent
+    return ",".join(ranked.partitions), gpu_type, spent, tuple(ranked.nodelist)
 
 
 class Sampler(threading.Thread):
@@ -535,7 +540,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     preempt = tier_preemption(by_loss) if policy and not by_hand else {}
     sampler = Sampler(cluster)
     sampler.start()
-    t0, fit_s, moved, refused = time.monotonic(), [], 0, []
+    t0, fit_s, moved, named, refused = time.monotonic(), [], 0, 0, []
     for job in trace:
         time.sleep(max(0.0, job.at - (time.monotonic() - t0)))
         if job.hetrun:  # `hetrun submit`, in the background (it is a Python start)
@@ -543,14 +548,17 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
                           qos=replay_hetrun_jobs.HETRUN_TIER + ("_ckpt" if ckpt_qos else ""))
             continue
         partition, gpu_type = job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None)
+        nodelist: tuple[str, ...] = ()
         if by_hand:
             partition, gpu_type = hand_partition(job)
         elif policy:
-            partition, gpu_type, spent = fit(job, snaps, ranked, preempt)
+            partition, gpu_type, spent, nodelist = fit(job, snaps, ranked, preempt)
             fit_s.append(spent)
             moved += partition != job.script_partition
+            named += bool(nodelist)
         proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier, limits,
-                                        run_dir=trace_dirs / names[job.i], ckpt_qos=ckpt_qos), check=False)
+                                        run_dir=trace_dirs / names[job.i], ckpt_qos=ckpt_qos, nodelist=nodelist),
+                           check=False)
         if proc.returncode:
             refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
     submit_lag = round(time.monotonic() - t0 - trace[-1].at, 1)
@@ -572,7 +580,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
         out.update(metrics(trace, names, runs, sampler.samples, marks))
     except Exception as exc:  # keep the raw data of a 10-minute replay whatever went wrong
         out["metrics_error"] = repr(exc)
-    out.update(refused=refused, submit_lag_s=submit_lag, moved_by_placement=moved,
+    out.update(refused=refused, submit_lag_s=submit_lag, moved_by_placement=moved, victims_named=named,
                fit_ms_p50=_pct([1000 * s for s in fit_s], 0.5), fit_ms_p95=_pct([1000 * s for s in fit_s], 0.95),
                samples=len(sampler.samples), placement_by_loss=bool(preempt),
                load1_mean=round(statistics.fmean(x["load1"] for x in sampler.samples), 2) if sampler.samples else None,

@@ -17,9 +17,11 @@ behind it, so ``plan --explain`` can show why one lost:
   minus a quota's brim (a limit past half full after it), minus each node
   beyond the fewest allowed (more so when its traffic crosses nodes);
 - where it must wait and may preempt (``Need.preempts``), minus the work a start by
-  preemption would throw away (``preemption_loss``: idle nodes and jobs that stop clean at
-  an agreed step cost nothing, a plain job all it has run), so Slurm, handed the ranked list,
-  tries the group that loses least first.
+  preemption would throw away (``preemption_plan``: idle nodes and jobs that stop clean at
+  an agreed step cost nothing, a plain job all it has run), so the group that loses least
+  ranks first; its victims' nodes (``Candidate.preempt_nodes``) are what ``placement:
+  ranked`` names (``--nodelist``): Slurm's own choice within a partition is the smallest jobs
+  of the lowest QOS, whatever they have run (preempt/qos ``_gen_job_prio``).
 
 ``score`` is pure arithmetic on ``PoolSnapshot``; ``with_start_estimates``
 then asks Slurm itself (``sbatch --test-only``, one call per candidate) when
@@ -118,6 +120,9 @@ class Candidate:
     reasons: list[str] = field(default_factory=list)
     start_in_s: float | None = None  # Slurm's own estimate (sbatch --test-only), when asked
     node_count: int = 0  # the node count it stands for, when node count is a dimension (0: as written)
+    # Where it must preempt: the victims' nodes to name (``--nodelist``), so that Slurm preempts
+    # the jobs that lose least (it takes the rest from idle nodes); empty otherwise.
+    preempt_nodes: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -205,50 +210,80 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
             reasons.append("CPU-only work on GPU nodes")
         if bad:
             reasons.append(f"{bad} of its nodes have a failure history")
+        victims: list[str] = []
         if not fits and need.preempts:
-            loss = preemption_loss(need, members, snap)
+            plan = preemption_plan(need, members, snap)
+            loss = None if plan is None else plan.loss
             value -= PREEMPT_BLOCKED_PENALTY if loss is None else min(PREEMPT_LOSS_MAX,
                                                                 PREEMPT_LOSS_PER_NODE_MIN * loss / 60)
             reasons.append("preemption cannot free enough nodes" if loss is None else
                            f"a start by preemption loses ~{loss:.0f} node-s of work")
+            victims = list(plan.nodes) if plan is not None else []
         spread, why = _shape_penalty(need)
         _, fullest, quota_why = quota.check(quotas, need_tres(need, row.gres))
         near = QUOTA_NEAR_PENALTY * max(0.0, fullest - quota.NEAR_FROM) / (1 - quota.NEAR_FROM)
         value -= spread + near
         reasons += why + quota_why
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons,
-                             node_count=need.nodes if need.fewest_nodes else 0))
+                             node_count=need.nodes if need.fewest_nodes else 0, preempt_nodes=victims))
     return sorted(out, key=rank_key)
 
 
-def preemption_loss(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot) -> float | None:
-    """Node-seconds of work lost when ``need`` starts on the group ``members`` by preempting
-    running jobs of the QOS in ``need.preempts``, the jobs taken cheapest first: a job of a
-    ``stops_clean`` QOS loses ~0 (it saves at the agreed stop), a plain one all it has run
-    (its run time x its nodes), so the youngest goes before older ones. Slurm's preempt/qos
-    takes a lower QOS first, and a policy's ``_ckpt`` QOS is below its tier, so the estimate
-    follows Slurm's own order where it matters. None: not enough nodes even so."""
-    free = {n.name for n in members if _fits_now(n, need)}
+@dataclass(frozen=True)
+class Preemption:
+    """A start by preemption on one group: the work it loses and the victims' nodes to name."""
+
+    loss: float  # node-seconds of work the victims lose
+    nodes: tuple[str, ...]  # as many of the victims' nodes as the idle ones leave to find
+
+
+def preemption_plan(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot) -> Preemption | None:
+    """How ``need`` starts on the group ``members`` by preempting running jobs of the QOS in
+    ``need.preempts``, the jobs taken cheapest first: a job of a ``stops_clean`` QOS loses ~0 (it
+    saves at the agreed stop), a plain one all it has run (its run time x its nodes), so the
+    youngest goes before older ones; then any taken job the others make unneeded is given back,
+    the dearest first. Idle nodes are used before any job is preempted. Nodes a pending job
+    names (``snap.claimed``: another placement's victims) are neither idle nor taken. None: not
+    enough nodes even so. Slurm's preempt/qos would choose otherwise (the smallest jobs of the
+    lowest QOS, whatever they have run): ``nodes`` are what makes it take these."""
+    claimed = set(snap.claimed)
+    free = {n.name for n in members if _fits_now(n, need) and n.name not in claimed}
     if len(free) >= need.nodes:
-        return 0.0
+        return Preemption(0.0, ())
     names = {n.name for n in members}
+    running = snap.running_use
     on_node: dict[str, set[int]] = {}
-    for i, job in enumerate(snap.running_use):
+    for i, job in enumerate(running):
         for node in job.nodes:
             if node in names:
                 on_node.setdefault(node, set()).add(i)
-    victims = sorted((i for i, job in enumerate(snap.running_use)
-                      if job.qos in need.preempts and any(n in names for n in job.nodes)),
-                     key=lambda i: _job_loss(snap.running_use[i], need, snap.taken_at))
+    cost = {i: _job_loss(job, need, snap.taken_at) for i, job in enumerate(running)
+            if job.qos in need.preempts and any(n in names for n in job.nodes) and not claimed & set(job.nodes)}
+
+    def freed(taken: set[int]) -> set[str]:
+        return {n for n, jobs in on_node.items() if n not in free and n not in claimed and jobs <= taken}
+
     taken: set[int] = set()
-    loss = 0.0
-    for i in victims:
+    for i in sorted(cost, key=cost.__getitem__):
         taken.add(i)
-        loss += _job_loss(snap.running_use[i], need, snap.taken_at)
-        freed = {n for n, jobs in on_node.items() if n not in free and jobs <= taken}
-        if len(free | freed) >= need.nodes:
-            return loss
-    return None
+        if len(free | freed(taken)) >= need.nodes:
+            break
+    else:
+        return None
+    for i in sorted(taken, key=lambda k: -cost[k]):  # a cheap job taken before a large one came
+        if len(free | freed(taken - {i})) >= need.nodes:
+            taken.discard(i)
+    want = need.nodes - len(free)
+    nodes = [n for i in sorted(taken, key=cost.__getitem__) for n in sorted(running[i].nodes)
+             if n in freed(taken)]
+    return Preemption(sum(cost[i] for i in taken), tuple(dict.fromkeys(nodes))[:want])
+
+
+def preemption_loss(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot) -> float | None:
+    """Node-seconds of work lost when ``need`` starts on ``members`` by preemption
+    (``preemption_plan``); None: preemption cannot free enough nodes."""
+    plan = preemption_plan(need, members, snap)
+    return None if plan is None else plan.loss
 
 
 def _job_loss(job: RunningUse, need: Need, now: float) -> float:

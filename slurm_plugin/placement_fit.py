@@ -311,6 +311,9 @@ class RankedList:
     gres: str  # the kept candidates' shared GRES group ("gpu:a100"), else untyped "gpu" ("-": no GPUs)
     dropped: int  # candidates left out (``left`` says why)
     left: dict[str, str] = field(default_factory=dict, compare=False)  # candidate label -> why left out
+    # Where the best must start by preemption: its victims' nodes (``--nodelist``), the best's
+    # partition alone (placement.preemption_plan); empty: Slurm picks the nodes.
+    nodelist: list[str] = field(default_factory=list)
 
 
 def left_out(c: Candidate, best: Candidate, gpus: bool) -> str | None:
@@ -348,6 +351,13 @@ def ranked_list(candidates: list[Candidate], gpus: bool,
     one type, or the best's own partition is not safe, the best's typed GRES and its type's
     candidates."""
     best = candidates[0]
+    if not best.fits_now and best.preempt_nodes:
+        # A start by preemption: the jobs that lose least, named by their nodes in the best's
+        # partition, where a list would let Slurm preempt its own pick (the smallest jobs of
+        # the lowest QOS, whatever they have run) in whichever partition it tries first.
+        why = f"{best.label} starts by preempting the jobs that lose least there, named by their nodes"
+        return RankedList([best.partition], best.gres, len(candidates) - 1,
+                          {c.label: why for c in candidates[1:]}, list(best.preempt_nodes))
     left = {c.label: why for c in candidates if (why := left_out(c, best, gpus))}
     kept = [c for c in candidates if c.label not in left]
     if gpus and len({c.gres for c in kept}) > 1 and pool_gres:

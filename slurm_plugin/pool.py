@@ -116,6 +116,9 @@ class PoolSnapshot:
     running_jobs: int = 0
     nodes: list[NodeFree] = field(default_factory=list)
     running_use: list[RunningUse] = field(default_factory=list)  # for quota left (slurm_plugin.quota)
+    # Nodes pending jobs name (their --nodelist: another placement's preemption, say): not free
+    # for the next placement, nor its victims' (placement.preemption_plan).
+    claimed: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -244,6 +247,15 @@ def pending_from_squeue(data: dict[str, Any]) -> tuple[list[Pending], int]:
             for k, n in tres.items():
                 p.tres[k] = p.tres.get(k, 0) + n
     return [pend[k] for k in sorted(pend)], running
+
+
+def claimed_from_squeue(data: dict[str, Any]) -> tuple[str, ...]:
+    """The nodes pending jobs require (``--nodelist``), each once, sorted."""
+    out: set[str] = set()
+    for job in data.get("jobs") or []:
+        if str(job.get("job_state", "")).upper() == "PENDING" and job.get("required_nodes"):
+            out.update(expand_hostlist(str(job["required_nodes"])))
+    return tuple(sorted(out))
 
 
 def running_from_squeue(data: dict[str, Any]) -> list[RunningUse]:
@@ -407,4 +419,4 @@ class Collector:
         pending, running = pending_from_squeue(squeue)
         return PoolSnapshot(now, self.hours, rows_from_sinfo(sinfo), pending, accounts_from(shares, usage),
                             troubled_nodes(sinfo, node_fail), running, nodes_from_sinfo(sinfo),
-                            running_from_squeue(squeue))
+                            running_from_squeue(squeue), claimed_from_squeue(squeue))

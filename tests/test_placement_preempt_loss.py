@@ -111,3 +111,73 @@ def test_submits_placement_counts_the_work_a_preemption_loses() -> None:
     # A QOS that may preempt nothing: no preemption term at all.
     none = placement_fit.fit_components(needs, snap, None, quotas=quota.Quotas("alice", "vision", "pool_normal"))
     assert not any("preemption" in r for r in none["learner"].best.reasons)
+
+
+def busy_three(*jobs: tuple[str, tuple[str, ...], float]) -> pool.PoolSnapshot:
+    """Three a100 nodes (n1-n3) and one v100 (n4), every one full; ``jobs`` as ``busy_with``'s."""
+    types = {"n1": "a100", "n2": "a100", "n3": "a100", "n4": "v100"}
+    snap = snapshot(types, busy=set(types))
+    snap.taken_at = NOW
+    snap.running_use = [pool.RunningUse("team", "u", qos, {"node": len(nodes)}, i + 1, nodes, NOW - ran)
+                        for i, (qos, nodes, ran) in enumerate(jobs)]
+    return snap
+
+
+A100 = placement.Need(nodes=1, cpus_per_node=1, gpus_per_node=2, gpu_types=("a100",), partitions=("debug",),
+                      preempts=PREEMPTS, stops_clean=CLEAN)
+
+
+def test_the_victims_nodes_are_named_where_slurm_would_take_the_smallest_oldest_job() -> None:
+    # Slurm's preempt/qos takes the smallest job of the lowest QOS (ties: the first), here the
+    # 1-node job that has run 10 minutes; the 1-node job started 5 s ago loses least.
+    snap = busy_three(("normal", ("n1",), 600), ("normal", ("n2",), 5), ("normal", ("n3",), 300),
+                      ("normal", ("n4",), 900))
+    plan = placement.preemption_plan(A100, [n for n in snap.nodes if n.gres == "gpu:a100"], snap)
+    assert plan == placement.Preemption(5.0, ("n2",))
+    (best,) = placement.score(A100, snap)
+    assert (best.fits_now, best.preempt_nodes) == (False, ["n2"])
+    ranked = placement_fit.ranked_list([best], gpus=True)
+    assert (ranked.partitions, ranked.gres, ranked.nodelist) == (["debug"], "gpu:a100", ["n2"])
+
+
+def test_a_cheap_victim_a_larger_one_makes_unneeded_is_given_back() -> None:
+    # two nodes: the 1-node job on n1 (10 node-s) is taken first, then the 2-node one on n2+n3
+    # (20 node-s) is needed anyway and frees both: n1's job runs on
+    two = placement.Need(nodes=2, cpus_per_node=1, gpus_per_node=2, gpu_types=("a100",), partitions=("debug",),
+                         preempts=PREEMPTS, stops_clean=CLEAN)
+    snap = busy_three(("normal", ("n1",), 10), ("normal", ("n2", "n3"), 10), ("normal", ("n4",), 5))
+    plan = placement.preemption_plan(two, [n for n in snap.nodes if n.gres == "gpu:a100"], snap)
+    assert plan == placement.Preemption(20.0, ("n2", "n3"))
+
+
+def test_idle_nodes_go_first_and_only_the_rest_are_named() -> None:
+    two = placement.Need(nodes=2, cpus_per_node=1, gpus_per_node=2, gpu_types=("a100",), partitions=("debug",),
+                         preempts=PREEMPTS, stops_clean=CLEAN)
+    types = {"n1": "a100", "n2": "a100", "n3": "a100", "n4": "v100"}
+    snap = snapshot(types, busy={"n2", "n3", "n4"})  # n1 idle
+    snap.taken_at = NOW
+    snap.running_use = [pool.RunningUse("team", "u", "normal", {"node": 1}, 1, ("n2",), NOW - 50),
+                        pool.RunningUse("team", "u", "normal_ckpt", {"node": 1}, 2, ("n3",), NOW - 900)]
+    plan = placement.preemption_plan(two, [n for n in snap.nodes if n.gres == "gpu:a100"], snap)
+    assert plan == placement.Preemption(0.0, ("n3",))  # n1 idle, n3's job stops clean
+
+
+def test_nodes_a_pending_job_names_are_neither_idle_nor_anyones_victims() -> None:
+    snap = busy_three(("normal", ("n1",), 600), ("normal", ("n2",), 5), ("normal", ("n3",), 300),
+                      ("normal", ("n4",), 900))
+    snap.claimed = ("n2",)  # another placement's victim, its preemptor pending
+    plan = placement.preemption_plan(A100, [n for n in snap.nodes if n.gres == "gpu:a100"], snap)
+    assert plan == placement.Preemption(300.0, ("n3",))
+    snap.claimed = ("n1", "n2", "n3")
+    assert placement.preemption_plan(A100, [n for n in snap.nodes if n.gres == "gpu:a100"], snap) is None
+    data = {"jobs": [{"job_state": "PENDING", "required_nodes": "n[2-3]"},
+                     {"job_state": "PENDING", "required_nodes": ""},
+                     {"job_state": "RUNNING", "required_nodes": "n4"}]}
+    assert pool.claimed_from_squeue(data) == ("n2", "n3")
+
+
+def test_a_group_that_fits_now_names_no_nodes() -> None:
+    snap = snapshot(TYPES, busy={"n1", "n2"})
+    best = placement.score(PAIR, snap)[0]
+    assert best.fits_now and best.preempt_nodes == []
+    assert placement_fit.ranked_list(placement.score(PAIR, snap), gpus=True).nodelist == []
