@@ -107,6 +107,10 @@ class PlacementChoice(BaseModel):
     ranked: list[str] = Field(default_factory=list, description="placement: ranked: the kept candidates' "
                                                                 "partitions best first, handed to Slurm as one "
                                                                 "--partition=a,b (empty: one partition, partition)")
+    nodelist: list[str] = Field(default_factory=list,
+                                description="a start by preemption: the nodes of the jobs whose preemption loses "
+                                            "least, handed to Slurm as --nodelist (it takes the rest from idle "
+                                            "nodes; empty: Slurm picks every node, and its own victims)")
 
     @property
     def gpu_type(self) -> str | None:

@@ -47,6 +47,8 @@ class ComponentRequest:
     # ranked: "a,b"), else the job's slurm.partition; None: Slurm's default. The GPU type: the placement's.
     partition: str | None = None
     gpu_type: str | None = None
+    # A start by preemption: the nodes placement named (plan.json components[i].placement.nodelist).
+    nodelist: tuple[str, ...] = ()
     spare_nodes: int = 0  # allocated beside ``nodes``, idle until a node dies (in-allocation restart)
     # With no spare left, the fewest nodes the ranks may be packed onto (None: nodes, no packing).
     min_nodes: int | None = None
@@ -97,6 +99,13 @@ def _placement(choice: PlacementChoice | None, key_path: str) -> tuple[str | Non
     return quoting.partition(choice.partition, f"{key_path}.partition"), gtype
 
 
+def _nodelist(choice: PlacementChoice | None, key_path: str) -> tuple[str, ...]:
+    """The nodes placement named for a start by preemption, each a checked Slurm name."""
+    if choice is None:
+        return ()
+    return tuple(quoting.slurm_name(n, f"{key_path}.nodelist[{i}]") for i, n in enumerate(choice.nodelist))
+
+
 def _component(i: int, c: ComponentPlan, job_partition: str | None) -> ComponentRequest:
     name = quoting.component_name(c.name, f"components[{i}].name")
     kp = f"components.{name}"
@@ -107,7 +116,8 @@ def _component(i: int, c: ComponentPlan, job_partition: str | None) -> Component
         name=name, nodes=c.nodes, tasks_per_node=c.tasks_per_node, cpus_per_task=c.cpus_per_task,
         gpus_per_node=c.gpus_per_node, mem_mb=c.mem_mb,
         command=None if c.command is None else tuple(quoting.command(c.command, f"{kp}.command")),
-        partition=partition, gpu_type=gpu_type, spare_nodes=c.spare_nodes,
+        partition=partition, gpu_type=gpu_type, nodelist=_nodelist(c.placement, f"{kp}.placement"),
+        spare_nodes=c.spare_nodes,
         min_nodes=min(c.min_nodes, c.nodes) if c.packs and c.min_nodes is not None else None)
 
 

@@ -273,7 +273,8 @@ def explain_lines(report: FitReport) -> list[str]:
             gpus = _best_shape(fit).gpus_per_node  # the chosen node count's shape, as the script asks
             ranked = ranked_list(fit.candidates, bool(gpus), fit.pool_gres)
             out.append(f"  ranked: Slurm is handed --partition={','.join(ranked.partitions)}"
-                       + (f" --gres={ranked.gres}:{gpus}" if gpus else ""))
+                       + (f" --gres={ranked.gres}:{gpus}" if gpus else "")
+                       + (f" --nodelist={','.join(ranked.nodelist)}" if ranked.nodelist else ""))
     return out
 
 
@@ -391,6 +392,11 @@ def _choice(fit: ComponentFit, pool_taken_at: float) -> PlacementChoice:
     assert best is not None
     gres, reasons, ranked = best.gres, list(best.reasons), None
     others = [f"{_summary(c)}; lost because {why_lost(c, best)}" for c in fit.candidates[1:]]
+    # A start by preemption names its victims (placement.preemption_plan), ranked or not.
+    nodelist = [] if best.fits_now else list(best.preempt_nodes)
+    if nodelist:
+        reasons.append(f"starts by preemption on {','.join(nodelist)}: the jobs there lose least, and Slurm "
+                       "is handed those nodes (--nodelist) rather than left to pick the smallest jobs")
     if fit.need.placement == "ranked":
         ranked = ranked_list(fit.candidates, bool(_best_shape(fit).gpus_per_node), fit.pool_gres)
         gres = ranked.gres
@@ -402,7 +408,7 @@ def _choice(fit: ComponentFit, pool_taken_at: float) -> PlacementChoice:
     return PlacementChoice(partition=best.partition, gres=gres, score=best.score, start_in_s=best.start_in_s,
                            nodes=list(best.nodes), reasons=reasons, others=others + fit.excluded,
                            pool_taken_at=pool_taken_at, node_count=best.node_count or None,
-                           ranked=ranked.partitions if ranked else [])
+                           ranked=ranked.partitions if ranked else [], nodelist=nodelist)
 
 
 def record(plan: Plan, report: FitReport) -> Plan:

@@ -63,6 +63,8 @@ def _component_block(c: ComponentRequest, name: str, opts: SlurmOptions) -> list
         lines.append(f"--gres=gpu:{c.gpu_type}:{c.gpus_per_node}" if c.gpu_type else f"--gres=gpu:{c.gpus_per_node}")
     if c.mem_mb:
         lines.append(f"--mem={c.mem_mb}M")
+    if c.nodelist:  # a start by preemption: the victims placement chose (Slurm adds idle nodes)
+        lines.append(f"--nodelist={','.join(c.nodelist)}")
     for key in ("partition", "account", "qos", "time", "constraint"):
         value = c.partition if key == "partition" else getattr(opts, key)
         if value is not None:

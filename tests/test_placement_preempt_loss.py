@@ -181,3 +181,52 @@ def test_a_group_that_fits_now_names_no_nodes() -> None:
     best = placement.score(PAIR, snap)[0]
     assert best.fits_now and best.preempt_nodes == []
     assert placement_fit.ranked_list(placement.score(PAIR, snap), gpus=True).nodelist == []
+
+
+def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) -> None:
+    """placement: auto for a critical job, every GPU node full: the young plain job on the a100
+    nodes loses least; plan.json records its nodes and the het block asks Slurm for them."""
+    from hetrun.dag.needs import component_needs
+    from hetrun.dag.plan import Plan, build_plan
+    from hetrun.dag.spec import load_spec
+    from hetrun.slurm_plugin.render import render_sbatch
+    from test_placement_spec import AUTO, write
+
+    spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
+    snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal", ("n3", "n4"), 600))
+    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
+    critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
+    fits = placement_fit.fit_components(component_needs(spec), snap, None, ["trainer"], quotas=critical)
+    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    choice = Plan.from_json(plan.to_json()).components[0].placement
+    assert choice is not None and choice.gres == "gpu:a100" and choice.nodelist == ["n1"], choice
+    assert any(r.startswith("starts by preemption on n1: the jobs there lose least") for r in choice.reasons)
+    trainer, watcher = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3").split("#SBATCH hetjob")
+    assert "#SBATCH --nodelist=n1\n" in trainer and f"#SBATCH --partition={choice.partition}\n" in trainer, trainer
+    assert "--nodelist" not in watcher
+
+
+def test_a_named_node_that_is_no_slurm_name_is_refused(tmp_path) -> None:
+    """plan.json is a file a user can edit before `hetrun submit --plan`: a node name is checked
+    before it reaches the script."""
+    import pytest
+    from hetrun.dag.needs import component_needs
+    from hetrun.dag.plan import build_plan
+    from hetrun.dag.spec import load_spec
+    from hetrun.slurm_plugin.render import render_sbatch
+    from test_placement_spec import AUTO, write
+
+    from hetrun.errors import SpecError
+
+    spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
+    snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal", ("n3", "n4"), 600))
+    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
+    critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
+    fits = placement_fit.fit_components(component_needs(spec), snap, None, ["trainer"], quotas=critical)
+    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    bad = plan.components[0].placement.model_copy(update={"nodelist": ["n1; rm -rf /"]})
+    plan = plan.model_copy(update={"components": [plan.components[0].model_copy(update={"placement": bad}),
+                                                  *plan.components[1:]]})
+    with pytest.raises(SpecError) as info:
+        render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
+    assert info.value.key_path == "components.trainer.placement.nodelist[0]"
