@@ -437,11 +437,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if requeue and args.launcher == "srun" and args.signal == "TERM":
         # Preempted (PreemptMode=REQUEUE): Slurm requeued this job itself; start it again
         # seconds after it ends rather than after Slurm's credential hold (requeue_hold.py).
-        from .requeue_hold import shorten_own_hold
+        from .requeue_hold import release_named_nodes, shorten_own_hold
 
-        done = shorten_own_hold(os.environ.get("SLURM_JOB_ID", ""), args.run_dir.resolve(), restart=args.restart)
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        done = shorten_own_hold(job_id, args.run_dir.resolve(), restart=args.restart)
         if done:
             sys.stderr.write(f"hetrun: {done['message']}\n")
+        # A start by preemption named its victims' nodes; the next start is not bound to them.
+        for target in release_named_nodes(job_id, args.run_dir.resolve()):
+            sys.stderr.write(f"hetrun: job {target} was placed on named nodes (a start by preemption); "
+                             f"requeued, it no longer asks for them (scontrol update JobId={target} ReqNodeList=)\n")
     # "done": the attempt finished (every rank's own exit says so, outcome()), whatever srun's
     # status: a step whose srun was ended after its ranks' clean exits (stuck on a dead node's
     # slurmstepd, or on a rank's leftover child) is a completed job, and the batch script exits 0.

@@ -90,6 +90,35 @@ def shorten_own_hold(job_id: str, run_dir: Path | None, *, restart: int, delay_s
     return {"ev": "requeue_hold_shortened", **fields}
 
 
+def release_named_nodes(job_id: str, run_dir: Path, *, run: Runner = subprocess.run) -> list[str]:
+    """Clear the nodes placement named (plan.json ``placement.nodelist``, a start by preemption)
+    from requeued ``job_id``'s components: Slurm keeps a job's ``--nodelist`` across a requeue,
+    and the jobs it named have long been preempted; the next start goes wherever Slurm or
+    preemption finds nodes. The job's own update, while it is pending (as ``shorten_own_hold``).
+    Returns the job ids cleared (a het component is ``<leader>+<offset>``)."""
+    import json
+
+    if not job_id.isdigit():
+        return []
+    try:
+        comps = json.loads((run_dir / "plan.json").read_text()).get("components") or []
+    except (OSError, ValueError):
+        return []
+    cleared = []
+    for i, comp in enumerate(comps):
+        if not ((comp.get("placement") or {}).get("nodelist")):
+            continue
+        target = job_id if len(comps) == 1 else f"{job_id}+{i}"
+        try:
+            proc = run(["scontrol", "update", f"JobId={target}", "ReqNodeList="],
+                       capture_output=True, text=True, check=False, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0:
+            cleared.append(target)
+    return cleared
+
+
 def begin_delay_s(now: float, killed: float | None, least: int = SHORTEN_TO_S) -> int:
     """Seconds from ``now`` (the post-mortem) to a begin time Slurm will keep: after slurmd's
     first completion check once the batch shell has ended (~1 s from now), + 2 s; ``least`` at

@@ -188,3 +188,33 @@ def test_a_requeued_het_job_held_by_slurm_is_nudged_when_its_begin_time_passes( 
     # Ended (cancelled), not requeued: its watcher says nothing more.
     assert wait_for(lambda: show_job(job).get("JobState") in (None, "CANCELLED"), 60, 0.5), show_job(job)
     assert _nudges(slurm_cluster, job) == nudged
+
+
+def test_a_requeued_job_no_longer_asks_for_the_nodes_its_placement_named(slurm_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A start by preemption names its victims' nodes (plan.json ``placement.nodelist``,
+    ``#SBATCH --nodelist``); Slurm keeps that request across a requeue, so the post-mortem of a
+    requeued job clears it (``release_named_nodes``): here on a pending job naming n1, as a
+    requeued one is, and its plan saying the placement named n1."""
+    from hetrun.dag.plan import PlacementChoice, build_plan
+    from hetrun.slurm_plugin.requeue_hold import release_named_nodes
+
+    spec = spec_from_dict({"name": "named", "components": {"trainer": {"nodes": 1, "command": ["true"]}}})
+    plan = build_plan(spec)
+    choice = PlacementChoice(partition="debug", gres="-", score=1.0, nodelist=["n1"])
+    plan = plan.model_copy(update={"components": [plan.components[0].model_copy(update={"placement": choice})]})
+    (tmp_path / "plan.json").write_text(plan.to_json())
+    job = subprocess.run(["sbatch", "--parsable", "-H", "-N1", "-w", "n1", "-o", "/dev/null", "--wrap", "true"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        assert "ReqNodeList=n1" in subprocess.run(["scontrol", "show", "job", job], capture_output=True,
+                                                  text=True, check=True).stdout
+        assert release_named_nodes(job, tmp_path) == [job]
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=True).stdout
+        assert "ReqNodeList=(null)" in shown, shown
+        # a plan that named nothing, or no plan: nothing to clear, nothing run
+        (tmp_path / "plan.json").write_text(build_plan(spec).to_json())
+        assert release_named_nodes(job, tmp_path) == []
+        assert release_named_nodes(job, tmp_path / "missing") == []
+        assert release_named_nodes("12; rm -rf /", tmp_path) == []
+    finally:
+        subprocess.run(["scancel", job], check=False)
