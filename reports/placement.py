@@ -65,6 +65,7 @@ def component_row(comp: dict[str, Any], yaml_mode: str | None, job_partition: st
     ranked = [str(p) for p in choice.get("ranked") or []]  # placement: ranked: Slurm's list, best first
     return {"component": name, "mode": yaml_mode if yaml_mode in ("auto", "ranked") else "fit",
             "partition": choice.get("partition"), "gres": gres if isinstance(gres, str) else None, "ranked": ranked,
+            "nodelist": [str(n) for n in choice.get("nodelist") or []],  # a start by preemption: its victims' nodes
             "node_count": nodes, "node_count_chosen": isinstance(choice.get("node_count"), int),
             "score": _num(choice.get("score")), "start_in_s": _num(choice.get("start_in_s")),
             "reasons": [str(r) for r in choice.get("reasons") or []],
@@ -146,6 +147,8 @@ def row_lines(row: dict[str, Any]) -> list[str]:
         return [f"{name}: placement auto, not placed (no choice in the plan: the local backend has one place)"]
     how = {"auto": "", "ranked": " (ranked: Slurm starts it in the first that lets it start)"}.get(row["mode"],
                                                                                                   " by --fit")
+    if row.get("nodelist"):
+        how = f" (a start by preemption, on the named nodes {','.join(row['nodelist'])})"
     # "placed NAME on PARTITION GRES": the words `hetrun submit` has always printed (tests parse them)
     lines = [f"placed {name} on {_where(row)}{how} {why_text(row)}"]
     lines += [f"  lost: {other}" for other in row.get("lost") or []]

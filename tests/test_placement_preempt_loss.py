@@ -204,6 +204,10 @@ def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) ->
     trainer, watcher = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3").split("#SBATCH hetjob")
     assert "#SBATCH --nodelist=n1\n" in trainer and f"#SBATCH --partition={choice.partition}\n" in trainer, trainer
     assert "--nodelist" not in watcher
+    from hetrun.cli.submit_cmd import placement_lines
+
+    assert placement_lines(plan)[0].startswith(
+        f"placed trainer on {choice.partition} gpu:a100 1 node (a start by preemption, on the named nodes n1)")
 
 
 def test_a_named_node_that_is_no_slurm_name_is_refused(tmp_path) -> None:

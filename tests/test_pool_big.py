@@ -18,7 +18,8 @@ test's own `hetrun policy apply`. Then, in this order (the module's state carrie
   pending demand and `hetrun policy status` the tiers' jobs; a critical job preempts
   and requeues one of the normal ones;
 - with both GPU types full, hetrun's placement sends a critical job that accepts either to the
-  partition whose preemption loses least (a checkpointing job's), and Slurm preempts it there.
+  partition whose preemption loses least (a checkpointing job's), naming that job's node, and
+  Slurm preempts it there.
 
 cpu.isolation is ``none`` here: each emulated node claims 4 CPUs, and task/affinity
 maps them onto real ones, so numa-aware needs a host with at least 4 (the last test
@@ -334,9 +335,9 @@ def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: B
     nodes held by four plain normal jobs, the v100 nodes by three plain ones and one (as large)
     asking for normal_ckpt. hetrun's placement of a 1-node critical job that accepts either
     type (``placement.score`` with the tier's ``preemption_sets``) ranks gpu-v100 first, where
-    a preemption loses least although the name order says a100; handed that list, Slurm starts
-    the job in gpu-v100 and preempts the checkpointing job there (preempt/qos picks candidates
-    in rising QOS priority); every plain job runs on."""
+    a preemption loses least although the name order says a100, and names one of the
+    checkpointing job's nodes (``ranked_list``'s ``nodelist``, gpu-v100 alone); Slurm starts the
+    job there and preempts the checkpointing job; every plain job runs on."""
     from hetrun.slurm_plugin import placement
     from hetrun.slurm_plugin import pool as pool_mod
     from hetrun.slurm_plugin.placement_fit import ranked_list
@@ -361,9 +362,12 @@ def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: B
                               preempts=preempts, stops_clean=clean)
         cands = placement.score(need, pool_mod.collect(lambda argv: pool.run(*argv).stdout, hours=0.05))
         ranked = ranked_list(cands, gpus=True)
-        assert ranked.partitions == ["gpu-v100", "gpu-a100"], [(c.label, c.score, c.reasons) for c in cands]
+        ckpt_nodes = set(pool.run("scontrol", "show", "hostnames", jobs(pool)[ckpt]["nodes"]).stdout.split())
+        assert ranked.partitions == ["gpu-v100"], [(c.label, c.score, c.reasons) for c in cands]
+        assert len(ranked.nodelist) == 1 and set(ranked.nodelist) <= ckpt_nodes, (ranked, ckpt_nodes)
         critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", ",".join(ranked.partitions), "-N1",
-                                 *WHOLE_NODE, "--gres=gpu:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+                                 f"--nodelist={','.join(ranked.nodelist)}", *WHOLE_NODE, "--gres=gpu:2", "-t", "5",
+                                 "-J", "critical", "--wrap", "sleep 300"))
 
         def started() -> bool:
             seen.update(jobs(pool))
@@ -371,7 +375,7 @@ def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: B
 
         assert wait_for(started, 120), {i: (seen.get(i, {}).get("job_state"), seen.get(i, {}).get("restart_cnt"))
                                         for i in [critical, ckpt, *plain]}
-        assert seen[critical]["nodes"] in V100_NODES, seen[critical]["nodes"]
+        assert seen[critical]["nodes"] == ranked.nodelist[0], seen[critical]["nodes"]
         assert seen[ckpt]["restart_cnt"] == 1, "the checkpointing job is the one preempted"
         assert [seen[i]["restart_cnt"] for i in plain] == [0] * len(plain)
         assert all(seen[i]["job_state"] == "RUNNING" for i in plain)
