@@ -183,13 +183,13 @@ def test_a_group_that_fits_now_names_no_nodes() -> None:
     assert placement_fit.ranked_list(placement.score(PAIR, snap), gpus=True).nodelist == []
 
 
-def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) -> None:
-    """placement: auto for a critical job, every GPU node full: the young plain job on the a100
-    nodes loses least; plan.json records its nodes and the het block asks Slurm for them."""
+def critical_plan(tmp_path):  # type: ignore[no-untyped-def]
+    """``placement: auto`` of a critical job against a pool whose every GPU node is full: a
+    plain job that started 5 s ago on the a100 nodes, one that has run 10 minutes on the v100
+    ones (the spec, and the plan as ``hetrun submit`` records it)."""
     from hetrun.dag.needs import component_needs
-    from hetrun.dag.plan import Plan, build_plan
+    from hetrun.dag.plan import build_plan
     from hetrun.dag.spec import load_spec
-    from hetrun.slurm_plugin.render import render_sbatch
     from test_placement_spec import AUTO, write
 
     spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
@@ -197,15 +197,23 @@ def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) ->
     preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
     critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
     fits = placement_fit.fit_components(component_needs(spec), snap, None, ["trainer"], quotas=critical)
-    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    return spec, placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+
+
+def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) -> None:
+    """The young plain job on the a100 nodes loses least: plan.json records its node, the het
+    block asks Slurm for it, and `hetrun submit` says so."""
+    from hetrun.cli.submit_cmd import placement_lines
+    from hetrun.dag.plan import Plan
+    from hetrun.slurm_plugin.render import render_sbatch
+
+    spec, plan = critical_plan(tmp_path)
     choice = Plan.from_json(plan.to_json()).components[0].placement
     assert choice is not None and choice.gres == "gpu:a100" and choice.nodelist == ["n1"], choice
     assert any(r.startswith("starts by preemption on n1: the jobs there lose least") for r in choice.reasons)
     trainer, watcher = render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3").split("#SBATCH hetjob")
     assert "#SBATCH --nodelist=n1\n" in trainer and f"#SBATCH --partition={choice.partition}\n" in trainer, trainer
     assert "--nodelist" not in watcher
-    from hetrun.cli.submit_cmd import placement_lines
-
     assert placement_lines(plan)[0].startswith(
         f"placed trainer on {choice.partition} gpu:a100 1 node (a start by preemption, on the named nodes n1)")
 
@@ -214,20 +222,11 @@ def test_a_named_node_that_is_no_slurm_name_is_refused(tmp_path) -> None:
     """plan.json is a file a user can edit before `hetrun submit --plan`: a node name is checked
     before it reaches the script."""
     import pytest
-    from hetrun.dag.needs import component_needs
-    from hetrun.dag.plan import build_plan
-    from hetrun.dag.spec import load_spec
     from hetrun.slurm_plugin.render import render_sbatch
-    from test_placement_spec import AUTO, write
 
     from hetrun.errors import SpecError
 
-    spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
-    snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal", ("n3", "n4"), 600))
-    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
-    critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
-    fits = placement_fit.fit_components(component_needs(spec), snap, None, ["trainer"], quotas=critical)
-    plan = placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    spec, plan = critical_plan(tmp_path)
     bad = plan.components[0].placement.model_copy(update={"nodelist": ["n1; rm -rf /"]})
     plan = plan.model_copy(update={"components": [plan.components[0].model_copy(update={"placement": bad}),
                                                   *plan.components[1:]]})
