@@ -89,10 +89,13 @@ def _take(snap: PoolSnapshot, need: Need, nodes: list[str]) -> None:
 
 def _take_best(snap: PoolSnapshot, quotas: Quotas | None, shapes: list[Need], best: Candidate | None) -> None:
     """The component as placed on ``best`` (or, with no candidate, as asked) is counted as taken:
-    its nodes when it fits now, its TRES under every quota (they count once the het job starts)."""
+    its nodes when it fits now, the nodes it names when it starts by preemption (a sibling does
+    not name them too), its TRES under every quota (they count once the het job starts)."""
     need = next((s for s in shapes if not best or not best.node_count or s.nodes == best.node_count), shapes[0])
     if best is not None and best.fits_now:
         _take(snap, need, best.nodes)
+    elif best is not None and best.preempt_nodes:
+        snap.claimed = tuple(sorted({*snap.claimed, *best.preempt_nodes}))
     if quotas is not None:
         quotas.take(need_tres(need, best.gres if best else ("gpu" if need.gpus_per_node else "-")))
 

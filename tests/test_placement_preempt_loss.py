@@ -233,3 +233,15 @@ def test_a_named_node_that_is_no_slurm_name_is_refused(tmp_path) -> None:
     with pytest.raises(SpecError) as info:
         render_sbatch(plan, spec, tmp_path / "run", python="/usr/bin/python3")
     assert info.value.key_path == "components.trainer.placement.nodelist[0]"
+
+
+def test_two_components_that_start_by_preemption_name_different_nodes() -> None:
+    """A het job's components are placed one after another on the same snapshot: the nodes the
+    first names are claimed for the second, which preempts elsewhere rather than name them too."""
+    needs = {"a": ComponentNeed("a", "auto", 1, 1, 2, 0, 0), "b": ComponentNeed("b", "auto", 1, 1, 2, 0, 0)}
+    snap = busy_with(("pool_normal", ("n1",), 5), ("pool_normal", ("n2",), 50), ("pool_normal", ("n3", "n4"), 600))
+    preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
+    critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
+    fits = placement_fit.fit_components(needs, snap, None, quotas=critical)
+    assert (fits["a"].best.preempt_nodes, fits["b"].best.preempt_nodes) == (["n1"], ["n2"])
+    assert snap.claimed == ("n1", "n2")
