@@ -87,14 +87,16 @@ def _take(snap: PoolSnapshot, need: Need, nodes: list[str]) -> None:
             n.mem_free_mb -= need.mem_mb_per_node
 
 
-def _take_best(snap: PoolSnapshot, quotas: Quotas | None, shapes: list[Need], best: Candidate | None) -> None:
+def _take_best(snap: PoolSnapshot, quotas: Quotas | None, shapes: list[Need], best: Candidate | None,
+               names_nodes: bool = True) -> None:
     """The component as placed on ``best`` (or, with no candidate, as asked) is counted as taken:
     its nodes when it fits now, the nodes it names when it starts by preemption (a sibling does
-    not name them too), its TRES under every quota (they count once the het job starts)."""
+    not name them too; a fixed component names none: ``names_nodes``), its TRES under every
+    quota (they count once the het job starts)."""
     need = next((s for s in shapes if not best or not best.node_count or s.nodes == best.node_count), shapes[0])
     if best is not None and best.fits_now:
         _take(snap, need, best.nodes)
-    elif best is not None and best.preempt_nodes:
+    elif best is not None and best.preempt_nodes and names_nodes:
         snap.claimed = tuple(sorted({*snap.claimed, *best.preempt_nodes}))
     if quotas is not None:
         quotas.take(need_tres(need, best.gres if best else ("gpu" if need.gpus_per_node else "-")))
@@ -146,7 +148,7 @@ def fit_components(needs: Mapping[str, ComponentNeed], snap: PoolSnapshot,
             shapes = [replace(s, preempts=quotas.preempts, stops_clean=quotas.stops_clean) for s in shapes]
         if name in fixed:  # where Slurm would put it: its best group now, before any estimate
             cands, out = _candidates(shapes, snap, quotas, None)
-            _take_best(snap, quotas, shapes, cands[0] if cands else None)
+            _take_best(snap, quotas, shapes, cands[0] if cands else None, names_nodes=False)
             if name in placed:  # explain shows it, with Slurm's estimates too
                 shown = cands if test_only is None else with_start_estimates(shapes[0], cands, test_only)
                 fits[name] = ComponentFit(needs[name], shown, out, pool_gres)
