@@ -183,21 +183,37 @@ def test_a_group_that_fits_now_names_no_nodes() -> None:
     assert placement_fit.ranked_list(placement.score(PAIR, snap), gpus=True).nodelist == []
 
 
-def critical_plan(tmp_path):  # type: ignore[no-untyped-def]
-    """``placement: auto`` of a critical job against a pool whose every GPU node is full: a
+def critical_fit(tmp_path, mode: str = "auto"):  # type: ignore[no-untyped-def]
+    """``placement: MODE`` of a critical job against a pool whose every GPU node is full: a
     plain job that started 5 s ago on the a100 nodes, one that has run 10 minutes on the v100
-    ones (the spec, and the plan as ``hetrun submit`` records it)."""
+    ones (the spec, and the fit ``hetrun submit`` records)."""
     from hetrun.dag.needs import component_needs
-    from hetrun.dag.plan import build_plan
     from hetrun.dag.spec import load_spec
     from test_placement_spec import AUTO, write
 
-    spec = load_spec(write(tmp_path, AUTO.replace("slurm: {partition: debug,", "slurm: {")))
+    text = AUTO.replace("slurm: {partition: debug,", "slurm: {").replace("placement: auto", f"placement: {mode}")
+    spec = load_spec(write(tmp_path, text))
     snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal", ("n3", "n4"), 600))
     preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
     critical = quota.Quotas("alice", "vision", "pool_critical", preempts=preempts, stops_clean=clean)
     fits = placement_fit.fit_components(component_needs(spec), snap, None, ["trainer"], quotas=critical)
-    return spec, placement_fit.record(build_plan(spec), placement_fit.FitReport(fits, snap.taken_at))
+    return spec, placement_fit.FitReport(fits, snap.taken_at)
+
+
+def critical_plan(tmp_path):  # type: ignore[no-untyped-def]
+    """``critical_fit``'s spec and the plan as ``hetrun submit`` records it."""
+    from hetrun.dag.plan import build_plan
+
+    spec, report = critical_fit(tmp_path)
+    return spec, placement_fit.record(build_plan(spec), report)
+
+
+def test_explain_shows_ranked_handing_slurm_the_named_nodes(tmp_path) -> None:
+    """`hetrun plan --explain` of a ranked component that must preempt: its partition alone and
+    the victims' node, as the het block will ask."""
+    _, report = critical_fit(tmp_path, "ranked")
+    lines = placement_fit.explain_lines(report)
+    assert "  ranked: Slurm is handed --partition=debug --gres=gpu:a100:2 --nodelist=n1" in lines, lines
 
 
 def test_submit_records_the_victims_nodes_and_the_script_names_them(tmp_path) -> None:
