@@ -273,9 +273,8 @@ def preemption_plan(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot)
     for i in sorted(taken, key=lambda k: -cost[k]):  # a cheap job taken before a large one came
         if len(free | freed(taken - {i})) >= need.nodes:
             taken.discard(i)
-    want = need.nodes - len(free)
-    nodes = [n for i in sorted(taken, key=cost.__getitem__) for n in sorted(running[i].nodes)
-             if n in freed(taken)]
+    want, gone = need.nodes - len(free), freed(taken)
+    nodes = [n for i in sorted(taken, key=cost.__getitem__) for n in sorted(running[i].nodes) if n in gone]
     return Preemption(sum(cost[i] for i in taken), tuple(dict.fromkeys(nodes))[:want])
 
 

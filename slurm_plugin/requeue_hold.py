@@ -70,12 +70,7 @@ def shorten_own_hold(job_id: str, run_dir: Path | None, *, restart: int, delay_s
         return None
     asked = time.time()
     delay_s = begin_delay_s(asked, killed_at(job_id, run), delay_s)
-    try:
-        proc = run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{int(delay_s)}"],
-                   capture_output=True, text=True, check=False, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
+    if not _own_update(run, job_id, f"StartTime=now+{int(delay_s)}"):
         return None
     fields = {"job_id": job_id, "restart_count": restart, "begin_at": round(asked + delay_s, 3),
               "delay_s": delay_s,
@@ -90,33 +85,35 @@ def shorten_own_hold(job_id: str, run_dir: Path | None, *, restart: int, delay_s
     return {"ev": "requeue_hold_shortened", **fields}
 
 
+def _own_update(run: Runner, job_id: str, setting: str) -> bool:
+    """``scontrol update JobId=job_id SETTING``, the job's owner updating it; False: Slurm refused
+    (the job is not pending), or scontrol is missing or hung."""
+    try:
+        proc = run(["scontrol", "update", f"JobId={job_id}", setting], capture_output=True, text=True,
+                   check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
 def release_named_nodes(job_id: str, run_dir: Path, *, run: Runner = subprocess.run) -> list[str]:
     """Clear the nodes placement named (plan.json ``placement.nodelist``, a start by preemption)
     from requeued ``job_id``'s components: Slurm keeps a job's ``--nodelist`` across a requeue,
     and the jobs it named have long been preempted; the next start goes wherever Slurm or
     preemption finds nodes. The job's own update, while it is pending (as ``shorten_own_hold``).
     Returns the job ids cleared (a het component is ``<leader>+<offset>``)."""
-    import json
+    from hetrun.errors import HetrunError
+    from hetrun.planfile import read_plan
 
     if not job_id.isdigit():
         return []
     try:
-        comps = json.loads((run_dir / "plan.json").read_text()).get("components") or []
-    except (OSError, ValueError):
+        comps = read_plan(run_dir).raw.get("components") or []
+    except HetrunError:  # no plan, or one the post-mortem has said is broken: nothing named
         return []
-    cleared = []
-    for i, comp in enumerate(comps):
-        if not ((comp.get("placement") or {}).get("nodelist")):
-            continue
-        target = job_id if len(comps) == 1 else f"{job_id}+{i}"
-        try:
-            proc = run(["scontrol", "update", f"JobId={target}", "ReqNodeList="],
-                       capture_output=True, text=True, check=False, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.returncode == 0:
-            cleared.append(target)
-    return cleared
+    targets = [job_id if len(comps) == 1 else f"{job_id}+{i}" for i, comp in enumerate(comps)
+               if (comp.get("placement") or {}).get("nodelist")]
+    return [t for t in targets if _own_update(run, t, "ReqNodeList=")]
 
 
 def begin_delay_s(now: float, killed: float | None, least: int = SHORTEN_TO_S) -> int:
