@@ -15,6 +15,9 @@ side on a fresh pool (``--sides``, default all three):
     accept either GPU type submitted with ``-p gpu-a100,gpu-v100`` (untyped ``gpu:2``);
     no checkpointing QOS, no placement.
 
+``--spare-plain``: side (b)'s policy spares plain jobs (``checkpointed: {spare_plain: true}``):
+a tier preempts only the lower tiers' checkpointing jobs, and waits for plain ones to end.
+
 ``--ckpt-share`` of the sleep jobs (default 0.5) run benchmarks/trace_job.py instead: the same
 seconds of work as 1 s steps through hetrun's run API, a save every CKPT_EVERY steps, a stop
 at an agreed step on SIGTERM. Work lost per cut run: all of a sleep's run; for a job with a
@@ -150,6 +153,16 @@ def hand_policy(policy: str) -> str:
     """The "Slurm by hand" pool's Slurm objects: the policy without ``scheduling.checkpointed``."""
     out = "\n".join(ln for ln in policy.splitlines() if "checkpointed:" not in ln) + "\n"
     assert out != policy, "the replay's POLICY has no checkpointed line to drop"
+    return out
+
+
+def with_spare_plain(policy: str, spare: bool) -> str:
+    """The replay's POLICY with ``checkpointed: {spare_plain: true}`` (``--spare-plain``): a tier
+    preempts only the lower tiers' checkpointing jobs; plain sleeps run to their end."""
+    if not spare:
+        return policy
+    out = policy.replace("checkpointed: {}", "checkpointed: {spare_plain: true}")
+    assert out != policy, "the replay's POLICY has no 'checkpointed: {}' to extend"
     return out
 
 
@@ -524,8 +537,9 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
            ranked: bool = False, one_tier: bool = False, limits: str = "tight",
-           by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False) -> dict[str, Any]:
-    """``policy``: tiers through the pool's QOS. With ``by_hand`` ("Slurm by hand") every job
+           by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False,
+           policy_text: str = POLICY) -> dict[str, Any]:
+    """``policy``: tiers through the pool's QOS (``policy_text``, the policy the pool runs). With ``by_hand`` ("Slurm by hand") every job
     asks for its tier's plain QOS and the partitions it accepts (``hand_partition``); without,
     fitness placement picks them and a checkpointing job asks for ``<tier>_ckpt``."""
     prefix = f"{tag}{label}-"
@@ -537,7 +551,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     # (``history_s`` 0 with ``fresh_history``: all four per job, as before issue 21's fix)
     snaps = pool.Collector(lambda argv: cluster.run(*argv).stdout, hours=0.05,
                            history_s=0.0 if fresh_history else HISTORY_S)
-    preempt = tier_preemption(by_loss) if policy and not by_hand else {}
+    preempt = tier_preemption(by_loss, policy_text) if policy and not by_hand else {}
     sampler = Sampler(cluster)
     sampler.start()
     t0, fit_s, moved, named, refused = time.monotonic(), [], 0, 0, []
@@ -589,9 +603,9 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     return out
 
 
-def tier_preemption(by_loss: bool) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Per tier the QOS its jobs may preempt and those whose jobs stop clean, from the replay's
-    POLICY (``policy.desired.preemption_sets``): placement ranks groups by the work a start by
+def tier_preemption(by_loss: bool, policy_text: str = POLICY) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Per tier the QOS its jobs may preempt and those whose jobs stop clean, from the policy
+    the pool runs (``policy.desired.preemption_sets``): placement ranks groups by the work a start by
     preemption loses. Empty without ``by_loss`` (``--no-preempt-by-loss``)."""
     import yaml
     from hetrun.slurm_plugin.policy.desired import preemption_sets
@@ -599,7 +613,7 @@ def tier_preemption(by_loss: bool) -> dict[str, tuple[tuple[str, ...], tuple[str
 
     if not by_loss:
         return {}
-    spec = validate_policy_data(yaml.safe_load(POLICY))
+    spec = validate_policy_data(yaml.safe_load(policy_text))
     return {tier: preemption_sets(spec, tier) for tier in TIERS}
 
 
@@ -636,7 +650,8 @@ def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag
         start_s = round(time.monotonic() - t0, 1)
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked, limits=limits,
-                    by_hand=by_hand, by_loss=by_loss, fresh_history=fresh_history)
+                    by_hand=by_hand, by_loss=by_loss, fresh_history=fresh_history,
+                    policy_text=policy_path.read_text() if policy_path is not None else POLICY)
     sched = cluster.run("scontrol", "show", "config", check=False).stdout
     result.update(scheduler_parameters=next((ln.split("=", 1)[1].strip() for ln in sched.splitlines()
                                              if ln.startswith("SchedulerParameters")), None),
@@ -686,6 +701,9 @@ def main() -> None:
                     help="the policy side on the policy pool already running (no restart, no lock)")
     ap.add_argument("--no-preempt-by-loss", action="store_true",
                     help="policy side: placement without the preemption-loss term (Need.preempts empty)")
+    ap.add_argument("--spare-plain", action="store_true",
+                    help="the policy side's policy spares plain jobs (checkpointed: {spare_plain: true}): "
+                         "a tier preempts only checkpointing jobs; by hand unchanged")
     ap.add_argument("--fresh-history", action="store_true",
                     help="policy side: every placement snapshot reads sacct + sshare too (as before the fix)")
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
@@ -721,7 +739,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             policy_path = Path(tmp) / "policy.yaml"
-            policy_path.write_text(with_backfill(POLICY, args.policy_backfill))
+            policy_path.write_text(with_spare_plain(with_backfill(POLICY, args.policy_backfill), args.spare_plain))
             # "Slurm by hand": the same QOS tiers, preemption and priority, without hetrun's
             # checkpointing QOS (an administrator without hetrun has no such class of jobs)
             hand_path = Path(tmp) / "by_hand.yaml"
@@ -744,6 +762,7 @@ def main() -> None:
                                            limits=args.time_limits, by_hand=key == "by_hand",
                                            by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history)
                     doc[key]["fit_mode"] = args.fit_mode if key == "policy_fit" else None
+                    doc[key]["spare_plain"] = args.spare_plain and key == "policy_fit"
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")  # each side as soon as it is done
     finally:
         with heavy_lock():

@@ -89,8 +89,8 @@ pool_normal_ckpt|950||requeue||||DenyOnLimit|00:02:00
 def test_the_jobs_qos_says_what_it_may_preempt_and_which_of_those_stop_clean() -> None:
     preempts, clean = quota.preemption_of(SACCTMGR_QOS, "pool_critical")
     assert set(preempts) == {"pool_high", "pool_high_ckpt", "pool_normal", "pool_normal_ckpt"}
-    # pool_high_ckpt has no GraceTime here: its jobs would be killed like any other, so not clean.
-    assert clean == ("pool_normal_ckpt",)
+    # pool_high_ckpt has no GraceTime here: KillWait is its grace (SIGTERM first), still clean.
+    assert clean == ("pool_high_ckpt", "pool_normal_ckpt")
     assert quota.preemption_of(SACCTMGR_QOS, "pool_normal") == ((), ())
     assert quota.preemption_of(SACCTMGR_QOS, "tier-name-the-lua-maps") == ((), ())
     assert quota.preemption_of(SACCTMGR_QOS, None) == ((), ())

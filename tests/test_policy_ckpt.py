@@ -8,6 +8,8 @@ the live read-back (GraceTime), the job_submit.lua mapping and the refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from hetrun.slurm_plugin.policy.desired import desired_state
@@ -114,12 +116,52 @@ def test_without_checkpointed_nothing_changes() -> None:
     assert qos["pool_critical"].preempt == ("pool_high", "pool_normal")
 
 
+def test_spare_plain_preempts_only_the_lower_tiers_checkpointing_jobs() -> None:
+    """``checkpointed: {spare_plain: true}``: both QOS of a tier preempt the lower tiers' _ckpt
+    QOS alone, and placement's sets (policy file) and sacctmgr's read-back say the same."""
+    from hetrun.slurm_plugin import quota
+    from hetrun.slurm_plugin.policy.desired import preemption_sets
+
+    policy = _policy(POLICY.replace("{grace_time: 45}", "{spare_plain: true}"))
+    qos = desired_state(policy).qos
+    assert qos["pool_critical"].preempt == qos["pool_critical_ckpt"].preempt == ("pool_high_ckpt", "pool_normal_ckpt")
+    assert qos["pool_high"].preempt == ("pool_normal_ckpt",) and qos["pool_normal"].preempt == ()
+    assert {q.grace_time for q in qos.values()} == {0}
+    both = ("pool_high_ckpt", "pool_normal_ckpt")
+    assert preemption_sets(policy, "critical") == (both, both)  # every victim stops clean
+    live = "\n".join(f"{q.name}|{q.priority}|{','.join(q.preempt)}|{q.preempt_mode}||||DenyOnLimit|00:00:00"
+                     for q in qos.values())
+    assert quota.preemption_of(live, "pool_critical") == (both, both)
+    # the default preempts plain jobs too
+    assert preemption_sets(_policy(), "critical")[0] == (
+        "pool_high", "pool_high_ckpt", "pool_normal", "pool_normal_ckpt")
+
+
+def test_spare_plain_placement_never_names_a_plain_job() -> None:
+    """Every GPU node busy: a plain job that started 5 s ago (a100) and a checkpointing one that
+    has run 10 minutes (v100). By default the cheapest victim is either; with spare_plain a
+    start by preemption can only take the checkpointing job's nodes."""
+    from hetrun.slurm_plugin import placement
+    from hetrun.slurm_plugin.policy.desired import preemption_sets
+    from test_placement_preempt_loss import PAIR, busy_with
+
+    snap = busy_with(("pool_normal", ("n1", "n2"), 5), ("pool_normal_ckpt", ("n3", "n4"), 600))
+    policy = _policy(POLICY.replace("{grace_time: 45}", "{spare_plain: true}"))
+    preempts, clean = preemption_sets(policy, "critical")
+    need = dataclasses.replace(PAIR, preempts=preempts, stops_clean=clean)
+    for cand in placement.score(need, snap):
+        assert not set(cand.preempt_nodes) & {"n1", "n2"}
+    best = placement.score(need, snap)[0]
+    assert best.gres == "gpu:v100" and sorted(best.preempt_nodes) == ["n3", "n4"]
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (("preemption: true", "preemption: false"), "checkpointed orders preemption, but preemption is off"),
     (("[critical, high, normal]", "[critical, high_ckpt, normal]"), "clashes with the _ckpt QOS"),
     (("grace_time: 45", "grace_time: 0"), "grace_time"),
     (("grace_time: 45", "grace_time: 2h"), "grace_time"),
     (("grace_time: 45", "grace: 45"), "grace"),
+    (("grace_time: 45", "spare_plain: maybe"), "spare_plain"),
 ])
 def test_refusals(edit: tuple[str, str], message: str) -> None:
     with pytest.raises(SpecError, match=message):

@@ -73,12 +73,25 @@ def tier_qos_names(policy: PolicySpec, tiers: list[str]) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+def preempt_list(policy: PolicySpec, rank: int) -> tuple[str, ...]:
+    """The ``Preempt=`` list of the QOS of the tier at ``rank`` (both of its QOS): with
+    ``preemption`` every lower tier's QOS; with ``checkpointed.spare_plain`` only their
+    ``<tier>_ckpt`` QOS (plain jobs are never preempted)."""
+    if not policy.preemption:
+        return ()
+    lower = policy.tier_names[rank + 1:]
+    ckpt = policy.checkpointed
+    if ckpt is not None and ckpt.spare_plain:
+        return tuple(sorted(policy.ckpt_qos_name(t) for t in lower))
+    return tier_qos_names(policy, lower)
+
+
 def preemption_sets(policy: PolicySpec, tier: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """For a job of ``tier`` (either of its QOS): the QOS its QOS may preempt (the same
-    ``Preempt=`` list ``_qos_for_tier`` renders) and, of those, the ``<tier>_ckpt`` ones whose jobs
-    stop at an agreed step: ``placement.Need.preempts`` / ``stops_clean``."""
+    """For a job of ``tier`` (either of its QOS): the QOS its QOS may preempt (``preempt_list``,
+    as rendered) and, of those, the ``<tier>_ckpt`` ones whose jobs stop at an agreed step:
+    ``placement.Need.preempts`` / ``stops_clean``."""
     names = policy.tier_names
-    lower = tier_qos_names(policy, names[names.index(tier) + 1:]) if policy.preemption else ()
+    lower = preempt_list(policy, names.index(tier))
     clean = tuple(q for q in lower if policy.checkpointed is not None
                   and q in {policy.ckpt_qos_name(t) for t in names})
     return lower, clean
@@ -95,9 +108,8 @@ def ckpt_priority(policy: PolicySpec, rank: int, tier: str) -> int:
 
 
 def _qos_for_tier(policy: PolicySpec, rank: int, tier: str, ckpt: bool = False) -> QosState:
-    names = policy.tier_names
     limits = policy.tiers.get(tier) or TierLimits.model_validate({})
-    lower = tier_qos_names(policy, names[rank + 1:]) if policy.preemption else ()
+    lower = preempt_list(policy, rank)
     priority = ckpt_priority(policy, rank, tier) if ckpt else tier_priority(policy, rank, tier)
     wall = v.time_seconds(str(limits.max_wall)) if limits.max_wall is not None else None
     grace = (policy.checkpointed.grace_time or 0) if ckpt and policy.checkpointed else 0

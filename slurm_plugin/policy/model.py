@@ -130,6 +130,12 @@ class Checkpointed(_Section):
 
     grace_time: int | None = Field(None, ge=1, le=3600, description="GraceTime (s) of the <tier>_ckpt QOS "
                                    "(default none: KillWait alone); see docs/POLICY.md before setting it")
+    # Why a switch and not the default: sparing plain jobs moves the cost of a higher tier's start
+    # from the killed jobs' lost work to the higher tier's wait (until plain jobs end on their own);
+    # a site whose top tier must start at once keeps preempting them, cheapest first.
+    spare_plain: bool = Field(False, description="a tier preempts only the lower tiers' <tier>_ckpt jobs "
+                              "(which stop at an agreed step and lose ~0): jobs that would lose all their work "
+                              "run to their end, and a higher tier waits for them at the head of the queue")
 
 
 class Scheduling(_Section):
