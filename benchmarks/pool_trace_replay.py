@@ -701,6 +701,9 @@ def main() -> None:
                     help="the policy side on the policy pool already running (no restart, no lock)")
     ap.add_argument("--no-preempt-by-loss", action="store_true",
                     help="policy side: placement without the preemption-loss term (Need.preempts empty)")
+    ap.add_argument("--hand-backfill", metavar="YAML",
+                    help="the by-hand side's backfill block, the same YAML (e.g. '{busy_nodes: true}': "
+                         "bf_busy_nodes, a SchedulerParameters item an administrator sets by hand)")
     ap.add_argument("--spare-plain", action="store_true",
                     help="the policy side's policy spares plain jobs (checkpointed: {spare_plain: true}): "
                          "a tier preempts only checkpointing jobs; by hand unchanged")
@@ -743,7 +746,7 @@ def main() -> None:
             # "Slurm by hand": the same QOS tiers, preemption and priority, without hetrun's
             # checkpointing QOS (an administrator without hetrun has no such class of jobs)
             hand_path = Path(tmp) / "by_hand.yaml"
-            hand_path.write_text(hand_policy(POLICY))
+            hand_path.write_text(hand_policy(with_backfill(POLICY, args.hand_backfill)))
             for key, label, with_policy in sides:
                 if key == "default" and args.default_in_policy_pool and args.only == "default":
                     doc[key] = replay(BigPool(), trace, label, tag, policy=False, one_tier=True,
@@ -763,6 +766,7 @@ def main() -> None:
                                            by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history)
                     doc[key]["fit_mode"] = args.fit_mode if key == "policy_fit" else None
                     doc[key]["spare_plain"] = args.spare_plain and key == "policy_fit"
+                    doc[key]["backfill"] = {"policy_fit": args.policy_backfill, "by_hand": args.hand_backfill}.get(key)
                     args.out.write_text(json.dumps(doc, indent=1) + "\n")  # each side as soon as it is done
     finally:
         with heavy_lock():

@@ -19,7 +19,9 @@ test's own `hetrun policy apply`. Then, in this order (the module's state carrie
   and requeues one of the normal ones;
 - with both GPU types full, hetrun's placement sends a critical job that accepts either to the
   partition whose preemption loses least (a checkpointing job's), naming that job's node, and
-  Slurm preempts it there.
+  Slurm preempts it there;
+- with ``checkpointed: {spare_plain: true}`` applied, a critical job waits for plain jobs
+  instead of preempting them, and preempts a checkpointing one.
 
 cpu.isolation is ``none`` here: each emulated node claims 4 CPUs, and task/affinity
 maps them onto real ones, so numa-aware needs a host with at least 4 (the last test
@@ -381,6 +383,54 @@ def test_a_critical_job_preempts_the_checkpointing_job_before_plain_ones(pool: B
         assert all(seen[i]["job_state"] == "RUNNING" for i in plain)
     finally:
         pool.run("scancel", *[i for i in (critical, ckpt, *plain) if i], check=False)
+
+
+@pytest.mark.usefixtures("applied")
+def test_with_spare_plain_a_critical_job_waits_for_plain_jobs_instead_of_preempting(
+        pool: BigPool, policy_file: Path, tmp_path: Path) -> None:
+    """``checkpointed: {spare_plain: true}`` applied by `hetrun policy apply`: the tiers' QOS
+    preempt only the lower tiers' _ckpt QOS (sacctmgr's read-back), and with the a100 nodes held
+    by plain normal jobs a critical job for gpu-a100 pends through several scheduler passes
+    (sched_interval 2 s here) while every plain job runs on; a checkpointing job there is
+    preempted for it at once. The policy as it was is applied again after."""
+    spare = tmp_path / "spare.yaml"
+    spare.write_text(POLICY.replace("checkpointed: {}", "checkpointed: {spare_plain: true}"))
+    proc = cli(pool, "policy", "apply", str(spare))
+    ids: list[str] = []
+    try:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        preempt = dict(line.split("|", 1) for line in pool.run(
+            "sacctmgr", "-n", "-P", "show", "qos", "format=Name,Preempt").stdout.split() if "|" in line)
+        assert preempt["hrpool_critical"] == preempt["hrpool_critical_ckpt"] == "hrpool_high_ckpt,hrpool_normal_ckpt"
+        assert preempt["hrpool_high"] == "hrpool_normal_ckpt"
+        ids = [job_id(sbatch(pool, "-A", BIG, "--qos=normal", "-p", "gpu-a100", f"-N{FILLER_NODES}", *WHOLE_NODE,
+                             "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", "fill-plain", "--wrap", "sleep 600"))
+               for _ in range(FILLERS)]
+        assert wait_for(lambda: _running(pool, ids), 120), {i: jobs(pool).get(i, {}).get("state_reason") for i in ids}
+        critical = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", "gpu-a100", "-N1", *WHOLE_NODE,
+                                 "--gres=gpu:a100:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+        ids.append(critical)
+        assert not wait_for(lambda: jobs(pool)[critical]["job_state"] != "PENDING", 8), jobs(pool)[critical]
+        seen = jobs(pool)
+        assert [(seen[i]["job_state"], seen[i]["restart_cnt"]) for i in ids[:-1]] == [("RUNNING", 0)] * FILLERS
+        # One plain job's nodes go to a checkpointing job: a critical job preempts that one.
+        pool.run("scancel", critical, ids[0])
+        ckpt = job_id(sbatch(pool, "-A", BIG, "--qos=normal_ckpt", "-p", "gpu-a100", f"-N{FILLER_NODES}",
+                             *WHOLE_NODE, "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", "fill-ckpt",
+                             "--wrap", "sleep 600"))
+        ids.append(ckpt)
+        assert wait_for(lambda: _running(pool, [ckpt]), 120), jobs(pool)[ckpt]
+        again = job_id(sbatch(pool, "-A", BIG, "--qos=critical", "-p", "gpu-a100", "-N1", *WHOLE_NODE,
+                              "--gres=gpu:a100:2", "-t", "5", "-J", "critical", "--wrap", "sleep 300"))
+        ids.append(again)
+        assert wait_for(lambda: jobs(pool)[again]["job_state"] == "RUNNING", 120), jobs(pool)[again]
+        seen = jobs(pool)
+        assert seen[ckpt]["restart_cnt"] == 1, "the checkpointing job is the one preempted"
+        assert [(seen[i]["job_state"], seen[i]["restart_cnt"]) for i in ids[1:FILLERS]] == [("RUNNING", 0)] * 3
+    finally:
+        pool.run("scancel", *ids, check=False)
+        back = cli(pool, "policy", "apply", str(policy_file))
+        assert back.returncode == 0, back.stdout + back.stderr
 
 
 def test_numa_aware_isolation_is_refused_where_the_pool_claims_more_cpus_than_the_host(
