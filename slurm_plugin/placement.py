@@ -218,7 +218,12 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
                                                                 PREEMPT_LOSS_PER_NODE_MIN * loss / 60)
             reasons.append("preemption cannot free enough nodes" if loss is None else
                            f"a start by preemption loses ~{loss:.0f} node-s of work")
-            victims = list(plan.nodes) if plan is not None else []
+            # Named only where Slurm's own choice could lose more: when every QOS the job may
+            # preempt stops clean (``checkpointed.spare_plain``), any victim loses ~0, and a
+            # --nodelist would only tie the job to nodes that may be taken before it starts
+            # (a critical job waited 84 s for named nodes in an issue-21 replay).
+            if plan is not None and not set(need.preempts) <= set(need.stops_clean):
+                victims = list(plan.nodes)
         spread, why = _shape_penalty(need)
         _, fullest, quota_why = quota.check(quotas, need_tres(need, row.gres))
         near = QUOTA_NEAR_PENALTY * max(0.0, fullest - quota.NEAR_FROM) / (1 - quota.NEAR_FROM)
