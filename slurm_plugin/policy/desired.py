@@ -5,7 +5,9 @@
   ``PreemptMode=requeue``; ``DenyOnLimit`` so a job over a Max* limit is
   refused at submission instead of pending forever; with ``checkpointed`` a
   second QOS ``<tier>_ckpt`` per tier, just below it, with an optional
-  ``GraceTime`` (preemption by work lost: ``ckpt_priority``);
+  ``GraceTime`` (preemption by work lost: ``ckpt_priority``), and with its
+  ``spare_plain`` the ``Preempt`` lists name only the lower tiers' ``_ckpt`` QOS
+  (``preempt_list``: plain jobs are never preempted);
 - one account per team with its association limits (GrpTRES = quota,
   MaxWall, Fairshare, allowed QOS, DefaultQOS = the default
   tier) and one user association per listed user, whose own GrpTRES is
