@@ -45,3 +45,16 @@ def test_time_limits_tight_and_fixed() -> None:
     assert limits == {5: 1, 45: 1, 46: 2, 60: 2}
     assert replay.time_limit_min(job, "5min") == 5
     assert f"--time={replay.time_limit_min(job, 'tight')}" in replay.sbatch_argv(job, "n", "cpu", None, False)
+
+
+def test_spare_plain_side_and_the_by_hand_backfill() -> None:
+    """``--spare-plain``: the policy side's placement sets come from the policy the pool runs
+    (plain QOS never a victim); ``--hand-backfill``: the by-hand policy keeps the backfill block
+    and still has no checkpointing QOS."""
+    spare = replay.with_spare_plain(replay.POLICY, True)
+    assert replay.with_spare_plain(replay.POLICY, False) == replay.POLICY
+    sets = replay.tier_preemption(True, spare)
+    assert sets["critical"] == (("hrpool_high_ckpt", "hrpool_normal_ckpt"),) * 2
+    assert "hrpool_normal" in replay.tier_preemption(True)["critical"][0]
+    hand = replay.hand_policy(replay.with_backfill(replay.POLICY, "{busy_nodes: true}"))
+    assert "backfill: {busy_nodes: true}" in hand and "checkpointed" not in hand
