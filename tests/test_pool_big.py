@@ -399,10 +399,10 @@ def test_with_spare_plain_a_critical_job_waits_for_plain_jobs_instead_of_preempt
     ids: list[str] = []
     try:
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        preempt = dict(line.split("|", 1) for line in pool.run(
-            "sacctmgr", "-n", "-P", "show", "qos", "format=Name,Preempt").stdout.split() if "|" in line)
-        assert preempt["hrpool_critical"] == preempt["hrpool_critical_ckpt"] == "hrpool_high_ckpt,hrpool_normal_ckpt"
-        assert preempt["hrpool_high"] == "hrpool_normal_ckpt"
+        preempt = {name: set(filter(None, lst.split(","))) for name, lst in (line.split("|", 1) for line in pool.run(
+            "sacctmgr", "-n", "-P", "show", "qos", "format=Name,Preempt").stdout.split() if "|" in line)}
+        assert preempt["hrpool_critical"] == preempt["hrpool_critical_ckpt"] == {"hrpool_high_ckpt", "hrpool_normal_ckpt"}
+        assert preempt["hrpool_high"] == {"hrpool_normal_ckpt"}
         ids = [job_id(sbatch(pool, "-A", BIG, "--qos=normal", "-p", "gpu-a100", f"-N{FILLER_NODES}", *WHOLE_NODE,
                              "--gres=gpu:a100:2", "-t", "10", "--requeue", "-J", "fill-plain", "--wrap", "sleep 600"))
                for _ in range(FILLERS)]
