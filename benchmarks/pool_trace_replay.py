@@ -18,6 +18,10 @@ side on a fresh pool (``--sides``, default all three):
 ``--spare-plain``: side (b)'s policy spares plain jobs (``checkpointed: {spare_plain: true}``):
 a tier preempts only the lower tiers' checkpointing jobs, and waits for plain ones to end.
 
+``--young-plain T`` (with ``--spare-plain``, an experiment: benchmarks/replay_young_plain.py): a job
+that cannot start without preempting plain jobs, all of which have run at most T s, asks for its
+tier's ``_young`` QOS (which may preempt them) and names their nodes; otherwise it waits.
+
 ``--ckpt-share`` of the sleep jobs (default 0.5) run benchmarks/trace_job.py instead: the same
 seconds of work as 1 s steps through hetrun's run API, a save every CKPT_EVERY steps, a stop
 at an agreed step on SIGTERM. Work lost per cut run: all of a sleep's run; for a job with a
@@ -67,7 +71,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -76,6 +80,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import replay_hetrun_jobs  # noqa: E402
+import replay_young_plain  # noqa: E402
 from big_cluster import BigPool  # noqa: E402
 from hetrun.slurm_plugin import placement, pool  # noqa: E402
 from hetrun.slurm_plugin.placement_fit import ranked_list  # noqa: E402
@@ -241,13 +246,14 @@ def hand_partition(job: TraceJob) -> tuple[str, str | None]:
 
 def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, tiers: bool,
                 one_tier: bool = False, limits: str = "tight", run_dir: Path | None = None,
-                ckpt_qos: bool = False, nodelist: tuple[str, ...] = ()) -> list[str]:
+                ckpt_qos: bool = False, nodelist: tuple[str, ...] = (), qos_name: str | None = None) -> list[str]:
     """``one_tier``: every job in the default tier (``normal``), for the default side run on
     the policy pool: equal QOS, so no preemption and priority by age alone, i.e. FIFO.
     A checkpointing job (``job.ckpt``) runs benchmarks/trace_job.py in ``run_dir``; with
     ``ckpt_qos`` (the policy side) it asks for its tier's checkpointing QOS, ``<tier>_ckpt``
     (the policy's ``scheduling.checkpointed``: preempted first, with a GraceTime). ``nodelist``:
-    the victims' nodes placement names for a start by preemption (``--nodelist``)."""
+    the victims' nodes placement names for a start by preemption (``--nodelist``). ``qos_name``: a
+    QOS asked for by its Slurm name instead (``--young-plain``'s ``_young`` QOS)."""
     argv = ["sbatch", "--parsable", "-o", "/dev/null", f"--job-name={name}", f"--partition={partition}",
             f"--nodes={job.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={CPUS}",
             f"--mem-per-cpu={MEM_PER_CPU_MB}M", f"--time={time_limit_min(job, limits)}", "--requeue"]
@@ -258,6 +264,7 @@ def sbatch_argv(job: TraceJob, name: str, partition: str, gpu_type: str | None, 
     if tiers or one_tier:
         qos = job.tier if tiers else "normal"
         qos += "_ckpt" if ckpt_qos and job.ckpt else ""
+        qos = qos_name or qos
         argv += ["-A", ACCOUNT, f"--qos={qos}"]  # the lua maps the tier onto its QOS
     if job.ckpt and run_dir is not None:
         # exec: the step's SIGTERM reaches the script itself (no shell between)
@@ -270,7 +277,9 @@ HISTORY_S = 30.0  # the placement snapshot's sacct + sshare part is reused this 
 
 
 def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
-        preempt: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> tuple[str, str | None, float, tuple[str, ...]]:
+        preempt: dict[str, tuple[tuple[str, ...], tuple[str, ...]]],
+        young: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] | None = None,
+        young_s: float | None = None) -> tuple[str, str | None, float, tuple[str, ...], str | None]:
     """(partitions, GPU type, seconds spent, nodes to name) chosen by fitness placement on a fresh
     snapshot. Nodes are named where the job must start by preemption (``ranked_list``'s
     ``nodelist``: the victims that lose least, in the best's partition alone).
@@ -282,7 +291,12 @@ def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
     single choice made at submission would wait for that one partition. A GPU job
     accepting both types lists both partitions and asks for untyped ``gpu:2``; a CPU
     job lists ``cpu``, and a GPU partition only when that scored best (cpu full, GPU
-    nodes idle now), so CPU work does not queue up on GPU nodes."""
+    nodes idle now), so CPU work does not queue up on GPU nodes.
+
+    ``young`` (``--young-plain``: tier -> its ``_young`` QOS and that QOS's sets): where no candidate can start
+    without preempting a plain job, the best start whose plain victims have all run at most
+    ``young_s`` s, on one partition with their nodes named, and the ``_young`` QOS (the last
+    element; None: the tier's own QOS)."""
     t0 = time.monotonic()
     snap = snaps.snapshot()
     preempts, stops_clean = preempt.get(job.tier, ((), ()))
@@ -292,13 +306,21 @@ def fit(job: TraceJob, snaps: pool.Collector, ranked: bool,
     cands = placement.score(need, snap)
     spent = time.monotonic() - t0
     if not cands:
-        return job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None), spent, ()
+        return job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None), spent, (), None
+    if young and job.tier in young and not cands[0].fits_now and cands[0].preempt_loss is None:
+        qos, pre, clean = young[job.tier]
+        ycands = placement.score(replace(need, preempts=pre, stops_clean=clean, young_s=young_s), snap)
+        spent = time.monotonic() - t0
+        yb = ycands[0] if ycands else None
+        if yb is not None and yb.preempt_loss is not None and yb.preempt_nodes:
+            return (yb.partition, yb.gres.split(":")[1] if yb.gres != pool.NO_GRES else None, spent,
+                    tuple(yb.preempt_nodes), qos)
     if not ranked:
         best = cands[0]
-        return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent, ()
+        return best.partition, (best.gres.split(":")[1] if best.gres != pool.NO_GRES else None), spent, (), None
     ranked = ranked_list(cands, bool(job.gpu_types))  # what hetrun's placement: ranked hands Slurm
     gpu_type = ranked.gres.partition(":")[2] or None if job.gpu_types else None  # None: untyped gpu:2
-    return ",".join(ranked.partitions), gpu_type, spent, tuple(ranked.nodelist)
+    return ",".join(ranked.partitions), gpu_type, spent, tuple(ranked.nodelist), None
 
 
 class Sampler(threading.Thread):
@@ -538,8 +560,8 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
            ranked: bool = False, one_tier: bool = False, limits: str = "tight",
            by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False,
-           policy_text: str = POLICY) -> dict[str, Any]:
-    """``policy``: tiers through the pool's QOS (``policy_text``, the policy the pool runs). With ``by_hand`` ("Slurm by hand") every job
+           policy_text: str = POLICY, young_s: float | None = None) -> dict[str, Any]:
+    """``young_s``: ``--young-plain`` (the pool has the ``_young`` QOS). ``policy``: tiers through the pool's QOS (``policy_text``, the policy the pool runs). With ``by_hand`` ("Slurm by hand") every job
     asks for its tier's plain QOS and the partitions it accepts (``hand_partition``); without,
     fitness placement picks them and a checkpointing job asks for ``<tier>_ckpt``."""
     prefix = f"{tag}{label}-"
@@ -552,9 +574,10 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     snaps = pool.Collector(lambda argv: cluster.run(*argv).stdout, hours=0.05,
                            history_s=0.0 if fresh_history else HISTORY_S)
     preempt = tier_preemption(by_loss, policy_text) if policy and not by_hand else {}
+    young = replay_young_plain.young_sets(policy_text) if young_s is not None and preempt else None
     sampler = Sampler(cluster)
     sampler.start()
-    t0, fit_s, moved, named, refused = time.monotonic(), [], 0, 0, []
+    t0, fit_s, moved, named, refused, young_starts = time.monotonic(), [], 0, 0, [], []
     for job in trace:
         time.sleep(max(0.0, job.at - (time.monotonic() - t0)))
         if job.hetrun:  # `hetrun submit`, in the background (it is a Python start)
@@ -563,15 +586,19 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
             continue
         partition, gpu_type = job.script_partition, (job.script_partition.removeprefix("gpu-") if job.gpu_types else None)
         nodelist: tuple[str, ...] = ()
+        qos_name = None
         if by_hand:
             partition, gpu_type = hand_partition(job)
         elif policy:
-            partition, gpu_type, spent, nodelist = fit(job, snaps, ranked, preempt)
+            partition, gpu_type, spent, nodelist, qos_name = fit(job, snaps, ranked, preempt, young, young_s)
+            if qos_name:
+                young_starts.append(names[job.i])
             fit_s.append(spent)
             moved += partition != job.script_partition
             named += bool(nodelist)
         proc = cluster.run(*sbatch_argv(job, names[job.i], partition, gpu_type, policy, one_tier, limits,
-                                        run_dir=trace_dirs / names[job.i], ckpt_qos=ckpt_qos, nodelist=nodelist),
+                                        run_dir=trace_dirs / names[job.i], ckpt_qos=ckpt_qos, nodelist=nodelist,
+                                        qos_name=qos_name),
                            check=False)
         if proc.returncode:
             refused.append(f"{names[job.i]}: {proc.stderr.strip()}")
@@ -600,6 +627,8 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
                load1_mean=round(statistics.fmean(x["load1"] for x in sampler.samples), 2) if sampler.samples else None,
                load1_max=max((x["load1"] for x in sampler.samples), default=None),
                placement_history_s=snaps.history_s)
+    if young is not None:
+        out.update(young_plain_s=young_s, young_starts=young_starts)
     return out
 
 
@@ -640,7 +669,8 @@ def daemon_rss_mb(cluster: BigPool) -> float:
 
 def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag: str,
                 ranked: bool = False, cadence: str = "compressed", limits: str = "tight",
-                by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False) -> dict[str, Any]:
+                by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False,
+                young_s: float | None = None) -> dict[str, Any]:
     """Start the pool (which stops the previous replay's pool: same directory, so one
     hold of the heavy lock covers both) and replay; the last pool is stopped by main."""
     cluster = ReplayPool(policy=policy_path, cadence=cadence)
@@ -648,10 +678,13 @@ def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag
         t0 = time.monotonic()
         cluster.start()
         start_s = round(time.monotonic() - t0, 1)
+    if young_s is not None and policy_path is not None:  # the experiment's _young QOS, after the policy
+        for argv in replay_young_plain.sacctmgr_argvs(policy_path.read_text(), ACCOUNT):
+            cluster.run(*argv)
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked, limits=limits,
                     by_hand=by_hand, by_loss=by_loss, fresh_history=fresh_history,
-                    policy_text=policy_path.read_text() if policy_path is not None else POLICY)
+                    policy_text=policy_path.read_text() if policy_path is not None else POLICY, young_s=young_s)
     sched = cluster.run("scontrol", "show", "config", check=False).stdout
     result.update(scheduler_parameters=next((ln.split("=", 1)[1].strip() for ln in sched.splitlines()
                                              if ln.startswith("SchedulerParameters")), None),
@@ -707,6 +740,9 @@ def main() -> None:
     ap.add_argument("--spare-plain", action="store_true",
                     help="the policy side's policy spares plain jobs (checkpointed: {spare_plain: true}): "
                          "a tier preempts only checkpointing jobs; by hand unchanged")
+    ap.add_argument("--young-plain", type=float, metavar="T",
+                    help="with --spare-plain, an experiment (benchmarks/replay_young_plain.py): a job that must "
+                         "preempt plain jobs that have all run at most T s asks for its tier's _young QOS")
     ap.add_argument("--fresh-history", action="store_true",
                     help="policy side: every placement snapshot reads sacct + sshare too (as before the fix)")
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
@@ -720,6 +756,8 @@ def main() -> None:
         ap.error(f"--sides: each one of {', '.join(SIDES)}")
     if args.default_in_policy_pool and args.only != "default":
         ap.error("--default-in-policy-pool replays side (a) alone: give --only default with it")
+    if args.young_plain is not None and not args.spare_plain:
+        ap.error("--young-plain is an exception to --spare-plain: give both")
     if args.policy_in_running_pool and args.only != "policy_fit":
         ap.error("--policy-in-running-pool replays side (b) alone: give --only policy_fit with it")
     tag = f"tr{int(time.time()) % 100000}"
@@ -763,7 +801,8 @@ def main() -> None:
                     doc[key] = run_on_pool(pool_policy, trace, label, tag,
                                            ranked=args.fit_mode == "ranked", cadence=args.scheduler_cadence,
                                            limits=args.time_limits, by_hand=key == "by_hand",
-                                           by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history)
+                                           by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history,
+                                           young_s=args.young_plain if key == "policy_fit" else None)
                     doc[key]["fit_mode"] = args.fit_mode if key == "policy_fit" else None
                     doc[key]["spare_plain"] = args.spare_plain and key == "policy_fit"
                     doc[key]["backfill"] = {"policy_fit": args.policy_backfill, "by_hand": args.hand_backfill}.get(key)

@@ -88,6 +88,9 @@ class Need:
     # where it must preempt, the group whose preemption loses least work ranks first.
     preempts: tuple[str, ...] = ()
     stops_clean: tuple[str, ...] = ()
+    # A plain victim (one not in ``stops_clean``) that has run longer than this is not taken
+    # (None: any age): a start by preemption that may cost a young job little and no old one.
+    young_s: float | None = None
 
     @classmethod
     def from_component(cls, comp: dict, gpu_types: tuple[str, ...] = (), partitions: tuple[str, ...] = ()) -> Need:
@@ -123,6 +126,9 @@ class Candidate:
     # Where it must preempt: the victims' nodes to name (``--nodelist``), so that Slurm preempts
     # the jobs that lose least (it takes the rest from idle nodes); empty otherwise.
     preempt_nodes: list[str] = field(default_factory=list)
+    # ... and the node-seconds that start loses (None: it fits now, may not preempt, or
+    # preemption cannot free enough nodes)
+    preempt_loss: float | None = None
 
     @property
     def label(self) -> str:
@@ -211,6 +217,7 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
         if bad:
             reasons.append(f"{bad} of its nodes have a failure history")
         victims: list[str] = []
+        loss: float | None = None
         if not fits and need.preempts:
             plan = preemption_plan(need, members, snap)
             loss = None if plan is None else plan.loss
@@ -230,7 +237,8 @@ def score(need: Need, snap: PoolSnapshot, quotas: Quotas | None = None) -> list[
         value -= spread + near
         reasons += why + quota_why
         out.append(Candidate(row.partition, row.gres, round(value, 2), fits, chosen, reasons,
-                             node_count=need.nodes if need.fewest_nodes else 0, preempt_nodes=victims))
+                             node_count=need.nodes if need.fewest_nodes else 0, preempt_nodes=victims,
+                             preempt_loss=loss))
     return sorted(out, key=rank_key)
 
 
@@ -263,7 +271,8 @@ def preemption_plan(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot)
             if node in names:
                 on_node.setdefault(node, set()).add(i)
     cost = {i: _job_loss(job, need, snap.taken_at) for i, job in enumerate(running)
-            if job.qos in need.preempts and any(n in names for n in job.nodes) and not claimed & set(job.nodes)}
+            if job.qos in need.preempts and any(n in names for n in job.nodes) and not claimed & set(job.nodes)
+            and not _too_old(job, need, snap.taken_at)}
 
     def freed(taken: set[int]) -> set[str]:
         return {n for n, jobs in on_node.items() if n not in free and n not in claimed and jobs <= taken}
@@ -288,6 +297,13 @@ def preemption_loss(need: Need, members: Sequence[NodeFree], snap: PoolSnapshot)
     (``preemption_plan``); None: preemption cannot free enough nodes."""
     plan = preemption_plan(need, members, snap)
     return None if plan is None else plan.loss
+
+
+def _too_old(job: RunningUse, need: Need, now: float) -> bool:
+    """A plain job that has run past ``need.young_s`` (or since a time not known): not a victim."""
+    if need.young_s is None or job.qos in need.stops_clean:
+        return False
+    return not job.start or now - job.start > need.young_s
 
 
 def _job_loss(job: RunningUse, need: Need, now: float) -> float:

@@ -5,6 +5,8 @@ plain job > older ones); a job that may preempt nothing is ranked as before."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hetrun.dag.needs import ComponentNeed
 from hetrun.slurm_plugin import placement, placement_fit, pool, quota
 from test_placement import TYPES, snapshot
@@ -52,6 +54,24 @@ def test_a_group_preemption_cannot_free_ranks_below_one_it_can() -> None:
     assert best_gres(PAIR, snap) == "gpu:v100"
     a100 = next(c for c in placement.score(PAIR, snap) if c.gres == "gpu:a100")
     assert "preemption cannot free enough nodes" in a100.reasons
+
+
+def test_an_age_bound_takes_young_plain_jobs_and_checkpointing_ones_but_no_older_plain_job() -> None:
+    """``Need.young_s``: a plain job that has run past it is no victim; a young one and a
+    checkpointing one of any age are. The candidate carries the start's loss."""
+    young = replace(PAIR, young_s=20.0)
+    snap = busy_with(("normal", ("n1", "n2"), 30), ("normal", ("n3",), 10), ("normal_ckpt", ("n4",), 900))
+    a100 = [n for n in snap.nodes if n.gres == "gpu:a100"]
+    v100 = [n for n in snap.nodes if n.gres == "gpu:v100"]
+    assert placement.preemption_loss(PAIR, a100, snap) == 60.0  # no bound: the 30 s job is taken
+    assert placement.preemption_loss(young, a100, snap) is None  # bound: it is spared
+    assert placement.preemption_loss(young, v100, snap) == 10.0  # the 10 s job and the _ckpt one
+    best = placement.score(young, snap)[0]
+    assert (best.gres, best.preempt_loss, best.preempt_nodes) == ("gpu:v100", 10.0, ["n4", "n3"])
+    a100_cand = next(c for c in placement.score(young, snap) if c.gres == "gpu:a100")
+    assert a100_cand.preempt_loss is None and "preemption cannot free enough nodes" in a100_cand.reasons
+    snap.running_use[1].start = 0.0  # a start time not known: not known to be young
+    assert placement.preemption_loss(young, v100, snap) is None
 
 
 def test_a_job_that_may_preempt_nothing_is_scored_as_before() -> None:

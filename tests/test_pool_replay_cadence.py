@@ -58,3 +58,49 @@ def test_spare_plain_side_and_the_by_hand_backfill() -> None:
     assert "hrpool_normal" in replay.tier_preemption(True)["critical"][0]
     hand = replay.hand_policy(replay.with_backfill(replay.POLICY, "{busy_nodes: true}"))
     assert "backfill: {busy_nodes: true}" in hand and "checkpointed" not in hand
+
+
+def test_young_plain_experiment_qos_and_placement(monkeypatch) -> None:
+    """``--young-plain`` (benchmarks/replay_young_plain.py): each tier above the lowest gets a
+    ``_young`` QOS at its priority that may preempt every lower QOS; where a critical job cannot
+    start on checkpointing victims, ``fit`` asks for it only when every plain victim is young."""
+    import replay_young_plain as young
+    from hetrun.slurm_plugin import pool
+    from test_placement import TYPES, snapshot
+
+    spare = replay.with_spare_plain(replay.POLICY, True)
+    qos = young.young_qos(spare)
+    assert list(qos) == ["high", "critical"]  # the lowest first: a Preempt list names existing QOS
+    assert qos["high"] == ("hrpool_high_young", 2000, ("hrpool_normal", "hrpool_normal_ckpt"))
+    assert qos["critical"][2] == ("hrpool_high", "hrpool_high_ckpt", "hrpool_high_young", "hrpool_normal",
+                                  "hrpool_normal_ckpt")
+    argvs = young.sacctmgr_argvs(spare, replay.ACCOUNT)
+    assert argvs[0][:5] == ["sacctmgr", "-i", "add", "qos", "hrpool_high_young"]
+    assert argvs[-1][-1] == "qos+=hrpool_high_young,hrpool_critical_young"
+    sets = young.young_sets(spare)
+    assert sets["critical"][2] == ("hrpool_high_ckpt", "hrpool_normal_ckpt")
+
+    def busy(ran: float) -> pool.PoolSnapshot:  # every GPU node runs one plain normal job
+        snap = snapshot(TYPES, busy=set(TYPES))
+        snap.taken_at = 1000.0
+        snap.running_use = [pool.RunningUse(replay.ACCOUNT, "root", "hrpool_normal", {"node": 1}, i + 1, (n.name,),
+                                            1000.0 - ran) for i, n in enumerate(snap.nodes) if n.gres != pool.NO_GRES]
+        return snap
+
+    class Snaps:
+        def __init__(self, snap: pool.PoolSnapshot) -> None:
+            self.snap = snap
+
+        def snapshot(self) -> pool.PoolSnapshot:
+            return self.snap
+
+    job = replay.TraceJob(0, 0.0, "critical", 1, 10, ("a100", "v100"), "gpu-a100")
+    spare_sets = replay.tier_preemption(True, spare)
+    monkeypatch.setattr(replay, "PARTITIONS", ())  # the sample pool's partitions ...
+    monkeypatch.setattr(replay, "CPUS", 1)  # ... and 2-CPU nodes
+    *_, nodelist, asked = replay.fit(job, Snaps(busy(5.0)), True, spare_sets, sets, 10.0)
+    assert asked == "hrpool_critical_young" and len(nodelist) == 1
+    *_, nodelist, asked = replay.fit(job, Snaps(busy(50.0)), True, spare_sets, sets, 10.0)
+    assert asked is None and nodelist == ()  # every plain job is older: it waits in its own QOS
+    argv = replay.sbatch_argv(job, "n", "gpu-a100", "a100", True, nodelist=("n1",), qos_name="hrpool_critical_young")
+    assert "--qos=hrpool_critical_young" in argv and "--nodelist=n1" in argv
