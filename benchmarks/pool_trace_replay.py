@@ -560,8 +560,10 @@ def metrics(trace: list[TraceJob], names: dict[int, str], runs: dict[str, list[d
 def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy: bool,
            ranked: bool = False, one_tier: bool = False, limits: str = "tight",
            by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False,
-           policy_text: str = POLICY, young_s: float | None = None) -> dict[str, Any]:
-    """``young_s``: ``--young-plain`` (the pool has the ``_young`` QOS). ``policy``: tiers through the pool's QOS (``policy_text``, the policy the pool runs). With ``by_hand`` ("Slurm by hand") every job
+           policy_text: str = POLICY, young_s: float | None = None,
+           young_tiers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``young_s``: ``--young-plain`` (the pool has the ``_young`` QOS), for the tiers ``young_tiers``
+    (empty: every tier with tiers below it). ``policy``: tiers through the pool's QOS (``policy_text``, the policy the pool runs). With ``by_hand`` ("Slurm by hand") every job
     asks for its tier's plain QOS and the partitions it accepts (``hand_partition``); without,
     fitness placement picks them and a checkpointing job asks for ``<tier>_ckpt``."""
     prefix = f"{tag}{label}-"
@@ -574,7 +576,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
     snaps = pool.Collector(lambda argv: cluster.run(*argv).stdout, hours=0.05,
                            history_s=0.0 if fresh_history else HISTORY_S)
     preempt = tier_preemption(by_loss, policy_text) if policy and not by_hand else {}
-    young = replay_young_plain.young_sets(policy_text) if young_s is not None and preempt else None
+    young = replay_young_plain.young_sets(policy_text, young_tiers) if young_s is not None and preempt else None
     sampler = Sampler(cluster)
     sampler.start()
     t0, fit_s, moved, named, refused, young_starts = time.monotonic(), [], 0, 0, [], []
@@ -628,7 +630,7 @@ def replay(cluster: BigPool, trace: list[TraceJob], label: str, tag: str, policy
                load1_max=max((x["load1"] for x in sampler.samples), default=None),
                placement_history_s=snaps.history_s)
     if young is not None:
-        out.update(young_plain_s=young_s, young_starts=young_starts)
+        out.update(young_plain_s=young_s, young_tiers=sorted(young), young_starts=young_starts)
     return out
 
 
@@ -670,7 +672,7 @@ def daemon_rss_mb(cluster: BigPool) -> float:
 def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag: str,
                 ranked: bool = False, cadence: str = "compressed", limits: str = "tight",
                 by_hand: bool = False, by_loss: bool = True, fresh_history: bool = False,
-                young_s: float | None = None) -> dict[str, Any]:
+                young_s: float | None = None, young_tiers: tuple[str, ...] = ()) -> dict[str, Any]:
     """Start the pool (which stops the previous replay's pool: same directory, so one
     hold of the heavy lock covers both) and replay; the last pool is stopped by main."""
     cluster = ReplayPool(policy=policy_path, cadence=cadence)
@@ -684,7 +686,8 @@ def run_on_pool(policy_path: Path | None, trace: list[TraceJob], label: str, tag
     load = Path("/proc/loadavg").read_text().split()[:3]
     result = replay(cluster, trace, label, tag, policy=policy_path is not None, ranked=ranked, limits=limits,
                     by_hand=by_hand, by_loss=by_loss, fresh_history=fresh_history,
-                    policy_text=policy_path.read_text() if policy_path is not None else POLICY, young_s=young_s)
+                    policy_text=policy_path.read_text() if policy_path is not None else POLICY, young_s=young_s,
+                    young_tiers=young_tiers)
     sched = cluster.run("scontrol", "show", "config", check=False).stdout
     result.update(scheduler_parameters=next((ln.split("=", 1)[1].strip() for ln in sched.splitlines()
                                              if ln.startswith("SchedulerParameters")), None),
@@ -743,6 +746,9 @@ def main() -> None:
     ap.add_argument("--young-plain", type=float, metavar="T",
                     help="with --spare-plain, an experiment (benchmarks/replay_young_plain.py): a job that must "
                          "preempt plain jobs that have all run at most T s asks for its tier's _young QOS")
+    ap.add_argument("--young-tiers", default="",
+                    help="with --young-plain: the tiers that may use their _young QOS, comma-separated "
+                         "(default: every tier with tiers below it)")
     ap.add_argument("--fresh-history", action="store_true",
                     help="policy side: every placement snapshot reads sacct + sshare too (as before the fix)")
     ap.add_argument("--from-sacct", type=Path, help="with --only and --prefix: that side's metrics from a saved sacct dump")
@@ -802,7 +808,8 @@ def main() -> None:
                                            ranked=args.fit_mode == "ranked", cadence=args.scheduler_cadence,
                                            limits=args.time_limits, by_hand=key == "by_hand",
                                            by_loss=not args.no_preempt_by_loss, fresh_history=args.fresh_history,
-                                           young_s=args.young_plain if key == "policy_fit" else None)
+                                           young_s=args.young_plain if key == "policy_fit" else None,
+                                           young_tiers=tuple(t for t in args.young_tiers.split(",") if t))
                     doc[key]["fit_mode"] = args.fit_mode if key == "policy_fit" else None
                     doc[key]["spare_plain"] = args.spare_plain and key == "policy_fit"
                     doc[key]["backfill"] = {"policy_fit": args.policy_backfill, "by_hand": args.hand_backfill}.get(key)

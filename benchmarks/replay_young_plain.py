@@ -41,12 +41,13 @@ def young_qos(policy_text: str) -> dict[str, tuple[str, int, tuple[str, ...]]]:
     return out
 
 
-def young_sets(policy_text: str) -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
-    """tier -> (its ``_young`` QOS, what that may preempt, those of them that stop clean: the ``_ckpt`` ones)."""
+def young_sets(policy_text: str, tiers: tuple[str, ...] = ()) -> dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """tier -> (its ``_young`` QOS, what that may preempt, those of them that stop clean: the ``_ckpt``
+    ones), for ``tiers`` (empty: every tier with tiers below it); the other tiers wait as under spare_plain."""
     spec = _spec(policy_text)
     ckpt = {spec.ckpt_qos_name(t) for t in spec.tier_names}
     return {tier: (name, pre, tuple(q for q in pre if q in ckpt))
-            for tier, (name, _p, pre) in young_qos(policy_text).items()}
+            for tier, (name, _p, pre) in young_qos(policy_text).items() if not tiers or tier in tiers}
 
 
 def sacctmgr_argvs(policy_text: str, account: str, user: str = "root") -> list[list[str]]:

@@ -79,6 +79,7 @@ def test_young_plain_experiment_qos_and_placement(monkeypatch) -> None:
     assert argvs[-1][-1] == "qos+=hrpool_high_young,hrpool_critical_young"
     sets = young.young_sets(spare)
     assert sets["critical"][2] == ("hrpool_high_ckpt", "hrpool_normal_ckpt")
+    assert list(young.young_sets(spare, ("critical",))) == ["critical"]  # --young-tiers critical
 
     def busy(ran: float) -> pool.PoolSnapshot:  # every GPU node runs one plain normal job
         snap = snapshot(TYPES, busy=set(TYPES))
