@@ -200,6 +200,15 @@ WATCHDOG = [
     "                           if (c > max) max = c; n++ }",
     "        END { if (n && !busy) print max + 0 }\'",
     "}",
+    "_hetrun_exits_rc() {",
+    "    # Every rank's exit event since this srun started (each event's own time): their highest",
+    "    # code; nothing before. Set only where one srun runs the ranks (no restart inside the allocation).",
+    '    [ -n "${_hetrun_exit_ranks:-}" ] && [ -n "${HETRUN_SRUN_START:-}" ] || return 0',
+    "    grep -F '{\"ev\":\"exit\",' \"$HETRUN_RUN_DIR/events.jsonl\" 2>/dev/null \\",
+    "        | sed -n 's/.*\"code\":\\(-\\{0,1\\}[0-9][0-9]*\\),.*\"time\":\\([0-9][0-9.]*\\).*/\\1 \\2/p' \\",
+    '        | awk -v n="$_hetrun_exit_ranks" -v since="${HETRUN_SRUN_START%[.,]*}" \\',
+    "            '$2 >= since - 1 { if (!c || $1 > m) m = $1; c++ } END { if (c >= n) print m }'",
+    "}",
     "_hetrun_watchdog() {",
     "    # $1: the job ids of the het components, comma-separated.",
     f"    local gone=0 seen=0 waited=0 since='' steps rc mine='' grace={WATCHDOG_GRACE_S}",
@@ -236,6 +245,10 @@ WATCHDOG = [
     "        else",
     '            rc=$(_hetrun_step_rc "" "$mine")',
     "        fi",
+    "        # Signalled (the kill is KillWait away) and accounting has not the step yet (slurmdbd",
+    "        # behind: seen once, a requeue's post-mortem never ran and Slurm's full hold applied):",
+    "        # the ranks' own exit events say the step ended.",
+    f'        if [ -z "$rc" ] && [ "$grace" -le {WATCHDOG_POLL_S} ]; then rc=$(_hetrun_exits_rc); fi',
     '        if [ -z "$rc" ]; then gone=0; continue; fi',
     f"        gone=$((gone + {WATCHDOG_POLL_S}))",
     '        if [ "$gone" -ge "$grace" ]; then',
@@ -359,6 +372,8 @@ def write_sbatch(req: BatchRequest, run_dir: Path, *, python: str | None = None,
     lines = _header(name, comps, opts, run_dir) + _setup(run_dir, env, traps, req.restart_base, recovers)
     if recovers:
         return "\n".join(lines + _recovery_body(comps, run_dir, py, hetrun_py, opts, traps))
+    # the ranks whose exit events end a signalled srun's wait (the watchdog's _hetrun_exits_rc)
+    lines += [f"_hetrun_exit_ranks={sum(c.nodes * c.tasks_per_node for c in comps)}"]
     lines += _run_steps(launch_steps(comps, run_dir, py), traps, len(comps))
     lines += _postmortem_lines(opts, hetrun_py)
     return "\n".join(lines)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -391,13 +393,14 @@ def test_the_monitor_ends_an_srun_that_outlives_every_ranks_end(tmp_path: Path) 
 
 
 def _watchdog_start(tmp_path: Path, signalled: bool, step: str = "4242.0",
-                    sacct: str = "4242.0|COMPLETED|143:0|1") -> subprocess.Popen[str]:
+                    sacct: str = "4242.0|COMPLETED|143:0|1", before: Sequence[str] = ()) -> subprocess.Popen[str]:
     """The srun watchdog, run by bash against an srun that outlives its step (a sleep: Slurm
     22.05's pmix hang cannot be made on demand) with squeue showing no step and accounting
     showing it ended once squeue has shown it. The process: its stderr has the message."""
     lines = _script(_spec()).splitlines()
     watchdog = _function(lines, "_hetrun_watchdog")
-    step_rc = _function(lines, "_hetrun_step_rc") + _function(lines, "_hetrun_job_steps")
+    step_rc = (_function(lines, "_hetrun_step_rc") + _function(lines, "_hetrun_job_steps")
+               + _function(lines, "_hetrun_exits_rc"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     # The step runs at the first poll, then is gone; the warm servers' step (spare nodes:
@@ -405,18 +408,20 @@ def _watchdog_start(tmp_path: Path, signalled: bool, step: str = "4242.0",
     (bin_dir / "squeue").write_text('#!/bin/bash\nwarm="4242.9 hetrun-warm"\n'
                                     '[ -e "$HETRUN_RUN_DIR/polled" ] && { echo "$warm"; exit 0; }\n'
                                     f'touch "$HETRUN_RUN_DIR/polled"; printf \'{step} python\\n%s\\n\' "$warm"\n')
-    (bin_dir / "sacct").write_text(f"#!/bin/bash\nprintf '{sacct}\\n'\n")
+    (bin_dir / "sacct").write_text(f"#!/bin/bash\nprintf '{sacct}\\n'\n" if sacct else "#!/bin/bash\n")
     for name in ("squeue", "sacct"):
         (bin_dir / name).chmod(0o755)
     driver = "\n".join([
-        '_hetrun_stuck="$HETRUN_RUN_DIR/stuck"', *step_rc, *watchdog,
+        '_hetrun_stuck="$HETRUN_RUN_DIR/stuck"', *before, *step_rc, *watchdog,
         "sleep 120 & _hetrun_pid=$!",
         "_hetrun_watchdog 4242 & _hetrun_watch=$!",
         *(["sleep 0.5", 'kill -s USR2 "$_hetrun_watch"'] if signalled else []),
         'wait "$_hetrun_watch"',
     ])
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HETRUN_RUN_DIR": str(tmp_path)}
-    return subprocess.Popen(["bash", "-c", driver], env=env, stderr=subprocess.PIPE, text=True)
+    # its own session: a test can end the driver with the srun stand-in and the watchdog
+    return subprocess.Popen(["bash", "-c", driver], env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def test_the_srun_watchdog_gives_a_signalled_job_one_poll_not_the_grace(tmp_path: Path) -> None:
@@ -431,6 +436,34 @@ def test_the_srun_watchdog_gives_a_signalled_job_one_poll_not_the_grace(tmp_path
         _, err = proc.communicate(timeout=90)
         assert f"srun still running {grace}s after its job step ended (exit 143)" in err, (grace, err)
         assert (where / "stuck").read_text().strip() == "143", err  # the post-mortem's exit code
+
+
+def test_a_signalled_srun_watchdog_reads_the_ranks_exits_where_accounting_has_no_step(tmp_path: Path) -> None:
+    """Accounting behind (slurmdbd catching up: seen once, a preempted PPO job's batch shell
+    waited for a stuck srun until KillWait, so no post-mortem and Slurm's full requeue hold):
+    once every rank of this srun has written its exit event, a signalled watchdog ends srun
+    with their highest code. Fewer exit events (or an earlier srun's) end nothing."""
+    from hetrun.slurm_plugin.render import WATCHDOG_POLL_S
+
+    now = time.time()
+    events = [{"ev": "exit", "rank": 0, "code": 143, "reason": "SIGTERM", "time": now},
+              {"ev": "exit", "rank": 1, "code": 143, "restart_count": 0, "time": now + 0.1},
+              {"ev": "exit", "rank": 1, "code": 137, "restart_count": 0, "time": now - 600}]  # an earlier srun's
+    runs = {}
+    for name, exits in (("all", 2), ("one", 1)):
+        where = tmp_path / name
+        where.mkdir()
+        (where / "events.jsonl").write_text(  # compact, as the runtime writes its events
+            "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events[2 - exits:]))
+        before = ["_hetrun_exit_ranks=2", f"HETRUN_SRUN_START={now - 1:.6f}"]
+        runs[name] = _watchdog_start(where, signalled=True, sacct="", before=before)
+    _, err = runs["all"].communicate(timeout=60)
+    assert f"srun still running {WATCHDOG_POLL_S}s after its job step ended (exit 143)" in err, err
+    assert (tmp_path / "all" / "stuck").read_text().strip() == "143", err
+    time.sleep(2 * WATCHDOG_POLL_S)
+    assert runs["one"].poll() is None and not (tmp_path / "one" / "stuck").exists()  # still waiting
+    os.killpg(runs["one"].pid, signal.SIGKILL)  # the driver, its srun stand-in and its watchdog
+    runs["one"].communicate(timeout=10)
 
 
 def test_the_srun_watchdog_takes_its_own_steps_code_not_an_earlier_attempts(tmp_path: Path) -> None:
