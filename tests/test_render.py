@@ -439,10 +439,11 @@ def test_the_srun_watchdog_gives_a_signalled_job_one_poll_not_the_grace(tmp_path
 
 
 def test_a_signalled_srun_watchdog_reads_the_ranks_exits_where_accounting_has_no_step(tmp_path: Path) -> None:
-    """Accounting behind (slurmdbd catching up: seen once, a preempted PPO job's batch shell
-    waited for a stuck srun until KillWait, so no post-mortem and Slurm's full requeue hold):
-    once every rank of this srun has written its exit event, a signalled watchdog ends srun
-    with their highest code. Fewer exit events (or an earlier srun's) end nothing."""
+    """Neither squeue nor accounting shows the step's end (seen twice: a preempted PPO het job's
+    batch shell waited for its srun until KillWait, the requeued job hiding the step, so no
+    post-mortem and Slurm's full requeue hold): once every rank of this srun has written its
+    exit event a poll ago, a signalled watchdog ends srun with their highest code. Fewer exit
+    events (or an earlier srun's) end nothing."""
     from hetrun.slurm_plugin.render import WATCHDOG_POLL_S
 
     now = time.time()
@@ -458,7 +459,7 @@ def test_a_signalled_srun_watchdog_reads_the_ranks_exits_where_accounting_has_no
         before = ["_hetrun_exit_ranks=2", f"HETRUN_SRUN_START={now - 1:.6f}"]
         runs[name] = _watchdog_start(where, signalled=True, sacct="", before=before)
     _, err = runs["all"].communicate(timeout=60)
-    assert f"srun still running {WATCHDOG_POLL_S}s after its job step ended (exit 143)" in err, err
+    assert f"srun still running {WATCHDOG_POLL_S}s after every rank's exit (exit 143)" in err, err
     assert (tmp_path / "all" / "stuck").read_text().strip() == "143", err
     time.sleep(2 * WATCHDOG_POLL_S)
     assert runs["one"].poll() is None and not (tmp_path / "one" / "stuck").exists()  # still waiting
