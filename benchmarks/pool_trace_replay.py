@@ -21,6 +21,7 @@ a tier preempts only the lower tiers' checkpointing jobs, and waits for plain on
 ``--young-plain T`` (with ``--spare-plain``, an experiment: benchmarks/replay_young_plain.py): a job
 that cannot start without preempting plain jobs, all of which have run at most T s, asks for its
 tier's ``_young`` QOS (which may preempt them) and names their nodes; otherwise it waits.
+``--young-tiers critical``: only those tiers do (default: every tier with tiers below it).
 
 ``--ckpt-share`` of the sleep jobs (default 0.5) run benchmarks/trace_job.py instead: the same
 seconds of work as 1 s steps through hetrun's run API, a save every CKPT_EVERY steps, a stop
