@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -124,8 +125,10 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
                 backend.cancel(res.run)
                 status, stopped = wait_for_end(res.run, backend, timeout_s=60, poll_s=0.5), True
                 break
-    except HetrunError:
-        backend.cancel(res.run)  # never leave a benchmark job running
+    except (HetrunError, KeyboardInterrupt):
+        # never leave a benchmark job running: a local-backend job outlives this driver, and one
+        # left behind shared the cores with the next run (halving its throughput: atari.md, session 37)
+        backend.cancel(res.run)
         raise
     if not stopped and any(c.state != "COMPLETED" for c in status.components):
         raise SystemExit(f"hetrun {mode} run failed: {status.components} ({res.run.run_dir})")
@@ -476,6 +479,7 @@ def main() -> None:
     if args.sb3_worker:
         print(json.dumps(sb3_worker(args)))
         return
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
     for mode in args.modes:
         if not is_hetrun(mode):
             peer_config(mode)  # a clear error for a misspelt mode, before anything runs
