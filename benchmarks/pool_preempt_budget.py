@@ -11,7 +11,7 @@ starts the preemptor there). Printed per side:
   the starts whose victims were all that young kept, and how many critical / high starts
   took an older victim, i.e. would have waited under that bound (each such start may become a
   long wait; the critical p95 of ~27 jobs tolerates one);
-- the side's critical p50 / p95 queue wait.
+- the side's critical p50 / p95 queue wait, as the replay computed it (``wait_s``).
 
 The attribution is a reading of one schedule: under another policy the pool's state at each
 arrival differs, so the counts say what this schedule's prompt starts were made of, not what
@@ -76,16 +76,6 @@ def under_bound(starts: list[Start], bound_s: float) -> tuple[float, dict[str, i
     return kept, older
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else None
-
-
-def critical_waits(side: dict[str, Any]) -> list[float]:
-    return [rs[0]["start"] - rs[0]["submit"] for name, rs in side["raw"]["runs"].items()
-            if name.endswith("-critical") and rs and rs[0].get("start")]
-
-
 def report(path: Path, bounds: list[float]) -> list[str]:
     doc = json.loads(path.read_text())
     lines = []
@@ -96,10 +86,10 @@ def report(path: Path, bounds: list[float]) -> list[str]:
         work = side["work_node_s"]
         starts = preempting_starts(doc, side)
         per_tier = {t: sum(lost for s in starts if s.tier == t for _, lost in s.victims) for t in ("critical", "high")}
-        waits = critical_waits(side)
+        waits = side["wait_s"]["critical"]  # the replay's own figures (pool_trace_replay.metrics)
         lines.append(f"{path.name} {key} (spare_plain {side.get('spare_plain', False)}): plain work lost by "
                      + ", ".join(f"{t} starts {v:.0f} node-s ({100 * v / work:.2f} %)" for t, v in per_tier.items())
-                     + f"; critical wait p50 {_pct(waits, 0.5)} s, p95 {_pct(waits, 0.95)} s of {len(waits)}")
+                     + f"; critical wait p50 {waits['p50']} s, p95 {waits['p95']} s of {waits['n']}")
         for b in bounds:
             kept, older = under_bound(starts, b)
             lines.append(f"    T {b:>4.0f} s: kept {kept:6.0f} node-s ({100 * kept / work:.2f} %); starts that took an "
