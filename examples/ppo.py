@@ -158,6 +158,7 @@ class PPOWorkload(Workload):
         self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
         self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
         self._optimizer: torch.optim.Adam | None = None  # built on the learner's first use
+        self._net_refs: tuple[Any, Any, list[tuple[str, Tensor]]] | None = None  # _net_tensors's list
         # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
         # resumed rank draws exactly what an uninterrupted one would.
         self.rank_seed = int(np.random.SeedSequence([seed, ctx.rank]).generate_state(1)[0])
@@ -596,18 +597,10 @@ class PPOWorkload(Workload):
             "recent_returns": list(self.recent_returns),
             "rng.rank": self.gen.get_state(),
         }
-        for prefix, net in (("actor", self.actor), ("critic", self.critic)):
-            for k, v in net.state_dict().items():
-                state[f"{prefix}.{k}"] = v
+        for name, v in self._net_tensors():
+            state[name] = v.detach()  # as Module.state_dict() gives them: no grad, the same memory
         if self._optimizer is not None:  # a rank that never optimized has no optimizer state
-            opt = self._optimizer.state_dict()
-            for idx, slots in opt["state"].items():
-                for slot, value in slots.items():
-                    state[f"optim.state.{idx}.{slot}"] = value
-            state["optim.param_groups"] = [
-                {k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
-                for g in opt["param_groups"]
-            ]
+            self._optimizer_state(state)
         if self._envs is not None:
             assert self._obs is not None and self._ep_return is not None and self._ep_len is not None
             state["rollout.obs"] = self._obs
@@ -615,6 +608,50 @@ class PPOWorkload(Workload):
             state["rollout.ep_len"] = torch.from_numpy(self._ep_len)
             state["rollout.envs"] = capture_env_state(self._envs, self.cfg.env_id)
         return state
+
+    def _net_tensors(self) -> list[tuple[str, Tensor]]:
+        """The actor's and critic's parameters and buffers under their state_dict names (the live
+        tensors, ``state_dict(keep_vars=True)``), listed once per pair of networks.
+
+        Why: ``Module.state_dict()`` walks every submodule and its hooks at each call; right after
+        an update, with the caches cold, the two networks' and the optimizer's state_dicts took
+        ~0.10 ms of the learner's memory-tier snapshot every iteration against ~0.04 ms for this
+        listing and ``_optimizer_state`` (benchmarks/node_death.md, session 38). Exact for this
+        example: it never adds, removes or replaces a submodule, parameter or buffer after
+        ``__init__`` (the optimizer's step and ``load_state_dict`` write into the tensors in
+        place), and a replaced network is listed again. tests/test_ppo.py compares it with
+        torch's own state_dicts after updates and after a restore."""
+        have = self._net_refs
+        if have is None or have[0] is not self.actor or have[1] is not self.critic:
+            names = [(f"{prefix}.{k}", v) for prefix, net in (("actor", self.actor), ("critic", self.critic))
+                     for k, v in net.state_dict(keep_vars=True).items()]
+            have = self._net_refs = (self.actor, self.critic, names)
+        return have[2]
+
+    def _optimizer_state(self, state: dict[str, Any]) -> None:
+        """Adam's state into ``state`` as ``Optimizer.state_dict()`` numbers it (parameters by
+        their place across the param groups, each group's options and its parameters' numbers),
+        read from the optimizer's own ``state`` and ``param_groups`` without its packing pass; the
+        slots are its live tensors, as the state_dict's are. Parameters in param-group order (the
+        state_dict's order is the order they first got state: the same here, Adam's first step
+        fills them in that order)."""
+        opt = self._optimizer
+        assert opt is not None
+        slots_of = opt.state
+        groups: list[dict[str, Any]] = []
+        idx = 0
+        for group in opt.param_groups:
+            params = group["params"]
+            for p in params:
+                slots = slots_of.get(p)  # .get: opt.state is a defaultdict, a lookup would add
+                if slots:
+                    for slot, value in slots.items():
+                        state[f"optim.state.{idx}.{slot}"] = value
+                idx += 1
+            packed = {k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(idx - len(params), idx))
+            groups.append(packed)
+        state["optim.param_groups"] = groups
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:

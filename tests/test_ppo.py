@@ -283,3 +283,50 @@ def test_learner_threads_apply_to_the_update_only() -> None:
     assert PPOConfig.from_args({"learner_threads": "auto"}).threads_for_learner() >= 1
     with pytest.raises(SpecError, match="learner_threads"):
         PPOConfig.from_args({"learner_threads": 0})
+
+
+def _torch_state(wl: PPOWorkload) -> dict[str, object]:
+    """The networks' and optimizer's part of state_dict() as torch's own state_dicts give it."""
+    out: dict[str, object] = {}
+    for prefix, net in (("actor", wl.actor), ("critic", wl.critic)):
+        out.update({f"{prefix}.{k}": v for k, v in net.state_dict().items()})
+    if wl._optimizer is not None:
+        opt = wl._optimizer.state_dict()
+        for idx, slots in opt["state"].items():
+            out.update({f"optim.state.{idx}.{slot}": v for slot, v in slots.items()})
+        out["optim.param_groups"] = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}
+                                     for g in opt["param_groups"]]
+    return out
+
+
+def _same_state(ours: dict[str, object], torch_state: dict[str, object]) -> None:
+    mine = {k: v for k, v in ours.items() if k.startswith(("actor.", "critic.", "optim."))}
+    assert list(mine) == list(torch_state)
+    for k, v in torch_state.items():
+        if isinstance(v, torch.Tensor):
+            got = mine[k]
+            assert isinstance(got, torch.Tensor) and not got.requires_grad
+            assert got.data_ptr() == v.data_ptr() and torch.equal(got, v), k  # the live tensor
+        else:
+            assert mine[k] == v, k
+
+
+def test_state_dict_lists_what_torchs_state_dicts_give() -> None:
+    """state_dict() reads the networks' tensors from a list made once and Adam's state without its
+    packing pass (examples/ppo.py ``_net_tensors``): the same names, order, values and memory as
+    torch's own state_dicts, before the first update, after updates, after a restore into a fresh
+    workload, and after a network is replaced."""
+    learner, roller = pair()
+    _same_state(learner.state_dict(), _torch_state(learner))  # no optimizer yet
+    for _ in range(3):
+        learn(learner, roller.rollout(learner.version))
+        _same_state(learner.state_dict(), _torch_state(learner))
+    fresh, _ = pair()
+    fresh.state_dict()  # lists the fresh networks before the load writes into them
+    fresh.load_state_dict(learner.state_dict())
+    _same_state(fresh.state_dict(), _torch_state(fresh))
+    learn(fresh, roller.rollout(fresh.version))
+    _same_state(fresh.state_dict(), _torch_state(fresh))
+    fresh.actor = torch.nn.Sequential(torch.nn.Linear(fresh.obs_dim, 3), torch.nn.Tanh(),
+                                      torch.nn.Linear(3, fresh.n_actions))
+    _same_state(fresh.state_dict(), _torch_state(fresh))
