@@ -227,6 +227,7 @@ class AtariPPOWorkload(PPOWorkload):
     def _init_common(self, ctx: RankContext) -> None:
         """The per-rank state PPOWorkload keeps (version, counters, streams), without its MLPs."""
         self._optimizer: torch.optim.Adam | None = None
+        self._net_refs = None  # PPOWorkload._net_tensors's list (made at the first state_dict)
         self.rank_seed = int(np.random.SeedSequence([int(ctx.seed), ctx.rank]).generate_state(1)[0])
         self.gen = torch.Generator().manual_seed(self.rank_seed)
         self.version = 0
