@@ -55,6 +55,7 @@ import argparse
 import copy
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -249,7 +250,9 @@ def run_hetrun(job: dict[str, Any], workdir: Path, timeout: float) -> dict[str, 
     backend = backend_for(res.run)
     try:
         status = wait_for_end(res.run, backend, timeout_s=timeout, poll_s=0.2)
-    except HetrunError:
+    except (HetrunError, KeyboardInterrupt):
+        # never leave a benchmark job running: a local-backend job outlives this driver, and one
+        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
         backend.cancel(res.run)
         raise
     exited = time.time()
@@ -336,6 +339,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--sb3-worker":
         print(json.dumps(sb3_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="cartpole",
                     help="cartpole: (A), (B), (C); atari, moe: tune's prediction only, (B) and (C)")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -69,7 +70,9 @@ def record(workload: str, seed: int, runs: Path, timeout: float) -> Path:
     backend = backend_for(res.run)
     try:
         status = wait_for_end(res.run, backend, timeout_s=timeout, poll_s=0.5)
-    except HetrunError:
+    except (HetrunError, KeyboardInterrupt):
+        # never leave a benchmark job running: a local-backend job outlives this driver, and one
+        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
         backend.cancel(res.run)
         raise
     if any(c.state != "COMPLETED" for c in status.components):
@@ -125,6 +128,7 @@ def load_average() -> str:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/hetrun-demand-bench"))
     ap.add_argument("--runs-from", type=Path, default=None,

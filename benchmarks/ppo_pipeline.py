@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -122,8 +123,10 @@ def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, work
     backend = backend_for(res.run)
     try:
         status = wait_for_end(res.run, backend, timeout_s=run_timeout, poll_s=0.2)
-    except HetrunError:
-        backend.cancel(res.run)  # never leave a benchmark job running
+    except (HetrunError, KeyboardInterrupt):
+        # never leave a benchmark job running: a local-backend job outlives this driver, and one
+        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
+        backend.cancel(res.run)
         raise
     finished = time.time()
     run_dir = Path(res.run.run_dir)
@@ -791,6 +794,7 @@ def run_one(seed: int, phase: str, mode: str, args: argparse.Namespace, workdir:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--speed-iterations", type=int, default=200,
