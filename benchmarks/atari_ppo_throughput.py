@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from local_job import cancel_on_sigterm, cancelled_on_failure
 from ppo_pipeline import (
     best_peer,
     is_peer,
@@ -112,7 +112,7 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
     backend = backend_for(res.run)
     deadline = time.monotonic() + args.run_timeout
     stopped = False
-    try:
+    with cancelled_on_failure(backend, res.run):
         while True:  # in slices: --stop-at-target looks at the run's events between them
             try:
                 status = wait_for_end(res.run, backend, timeout_s=5.0, poll_s=0.5)
@@ -125,11 +125,6 @@ def run_hetrun(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, 
                 backend.cancel(res.run)
                 status, stopped = wait_for_end(res.run, backend, timeout_s=60, poll_s=0.5), True
                 break
-    except (HetrunError, KeyboardInterrupt):
-        # never leave a benchmark job running: a local-backend job outlives this driver, and one
-        # left behind shared the cores with the next run (halving its throughput: atari.md, session 37)
-        backend.cancel(res.run)
-        raise
     if not stopped and any(c.state != "COMPLETED" for c in status.components):
         raise SystemExit(f"hetrun {mode} run failed: {status.components} ({res.run.run_dir})")
     events = list(read_events(res.run.run_dir))
@@ -479,7 +474,7 @@ def main() -> None:
     if args.sb3_worker:
         print(json.dumps(sb3_worker(args)))
         return
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
+    cancel_on_sigterm()  # a kill cancels the running job too
     for mode in args.modes:
         if not is_hetrun(mode):
             peer_config(mode)  # a clear error for a misspelt mode, before anything runs

@@ -55,7 +55,6 @@ import argparse
 import copy
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -240,21 +239,15 @@ def run_hetrun(job: dict[str, Any], workdir: Path, timeout: float) -> dict[str, 
     from hetrun.reports.throughput import run_throughput
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
-
-    from hetrun.errors import HetrunError
+    from local_job import cancelled_on_failure
 
     path = workdir / f"{job['name']}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     launched = time.time()
     res = submit_file(path, None, backend="local", runs_dir=workdir / "runs")
     backend = backend_for(res.run)
-    try:
+    with cancelled_on_failure(backend, res.run):
         status = wait_for_end(res.run, backend, timeout_s=timeout, poll_s=0.2)
-    except (HetrunError, KeyboardInterrupt):
-        # never leave a benchmark job running: a local-backend job outlives this driver, and one
-        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
-        backend.cancel(res.run)
-        raise
     exited = time.time()
     run_dir = Path(res.run.run_dir)
     if any(c.state != "COMPLETED" for c in status.components):
@@ -339,7 +332,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--sb3-worker":
         print(json.dumps(sb3_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
         return
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
+    from local_job import cancel_on_sigterm
+
+    cancel_on_sigterm()  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--example", choices=sorted(EXAMPLES), default="cartpole",
                     help="cartpole: (A), (B), (C); atari, moe: tune's prediction only, (B) and (C)")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -59,8 +58,7 @@ ROLES = ("train", "choose", "held_out")
 def record(workload: str, seed: int, runs: Path, timeout: float) -> Path:
     from hetrun.dag.overrides import Overrides
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
-
-    from hetrun.errors import HetrunError
+    from local_job import cancelled_on_failure
 
     job, sets = WORKLOADS[workload]
     sets = [*sets, f"training.seed={seed}"]
@@ -68,13 +66,8 @@ def record(workload: str, seed: int, runs: Path, timeout: float) -> Path:
         sets.append(f"training.mode={'pipelined' if seed % 2 == 0 else 'coarse'}")
     res = submit_file(EXAMPLES / job, Overrides(sets=sets), backend="local", runs_dir=runs / workload)
     backend = backend_for(res.run)
-    try:
+    with cancelled_on_failure(backend, res.run):
         status = wait_for_end(res.run, backend, timeout_s=timeout, poll_s=0.5)
-    except (HetrunError, KeyboardInterrupt):
-        # never leave a benchmark job running: a local-backend job outlives this driver, and one
-        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
-        backend.cancel(res.run)
-        raise
     if any(c.state != "COMPLETED" for c in status.components):
         raise SystemExit(f"{workload} seed {seed} failed: {status.components} ({res.run.run_dir})")
     return Path(res.run.run_dir)
@@ -128,7 +121,9 @@ def load_average() -> str:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
+    from local_job import cancel_on_sigterm
+
+    cancel_on_sigterm()  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/hetrun-demand-bench"))
     ap.add_argument("--runs-from", type=Path, default=None,

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -113,21 +112,15 @@ def run_job(job: dict[str, Any], cores: dict[str, int], run_timeout: float, work
     """
     from hetrun.runtime.events import read_events
     from hetrun.slurm_plugin.submit import backend_for, submit_file, wait_for_end
-
-    from hetrun.errors import HetrunError
+    from local_job import cancelled_on_failure
 
     path = workdir / f"{job['name']}-e{job['training']['eval_interval']}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     launched = time.time()
     res = submit_file(path, None, backend="local", runs_dir=workdir / "runs")
     backend = backend_for(res.run)
-    try:
+    with cancelled_on_failure(backend, res.run):
         status = wait_for_end(res.run, backend, timeout_s=run_timeout, poll_s=0.2)
-    except (HetrunError, KeyboardInterrupt):
-        # never leave a benchmark job running: a local-backend job outlives this driver, and one
-        # left behind shares the cores with the next run (benchmarks/atari.md, session 37)
-        backend.cancel(res.run)
-        raise
     finished = time.time()
     run_dir = Path(res.run.run_dir)
     events = list(read_events(run_dir))
@@ -794,7 +787,9 @@ def run_one(seed: int, phase: str, mode: str, args: argparse.Namespace, workdir:
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill cancels the running job too
+    from local_job import cancel_on_sigterm
+
+    cancel_on_sigterm()  # a kill cancels the running job too
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--speed-iterations", type=int, default=200,
