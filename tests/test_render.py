@@ -443,12 +443,14 @@ def test_a_signalled_srun_watchdog_reads_the_ranks_exits_where_accounting_has_no
     batch shell waited for its srun until KillWait, the requeued job hiding the step, so no
     post-mortem and Slurm's full requeue hold): once every rank of this srun has written its
     exit event a poll ago, a signalled watchdog ends srun with their highest code. Fewer exit
-    events (or an earlier srun's) end nothing."""
+    events (or an earlier srun's) end nothing, and ranks are counted, not events: a command
+    component's rank writes two, its script's and then its wrapper's."""
     from hetrun.slurm_plugin.render import WATCHDOG_POLL_S
 
     now = time.time()
     events = [{"ev": "exit", "rank": 0, "code": 143, "reason": "SIGTERM", "time": now},
-              {"ev": "exit", "rank": 1, "code": 143, "restart_count": 0, "time": now + 0.1},
+              {"ev": "exit", "rank": 1, "code": 143, "reason": "SIGTERM", "time": now + 0.1},  # its script's
+              {"ev": "exit", "rank": 1, "code": 143, "command": True, "time": now + 1.1},  # its wrapper's
               {"ev": "exit", "rank": 1, "code": 137, "restart_count": 0, "time": now - 600}]  # an earlier srun's
     runs = {}
     for name, exits in (("all", 2), ("one", 1)):
