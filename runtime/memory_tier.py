@@ -8,8 +8,8 @@ rule below is here once, whichever carries the bytes.
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
 point and the same tree as an interval checkpoint: workload state, RNG,
 iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
-into this node's tmpfs (from WRITE_ON_THREAD_FROM bytes by the rank's writer thread,
-runtime/memory_writer.py) and, handed to the transport's replica streams, to ``replicas``
+into this node's tmpfs (by the rank's writer thread, in the step's gap, when it has a partner;
+else from WRITE_ON_THREAD_FROM bytes: runtime/memory_writer.py) and, handed to the transport's replica streams, to ``replicas``
 partner ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
 rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
@@ -56,6 +56,11 @@ MAX_EVERY = 1024
 # benchmarks/node_death.md; with 4, 7), rarely enough that the allreduce has arrived when
 # it is needed (ranks run at most a few iterations apart; a rank further ahead waits there).
 AGREE_EVERY = 4
+# ... and once early: at the rank's second iteration after its start (two snapshots and two
+# iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
+# restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
+# iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
+FIRST_AGREE_AFTER = 2
 # snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
 # blob, handing it to the writer thread (the tmpfs write runs there: its CPU is
 # ``writer_thread_cpu_s``) or writing it here, handing it to the replica streams (``replica_thread_cpu_s``).
@@ -68,11 +73,15 @@ PHASES = ("capture", "encode", "write", "send")
 # against 2.3-2.4 % here. Decided once per process, at its first snapshot (a rank's blobs keep
 # their size), so one owner's writes never come from two threads.
 WRITE_ON_THREAD_FROM = 128 * 1024
-# ... and once early: at the rank's second iteration after its start (two snapshots and two
-# iteration times measured), applied at the next multiple of AGREE_EVERY, so a run (or a
-# restart) spends 2-5 iterations at N = 1 rather than up to 7: at N = 1 a snapshot each
-# iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
-FIRST_AGREE_AFTER = 2
+# ... unless the rank has a partner: then every own blob goes to the writer thread, written
+# DEFER_FRACTION of an iteration after its snapshot (at most DEFER_MAX_S): in the step's gap,
+# where its system calls and Python take nothing from the training thread (runtime/memory_writer.py).
+# The replica leaves at once, so a death in that window still finds the step on the partner's
+# node; the cap keeps the lag far inside the fastest end of a survivor (a rank's death ends its
+# peers ~0.16 s later: benchmarks/node_death.md), which would otherwise lose its own copy of
+# the step. Before an iteration's length is known (a process's first snapshot), at once.
+DEFER_FRACTION = 0.5
+DEFER_MAX_S = 0.025
 # A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
 # cost estimate before the running average takes over (snapshot()).
 WARM_SNAPSHOTS = 4
@@ -230,9 +239,10 @@ class MemorySnapshots:
         blob = self._encoder.encode(step, self.rank, tree)
         t2 = time.perf_counter()
         if self._threaded is None:
-            self._threaded = len(blob) >= WRITE_ON_THREAD_FROM
+            self._threaded = bool(self.partners) or len(blob) >= WRITE_ON_THREAD_FROM
         if self._threaded:
-            self.writer.submit(self.rank, step, blob)
+            later = min(DEFER_FRACTION * self._iter_s, DEFER_MAX_S) if self.partners and self._iter_s else 0.0
+            self.writer.submit(self.rank, step, blob, t2 + later)
         else:
             self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()

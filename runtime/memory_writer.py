@@ -1,6 +1,7 @@
-"""A rank's own memory-tier blobs written into this node's tmpfs on a thread of their own (from
-``memory_tier.WRITE_ON_THREAD_FROM`` bytes; smaller ones are written on the training thread, and
-received replicas on the replica streams' receiving thread).
+"""A rank's own memory-tier blobs written into this node's tmpfs on a thread of their own: every
+one when the rank has a partner (its replica leaves at once; its own copy is written in the step's
+gap, ``not_before``), else from ``memory_tier.WRITE_ON_THREAD_FROM`` bytes (smaller ones are written
+on the training thread). Received replicas are written on the replica streams' receiving thread.
 
 Why: a snapshot every iteration put the rank's own blob's tmpfs write on the training thread (PPO
 learner: 0.16-0.24 ms of an iteration that is ~45 ms; the MoE LM: 1.2-2.4 ms,
@@ -10,9 +11,18 @@ core the rank does not use: a learner's node has cores its ranks leave idle; eac
 here is a process on a 2-core machine, no task binding). The bytes are immutable once handed
 over (a blob is a fresh ``bytearray`` per snapshot).
 
+Why ``not_before``: written at once, a small blob's write on this thread cost the DDP command
+example more than on the training thread (the thread's wake-up and its GIL hand-backs land in the
+middle of the snapshot's own Python: session 28); written half an iteration later it lands in the
+step's gap (the example's compute, a GPU's kernels, a collective's wait: the GIL free), and the
+training thread pays one hand-over. The own copy then lags the snapshot by at most
+``memory_tier.DEFER_MAX_S``; the replica, sent at once, covers a death in that window, and a
+survivor is ended well after it (benchmarks/node_death.md, session 39).
+
 Order and atomicity are ``MemoryTier.write``'s: one thread writes the rank's blobs, in the order
 handed over, so its steps land oldest first and its ``keep`` newest are kept as before. A blob is held by
-this node once its write is done (``flush`` waits for that: the restore, the close, exit).
+this node once its write is done (``flush`` waits for that, and starts deferred writes at once: the
+restore, the close, exit).
 
 A write that fails (the tmpfs full, its directory unwritable) is raised on the training thread at
 the next ``submit`` or ``flush``: the rank fails as it did when the write ran there, one snapshot
@@ -42,9 +52,10 @@ class TierWriter:
 
     def __init__(self, tier: memory.MemoryTier) -> None:
         self.tier = tier
-        self._queue: deque[tuple[int, int, Any]] = deque()
+        self._queue: deque[tuple[int, int, Any, float]] = deque()
         self._cv = threading.Condition()
         self._busy = False  # a write taken off the queue and not done
+        self._hurry = 0  # flushes waiting: deferred writes start at once
         self._closed = False
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -52,9 +63,10 @@ class TierWriter:
         self.written = 0
         self.dropped = 0
 
-    def submit(self, owner: int, step: int, blob: Any) -> None:
+    def submit(self, owner: int, step: int, blob: Any, not_before: float = 0.0) -> None:
         """Queue ``blob`` as ``owner``'s snapshot of ``step``; returns at once. Raises the error
-        of an earlier write that failed."""
+        of an earlier write that failed. ``not_before``: a ``time.perf_counter()`` the write waits
+        for (the step's gap; a flush does not wait for it)."""
         self._raise()
         with self._cv:
             if self._thread is None:
@@ -64,14 +76,24 @@ class TierWriter:
             if len(self._queue) >= MAX_QUEUED:
                 self._queue.popleft()
                 self.dropped += 1
-            self._queue.append((owner, step, blob))
-            self._cv.notify()
+            idle = not self._queue and not self._busy
+            self._queue.append((owner, step, blob, not_before))
+            if idle:
+                # Woken only from its untimed wait: a thread waiting for an earlier blob's time, or
+                # writing, comes to this one after it (a wake-up costs the training thread a GIL
+                # hand-back, at every snapshot).
+                self._cv.notify()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write is done (False: ``timeout`` passed first); raises the
         error of a write that failed."""
         with self._cv:
-            done = self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
+            self._hurry += 1
+            self._cv.notify_all()
+            try:
+                done = self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
+            finally:
+                self._hurry -= 1
         self._raise()
         return done
 
@@ -99,7 +121,15 @@ class TierWriter:
                 self._cv.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return
-                owner, step, blob = self._queue.popleft()
+                # The head's time (a drop may replace the head meanwhile: looked at again)
+                while self._queue and not (self._hurry or self._closed):
+                    left = self._queue[0][3] - time.perf_counter()
+                    if left <= 0:
+                        break
+                    self._cv.wait(left)
+                if not self._queue:
+                    continue
+                owner, step, blob, _ = self._queue.popleft()
                 self._busy = True
             c0 = time.thread_time()
             try:

@@ -179,6 +179,78 @@ def test_the_writer_drops_its_oldest_waiting_write_when_it_falls_behind() -> Non
     writer.close()
 
 
+def test_a_deferred_write_waits_for_its_time_and_a_flush_starts_it_at_once() -> None:
+    """``not_before``: the own copy written in the step's gap, not at the snapshot; a later blob
+    waits behind an earlier one's time; ``flush`` (the restore, the close, exit) writes at once."""
+    import threading
+    import time
+
+    from hetrun.runtime.memory_writer import TierWriter
+
+    class _Timed:
+        def __init__(self) -> None:
+            self.got: list[tuple[int, float]] = []
+            self.done = threading.Event()
+
+        def write(self, owner: int, step: int, blob: object) -> None:
+            self.got.append((step, time.perf_counter()))
+            self.done.set()
+
+    tier = _Timed()
+    writer = TierWriter(tier)  # type: ignore[arg-type]
+    t0 = time.perf_counter()
+    writer.submit(0, 1, b"", t0 + 0.3)
+    writer.submit(0, 2, b"", t0)  # behind step 1: written after it
+    assert tier.done.wait(30)
+    assert [s for s, _ in tier.got] == [1] or [s for s, _ in tier.got] == [1, 2]
+    assert writer.flush(timeout=30) and [s for s, _ in tier.got] == [1, 2]
+    assert tier.got[0][1] - t0 >= 0.3  # not before its time
+    # A flush does not wait for a deferred write's time.
+    t1 = time.perf_counter()
+    writer.submit(0, 3, b"", t1 + 60)
+    assert writer.flush(timeout=30) and tier.got[-1][0] == 3
+    assert time.perf_counter() - t1 < 30
+    writer.close()
+
+
+def test_with_a_partner_the_own_copy_is_deferred_into_the_steps_gap() -> None:
+    """snapshot(): a rank with a partner hands its own blob to the writer for half an iteration
+    later (at most DEFER_MAX_S), its replica sent at once; without a partner small blobs are
+    written on the caller's thread, as before."""
+    from hetrun.runtime.memory_tier import DEFER_FRACTION, DEFER_MAX_S, PHASES, MemorySnapshots
+
+    def tier_with(partners: list[int], iter_s: float | None) -> tuple[MemorySnapshots, list, list, list]:
+        m = MemorySnapshots.__new__(MemorySnapshots)
+        m._cost, m._off_thread, m._idle, m.charged_s, m._threaded = None, 0.0, None, 0.0, None
+        m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
+        m.seconds, m.partners, m.rank, m._iter_s = 0.0, partners, 0, iter_s
+        m.adaptive, m.every_max, m._window = False, 1, [0.0, 0]
+        queued, written, sent = [], [], []
+        m.writer = type("W", (), {"cpu_s": 0.0, "submit": lambda self, *a: queued.append(a)})()
+        m.tier = type("T", (), {"write": lambda self, *a: written.append(a)})()
+        m.transport = type("X", (), {"thread_cpu_s": 0.0, "send": lambda self, d, b: sent.append(d)})()
+        m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+        return m, queued, written, sent
+
+    import time
+
+    m, queued, written, sent = tier_with([1], 0.054)  # the DDP example's step
+    t = time.perf_counter()
+    m.snapshot(5, {"x": 1})
+    assert not written and sent == [[1]] and len(queued) == 1
+    (_, step, _, not_before), = queued
+    assert step == 5 and t + 0.9 * min(DEFER_FRACTION * 0.054, DEFER_MAX_S) <= not_before <= time.perf_counter() + DEFER_MAX_S
+    m, queued, written, sent = tier_with([1], 2.0)  # a long step: the cap
+    m.snapshot(6, {"x": 1})
+    assert queued[0][3] <= time.perf_counter() + DEFER_MAX_S
+    m, queued, written, sent = tier_with([1], None)  # no iteration measured yet: at once
+    m.snapshot(7, {"x": 1})
+    assert queued[0][3] <= time.perf_counter()
+    m, queued, written, sent = tier_with([], 0.054)  # no partner: a small blob written here
+    m.snapshot(8, {"x": 1})
+    assert written and not queued and not sent
+
+
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
@@ -248,7 +320,7 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     class _Writer:
         cpu_s = 0.0
 
-        def submit(self, owner: int, step: int, blob: object) -> None:
+        def submit(self, owner: int, step: int, blob: object, not_before: float = 0.0) -> None:
             pass
 
     class _Transport:
