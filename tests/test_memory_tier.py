@@ -209,7 +209,7 @@ def test_a_deferred_write_waits_for_its_time_and_a_flush_starts_it_at_once() -> 
     t1 = time.perf_counter()
     writer.submit(0, 3, b"", t1 + 60)
     assert writer.flush(timeout=30) and tier.got[-1][0] == 3
-    assert time.perf_counter() - t1 < 30
+    assert tier.got[-1][1] - t1 < 5  # at once, not at its time a minute away
     writer.close()
 
 
