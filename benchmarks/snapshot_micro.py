@@ -13,6 +13,14 @@ job); ``cold`` adds the example's ``time.sleep(0.05)`` (the job's step: after it
 cold), ``hot`` does not. Medians of ``--snapshots`` per mode, in ms, wall (``perf_counter``) and the
 training thread's CPU (``time.thread_time``).
 
+``alternate`` (the cost beyond the snapshot's own time: its helpers'): the cold loop again with a
+snapshot at every other step only, each training step timed; a step right after a snapshot is
+where the replicas arrive and the helper threads wake (the partner's replica received and filed,
+its own blob and the received one written in the step's gap), the step after none is the same
+step without them: the medians of both and their difference. With ``--ranks 2`` each training
+step ends in a one-float all-reduce, as DDP's backward syncs the job's ranks, so the partner's
+replica arrives when it does in the job.
+
 Phases: a second pass per mode with each phase timed on its own (the wrappers add about a
 microsecond each): ``tree`` (the state tree), ``encode`` (the blob), ``write`` (tmpfs), ``send``
 (queued for the partner's stream), and ``total`` the unwrapped pass's.
@@ -40,8 +48,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_state() -> tuple[dict[str, Any], Any]:
-    """The example's objects ({"model": ..., "optim": ...}, as it passes them) and a step function."""
+def build_state(sync: Any = None) -> tuple[dict[str, Any], Any]:
+    """The example's objects ({"model": ..., "optim": ...}, as it passes them) and a step function
+    (``sync``: called after the backward, as DDP's gradient all-reduce)."""
     import torch
     import torch.nn.functional as F
 
@@ -55,6 +64,8 @@ def build_state() -> tuple[dict[str, Any], Any]:
         loss = F.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
+        if sync is not None:
+            sync()
         opt.step()
 
     for _ in range(3):
@@ -94,7 +105,8 @@ def run_rank(rank: int, size: int, base: Path, snapshots: int, warmup: int) -> d
     node = f"node-{rank}"
     mem = MemorySnapshots(GlooTransport(), base / "run", node=node, every=1, replicas=1, keep=8,
                           root=base / node)
-    objs, train_step = build_state()
+    one = torch.zeros(1)
+    objs, train_step = build_state((lambda: dist.all_reduce(one)) if size > 1 else None)
     at = 0
 
     def snapshot() -> None:
@@ -150,6 +162,24 @@ def run_rank(rank: int, size: int, base: Path, snapshots: int, warmup: int) -> d
             out[key] = {k: _median_ms(v) for k, v in rows.items() if v and (phased or k in ("wall", "cpu"))}
             out[key]["replica_threads_cpu_ms_per_snapshot"] = round(
                 (mem.transport.thread_cpu_s - replica_cpu0) / snapshots * 1e3, 4)
+    # The helpers' cost to the next step: a snapshot every other step, each step timed.
+    after: dict[bool, list[float]] = {True: [], False: []}
+    took = False
+    for i in range(warmup + 2 * snapshots):
+        w = time.perf_counter()
+        train_step()
+        w = time.perf_counter() - w
+        if i >= warmup:
+            after[took].append(w)
+        time.sleep(0.05)
+        took = i % 2 == 0
+        if took:
+            snapshot()
+    out["alternate"] = {"step_after_snapshot_ms": _median_ms(after[True]),
+                        "step_after_none_ms": _median_ms(after[False]),
+                        "steps": [len(after[True]), len(after[False])]}
+    out["alternate"]["difference_ms"] = round(out["alternate"]["step_after_snapshot_ms"]
+                                              - out["alternate"]["step_after_none_ms"], 4)
     out["blob_bytes"] = mem.bytes
     out["code"] = os.path.dirname(memory_tier.__file__)  # which tree (an older one on PYTHONPATH, for a before/after)
     mem.close(remove=True)
@@ -197,6 +227,10 @@ def main() -> None:
               + "".join(f"{result[m + src].get(key, float('nan')):>18.4f}" for m in ("hot", "cold")))
     print(f"  {'replica threads CPU':<26}"
           + "".join(f"{result[m]['replica_threads_cpu_ms_per_snapshot']:>18.4f}" for m in ("hot", "cold")))
+    alt = result["alternate"]
+    print(f"  training step after a snapshot {alt['step_after_snapshot_ms']:.4f} ms, after none "
+          f"{alt['step_after_none_ms']:.4f} ms (cold, a snapshot every other step): "
+          f"{alt['difference_ms']:+.4f} ms")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

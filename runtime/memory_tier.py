@@ -163,16 +163,17 @@ class MemorySnapshots:
         self.by_every: dict[int, list[float]] = {}
         self.partners = partners(self.nodes, self.rank, max(0, int(replicas)))
         self.tier = memory.MemoryTier(run_dir, root, keep=keep)
-        # A large own blob's tmpfs write on a thread of its own (runtime/memory_writer.py): system
-        # calls that run beside the training thread's compute (WRITE_ON_THREAD_FROM).
-        self.writer = TierWriter(self.tier)
+        # The ranks whose partner this rank is: they send it their replicas.
+        self.sources = [r for r in range(self.size) if r != self.rank
+                        and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
+        # The tmpfs writes on a thread of their own (runtime/memory_writer.py): system calls that
+        # run beside the training thread's compute, in the step's gap: the rank's own blobs
+        # (WRITE_ON_THREAD_FROM) and its sources' replicas (_received).
+        self.writer = TierWriter(self.tier, owners=1 + len(self.sources))
         self._threaded: bool | None = None  # decided at the first snapshot
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
-        # The ranks whose partner this rank is: they send it their replicas.
-        self.sources = [r for r in range(self.size) if r != self.rank
-                        and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
         self.transport.bind(self.sources, self.partners, self._received)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
@@ -241,8 +242,7 @@ class MemorySnapshots:
         if self._threaded is None:
             self._threaded = bool(self.partners) or len(blob) >= WRITE_ON_THREAD_FROM
         if self._threaded:
-            later = min(DEFER_FRACTION * self._iter_s, DEFER_MAX_S) if self.partners and self._iter_s else 0.0
-            self.writer.submit(self.rank, step, blob, t2 + later)
+            self.writer.submit(self.rank, step, blob, t2 + self._gap() if self.partners else 0.0)
         else:
             self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()
@@ -298,18 +298,25 @@ class MemorySnapshots:
             return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
+    def _gap(self) -> float:
+        """How long after now a write waits: into the step's gap (DEFER_FRACTION of an
+        iteration, at most DEFER_MAX_S); 0 before an iteration's length is known."""
+        iter_s = self._iter_s  # (set on the training thread; read from the receiving one too)
+        return min(DEFER_FRACTION * iter_s, DEFER_MAX_S) if iter_s else 0.0
+
     def _received(self, blob: Any) -> None:
-        """A replica from a partner, written into this node's tier under the owner and step its
-        prefix names. Called on the replica streams' receiving thread, which hands over whole
-        blobs only (and writes them itself: handing them on to the writer thread would be one
-        more wake-up; one thread writes each owner's directory here). Not verified here: every copy is verified when a restore
-        reads it, and one that fails is named and the next holder's used (a full check here cost
-        each replica about as much as writing it)."""
+        """A replica from a partner, for this node's tier under the owner and step its prefix
+        names. Called on the replica streams' receiving thread, which hands over whole blobs
+        only, the moment one arrives: as this rank starts its next step (the ranks snapshot the
+        same steps). Its write goes to the writer thread, in the step's gap as the rank's own
+        (runtime/memory_writer.py; one thread writes every owner's directory here). Not verified
+        here: every copy is verified when a restore reads it, and one that fails is named and the
+        next holder's used (a full check here cost each replica about as much as writing it)."""
         try:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        self.tier.write(owner, step, blob)
+        self.writer.submit(owner, step, blob, time.perf_counter() + self._gap(), replica=True)
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
@@ -324,7 +331,9 @@ class MemorySnapshots:
                 **({"every_max": self.every_max, "wanted_most": self.wanted_most} if self.adaptive else {}),
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},
-                **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {})}
+                **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {}),
+                **({"replica_write_failures": self.writer.replica_failures,
+                    "replica_write_error": str(self.writer.replica_error)} if self.writer.replica_failures else {})}
 
     def close(self, remove: bool = False) -> None:
         """Collective: every send delivered and written before any rank leaves.

@@ -1,7 +1,8 @@
-"""A rank's own memory-tier blobs written into this node's tmpfs on a thread of their own: every
-one when the rank has a partner (its replica leaves at once; its own copy is written in the step's
-gap, ``not_before``), else from ``memory_tier.WRITE_ON_THREAD_FROM`` bytes (smaller ones are written
-on the training thread). Received replicas are written on the replica streams' receiving thread.
+"""A rank's memory-tier blobs written into this node's tmpfs on a thread of their own: its own
+blobs, every one when the rank has a partner (its replica leaves at once; its own copy is written
+in the step's gap, ``not_before``), else from ``memory_tier.WRITE_ON_THREAD_FROM`` bytes (smaller
+ones are written on the training thread); and the replicas its partners send it, handed over by
+the replica streams' receiving thread and written in the step's gap too (``replica=True``).
 
 Why: a snapshot every iteration put the rank's own blob's tmpfs write on the training thread (PPO
 learner: 0.16-0.24 ms of an iteration that is ~45 ms; the MoE LM: 1.2-2.4 ms,
@@ -17,16 +18,22 @@ middle of the snapshot's own Python: session 28); written half an iteration late
 step's gap (the example's compute, a GPU's kernels, a collective's wait: the GIL free), and the
 training thread pays one hand-over. The own copy then lags the snapshot by at most
 ``memory_tier.DEFER_MAX_S``; the replica, sent at once, covers a death in that window, and a
-survivor is ended well after it (benchmarks/node_death.md, session 39).
+survivor is ended well after it (benchmarks/node_death.md, session 39). A received replica's write
+was the same system calls and Python on the receiving thread the moment it arrived, which is when
+the receiver starts its next step (the ranks snapshot the same step): deferred the same way
+(session 40); the owner's death in that window ends this survivor far later than the write.
 
 Order and atomicity are ``MemoryTier.write``'s: one thread writes the rank's blobs, in the order
 handed over, so its steps land oldest first and its ``keep`` newest are kept as before. A blob is held by
 this node once its write is done (``flush`` waits for that, and starts deferred writes at once: the
 restore, the close, exit).
 
-A write that fails (the tmpfs full, its directory unwritable) is raised on the training thread at
-the next ``submit`` or ``flush``: the rank fails as it did when the write ran there, one snapshot
-later, with the same exception.
+A write of the rank's own blob that fails (the tmpfs full, its directory unwritable) is raised on
+the training thread at the next ``submit`` or ``flush``: the rank fails as it did when the write
+ran there, one snapshot later, with the same exception. A replica's write that fails is not the
+rank's failure (its owner and the store hold the step; the restore verifies what this node
+holds): counted (``replica_failures``), the first kept (``replica_error``) for the
+``memory_tier`` event, as when it failed on the receiving thread and stopped its stream.
 """
 
 from __future__ import annotations
@@ -44,15 +51,16 @@ EXIT_FLUSH_S = 5.0  # at interpreter exit: the writes still queued, at most this
 # Writes waiting at most: behind a slow tmpfs or on a starved node the oldest waiting write is
 # dropped for a new one (counted in ``dropped``) rather than holding ever more blobs. A dropped
 # step is not held here; the restore takes a step every rank holds.
-MAX_QUEUED = 8
+MAX_QUEUED = 8  # per owner whose blobs this node writes (the rank and its sources: ``TierWriter(owners=)``)
 
 
 class TierWriter:
     """One rank's writer thread for its node's ``memory.MemoryTier`` (started at the first write)."""
 
-    def __init__(self, tier: memory.MemoryTier) -> None:
+    def __init__(self, tier: memory.MemoryTier, owners: int = 1) -> None:
         self.tier = tier
-        self._queue: deque[tuple[int, int, Any, float]] = deque()
+        self.max_queued = MAX_QUEUED * max(1, owners)
+        self._queue: deque[tuple[int, int, Any, float, bool]] = deque()
         self._cv = threading.Condition()
         self._busy = False  # a write taken off the queue and not done
         self._hurry = 0  # flushes waiting: deferred writes start at once
@@ -62,22 +70,26 @@ class TierWriter:
         self.cpu_s = 0.0  # the thread's CPU seconds in writes: the tier's cost off the training thread
         self.written = 0
         self.dropped = 0
+        self.replica_failures = 0
+        self.replica_error: BaseException | None = None
 
-    def submit(self, owner: int, step: int, blob: Any, not_before: float = 0.0) -> None:
+    def submit(self, owner: int, step: int, blob: Any, not_before: float = 0.0, *, replica: bool = False) -> None:
         """Queue ``blob`` as ``owner``'s snapshot of ``step``; returns at once. Raises the error
-        of an earlier write that failed. ``not_before``: a ``time.perf_counter()`` the write waits
-        for (the step's gap; a flush does not wait for it)."""
-        self._raise()
+        of an earlier write of the rank's own that failed (not for ``replica``: the receiving
+        thread leaves it to the training thread). ``not_before``: a ``time.perf_counter()`` the
+        write waits for (the step's gap; a flush does not wait for it)."""
+        if not replica:
+            self._raise()
         with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hetrun-memory-writer", daemon=True)
                 self._thread.start()
                 atexit.register(self._at_exit)
-            if len(self._queue) >= MAX_QUEUED:
+            if len(self._queue) >= self.max_queued:
                 self._queue.popleft()
                 self.dropped += 1
             idle = not self._queue and not self._busy
-            self._queue.append((owner, step, blob, not_before))
+            self._queue.append((owner, step, blob, not_before, replica))
             if idle:
                 # Woken only from its untimed wait: a thread waiting for an earlier blob's time, or
                 # writing, comes to this one after it (a wake-up costs the training thread a GIL
@@ -129,14 +141,17 @@ class TierWriter:
                     self._cv.wait(left)
                 if not self._queue:
                     continue
-                owner, step, blob, _ = self._queue.popleft()
+                owner, step, blob, _, replica = self._queue.popleft()
                 self._busy = True
             c0 = time.thread_time()
             try:
                 self.tier.write(owner, step, blob)
                 self.written += 1
-            except BaseException as exc:  # handed to the training thread, raised there
-                if self._error is None:
+            except BaseException as exc:
+                if replica:  # not this rank's failure: said in the memory_tier event
+                    self.replica_failures += 1
+                    self.replica_error = self.replica_error or exc
+                elif self._error is None:  # handed to the training thread, raised there
                     self._error = exc
             finally:
                 self.cpu_s += time.thread_time() - c0

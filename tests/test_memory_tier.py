@@ -251,6 +251,41 @@ def test_with_a_partner_the_own_copy_is_deferred_into_the_steps_gap() -> None:
     assert written and not queued and not sent
 
 
+def test_a_received_replica_is_written_in_the_steps_gap_and_its_failed_write_is_not_the_ranks(tmp_path: Path) -> None:
+    """_received (the replica streams' thread): the partner's blob goes to the writer thread for
+    half an iteration later (at most DEFER_MAX_S), held here once flushed; a replica's write that
+    fails is counted for the memory_tier event, never raised on the training thread."""
+    import shutil
+    import time
+
+    from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.memory_tier import DEFER_FRACTION, DEFER_MAX_S, MemorySnapshots
+    from hetrun.runtime.memory_writer import TierWriter
+
+    m = MemorySnapshots.__new__(MemorySnapshots)
+    m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    m.writer, m._iter_s = TierWriter(m.tier, owners=2), 0.054  # the DDP example's step
+    t = time.perf_counter()
+    m._received(memory.encode(7, 1, _tree(7, 1)))
+    with m.writer._cv:  # queued, not written: it waits for the step's gap
+        ((owner, step, _, not_before, replica),) = m.writer._queue or [(None, None, None, 0.0, None)]
+    assert (owner, step, replica) == (1, 7, True), "the replica was written at once, on the receiving thread"
+    assert t + 0.9 * min(DEFER_FRACTION * 0.054, DEFER_MAX_S) <= not_before <= time.perf_counter() + DEFER_MAX_S
+    assert m.writer.flush(timeout=30) and m.tier.steps(1) == [7]
+    assert memory.verify(m.tier.read(1, 7))["owner"] == 1
+    # The owners' directories made unwritable: the replica's failed write is counted and kept ...
+    shutil.rmtree(m.tier.dir)
+    m.tier.dir.parent.mkdir(parents=True, exist_ok=True)
+    m.tier.dir.write_text("not a directory")
+    m._received(memory.encode(8, 1, _tree(8, 1)))
+    assert m.writer.flush(timeout=30)  # ... not raised on the training thread's flush ...
+    m.writer.submit(0, 8, memory.encode(8, 0, _tree(8, 0)))  # ... nor at its next submit
+    with pytest.raises(OSError):  # (the rank's own write failing is still the rank's failure)
+        m.writer.flush(timeout=30)
+    assert m.writer.replica_failures == 1 and isinstance(m.writer.replica_error, OSError)
+    m.writer.close()
+
+
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
