@@ -44,7 +44,6 @@ from hetrun.runtime.eager_optim import eager
 from hetrun.runtime.workload import Workload
 from torch import Tensor, nn
 
-from . import ppo_state
 from .atari_envs import AtariSettings, AtariVector, num_actions, play_games
 from .atari_ppo_args import AtariPPOWorkloadArgs
 from .cpu_share import node_cpus
@@ -229,7 +228,6 @@ class AtariPPOWorkload(PPOWorkload):
         """The per-rank state PPOWorkload keeps (version, counters, streams), without its MLPs."""
         self._optimizer: torch.optim.Adam | None = None
         self._net_refs = None  # PPOWorkload._net_tensors's list (made at the first state_dict)
-        self._slots = ppo_state.OptimizerSlots()  # PPOWorkload's flat Adam slots (examples/ppo_state.py)
         self.rank_seed = int(np.random.SeedSequence([int(ctx.seed), ctx.rank]).generate_state(1)[0])
         self.gen = torch.Generator().manual_seed(self.rank_seed)
         self.version = 0

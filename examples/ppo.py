@@ -46,7 +46,7 @@ from torch.nn import functional as F
 
 from hetrun.errors import CheckpointError
 
-from . import learner_precision, ppo_state
+from . import learner_precision
 from .cpu_share import CpuPhase, node_cpus, runnable_elsewhere
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
@@ -158,8 +158,7 @@ class PPOWorkload(Workload):
         self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
         self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
         self._optimizer: torch.optim.Adam | None = None  # built on the learner's first use
-        self._net_refs: tuple[Any, Any, list[tuple[str, Tensor]], list[Tensor], str | None] | None = None
-        self._slots = ppo_state.OptimizerSlots()  # Adam's slots, flat in state_dict() (ppo_state.py)
+        self._net_refs: tuple[Any, Any, list[tuple[str, Tensor]]] | None = None  # _net_tensors's list
         # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
         # resumed rank draws exactly what an uninterrupted one would.
         self.rank_seed = int(np.random.SeedSequence([seed, ctx.rank]).generate_state(1)[0])
@@ -587,28 +586,19 @@ class PPOWorkload(Workload):
     def state_dict(self) -> dict[str, Any]:
         """Flat ``{name: Tensor | JSON value}``; no pickled objects, nested keys are dotted.
 
-        The networks and Adam's slots are a few flat copies (examples/ppo_state.py: one copy in C
-        per group, where the walk of 48 tensors by name was most of the memory tier's snapshot,
-        benchmarks/node_death.md, session 41); where that form is not exact, the live tensors by
-        name, as torch's own ``state_dict()``s return them. The rollout state's tensors are the
-        live ones: every reader copies before training goes on (the memory tier's encode, the
-        checkpoint writer's snapshot, the lossy path's copy)."""
+        The tensors are the live ones, as torch's own ``state_dict()``s return them: every reader
+        copies before training goes on (the memory tier's encode, the checkpoint writer's
+        snapshot, the lossy path's copy) and a restore decodes into them in place. Copies here
+        were a second copy of each tensor at every snapshot, a fifth of the memory tier's cost
+        when it snapshots every iteration (benchmarks/node_death.md, session 24)."""
         state: dict[str, Any] = {
             "version": self.version,
             "env_steps": self.env_steps,
             "recent_returns": list(self.recent_returns),
             "rng.rank": self.gen.get_state(),
         }
-        _names, tensors, layout = self._net_flat_form()
-        flat = None if layout is None else ppo_state.flat_net(tensors, layout)
-        if flat is not None:
-            state[ppo_state.NET_FLAT] = flat
-            state[ppo_state.NET_LAYOUT] = layout
-        else:
-            if layout is not None:  # they changed dtype or size in place: made again next time
-                self._net_refs = None
-            for name, v in self._net_tensors():
-                state[name] = v.detach()  # as Module.state_dict() gives them: no grad, the same memory
+        for name, v in self._net_tensors():
+            state[name] = v.detach()  # as Module.state_dict() gives them: no grad, the same memory
         if self._optimizer is not None:  # a rank that never optimized has no optimizer state
             self._optimizer_state(state)
         if self._envs is not None:
@@ -631,51 +621,35 @@ class PPOWorkload(Workload):
         ``__init__`` (the optimizer's step and ``load_state_dict`` write into the tensors in
         place), and a replaced network is listed again. tests/test_ppo.py compares it with
         torch's own state_dicts after updates and after a restore."""
-        return self._net_flat_form()[0]
-
-    def _net_flat_form(self) -> tuple[list[tuple[str, Tensor]], list[Tensor], str | None]:
-        """``_net_tensors``'s list, its tensors alone, and their flat layout (None: not flat;
-        examples/ppo_state.py), made once per pair of networks."""
         have = self._net_refs
         if have is None or have[0] is not self.actor or have[1] is not self.critic:
             names = [(f"{prefix}.{k}", v) for prefix, net in (("actor", self.actor), ("critic", self.critic))
                      for k, v in net.state_dict(keep_vars=True).items()]
-            have = self._net_refs = (self.actor, self.critic, names, [v for _, v in names],
-                                     ppo_state.net_layout(names))
-        return have[2], have[3], have[4]
+            have = self._net_refs = (self.actor, self.critic, names)
+        return have[2]
 
     def _optimizer_state(self, state: dict[str, Any]) -> None:
-        """Adam's state into ``state``: one flat tensor per slot where that is exact
-        (examples/ppo_state.py), else as ``Optimizer.state_dict()`` numbers it (parameters by
-        their place across the param groups, the live slot tensors), read from the optimizer's
-        own ``state`` without its packing pass. Parameters in param-group order (the
+        """Adam's state into ``state`` as ``Optimizer.state_dict()`` numbers it (parameters by
+        their place across the param groups, each group's options and its parameters' numbers),
+        read from the optimizer's own ``state`` and ``param_groups`` without its packing pass; the
+        slots are its live tensors, as the state_dict's are. Parameters in param-group order (the
         state_dict's order is the order they first got state: the same here, Adam's first step
-        fills them in that order); each group's options and its parameters' numbers either way."""
+        fills them in that order)."""
         opt = self._optimizer
         assert opt is not None
-        plan = self._slots.plan(opt)
-        flat = None if plan is None else ppo_state.optimizer_slots(plan)
-        if flat is not None:
-            state.update(flat)
-        else:
-            if plan is not None:  # a slot changed dtype or size: the plan is made again next time
-                self._slots.forget()
-            slots_of = opt.state
-            idx = 0
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    slots = slots_of.get(p)  # .get: opt.state is a defaultdict, a lookup would add
-                    if slots:
-                        for slot, value in slots.items():
-                            state[f"optim.state.{idx}.{slot}"] = value
-                    idx += 1
+        slots_of = opt.state
         groups: list[dict[str, Any]] = []
         idx = 0
         for group in opt.param_groups:
-            n = len(group["params"])
+            params = group["params"]
+            for p in params:
+                slots = slots_of.get(p)  # .get: opt.state is a defaultdict, a lookup would add
+                if slots:
+                    for slot, value in slots.items():
+                        state[f"optim.state.{idx}.{slot}"] = value
+                idx += 1
             packed = {k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k != "params"}
-            packed["params"] = list(range(idx, idx + n))
-            idx += n
+            packed["params"] = list(range(idx - len(params), idx))
             groups.append(packed)
         state["optim.param_groups"] = groups
 
@@ -685,19 +659,12 @@ class PPOWorkload(Workload):
             self.env_steps = int(state["env_steps"])
             self.recent_returns = deque((float(x) for x in state["recent_returns"]), maxlen=20)
             self.gen.set_state(state["rng.rank"])
-            ppo_state.check_form(state)
-            if ppo_state.NET_FLAT in state:
-                ppo_state.load_net(state, self._net_tensors())
-            else:  # by name (examples/ppo_state.py: a mixed-dtype network, or an older checkpoint)
-                for prefix, net in (("actor", self.actor), ("critic", self.critic)):
-                    net.load_state_dict(
-                        {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
-                    )
+            for prefix, net in (("actor", self.actor), ("critic", self.critic)):
+                net.load_state_dict(
+                    {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
+                )
             if "optim.param_groups" in state:
                 slots: dict[int, dict[str, Tensor]] = {}
-                if ppo_state.has_flat_slots(state):
-                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
-                    slots = ppo_state.slots_from_flat(state, params)
                 for key, value in state.items():
                     if key.startswith("optim.state."):
                         _, _, idx, slot = key.split(".", 3)
