@@ -401,15 +401,22 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                    # slower rank), with less of the machine's noise than the whole iteration's.
                    "learner_gap_ms": learner_gap_ms(acts, skip),
                    "run_dir": str(d)}
+            # ... as a share of the run's own iteration: the VM's speed swung 1.8x between runs
+            # (benchmarks/node_death.md, session 41), which the gap's ms follow and this does not.
+            row["learner_gap_pct"] = round(100 * row["learner_gap_ms"] / (1e3 * per), 3)
             runs.append(row)
             print(json.dumps(row), flush=True)
     med = {label: statistics.median(v) for label, v in out.items()}
+    gap_pct = {label: statistics.median(r["learner_gap_pct"] for r in runs if r["overhead_run"] == label)
+               for label in out}
     return {"runs": runs, "s_per_iter": out, "median_s_per_iter": med, "tier_pct": share, "every": chosen,
             "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
                                     for label in med if label != "off"},
             "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"},
             "median_learner_gap_ms": {label: statistics.median(r["learner_gap_ms"] for r in runs
-                                                               if r["overhead_run"] == label) for label in out}}
+                                                               if r["overhead_run"] == label) for label in out},
+            # The tier's snapshot on the learner's critical path, in points of its iteration.
+            "learner_gap_pct_vs_off": {label: round(gap_pct[label] - gap_pct["off"], 3) for label in out if label != "off"}}
 
 
 def main() -> None:
