@@ -338,6 +338,37 @@ def learner_gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
     return round(1e3 * statistics.median(gaps), 3) if gaps else 0.0
 
 
+# Student's t, 97.5th percentile, for 1..20 degrees of freedom (about 2.0 beyond).
+_T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23,
+         2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10, 2.09, 2.09)
+
+
+def paired_ratio(runs: list[dict[str, Any]], label: str) -> dict[str, Any] | None:
+    """``label``'s seconds per iteration over ``off``'s in the same round (the rounds are
+    interleaved: a round's runs follow each other), as the geometric mean over the rounds
+    with a ~95 % interval (t for n - 1 degrees of freedom), the median, and how many rounds
+    ``label`` was slower in. Pairs within a round: the VM's speed drifts between rounds
+    (1.8x within minutes in session 41), far less between neighbours. Also reads a saved
+    result's ``runs``."""
+    import math
+
+    rounds: list[dict[str, float]] = []
+    for r in runs:
+        if not rounds or r["overhead_run"] in rounds[-1]:
+            rounds.append({})
+        rounds[-1][r["overhead_run"]] = r["s_per_iter"]
+    ratios = [x[label] / x["off"] for x in rounds if label in x and "off" in x]
+    if len(ratios) < 2:
+        return None
+    logs = [math.log(x) for x in ratios]
+    mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    df = len(logs) - 1
+    t = _T975[df - 1] if df <= len(_T975) else 2.0
+    return {"rounds": len(ratios), "geo_mean": round(math.exp(mean), 4),
+            "ci95": [round(math.exp(mean - t * se), 4), round(math.exp(mean + t * se), 4)],
+            "median": round(statistics.median(ratios), 4), "slower_in": sum(x > 1 for x in ratios)}
+
+
 def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int,
              example: str = "ppo", modes: tuple[str, ...] = ()) -> dict[str, Any]:
     """Seconds per learner iteration, memory tier off / every iteration / adaptive (``auto``),
@@ -415,6 +446,8 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
             "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"},
             "median_learner_gap_ms": {label: statistics.median(r["learner_gap_ms"] for r in runs
                                                                if r["overhead_run"] == label) for label in out},
+            # The whole iteration against off, round by round (paired_ratio).
+            "paired_vs_off": {label: paired_ratio(runs, label) for label in out if label != "off"},
             # The tier's snapshot on the learner's critical path, in points of its iteration.
             "learner_gap_pct_vs_off": {label: round(gap_pct[label] - gap_pct["off"], 3) for label in out if label != "off"}}
 
