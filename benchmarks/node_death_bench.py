@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -343,21 +344,19 @@ _T975 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23,
          2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10, 2.09, 2.09)
 
 
-def paired_ratio(runs: list[dict[str, Any]], label: str) -> dict[str, Any] | None:
-    """``label``'s seconds per iteration over ``off``'s in the same round (the rounds are
-    interleaved: a round's runs follow each other), as the geometric mean over the rounds
-    with a ~95 % interval (t for n - 1 degrees of freedom), the median, and how many rounds
-    ``label`` was slower in. Pairs within a round: the VM's speed drifts between rounds
-    (1.8x within minutes in session 41), far less between neighbours. Also reads a saved
-    result's ``runs``."""
-    import math
-
-    rounds: list[dict[str, float]] = []
+def paired_ratio(runs: list[dict[str, Any]], label: str, key: str = "s_per_iter") -> dict[str, Any] | None:
+    """``label``'s ``key`` (seconds per iteration or step) over ``off``'s in the same round (the
+    rounds are interleaved: a round's runs follow each other, one per mode), as the geometric mean
+    over the rounds with a ~95 % interval (t for n - 1 degrees of freedom), the median, and how
+    many rounds ``label`` was slower in. Pairs within a round: the VM's speed drifts between
+    rounds (1.8x within minutes in session 41), far less between neighbours. Reads a saved
+    result's ``runs`` as well (node_death_command_bench.py's too, ``key="s_per_step"``)."""
+    rounds: list[dict[str, Any]] = []
     for r in runs:
         if not rounds or r["overhead_run"] in rounds[-1]:
             rounds.append({})
-        rounds[-1][r["overhead_run"]] = r["s_per_iter"]
-    ratios = [x[label] / x["off"] for x in rounds if label in x and "off" in x]
+        rounds[-1][r["overhead_run"]] = r.get(key)  # None: a run that failed (its row says why)
+    ratios = [x[label] / x["off"] for x in rounds if x.get(label) and x.get("off")]
     if len(ratios) < 2:
         return None
     logs = [math.log(x) for x in ratios]

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 import torchrun_elastic_peer as peer  # noqa: E402
 from node_cluster import NodeCluster  # noqa: E402
-from node_death_bench import batch_marks, wait  # noqa: E402
+from node_death_bench import batch_marks, paired_ratio, wait  # noqa: E402
 from test_resume_exact import events  # noqa: E402
 
 BASE = Path("/var/tmp/hetrun-bench/node_death_command")
@@ -197,7 +197,9 @@ def overhead(cluster: NodeCluster, pairs: int, steps: int, skip: int) -> dict[st
     return {"runs": runs, "s_per_step": per, "median_s_per_step": med, "tier_pct": share,
             "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
                                     for label in med if label != "off" and "off" in med},
-            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off" and v}}
+            "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off" and v},
+            # The whole step against off, round by round (node_death_bench.paired_ratio).
+            "paired_vs_off": {label: paired_ratio(runs, label, "s_per_step") for label, _ in MODES if label != "off"}}
 
 
 def main() -> None:

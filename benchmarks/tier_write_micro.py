@@ -31,6 +31,7 @@ def measure(rounds: int, size: int, keep: int = 4) -> dict[str, float]:
 
     blobs = [bytearray(os.urandom(size)) for _ in range(keep)]
     junk = bytearray(8 << 20)
+    zeros = bytes(len(junk) // 64)  # one byte in each 64-byte cache line of junk
     out: dict[str, list[float]] = {k: [] for k in ("file_cpu", "file_wall", "slot_cpu", "slot_wall")}
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm, tempfile.TemporaryDirectory() as run:
         tier = memory.MemoryTier(run, shm, keep=keep)
@@ -44,12 +45,12 @@ def measure(rounds: int, size: int, keep: int = 4) -> dict[str, float]:
             os.close(fd)
         for i in range(rounds):
             blob = blobs[i % keep]
-            junk[::64] = bytes(len(junk[::64]))  # cool the caches
+            junk[::64] = zeros  # cool the caches
             c0, t0 = time.thread_time(), time.perf_counter()
             tier.write(0, i, blob)
             out["file_cpu"].append(time.thread_time() - c0)
             out["file_wall"].append(time.perf_counter() - t0)
-            junk[::64] = bytes(len(junk[::64]))
+            junk[::64] = zeros
             c0, t0 = time.thread_time(), time.perf_counter()
             m = slots[i % keep]
             m[0:8] = bytes(8)  # invalid while the payload changes
