@@ -48,6 +48,7 @@ from hetrun.errors import CheckpointError
 
 from . import learner_precision
 from .cpu_share import CpuPhase, node_cpus, runnable_elsewhere
+from .flat_params import FlatParams
 from .ppo_args import PPOWorkloadArgs
 from .ppo_envs import (
     capture_env_state,
@@ -69,6 +70,10 @@ LEARNER_DEVICE = torch.device("cpu")  # the PPO examples train on CPU, learner a
 
 
 # ---------------------------------------------------------------- networks
+
+
+FLAT_KEY = "params.flat"  # state_dict(): the actor's then the critic's parameters, one tensor
+POLICY_FLAT_KEY = "actor.flat"  # policy_state(): the actor's parameters, one tensor
 
 
 def _mlp(n_in: int, hidden: int, n_out: int, out_gain: float, gen: torch.Generator) -> nn.Sequential:
@@ -146,6 +151,7 @@ class PPOWorkload(Workload):
     _spread: SpreadEval | None = None
     _spread_slice: int | None = None
     _max_episode_steps: int | None = None
+    _flat: FlatParams | None = None  # the networks' flat buffers (None: by name, the Atari workload)
 
     def __init__(self, ctx: RankContext, **workload_args: Any) -> None:
         super().__init__(ctx, **workload_args)
@@ -157,6 +163,9 @@ class PPOWorkload(Workload):
         init_gen = torch.Generator().manual_seed(seed)
         self.actor = _mlp(self.obs_dim, cfg.hidden, self.n_actions, 0.01, init_gen)
         self.critic = _mlp(self.obs_dim, cfg.hidden, 1, 1.0, init_gen)
+        # Both networks' parameters over one buffer, their gradients over another: Adam steps one
+        # tensor and a snapshot holds one (examples/flat_params.py; _flat_params below).
+        self._flat: FlatParams | None = FlatParams((self.actor, self.critic))
         self._optimizer: torch.optim.Adam | None = None  # built on the learner's first use
         self._net_refs: tuple[Any, Any, list[tuple[str, Tensor]]] | None = None  # _net_tensors's list
         # Per-rank stream for action sampling and minibatch shuffles, kept in state_dict so a
@@ -189,11 +198,22 @@ class PPOWorkload(Workload):
         return self._envs
 
     def policy_state(self) -> dict[str, Tensor]:
-        """The actor's weights (copies: the runtime may ship them while we keep training)."""
+        """The actor's weights (copies: the runtime may ship them while we keep training): one
+        tensor, its part of the flat buffer, where the networks are flat (the pipeline keeps the
+        states it sent in every snapshot until their consumers are past them: one tensor each
+        there, not six), else by name."""
+        if self._flat is not None:
+            return {POLICY_FLAT_KEY: self._flat_params().param.detach()[self._flat.span(0)].clone()}
         return {k: v.detach().clone() for k, v in self.actor.state_dict().items()}
 
     def load_policy(self, state: dict[str, Tensor], version: int) -> None:
-        self.actor.load_state_dict(state)
+        if POLICY_FLAT_KEY in state:
+            if self._flat is None:
+                raise ValueError(f"{POLICY_FLAT_KEY!r}: a flat policy for a workload that keeps its networks by name")
+            with torch.no_grad():
+                self._flat_params().param[self._flat.span(0)] = state[POLICY_FLAT_KEY]
+        else:
+            self.actor.load_state_dict(state)
         self.version = int(version)
 
     def rollout(self, policy_version: int) -> dict[str, Tensor]:
@@ -458,6 +478,11 @@ class PPOWorkload(Workload):
             return
         import torch.distributed as dist
 
+        if self._flat is not None:  # every gradient in one buffer already: reduced in place
+            grad = self._flat_params().param.grad
+            dist.all_reduce(grad, group=self.ctx.group)
+            grad /= size
+            return
         grads = [p.grad for p in self.parameters_to_sync() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.ctx.group)
@@ -468,9 +493,26 @@ class PPOWorkload(Workload):
             offset += g.numel()
 
     def _step(self) -> None:
-        nn.utils.clip_grad_norm_(self.parameters_to_sync(), self.cfg.max_grad_norm)
+        if self._flat is None:
+            nn.utils.clip_grad_norm_(self.parameters_to_sync(), self.cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return
+        flat = self._flat_params()
+        flat.check()  # a gradient set to None would leave the networks out of the step, silently
+        nn.utils.clip_grad_norm_([flat.param], self.cfg.max_grad_norm)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        flat.zero_grad()  # in place: the networks' .grad are views into the buffer
+
+    def _flat_params(self) -> FlatParams:
+        """The flat buffers under the networks, made again when a network was replaced (a new
+        ``actor``: then the optimizer, whose moments were the old networks', is built anew)."""
+        flat = self._flat
+        assert flat is not None
+        if not flat.covers((self.actor, self.critic)):
+            flat = self._flat = FlatParams((self.actor, self.critic))
+            self._optimizer = None
+        return flat
 
     def optimize(self) -> dict[str, float]:
         """Apply the runtime's (already synced) step, then the remaining minibatch epochs."""
@@ -577,10 +619,9 @@ class PPOWorkload(Workload):
         # Lazy, and eager(): torch's own optimizer imports torch._dynamo on first use
         # (~1.3 s of CPU per process, on every restart; runtime/eager_optim.py).
         if self._optimizer is None:
-            self._optimizer = eager(torch.optim.Adam)(
-                [*self.actor.parameters(), *self.critic.parameters()],
-                lr=self.cfg.learning_rate, eps=1e-5,
-            )
+            params = ([self._flat_params().param] if self._flat is not None
+                      else [*self.actor.parameters(), *self.critic.parameters()])
+            self._optimizer = eager(torch.optim.Adam)(params, lr=self.cfg.learning_rate, eps=1e-5)
         return self._optimizer
 
     def state_dict(self) -> dict[str, Any]:
@@ -597,8 +638,13 @@ class PPOWorkload(Workload):
             "recent_returns": list(self.recent_returns),
             "rng.rank": self.gen.get_state(),
         }
-        for name, v in self._net_tensors():
-            state[name] = v.detach()  # as Module.state_dict() gives them: no grad, the same memory
+        if self._flat is not None:
+            # Both networks as one tensor (examples/flat_params.py): a snapshot's encode costs per
+            # tensor, and this is 1 where by name it was 12 (and Adam's slots 3 where they were 36).
+            state[FLAT_KEY] = self._flat_params().param.detach()
+        else:
+            for name, v in self._net_tensors():
+                state[name] = v.detach()  # as Module.state_dict() gives them: no grad, the same memory
         if self._optimizer is not None:  # a rank that never optimized has no optimizer state
             self._optimizer_state(state)
         if self._envs is not None:
@@ -653,16 +699,49 @@ class PPOWorkload(Workload):
             groups.append(packed)
         state["optim.param_groups"] = groups
 
+    def _flat_optimizer_state(self, slots: dict[int, dict[str, Tensor]],
+                              groups: list[dict[str, Any]]) -> tuple[dict[int, dict[str, Tensor]], list[dict[str, Any]]]:
+        """Adam's per-parameter state (a checkpoint written before the flat layout) as the flat
+        parameter's: each moment concatenated in the buffer's order, the step count (the same for
+        every parameter) once. Raises ValueError where it does not fit."""
+        flat = self._flat_params()
+        if len(groups) != 1 or len(groups[0]["params"]) != len(flat.params):
+            raise ValueError(f"an optimizer state of {sum(len(g['params']) for g in groups)} parameters "
+                             f"for networks of {len(flat.params)}")
+        order = groups[0]["params"]
+        merged: dict[str, Tensor] = {}
+        for name in sorted({k for i in order for k in slots.get(i, {})}):
+            per = [slots[i][name] for i in order if name in slots.get(i, {})]
+            if len(per) != len(order):
+                raise ValueError(f"Adam's {name!r} held for {len(per)} of {len(order)} parameters")
+            if all(t.dim() == 0 for t in per):  # the step count
+                if any(not torch.equal(t, per[0]) for t in per):
+                    raise ValueError(f"Adam's {name!r} differs between parameters")
+                merged[name] = per[0]
+            else:
+                merged[name] = flat.slots_from(per)
+        return ({0: merged} if merged else {}), [{**groups[0], "params": [0]}]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
             self.version = int(state["version"])
             self.env_steps = int(state["env_steps"])
             self.recent_returns = deque((float(x) for x in state["recent_returns"]), maxlen=20)
             self.gen.set_state(state["rng.rank"])
-            for prefix, net in (("actor", self.actor), ("critic", self.critic)):
-                net.load_state_dict(
-                    {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
-                )
+            if FLAT_KEY in state:
+                if self._flat is None:
+                    raise ValueError(f"{FLAT_KEY!r}: flat parameters for a workload that keeps them by name")
+                flat = self._flat_params().param
+                if state[FLAT_KEY].shape != flat.shape:
+                    raise ValueError(f"{FLAT_KEY!r} holds {tuple(state[FLAT_KEY].shape)}, the networks "
+                                     f"{tuple(flat.shape)}")
+                with torch.no_grad():
+                    flat.copy_(state[FLAT_KEY])
+            else:  # by name (the Atari example; a checkpoint written before the flat layout)
+                for prefix, net in (("actor", self.actor), ("critic", self.critic)):
+                    net.load_state_dict(
+                        {k[len(prefix) + 1 :]: v for k, v in state.items() if k.startswith(prefix + ".")}
+                    )
             if "optim.param_groups" in state:
                 slots: dict[int, dict[str, Tensor]] = {}
                 for key, value in state.items():
@@ -676,6 +755,8 @@ class PPOWorkload(Workload):
                     {k: tuple(v) if k == "betas" else v for k, v in g.items()}
                     for g in state["optim.param_groups"]
                 ]
+                if self._flat is not None and sum(len(g["params"]) for g in groups) > 1:
+                    slots, groups = self._flat_optimizer_state(slots, groups)
                 self.optimizer.load_state_dict({"state": slots, "param_groups": groups})
             else:
                 self._optimizer = None

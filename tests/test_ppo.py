@@ -8,7 +8,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
-from hetrun.examples.ppo import PPOConfig, PPOWorkload
+from hetrun.examples.ppo import FLAT_KEY, PPOConfig, PPOWorkload
 from hetrun.runtime.context import RankContext
 
 from hetrun.errors import CheckpointError, SpecError
@@ -62,7 +62,8 @@ def test_learning_step_is_finite_moves_weights_and_counts_versions() -> None:
     before = [p.detach().clone() for p in learner.parameters_to_sync()]
     m = learn(learner, roller.rollout(0))
     after = learner.parameters_to_sync()
-    assert all(p.grad is None for p in after)  # optimize() leaves gradients zeroed
+    # optimize() leaves the gradients zeroed, in place: views into the flat buffer (flat_params.py)
+    assert all(p.grad is not None and not p.grad.any() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
     for key in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "staleness"):
         assert key in m and m[key] == m[key], key  # present and not NaN
@@ -85,8 +86,14 @@ def test_policy_sync_and_staleness_is_reported() -> None:
         assert torch.equal(a, b)
     # policy_state hands out copies: training on does not change what was sent.
     sent = learner.policy_state()
+    assert list(sent) == ["actor.flat"]  # the actor's part of the flat buffer, one tensor
+    assert torch.equal(sent["actor.flat"], torch.cat([v.reshape(-1) for v in learner.actor.state_dict().values()]))
     learn(learner, roller.rollout(3))
-    assert any(not torch.equal(sent[k], v) for k, v in learner.actor.state_dict().items())
+    assert not torch.equal(sent["actor.flat"], torch.cat([v.reshape(-1) for v in learner.actor.state_dict().values()]))
+    critic = [v.clone() for v in roller.critic.parameters()]
+    roller.load_policy(sent, 3)  # into the rollout's buffer: its actor's weights, its critic's untouched
+    assert torch.equal(torch.cat([v.reshape(-1) for v in roller.actor.state_dict().values()]), sent["actor.flat"])
+    assert all(torch.equal(a, b) for a, b in zip(critic, roller.critic.parameters(), strict=True))
 
 
 def test_stale_samples_clip_around_the_learners_policy_weighted_by_behaviour() -> None:
@@ -286,10 +293,15 @@ def test_learner_threads_apply_to_the_update_only() -> None:
 
 
 def _torch_state(wl: PPOWorkload) -> dict[str, object]:
-    """The networks' and optimizer's part of state_dict() as torch's own state_dicts give it."""
+    """The networks' and optimizer's part of state_dict() as torch's own state_dicts give it: the
+    networks as one tensor (their parameters in order) where the workload keeps them flat."""
     out: dict[str, object] = {}
-    for prefix, net in (("actor", wl.actor), ("critic", wl.critic)):
-        out.update({f"{prefix}.{k}": v for k, v in net.state_dict().items()})
+    nets = [(f"{prefix}.{k}", v) for prefix, net in (("actor", wl.actor), ("critic", wl.critic))
+            for k, v in net.state_dict().items()]
+    if wl._flat is not None:
+        out[FLAT_KEY] = torch.cat([v.reshape(-1) for _, v in nets])
+    else:
+        out.update(nets)
     if wl._optimizer is not None:
         opt = wl._optimizer.state_dict()
         for idx, slots in opt["state"].items():
@@ -299,34 +311,91 @@ def _torch_state(wl: PPOWorkload) -> dict[str, object]:
     return out
 
 
-def _same_state(ours: dict[str, object], torch_state: dict[str, object]) -> None:
-    mine = {k: v for k, v in ours.items() if k.startswith(("actor.", "critic.", "optim."))}
-    assert list(mine) == list(torch_state)
-    for k, v in torch_state.items():
+def _same_state(wl: PPOWorkload) -> None:
+    """``wl.state_dict()``'s networks and optimizer: ``_torch_state``'s names, order and values,
+    each the live tensor (the flat one: the buffer under the networks)."""
+    ours, want = wl.state_dict(), _torch_state(wl)
+    mine = {k: v for k, v in ours.items() if k.startswith(("actor.", "critic.", "optim.", "params."))}
+    assert list(mine) == list(want)
+    for k, v in want.items():
         if isinstance(v, torch.Tensor):
             got = mine[k]
             assert isinstance(got, torch.Tensor) and not got.requires_grad
-            assert got.data_ptr() == v.data_ptr() and torch.equal(got, v), k  # the live tensor
+            live = wl._flat.param if k == FLAT_KEY and wl._flat is not None else v
+            assert got.data_ptr() == live.data_ptr() and torch.equal(got, v), k  # the live tensor
         else:
             assert mine[k] == v, k
 
 
-def test_state_dict_lists_what_torchs_state_dicts_give() -> None:
-    """state_dict() reads the networks' tensors from a list made once and Adam's state without its
-    packing pass (examples/ppo.py ``_net_tensors``): the same names, order, values and memory as
-    torch's own state_dicts, before the first update, after updates, after a restore into a fresh
-    workload, and after a network is replaced."""
-    learner, roller = pair()
-    _same_state(learner.state_dict(), _torch_state(learner))  # no optimizer yet
+@pytest.mark.parametrize("layout", ["flat", "by_name"])
+def test_state_dict_lists_what_torchs_state_dicts_give(layout: str) -> None:
+    """state_dict() gives the networks as one flat tensor (examples/flat_params.py) or, by name (the
+    Atari workload's layout), from a list made once (``_net_tensors``), and Adam's state without
+    its packing pass: what torch's own state_dicts hold, the live tensors, before the first
+    update, after updates, after a restore into a fresh workload, and after a network is
+    replaced (flat: a new buffer under it, and a new optimizer over that)."""
+    def make() -> tuple[PPOWorkload, PPOWorkload]:
+        learner, roller = pair()
+        if layout == "by_name":
+            learner._flat = None  # (its parameters stay views into the buffer: by name all the same)
+        return learner, roller
+
+    learner, roller = make()
+    _same_state(learner)  # no optimizer yet
     for _ in range(3):
         learn(learner, roller.rollout(learner.version))
-        _same_state(learner.state_dict(), _torch_state(learner))
-    fresh, _ = pair()
+        _same_state(learner)
+    fresh, _ = make()
     fresh.state_dict()  # lists the fresh networks before the load writes into them
     fresh.load_state_dict(learner.state_dict())
-    _same_state(fresh.state_dict(), _torch_state(fresh))
+    _same_state(fresh)
+    assert torch.equal(_torch_state(fresh)["optim.state.0.exp_avg"], _torch_state(learner)["optim.state.0.exp_avg"])
     learn(fresh, roller.rollout(fresh.version))
-    _same_state(fresh.state_dict(), _torch_state(fresh))
+    _same_state(fresh)
     fresh.actor = torch.nn.Sequential(torch.nn.Linear(fresh.obs_dim, 3), torch.nn.Tanh(),
                                       torch.nn.Linear(3, fresh.n_actions))
-    _same_state(fresh.state_dict(), _torch_state(fresh))
+    _same_state(fresh)
+    if layout == "flat":
+        assert fresh._optimizer is None and fresh._flat is not None and fresh._flat.covers((fresh.actor, fresh.critic))
+        learn(fresh, roller.rollout(fresh.version))  # trains the new networks through the new buffer
+        _same_state(fresh)
+
+
+def test_a_checkpoint_by_name_restores_into_the_flat_layout() -> None:
+    """A learner's state written before the flat layout (the networks by name, Adam's moments per
+    parameter) restores into it: the same weights, moments and step count, and the next update
+    the same as the learner's it was taken from."""
+    learner, roller = pair()
+    for _ in range(2):
+        learn(learner, roller.rollout(learner.version))
+    flat_state = learner.state_dict()
+    old: dict[str, object] = {k: v for k, v in flat_state.items()
+                              if not k.startswith(("optim.", "params."))}
+    old.update({f"{prefix}.{k}": v.clone() for prefix, net in (("actor", learner.actor), ("critic", learner.critic))
+                for k, v in net.state_dict().items()})
+    assert learner._flat is not None
+    idx = 0
+    for p in learner._flat.params:  # Adam's per-parameter slots, as torch numbered them
+        n = p.numel()
+        off = p.data_ptr() - learner._flat.param.data_ptr()
+        lo = off // p.element_size()
+        old[f"optim.state.{idx}.step"] = flat_state["optim.state.0.step"].clone()
+        for slot in ("exp_avg", "exp_avg_sq"):
+            old[f"optim.state.{idx}.{slot}"] = flat_state[f"optim.state.0.{slot}"][lo:lo + n].view_as(p).clone()
+        idx += 1
+    group = dict(flat_state["optim.param_groups"][0])
+    group["params"] = list(range(idx))
+    old["optim.param_groups"] = [group]
+    fresh, _ = pair(seed=3)
+    fresh.load_state_dict(old)
+    got = fresh.state_dict()
+    for k, v in flat_state.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(got[k], v), k
+    batch = roller.rollout(learner.version)
+    assert learn(fresh, batch) == learn(learner, batch)
+    assert torch.equal(fresh.state_dict()[FLAT_KEY], learner.state_dict()[FLAT_KEY])
+    bad = dict(old)
+    bad["optim.state.3.step"] = bad["optim.state.3.step"] + 1
+    with pytest.raises(CheckpointError, match="differs between parameters"):
+        pair()[0].load_state_dict(bad)
