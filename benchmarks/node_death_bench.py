@@ -324,9 +324,11 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
 MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
 
 
-def learner_gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
-    """Median ms an iteration the learner's rank spent outside its actions (iterations from ``skip``):
-    from one iteration's first action start to the next's, less the actions' own time."""
+def gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
+    """Median ms an iteration the first rank of ``acts`` spent outside its actions (iterations from
+    ``skip``): from one iteration's first action start to the next's, less the actions' own time.
+    The learner's: its snapshot and the executor's own work, on the critical path; a rollout
+    rank's: the same plus its wait for the learner's weights (its slack)."""
     first: dict[int, float] = {}
     busy: dict[int, float] = {}
     for e in acts:
@@ -429,11 +431,19 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                    # executor's own between actions, and the tier's snapshot on the training thread. Its
                    # difference to `off` is the tier's cost on the critical path (the learner is the
                    # slower rank), with less of the machine's noise than the whole iteration's.
-                   "learner_gap_ms": learner_gap_ms(acts, skip),
+                   "learner_gap_ms": gap_ms(acts, skip),
                    "run_dir": str(d)}
             # ... as a share of the run's own iteration: the VM's speed swung 1.8x between runs
             # (benchmarks/node_death.md, session 41), which the gap's ms follow and this does not.
             row["learner_gap_pct"] = round(100 * row["learner_gap_ms"] / (1e3 * per), 3)
+            # Each rank's share apart (the slowest rank's is ``tier_pct``): the PPO learner's
+            # update got a third faster on the flat layout (session 42) and the rollout's snapshot,
+            # env physics and RNG states, became the larger share, in a rank that waits for weights
+            # each iteration (``rollout_gap_pct``: its time outside its actions, the wait included).
+            row["tier_pct_by_rank"] = {f"{e.get('component')}:{e.get('rank')}": round(100 * e["seconds"] / (tn - t0), 3)
+                                            for e in sorted(tier, key=lambda e: e.get("rank", 0))}
+            roll = [e for e in evs if e.get("ev") == "action" and e.get("component") == "rollout"]
+            row["rollout_gap_pct"] = round(100 * gap_ms(roll, skip) / (1e3 * per), 3) if roll else None
             runs.append(row)
             print(json.dumps(row), flush=True)
     med = {label: statistics.median(v) for label, v in out.items()}
@@ -443,6 +453,13 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
             "overhead_pct_vs_off": {label: round(100 * (med[label] - med["off"]) / med["off"], 2)
                                     for label in med if label != "off"},
             "median_tier_pct": {label: statistics.median(v) for label, v in share.items() if label != "off"},
+            "median_tier_pct_by_rank": {
+                label: {c: statistics.median(r["tier_pct_by_rank"][c] for r in runs if r["overhead_run"] == label)
+                        for c in next(r for r in runs if r["overhead_run"] == label)["tier_pct_by_rank"]}
+                for label in out if label != "off"},
+            "median_rollout_gap_pct": {label: statistics.median(r["rollout_gap_pct"] for r in runs
+                                                                if r["overhead_run"] == label and r["rollout_gap_pct"] is not None)
+                                       for label in out if any(r["rollout_gap_pct"] is not None for r in runs)},
             "median_learner_gap_ms": {label: statistics.median(r["learner_gap_ms"] for r in runs
                                                                if r["overhead_run"] == label) for label in out},
             # The whole iteration against off, round by round (paired_ratio).

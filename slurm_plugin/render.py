@@ -732,12 +732,16 @@ def _setup(run_dir: Path, env: Sequence[tuple[str, str]], traps: Sequence[str], 
         '    if [ -n "$_hetrun_pid" ]; then kill -s "$1" "$_hetrun_pid" 2>/dev/null || true; fi',
         '    if [ -n "${_hetrun_watch:-}" ]; then kill -s USR2 "$_hetrun_watch" 2>/dev/null || true; fi',
         "}",
+        # Trapped as soon as the handler exists: Slurm may send the warning "up to 60 seconds
+        # earlier than specified" (sbatch --signal), so with a grace near the time limit it can
+        # come as the job starts; untrapped, USR1 ended this script at once, with no requeue
+        # (seen once in a suite run: 67 ms after the start).
+        *[f"trap '_hetrun_forward {s}' {s}" for s in traps],
     ]
     # Spare nodes: the reader's scancel in the background. It returns only when a dead node's
     # slurmd fails to answer (MessageTimeout: 11 s measured); blocked there the reader held
     # the script 2 s after srun ended (its wait below). The first death line is logged before.
     body += WATCHDOG + srun_reader(kill_in_background=spares)
-    body += [f"trap '_hetrun_forward {s}' {s}" for s in traps]
     return body
 
 

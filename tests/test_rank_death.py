@@ -240,7 +240,7 @@ def test_local_kill_9_ends_the_run_naming_the_rank(tmp_path: Path, rank: int) ->
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_local_failure_is_requeued_on_request_and_resumes(tmp_path: Path) -> None:
-    spec = _ppo_spec("kill-local-requeue", iterations=40, preemption={"max_failures": 1})
+    spec = _ppo_spec("kill-local-requeue", iterations=200, preemption={"max_failures": 1})
     res = submit_spec(spec, backend="local", runs_dir=tmp_path)
     run_dir = Path(res.run.run_dir)
     try:
@@ -307,7 +307,7 @@ def test_slurm_kill_9_ends_the_job_naming_rank_component_node(
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_slurm_failure_is_requeued_on_request_and_resumes(slurm_cluster, shared_tmp: Path) -> None:  # type: ignore[no-untyped-def]
-    spec = _ppo_spec("kill-slurm-requeue", iterations=40, preemption={"max_failures": 1},
+    spec = _ppo_spec("kill-slurm-requeue", iterations=200, preemption={"max_failures": 1},
                      slurm={"time": "00:10:00"})
     res, run_dir = _slurm_run(shared_tmp, spec)
     try:
