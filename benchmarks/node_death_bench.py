@@ -81,9 +81,10 @@ NODES = 4  # the spare-node jobs' allocation: the cluster's 4 nodes, one warm se
 
 def spec(spares: int, memory_every: int | str, iterations: int, memory_dir: str,
          node_timeout: int | None = None, example: str = "ppo", leader_spare: bool = False,
-         cold: bool = False, pack: bool = False) -> dict[str, Any]:
+         cold: bool = False, pack: bool = False, env: dict[str, str] | None = None) -> dict[str, Any]:
     # node_timeout None: the product's default HETRUN_NODE_TIMEOUT (hetrun/rundir.py).
     timeout = {} if node_timeout is None else {"HETRUN_NODE_TIMEOUT": str(node_timeout)}
+    timeout.update(env or {})
     if cold:  # no warm servers (runtime/warm_start.py): every restarted rank imports torch itself
         timeout["HETRUN_WARM_START"] = "0"
     if example == "moe":  # learner 2 nodes + 1 spare, evaluator 1: the cluster's 4 nodes
@@ -321,7 +322,11 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     return trials
 
 
-MODES = (("off", 0), ("every-1", 1), ("auto", "auto"))
+MODES = (("off", 0), ("every-1", 1), ("auto", "auto"), ("auto-inline", "auto"))
+# A mode's environment beyond spec()'s: "auto-inline" writes each blob where it is (the training
+# thread its own, the replica streams' receiving thread the partners'), no writer thread
+# (runtime/memory_tier.py WRITES_ENV): the helpers' share of a busy node's cores, measured.
+MODE_ENV = {"auto-inline": {"HETRUN_MEMORY_WRITES": "inline"}}
 
 
 def gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
@@ -394,7 +399,8 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
     for i in range(pairs):
         k = i % len(chosen_modes)
         for label, every in chosen_modes[k:] + chosen_modes[:k]:
-            res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp", example=example)), backend="sbatch",
+            res = submit_spec(spec_from_dict(spec(0, every, iterations, "/tmp", example=example,
+                                                  env=MODE_ENV.get(label))), backend="sbatch",
                               runs_dir=BASE / "overhead")
             wait_for_end(res.run, SbatchBackend(), timeout_s=900, poll_s=1)
             d = Path(res.run.run_dir)

@@ -30,6 +30,7 @@ checkpoint). The outcome says, per rank, where the state came from.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,10 @@ DEFER_MAX_S = 0.025
 # A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
 # cost estimate before the running average takes over (snapshot()).
 WARM_SNAPSHOTS = 4
+# Where the tmpfs writes run: "thread" (the default: the rank's writer thread, in the step's gap,
+# runtime/memory_writer.py) or "inline" (each where its blob is: the training thread its own, the
+# replica streams' receiving thread the partners'; no writer thread). Read once per process.
+WRITES_ENV = "HETRUN_MEMORY_WRITES"
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -120,6 +125,8 @@ class MemorySnapshots:
     """One rank's end of the memory tier. Create it on every rank at the same point
     (its constructor is collective: node names and a communicator of its own).
     ``comm``: an mpi4py communicator or a transport (runtime/memory_transport.py)."""
+
+    inline = False  # WRITES_ENV=inline (set in __init__)
 
     def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
                  keep: int = 4, root: Any = None, every_max: int = DEFAULTS.memory_every_max) -> None:
@@ -170,7 +177,8 @@ class MemorySnapshots:
         # run beside the training thread's compute, in the step's gap: the rank's own blobs
         # (WRITE_ON_THREAD_FROM) and its sources' replicas (_received).
         self.writer = TierWriter(self.tier, owners=1 + len(self.sources))
-        self._threaded: bool | None = None  # decided at the first snapshot
+        self.inline = os.environ.get(WRITES_ENV, "thread") == "inline"
+        self._threaded: bool | None = False if self.inline else None  # else decided at the first snapshot
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
@@ -243,6 +251,8 @@ class MemorySnapshots:
             self._threaded = bool(self.partners) or len(blob) >= WRITE_ON_THREAD_FROM
         if self._threaded:
             self.writer.submit(self.rank, step, blob, t2 + self._gap() if self.partners else 0.0)
+        elif self.inline:
+            self.writer.write_now(self.rank, step, blob)
         else:
             self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()
@@ -316,7 +326,10 @@ class MemorySnapshots:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        self.writer.submit(owner, step, blob, time.perf_counter() + self._gap(), replica=True)
+        if self.inline:
+            self.writer.write_now(owner, step, blob, replica=True)
+        else:
+            self.writer.submit(owner, step, blob, time.perf_counter() + self._gap(), replica=True)
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""

@@ -143,21 +143,39 @@ class TierWriter:
                     continue
                 owner, step, blob, _, replica = self._queue.popleft()
                 self._busy = True
-            c0 = time.thread_time()
             try:
-                self.tier.write(owner, step, blob)
-                self.written += 1
-            except BaseException as exc:
-                if replica:  # not this rank's failure: said in the memory_tier event
-                    self.replica_failures += 1
-                    self.replica_error = self.replica_error or exc
-                elif self._error is None:  # handed to the training thread, raised there
-                    self._error = exc
+                self._write(owner, step, blob, replica)
             finally:
-                self.cpu_s += time.thread_time() - c0
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+    def _write(self, owner: int, step: int, blob: Any, replica: bool, count: bool = True) -> None:
+        """One write, its CPU counted (``count``); a failure kept as ``_run`` and ``write_now`` say."""
+        c0 = time.thread_time()
+        try:
+            self.tier.write(owner, step, blob)
+            self.written += 1
+        except BaseException as exc:
+            if replica:  # not this rank's failure: said in the memory_tier event
+                self.replica_failures += 1
+                self.replica_error = self.replica_error or exc
+            elif self._error is None:  # handed to the training thread, raised there
+                self._error = exc
+        finally:
+            if count:
+                self.cpu_s += time.thread_time() - c0
+
+    def write_now(self, owner: int, step: int, blob: Any, *, replica: bool = False) -> None:
+        """Write ``blob`` on the calling thread (``HETRUN_MEMORY_WRITES=inline``: no writer thread);
+        the rank's own write's failure raised here, a replica's counted as the thread counts it.
+        One thread per owner: the training thread its own, the receiving thread the replicas. Its
+        CPU is not ``cpu_s``: the calling thread counts it (the snapshot's time, the streams' CPU)."""
+        if not replica:
+            self._raise()
+        self._write(owner, step, blob, replica, count=False)
+        if not replica:
+            self._raise()
 
     def _at_exit(self) -> None:
         """A rank that ends (a failure raised, the run over) leaves its queued snapshots written:
