@@ -293,6 +293,33 @@ def test_a_received_replica_is_written_in_the_steps_gap_and_its_failed_write_is_
     m.writer.close()
 
 
+def test_inline_writes_run_where_the_blob_is_and_fail_as_the_thread_would(tmp_path: Path) -> None:
+    """HETRUN_MEMORY_WRITES=inline (WRITES_ENV): the rank's own blob written on the calling thread,
+    a received replica on the receiving thread, no writer thread started; the own write's failure
+    raised there, a replica's counted; their CPU left to the calling threads (not ``cpu_s``)."""
+    import shutil
+
+    from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.memory_tier import MemorySnapshots
+    from hetrun.runtime.memory_writer import TierWriter
+
+    m = MemorySnapshots.__new__(MemorySnapshots)
+    m.inline = True
+    m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    m.writer, m._iter_s = TierWriter(m.tier, owners=2), 0.02
+    m._received(memory.encode(7, 1, _tree(7, 1)))
+    assert m.tier.steps(1) == [7] and m.writer._thread is None and m.writer.cpu_s == 0.0
+    m.writer.write_now(0, 7, memory.encode(7, 0, _tree(7, 0)))
+    assert m.tier.steps(0) == [7] and m.writer._thread is None
+    shutil.rmtree(m.tier.dir)
+    m.tier.dir.parent.mkdir(parents=True, exist_ok=True)
+    m.tier.dir.write_text("not a directory")
+    m._received(memory.encode(8, 1, _tree(8, 1)))  # counted, not raised
+    assert m.writer.replica_failures == 1 and isinstance(m.writer.replica_error, OSError)
+    with pytest.raises(OSError):  # the rank's own: raised at once
+        m.writer.write_now(0, 8, memory.encode(8, 0, _tree(8, 0)))
+
+
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     from hetrun.runtime.memory_tier import BUDGET, MemorySnapshots
 
