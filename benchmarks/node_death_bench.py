@@ -322,12 +322,11 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     return trials
 
 
-MODES = (("off", 0), ("every-1", 1), ("auto", "auto"), ("auto-inline", "auto"), ("auto-nice", "auto"))
+MODES = (("off", 0), ("every-1", 1), ("auto", "auto"), ("auto-inline", "auto"))
 # A mode's environment beyond spec()'s: "auto-inline" writes each blob where it is (the training
 # thread its own, the replica streams' receiving thread the partners'), no writer thread
 # (runtime/memory_tier.py WRITES_ENV): the helpers' share of a busy node's cores, measured.
-# "auto-nice": the helper threads at nice 19 (runtime/helper_priority.py).
-MODE_ENV = {"auto-inline": {"HETRUN_MEMORY_WRITES": "inline"}, "auto-nice": {"HETRUN_HELPER_NICE": "19"}}
+MODE_ENV = {"auto-inline": {"HETRUN_MEMORY_WRITES": "inline"}}
 
 
 def gap_ms(acts: list[dict[str, Any]], skip: int) -> float:

@@ -46,7 +46,6 @@ from collections import deque
 from typing import Any
 
 from .ckpt import memory
-from .helper_priority import lower_this_thread
 
 EXIT_FLUSH_S = 5.0  # at interpreter exit: the writes still queued, at most this long
 # Writes waiting at most: behind a slow tmpfs or on a starved node the oldest waiting write is
@@ -129,7 +128,6 @@ class TierWriter:
             raise err
 
     def _run(self) -> None:
-        lower_this_thread()
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._closed)

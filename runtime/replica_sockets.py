@@ -31,8 +31,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .helper_priority import lower_this_thread
-
 _LEN = struct.Struct("<Q")
 FLUSH = (1 << 64) - 1
 _HELLO = struct.Struct("<32sI")  # rank 0's token (hex), the connecting rank
@@ -222,7 +220,6 @@ class ReplicaSockets:
             return self._pending.popleft()
 
     def _send_loop(self) -> None:
-        lower_this_thread()
         while True:
             blob = self._next()
             t0 = time.thread_time()
@@ -245,7 +242,6 @@ class ReplicaSockets:
     def _recv_loop(self) -> None:
         if not self._in:
             return
-        lower_this_thread()
         head = bytearray(_LEN.size)
         try:
             if len(self._in) == 1:
