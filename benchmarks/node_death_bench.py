@@ -322,7 +322,7 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     return trials
 
 
-MODES = (("off", 0), ("every-1", 1), ("auto", "auto"), ("auto-inline", "auto"))
+MODES = (("off", 0), ("every-1", 1), ("every-4", 4), ("auto", "auto"), ("auto-inline", "auto"))
 # A mode's environment beyond spec()'s: "auto-inline" writes each blob where it is (the training
 # thread its own, the replica streams' receiving thread the partners'), no writer thread
 # (runtime/memory_tier.py WRITES_ENV): the helpers' share of a busy node's cores, measured.
