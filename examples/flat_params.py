@@ -34,13 +34,19 @@ class FlatParams:
 
     def __init__(self, modules: Iterable[nn.Module]) -> None:
         self.modules = tuple(modules)
+        # Each parameter once, in the modules' order; each module's span in the buffer (empty for
+        # one that shares parameters with an earlier one: not contiguous, span() refuses it).
         params: list[nn.Parameter] = []
+        self._spans: list[slice] = []
         seen: set[int] = set()
         for m in self.modules:
-            for p in m.parameters():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    params.append(p)
+            mine = list(m.parameters())
+            own = [p for p in mine if id(p) not in seen]
+            seen.update(id(p) for p in own)
+            start = sum(p.numel() for p in params)
+            params += own
+            self._spans.append(slice(start, start + sum(p.numel() for p in own)) if len(own) == len(mine)
+                               else slice(0, 0))
         if not params:
             raise ValueError("FlatParams: the modules have no parameters")
         dtypes = {p.dtype for p in params}
@@ -54,16 +60,7 @@ class FlatParams:
         self.param = nn.Parameter(torch.empty(self.numel, dtype=dtype, device=device))
         self.param.grad = torch.zeros_like(self.param)
         offset = 0
-        self._spans: list[slice] = []  # each module's parameters in the buffer
-        placed: set[int] = set()
         with torch.no_grad():
-            for m in self.modules:
-                own = [p for p in m.parameters() if id(p) not in placed]
-                placed.update(id(p) for p in own)
-                n = sum(p.numel() for p in own)
-                self._spans.append(slice(offset, offset + n) if len(own) == len(list(m.parameters())) else slice(0, 0))
-                offset += n
-            offset = 0
             for p in params:
                 n = p.numel()
                 self.param[offset:offset + n].copy_(p.reshape(-1))

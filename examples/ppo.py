@@ -499,7 +499,6 @@ class PPOWorkload(Workload):
             self.optimizer.zero_grad(set_to_none=True)
             return
         flat = self._flat_params()
-        flat.check()  # a gradient set to None would leave the networks out of the step, silently
         nn.utils.clip_grad_norm_([flat.param], self.cfg.max_grad_norm)
         self.optimizer.step()
         flat.zero_grad()  # in place: the networks' .grad are views into the buffer
@@ -518,6 +517,11 @@ class PPOWorkload(Workload):
         """Apply the runtime's (already synced) step, then the remaining minibatch epochs."""
         if self._prepared is None:
             raise RuntimeError("optimize() before forward(): no batch to learn from")
+        if self._flat is not None:
+            # Once an update, not each of its steps (a walk over every parameter): a gradient set
+            # to None outside (the runtime's sync, a caller) would leave the networks out of the
+            # step, silently; inside the update only _step's in-place zeroing touches them.
+            self._flat_params().check()
         self._step()
         for minibatch in self._schedule[1:]:
             self._update_threads()

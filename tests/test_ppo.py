@@ -64,6 +64,11 @@ def test_learning_step_is_finite_moves_weights_and_counts_versions() -> None:
     after = learner.parameters_to_sync()
     # optimize() leaves the gradients zeroed, in place: views into the flat buffer (flat_params.py)
     assert all(p.grad is not None and not p.grad.any() for p in after)
+    # ... and refuses to step past a flat gradient someone set to None (the networks left out)
+    assert learner._flat is not None
+    learner._flat.param.grad = None
+    with pytest.raises(RuntimeError, match="set to None"):
+        learn(learner, roller.rollout(learner.version))
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
     for key in ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "staleness"):
         assert key in m and m[key] == m[key], key  # present and not NaN
