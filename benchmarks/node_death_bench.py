@@ -322,11 +322,12 @@ def requeues(cluster: NodeCluster, kills: int, wait_s: float) -> list[dict[str, 
     return trials
 
 
-MODES = (("off", 0), ("every-1", 1), ("every-4", 4), ("auto", "auto"), ("auto-inline", "auto"))
-# A mode's environment beyond spec()'s: "auto-inline" writes each blob where it is (the training
-# thread its own, the replica streams' receiving thread the partners'), no writer thread
-# (runtime/memory_tier.py WRITES_ENV): the helpers' share of a busy node's cores, measured.
-MODE_ENV = {"auto-inline": {"HETRUN_MEMORY_WRITES": "inline"}}
+MODES = (("off", 0), ("every-1", 1), ("every-4", 4), ("auto", "auto"), ("ab", "auto"))
+# "ab": the tier as "auto", paused every other block of AB_BLOCK steps (runtime/memory_tier.py
+# PAUSE_ENV): its cost read inside each run (``block_ratios``), not across runs, whose iteration
+# swung 2x between runs of the same mode on this VM (benchmarks/node_death.md, session 43).
+AB_BLOCK = 20
+MODE_ENV = {"ab": {"HETRUN_MEMORY_PAUSE_BLOCKS": str(AB_BLOCK)}}  # a mode's environment beyond spec()'s
 
 
 def gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
@@ -344,6 +345,27 @@ def gap_ms(acts: list[dict[str, Any]], skip: int) -> float:
         busy[it] = busy.get(it, 0.0) + e["end"] - e["start"]
     gaps = [first[i + 1] - first[i] - busy[i] for i in sorted(first) if i >= skip and i + 1 in first]
     return round(1e3 * statistics.median(gaps), 3) if gaps else 0.0
+
+
+def block_ratios(acts: list[dict[str, Any]], skip: int, block: int = AB_BLOCK, drop: int = 2) -> list[float]:
+    """Inside one "ab" run: each block of ``block`` iterations with the tier on (even blocks: the
+    paused are odd) over the mean of its two neighbours with it off, by the learner's mean
+    iteration (one iteration's first action start to the next's), iterations from ``skip``.
+    Left out of every block: its first ``drop`` iterations (the helpers' work of the previous
+    block's last snapshot, and the rollout, a step ahead, switching a step early) and its last
+    (its length includes the next iteration's snapshot, taken before its first action). The
+    neighbours on both sides cancel a drift that is linear across three blocks."""
+    first: dict[int, float] = {}
+    for e in acts:
+        if e.get("rank") == acts[0].get("rank"):
+            first[e["iteration"]] = min(first.get(e["iteration"], e["start"]), e["start"])
+    per: dict[int, list[float]] = {}
+    for i in sorted(first):
+        if i >= skip and i + 1 in first and drop <= i % block < block - 1:
+            per.setdefault(i // block, []).append(first[i + 1] - first[i])
+    mean = {b: statistics.mean(v) for b, v in per.items() if len(v) >= 2}
+    return [mean[b] / ((mean[b - 1] + mean[b + 1]) / 2) for b in sorted(mean)
+            if b % 2 == 0 and b - 1 in mean and b + 1 in mean]
 
 
 # Student's t, 97.5th percentile, for 1..20 degrees of freedom (about 2.0 beyond).
@@ -364,13 +386,20 @@ def paired_ratio(runs: list[dict[str, Any]], label: str, key: str = "s_per_iter"
             rounds.append({})
         rounds[-1][r["overhead_run"]] = r.get(key)  # None: a run that failed (its row says why)
     ratios = [x[label] / x["off"] for x in rounds if x.get(label) and x.get("off")]
+    got = geo_interval(ratios)
+    return None if got is None else {"rounds": got.pop("n"), **got}
+
+
+def geo_interval(ratios: list[float]) -> dict[str, Any] | None:
+    """Ratios' geometric mean with a ~95 % interval (t for n - 1 degrees of freedom), the median,
+    and how many are over 1; None for fewer than two."""
     if len(ratios) < 2:
         return None
     logs = [math.log(x) for x in ratios]
     mean, se = statistics.mean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
     df = len(logs) - 1
     t = _T975[df - 1] if df <= len(_T975) else 2.0
-    return {"rounds": len(ratios), "geo_mean": round(math.exp(mean), 4),
+    return {"n": len(ratios), "geo_mean": round(math.exp(mean), 4),
             "ci95": [round(math.exp(mean - t * se), 4), round(math.exp(mean + t * se), 4)],
             "median": round(statistics.median(ratios), 4), "slower_in": sum(x > 1 for x in ratios)}
 
@@ -426,11 +455,10 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                    "snapshots": [e.get("snapshots") for e in tier], "tier_s": [e.get("seconds") for e in tier],
                    "bytes": [e.get("bytes") for e in tier],
                    # ms per snapshot by phase, per rank (runtime/memory_tier.py PHASES), and the CPU its
-                   # writer and replica threads spent per snapshot (off the training thread, on the node)
+                   # replica threads spent per snapshot (off the training thread, on the node)
                    "phase_ms": [{k: round(1e3 * v / max(1, e.get("snapshots") or 1), 3)
                                  for k, v in {**(e.get("phase_s") or {}),
                                               "cpu_after_capture": e.get("phase_cpu_s") or 0,
-                                              "writer_thread_cpu": e.get("writer_thread_cpu_s") or 0,
                                               "replica_thread_cpu": e.get("replica_thread_cpu_s") or 0}.items()}
                                 for e in tier],
                    # The learner's time outside its actions an iteration (median over the window): the
@@ -450,6 +478,8 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                                             for e in sorted(tier, key=lambda e: e.get("rank", 0))}
             roll = [e for e in evs if e.get("ev") == "action" and e.get("component") == "rollout"]
             row["rollout_gap_pct"] = round(100 * gap_ms(roll, skip) / (1e3 * per), 3) if roll else None
+            if label == "ab":
+                row["block_ratios"] = [round(x, 4) for x in block_ratios(acts, skip)]
             runs.append(row)
             print(json.dumps(row), flush=True)
     med = {label: statistics.median(v) for label, v in out.items()}
@@ -468,6 +498,10 @@ def overhead(cluster: NodeCluster | None, pairs: int, iterations: int, skip: int
                                        for label in out if any(r["rollout_gap_pct"] is not None for r in runs)},
             "median_learner_gap_ms": {label: statistics.median(r["learner_gap_ms"] for r in runs
                                                                if r["overhead_run"] == label) for label in out},
+            # "ab": the whole iteration with the tier on over off inside each run, every block pair
+            # of every run (block_ratios).
+            **({"within_run": geo_interval([x for r in runs for x in r.get("block_ratios", [])])}
+               if "ab" in out else {}),
             # The whole iteration against off, round by round (paired_ratio).
             "paired_vs_off": {label: paired_ratio(runs, label) for label in out if label != "off"},
             # The tier's snapshot on the learner's critical path, in points of its iteration.

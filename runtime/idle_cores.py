@@ -1,5 +1,5 @@
 """Idle CPU on the cores this process may run on, between two reads: whether the memory tier's
-helper threads (runtime/memory_writer.py, runtime/replica_sockets.py) took a core from training.
+helper threads (runtime/replica_sockets.py) took a core from training.
 
 Why: the adaptive N (runtime/memory_tier.py) charges a snapshot its training-thread seconds and,
 once, all of its helper threads' CPU too. That is right where the rank has no core to spare (one

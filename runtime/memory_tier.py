@@ -7,13 +7,12 @@ rule below is here once, whichever carries the bytes.
 
 Snapshot (``MemorySnapshots.snapshot``, at the start of an iteration, the same
 point and the same tree as an interval checkpoint: workload state, RNG,
-iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) goes
-into this node's tmpfs (by the rank's writer thread, in the step's gap, when it has a partner;
-else from WRITE_ON_THREAD_FROM bytes: runtime/memory_writer.py) and, handed to the transport's replica streams, to ``replicas``
-partner ranks on other nodes, which write it into THEIR node's tmpfs. Partners: the
-rank at the same place on the next node(s) in the sorted node list, so one
+iteration, the executor's pipeline): the blob (runtime/ckpt/memory.py) is copied
+into a mapped slot of this node's tmpfs on the training thread and, handed to the transport's
+replica streams, to ``replicas`` partner ranks on other nodes, which copy it into THEIR node's
+slots. Partners: the rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
-least two nodes). Received replicas are written as they
+least two nodes). Received replicas are copied as they
 arrive, by the streams' receiving thread (the training thread is not involved);
 ``close`` drains every
 stream (no rank leaves while a peer still sends to it).
@@ -35,14 +34,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetrun.errors import CheckpointError
+from hetrun.errors import CheckpointError, RuntimeFailure
 from hetrun.rundir import DEFAULTS
 
 from .ckpt import memory
 from .ckpt.memory_encode import Encoder
 from .idle_cores import IdleMeter
 from .memory_transport import wrap
-from .memory_writer import TierWriter
 
 BUDGET = DEFAULTS.memory_budget  # adaptive N: the share of training time the snapshots may take
 # The adaptive N's largest, whatever ``checkpoint.memory_every_max`` says: with N the restore
@@ -63,33 +61,30 @@ AGREE_EVERY = 4
 # iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
 FIRST_AGREE_AFTER = 2
 # snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
-# blob, handing it to the writer thread (the tmpfs write runs there: its CPU is
-# ``writer_thread_cpu_s``) or writing it here, handing it to the replica streams (``replica_thread_cpu_s``).
+# blob, copying it into this node's slot (runtime/ckpt/memory.py ``MemoryTier``), handing it to
+# the replica streams (their threads' CPU: ``replica_thread_cpu_s``).
 PHASES = ("capture", "encode", "write", "send")
-# A rank's own blob goes to the writer thread from this size on, and is written on the training
-# thread below it: handing a blob over costs the training thread a thread's wake-up and the GIL's
-# hand-backs, more than a small write. Measured in the job (benchmarks/node_death.md, session 28):
-# the DDP command example's 43 KB blobs, the whole step +2.5 % written here against +3.0-3.3 % on
-# the thread; the PPO learner's 176 KB, its training thread's share 1.7-1.8 % on the thread
-# against 2.3-2.4 % here. Decided once per process, at its first snapshot (a rank's blobs keep
-# their size), so one owner's writes never come from two threads.
-WRITE_ON_THREAD_FROM = 128 * 1024
-# ... unless the rank has a partner: then every own blob goes to the writer thread, written
-# DEFER_FRACTION of an iteration after its snapshot (at most DEFER_MAX_S): in the step's gap,
-# where its system calls and Python take nothing from the training thread (runtime/memory_writer.py).
-# The replica leaves at once, so a death in that window still finds the step on the partner's
-# node; the cap keeps the lag far inside the fastest end of a survivor (a rank's death ends its
-# peers ~0.16 s later: benchmarks/node_death.md), which would otherwise lose its own copy of
-# the step. Before an iteration's length is known (a process's first snapshot), at once.
-DEFER_FRACTION = 0.5
-DEFER_MAX_S = 0.025
 # A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
 # cost estimate before the running average takes over (snapshot()).
 WARM_SNAPSHOTS = 4
-# Where the tmpfs writes run: "thread" (the default: the rank's writer thread, in the step's gap,
-# runtime/memory_writer.py) or "inline" (each where its blob is: the training thread its own, the
-# replica streams' receiving thread the partners'; no writer thread). Read once per process.
-WRITES_ENV = "HETRUN_MEMORY_WRITES"
+# A measurement setting, never a job's: with B > 0 the tier takes no snapshot in every other block
+# of B steps (steps B..2B-1, 3B..4B-1, ...), so a benchmark compares iterations with and without
+# it inside one run: the same processes, the same placement on the node's cores, the same
+# caches. Run against run, the PPO example's iteration swung 0.022-0.044 s on this VM with the
+# tier off in both (benchmarks/node_death.md, session 43): more than the tier's cost. A node
+# death in a paused block loses up to B iterations. Read once per process.
+PAUSE_ENV = "HETRUN_MEMORY_PAUSE_BLOCKS"
+
+
+def _pause_blocks() -> int:
+    """PAUSE_ENV's block length (0: never paused); a value that is not a positive integer is
+    refused, naming the variable, rather than measuring something else."""
+    raw = os.environ.get(PAUSE_ENV, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise RuntimeFailure(f"{PAUSE_ENV}={raw!r}: expected a positive number of steps; unset it for a job")
+    return int(raw)
 
 
 def partners(nodes: list[str], rank: int, replicas: int) -> list[int]:
@@ -126,7 +121,7 @@ class MemorySnapshots:
     (its constructor is collective: node names and a communicator of its own).
     ``comm``: an mpi4py communicator or a transport (runtime/memory_transport.py)."""
 
-    inline = False  # WRITES_ENV=inline (set in __init__)
+    pause_blocks = 0  # PAUSE_ENV (set in __init__)
 
     def __init__(self, comm: Any, run_dir: Any, *, node: str, every: int | None = 1, replicas: int = 1,
                  keep: int = 4, root: Any = None, every_max: int = DEFAULTS.memory_every_max) -> None:
@@ -148,10 +143,10 @@ class MemorySnapshots:
         # the report can say when the cap held N below it (the tier then costs more than 2 %).
         self.every_max = 1 << (min(MAX_EVERY, max(1, int(every_max))).bit_length() - 1)
         self.wanted_most = 1
-        # The adaptive N's cost model: what a snapshot costs (EWMA seconds: its capture, encode and
-        # hand-overs on the training thread, and the CPU the writer and replica threads spent
-        # since the last one: this rank's blob written and sent, the partners' replicas of the
-        # same step received and written here), which N divides. Nothing of the tier runs on the
+        # The adaptive N's cost model: what a snapshot costs (EWMA seconds: its capture, encode,
+        # slot copy and hand-over on the training thread, and the CPU the replica threads spent
+        # since the last one: this rank's blob sent, the partners' replicas of the same step
+        # received and copied here), which N divides. Nothing of the tier runs on the
         # training thread between snapshots (the replicas arrive on the streams' thread), so
         # there is no per-iteration part (session 26's split of "the looks between actions" went
         # with them: benchmarks/node_death.md, session 28).
@@ -159,7 +154,7 @@ class MemorySnapshots:
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
-        self._off_thread = 0.0  # the writer's and the streams' CPU seconds, as of the last snapshot
+        self._off_thread = 0.0  # the streams' CPU seconds, as of the last snapshot
         self._window = [0.0, 0]  # N pinned at 1: the snapshots' seconds and count since the model's update
         # ... of which those that ran on cores otherwise idle are not charged (runtime/idle_cores.py):
         # they took no core from training. Read only for the adaptive N (a pread, ~2 us a snapshot).
@@ -173,12 +168,11 @@ class MemorySnapshots:
         # The ranks whose partner this rank is: they send it their replicas.
         self.sources = [r for r in range(self.size) if r != self.rank
                         and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
-        # The tmpfs writes on a thread of their own (runtime/memory_writer.py): system calls that
-        # run beside the training thread's compute, in the step's gap: the rank's own blobs
-        # (WRITE_ON_THREAD_FROM) and its sources' replicas (_received).
-        self.writer = TierWriter(self.tier, owners=1 + len(self.sources))
-        self.inline = os.environ.get(WRITES_ENV, "thread") == "inline"
-        self._threaded: bool | None = False if self.inline else None  # else decided at the first snapshot
+        self.pause_blocks = _pause_blocks()
+        # Replicas whose copy here failed (the tmpfs full): not this rank's failure (the owner and
+        # the store hold the step; a restore verifies what this node holds), said in the event.
+        self.replica_failures = 0
+        self.replica_error: BaseException | None = None
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
@@ -203,6 +197,8 @@ class MemorySnapshots:
         self._last = now
         if self.adaptive:
             self._agree(step)
+        if self.pause_blocks and (step // self.pause_blocks) % 2:
+            return False
         return step % self.every == 0
 
     def wanted(self) -> int:
@@ -247,14 +243,7 @@ class MemorySnapshots:
         t1 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
         t2 = time.perf_counter()
-        if self._threaded is None:
-            self._threaded = bool(self.partners) or len(blob) >= WRITE_ON_THREAD_FROM
-        if self._threaded:
-            self.writer.submit(self.rank, step, blob, t2 + self._gap() if self.partners else 0.0)
-        elif self.inline:
-            self.writer.write_now(self.rank, step, blob)
-        else:
-            self.tier.write(self.rank, step, blob)
+        self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()
         if self.partners:
             self.transport.send(self.partners, blob)
@@ -281,12 +270,12 @@ class MemorySnapshots:
             window[0], window[1] = 0.0, 0
         else:
             count = 1
-        # One snapshot's cost to this rank: its own seconds here, and the CPU its writer and
-        # replica threads spent since the last one (its blob written and sent, the partners'
-        # replicas of the same steps received and written here), less what the rank's cores left idle
+        # One snapshot's cost to this rank: its own seconds here, and the CPU its replica threads
+        # spent since the last one (its blob sent, the partners' replicas of the same steps
+        # received and copied here), less what the rank's cores left idle
         # meanwhile: off the training thread, the helpers take a core from training only where
         # none stood idle (one core per task, bound; not known: all of it is charged).
-        off_thread = self.transport.thread_cpu_s + self.writer.cpu_s
+        off_thread = self.transport.thread_cpu_s
         helpers = off_thread - self._off_thread
         idle = self._idle.idle_s() if self._idle is not None else None
         charged = helpers if idle is None else max(0.0, helpers - idle)
@@ -308,28 +297,22 @@ class MemorySnapshots:
             return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
-    def _gap(self) -> float:
-        """How long after now a write waits: into the step's gap (DEFER_FRACTION of an
-        iteration, at most DEFER_MAX_S); 0 before an iteration's length is known."""
-        iter_s = self._iter_s  # (set on the training thread; read from the receiving one too)
-        return min(DEFER_FRACTION * iter_s, DEFER_MAX_S) if iter_s else 0.0
-
     def _received(self, blob: Any) -> None:
-        """A replica from a partner, for this node's tier under the owner and step its prefix
-        names. Called on the replica streams' receiving thread, which hands over whole blobs
-        only, the moment one arrives: as this rank starts its next step (the ranks snapshot the
-        same steps). Its write goes to the writer thread, in the step's gap as the rank's own
-        (runtime/memory_writer.py; one thread writes every owner's directory here). Not verified
-        here: every copy is verified when a restore reads it, and one that fails is named and the
-        next holder's used (a full check here cost each replica about as much as writing it)."""
+        """A replica from a partner, copied into this node's slot for the owner and step its
+        prefix names, on the replica streams' receiving thread (which hands over whole blobs only
+        and reuses ``blob``'s memory after this returns). Not verified here: every copy is
+        verified when a restore reads it, and one that fails is named and the next holder's used
+        (a full check here cost each replica about as much as writing it). A copy that fails is
+        counted, not raised: the stream goes on."""
         try:
             owner, step = memory.peek(blob, "received replica")
         except CheckpointError:
             return
-        if self.inline:
-            self.writer.write_now(owner, step, blob, replica=True)
-        else:
-            self.writer.submit(owner, step, blob, time.perf_counter() + self._gap(), replica=True)
+        try:
+            self.tier.write(owner, step, blob)
+        except OSError as exc:
+            self.replica_failures += 1
+            self.replica_error = self.replica_error or exc
 
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
@@ -337,7 +320,6 @@ class MemorySnapshots:
                 "phase_s": {k: round(v, 4) for k, v in self.phases.items()},
                 "phase_cpu_s": round(self.phases_cpu, 4),
                 "replica_thread_cpu_s": round(self.transport.thread_cpu_s, 4),
-                "writer_thread_cpu_s": round(self.writer.cpu_s, 4), "writes_dropped": self.writer.dropped,
                 "helper_cpu_charged_s": round(self.charged_s, 4),
                 "replicas_skipped": self.transport.skipped,
                 "every": self.every, "partners": self.partners,
@@ -345,8 +327,8 @@ class MemorySnapshots:
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},
                 **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {}),
-                **({"replica_write_failures": self.writer.replica_failures,
-                    "replica_write_error": str(self.writer.replica_error)} if self.writer.replica_failures else {})}
+                **({"replica_write_failures": self.replica_failures,
+                    "replica_write_error": str(self.replica_error)} if self.replica_failures else {})}
 
     def close(self, remove: bool = False) -> None:
         """Collective: every send delivered and written before any rank leaves.
@@ -354,8 +336,7 @@ class MemorySnapshots:
         if self._agreeing is not None:  # every rank started it at the same step
             self._agreeing.wait()
             self._agreeing = None
-        self.transport.drain()
-        self.writer.close()  # every blob and replica this rank queued, written
+        self.transport.drain()  # every replica sent to this rank, copied here
         if self._idle is not None:
             self._idle.close()
             self._idle = None
@@ -365,12 +346,12 @@ class MemorySnapshots:
                 import shutil
 
                 shutil.rmtree(self.tier.dir, ignore_errors=True)
+        self.tier.close()  # the maps (the slots stay on the tmpfs unless removed)
 
     # ------------------------------------------------------------ restore
     def restore(self) -> RestoreOutcome:
         """Collective. The newest step every rank holds a verified copy of, loaded on its owner."""
         t0 = time.perf_counter()
-        self.writer.flush()  # what this node holds includes every write queued (an in-process restart)
         out = RestoreOutcome()
         lead = min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank
         # [owner, steps] pairs, not a dict: the gloo transport sends JSON (string keys only).

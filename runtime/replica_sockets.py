@@ -89,7 +89,8 @@ def _send_frame(sock: socket.socket, head: bytes, blob: Any) -> None:
 
 class ReplicaSockets:
     """This rank's replica connections: ``send`` queues a blob for every partner; every blob a
-    source sends is handed to ``deliver`` on the receiving thread. ``error`` says why replication
+    source sends is handed to ``deliver`` on the receiving thread, as a view of a buffer the next
+    blob from that source reuses (``deliver`` copies what it keeps). ``error`` says why replication
     stopped (a partner gone); nothing is retried half-way."""
 
     def __init__(self, rank: int, allgather: Callable[[Any], list[Any]], sources: list[int],
@@ -243,6 +244,7 @@ class ReplicaSockets:
         if not self._in:
             return
         head = bytearray(_LEN.size)
+        self._bufs: dict[int, bytearray] = {}  # per source, reused: ``deliver`` copies what it keeps
         try:
             if len(self._in) == 1:
                 # One source (one replica a rank, the default): block in its socket's recv, no
@@ -275,10 +277,13 @@ class ReplicaSockets:
                     self._got_marks[src] += 1
                     self._marks.notify_all()
                 return
-            buf = bytearray(n)
-            if not _recv_exact(sock, memoryview(buf)):
+            buf = self._bufs.get(src)
+            if buf is None or len(buf) < n:
+                buf = self._bufs[src] = bytearray(n)  # a source's blobs keep about their size
+            view = memoryview(buf)[:n]
+            if not _recv_exact(sock, view):
                 raise ConnectionError(f"rank {src} closed its replica stream mid-blob")
-            self._deliver(memoryview(buf))
+            self._deliver(view)
         finally:
             self._count(t0)
 

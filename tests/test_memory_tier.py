@@ -78,32 +78,35 @@ def test_tier_keeps_newest_and_lists_holdings(tmp_path: Path) -> None:
     assert other.held() == {}
 
 
-def test_tier_reuses_the_oldest_blobs_file_and_reads_back_exact_bytes(tmp_path: Path) -> None:
-    """A write past ``keep`` goes into the oldest blob's file (renamed out of sight, overwritten):
-    a shorter blob after a longer one must not keep the longer one's tail, a restore to an
-    earlier step (a step older than those held) is kept beside them, and nothing else is left."""
+def test_tier_reuses_the_oldest_slot_and_reads_back_exact_bytes(tmp_path: Path) -> None:
+    """A write past ``keep`` goes into the oldest blob's slot: a shorter blob after a longer one
+    reads back without the longer one's tail, a longer one grows its slot, and a write of a step
+    older than those held (a restore that went back) drops the newer ones: the run goes on from
+    there. Nothing but the ``keep`` slots is left."""
     from hetrun.runtime.ckpt import memory
 
     tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
     blobs = {}
     for step in range(1, 11):
-        blobs[step] = bytes(memory.encode(step, 0, {"x": torch.arange(12 - step, dtype=torch.float64)}))
+        size = 12 - step if step < 6 else 4000 * step  # shorter, then longer than the slots hold
+        blobs[step] = bytes(memory.encode(step, 0, {"x": torch.arange(size, dtype=torch.float64)}))
         tier.write(0, step, blobs[step])
         held = tier.held()[0]
         assert held == list(range(max(1, step - 2), step + 1)), (step, held)
         for s in held:
             assert tier.read(0, s) == blobs[s]
-    assert sorted(os.listdir(tier.path(0, 10).parent)) == [f"{s:012d}.snap" for s in (8, 9, 10)]
+    assert sorted(os.listdir(tier.owner_dir(0))) == ["slot-0", "slot-1", "slot-2"]
     # A second process's tier (it lists what the first left) reuses the same way.
     again = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
     eleven = bytes(memory.encode(11, 0, {"x": torch.arange(40, dtype=torch.float64)}))
     again.write(0, 11, eleven)
     assert again.held() == {0: [9, 10, 11]} and again.read(0, 11) == eleven
-    # A step older than every one held (a restart that went back) is the oldest: pruned at once,
-    # as before the reuse, and the newer ones stay whole.
+    # A step older than every one held (a restore that went back): the newer ones are the run's
+    # before it, dropped; the run's own follow.
     again.write(0, 5, blobs[5])
-    assert again.held() == {0: [9, 10, 11]}
-    assert [again.read(0, s) for s in (9, 10, 11)] == [blobs[9], blobs[10], eleven]
+    assert again.held() == {0: [5]} and again.read(0, 5) == blobs[5]
+    again.write(0, 6, blobs[6])
+    assert again.held() == {0: [5, 6]} and again.read(0, 6) == blobs[6]
 
 
 def test_partners_are_on_other_nodes() -> None:
@@ -117,207 +120,99 @@ def test_partners_are_on_other_nodes() -> None:
     assert partners(["n1", "n1"], 0, 1) == []  # one node: no replica possible
 
 
-def test_the_writer_thread_writes_in_order_and_raises_a_failed_write_on_the_caller(tmp_path: Path) -> None:
-    """runtime/memory_writer.py: the tmpfs writes leave the training thread; a step is held once
-    flushed, an owner's steps land in order (its ``keep`` newest kept), and a write that fails is
-    raised at the caller's next submit or flush, not lost on the thread."""
+def test_a_torn_slot_is_no_copy_and_the_neighbours_stay_whole(tmp_path: Path) -> None:
+    """A slot whose write was cut short (a death mid-copy: its header made invalid first, the
+    copy half done) is not held and not read; a slot changed under a reader is not its step's
+    copy; a flipped byte inside a whole slot is the blob's digests' to catch."""
     from hetrun.runtime.ckpt import memory
-    from hetrun.runtime.memory_writer import TierWriter
+
+    from hetrun.errors import CheckpointError
 
     tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
-    writer = TierWriter(tier)
-    blobs = {s: memory.encode(s, 0, _tree(s, 0)) for s in range(1, 7)}
+    blobs = {s: memory.encode(s, 0, _tree(s, 0)) for s in (1, 2, 3)}
     for s, blob in blobs.items():
-        writer.submit(0, s, blob)
-    assert writer.flush(timeout=30)
-    assert tier.steps(0) == [4, 5, 6] and writer.written == 6 and writer.cpu_s > 0
-    assert memory.verify(tier.read(0, 6))["step"] == 6
-    writer.close()
-    writer.submit(0, 7, memory.encode(7, 0, _tree(7, 0)))  # closed, then used again: a new thread
-    assert writer.flush(timeout=30) and tier.steps(0) == [5, 6, 7]
-    # The tier's directory made unwritable (a file where the owner's directory goes): the error
-    # reaches the caller, once, with the exception the write raised there.
-    import shutil
-
-    shutil.rmtree(tier.dir)
-    tier.dir.parent.mkdir(parents=True, exist_ok=True)
-    tier.dir.write_text("not a directory")
-    writer.submit(0, 8, blobs[6])
-    with pytest.raises(OSError):
-        writer.flush(timeout=30)
-    assert writer.flush(timeout=30)  # raised once, then the writer goes on
-    writer.close()
-
-
-def test_the_writer_drops_its_oldest_waiting_write_when_it_falls_behind() -> None:
-    """Behind (a slow tmpfs, a starved node) the writer holds at most MAX_QUEUED waiting blobs:
-    the oldest goes for a new one, counted."""
-    import threading
-    import time
-
-    from hetrun.runtime.memory_writer import MAX_QUEUED, TierWriter
-
-    class _Gated:
-        def __init__(self) -> None:
-            self.gate, self.got = threading.Event(), []
-
-        def write(self, owner: int, step: int, blob: object) -> None:
-            self.gate.wait(30)
-            self.got.append(step)
-
-    tier = _Gated()
-    writer = TierWriter(tier)  # type: ignore[arg-type]
-    writer.submit(0, 0, b"")
-    deadline = time.monotonic() + 30
-    while not writer._busy and time.monotonic() < deadline:  # the thread holds step 0
-        time.sleep(0.001)
-    for step in range(1, MAX_QUEUED + 3):
-        writer.submit(0, step, b"")
-    tier.gate.set()
-    assert writer.flush(timeout=30)
-    assert tier.got == [0, *range(3, MAX_QUEUED + 3)] and writer.dropped == 2
-    writer.close()
+        tier.write(0, s, blob)
+    path, at, n = tier.locate(0, 2)
+    k = int(path.name.split("-")[1])
+    m = tier._maps[0][k]
+    tier._mark(0, k, m, 0, 0, valid=False)  # what a write does first ...
+    m[at:at + n // 2] = bytes(n // 2)  # ... and half of its copy: then the rank dies
+    for reader in (tier, memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)):
+        assert reader.held() == {0: [1, 3]} and reader.steps(0) == [1, 3]
+        with pytest.raises(CheckpointError, match="step 2: not held"):
+            reader.read(0, 2)
+        assert reader.read(0, 3) == bytes(blobs[3]) and reader.read(0, 1) == bytes(blobs[1])
+    # The next process's first write takes the torn slot (empty), not a whole one.
+    again = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
+    again.write(0, 4, blobs[1])
+    assert again.held() == {0: [1, 3, 4]} and again.locate(0, 4)[0] == path
+    # A whole slot with a flipped byte is held; verification names it.
+    path, at, n = again.locate(0, 3)
+    data = bytearray(path.read_bytes())
+    data[at + n - 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert 3 in again.steps(0)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        memory.verify(again.read(0, 3))
 
 
-def test_a_deferred_write_waits_for_its_time_and_a_flush_starts_it_at_once() -> None:
-    """``not_before``: the own copy written in the step's gap, not at the snapshot; a later blob
-    waits behind an earlier one's time; ``flush`` (the restore, the close, exit) writes at once."""
-    import threading
-    import time
-
-    from hetrun.runtime.memory_writer import TierWriter
-
-    class _Timed:
-        def __init__(self) -> None:
-            self.got: list[tuple[int, float]] = []
-            self.done = threading.Event()
-
-        def write(self, owner: int, step: int, blob: object) -> None:
-            self.got.append((step, time.perf_counter()))
-            self.done.set()
-
-    tier = _Timed()
-    writer = TierWriter(tier)  # type: ignore[arg-type]
-    t0 = time.perf_counter()
-    writer.submit(0, 1, b"", t0 + 0.3)
-    writer.submit(0, 2, b"", t0)  # behind step 1: written after it
-    assert tier.done.wait(30)
-    assert [s for s, _ in tier.got] == [1] or [s for s, _ in tier.got] == [1, 2]
-    assert writer.flush(timeout=30) and [s for s, _ in tier.got] == [1, 2]
-    assert tier.got[0][1] - t0 >= 0.3  # not before its time
-    # A flush does not wait for a deferred write's time.
-    t1 = time.perf_counter()
-    writer.submit(0, 3, b"", t1 + 60)
-    assert writer.flush(timeout=30) and tier.got[-1][0] == 3
-    assert tier.got[-1][1] - t1 < 5  # at once, not at its time a minute away
-    writer.close()
-
-
-def test_with_a_partner_the_own_copy_is_deferred_into_the_steps_gap() -> None:
-    """snapshot(): a rank with a partner hands its own blob to the writer for half an iteration
-    later (at most DEFER_MAX_S), its replica sent at once; without a partner small blobs are
-    written on the caller's thread, as before."""
-    from hetrun.runtime.memory_tier import DEFER_FRACTION, DEFER_MAX_S, PHASES, MemorySnapshots
-
-    def tier_with(partners: list[int], iter_s: float | None) -> tuple[MemorySnapshots, list, list, list]:
-        m = MemorySnapshots.__new__(MemorySnapshots)
-        m._cost, m._off_thread, m._idle, m.charged_s, m._threaded = None, 0.0, None, 0.0, None
-        m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
-        m.seconds, m.partners, m.rank, m._iter_s = 0.0, partners, 0, iter_s
-        m.adaptive, m.every_max, m._window = False, 1, [0.0, 0]
-        queued, written, sent = [], [], []
-        m.writer = type("W", (), {"cpu_s": 0.0, "submit": lambda self, *a: queued.append(a)})()
-        m.tier = type("T", (), {"write": lambda self, *a: written.append(a)})()
-        m.transport = type("X", (), {"thread_cpu_s": 0.0, "send": lambda self, d, b: sent.append(d)})()
-        m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
-        return m, queued, written, sent
-
-    import time
-
-    m, queued, written, sent = tier_with([1], 0.054)  # the DDP example's step
-    t = time.perf_counter()
-    m.snapshot(5, {"x": 1})
-    assert not written and sent == [[1]] and len(queued) == 1
-    (_, step, _, not_before), = queued
-    assert step == 5 and t + 0.9 * min(DEFER_FRACTION * 0.054, DEFER_MAX_S) <= not_before <= time.perf_counter() + DEFER_MAX_S
-    m, queued, written, sent = tier_with([1], 2.0)  # a long step: the cap
-    m.snapshot(6, {"x": 1})
-    assert queued[0][3] <= time.perf_counter() + DEFER_MAX_S
-    m, queued, written, sent = tier_with([1], None)  # no iteration measured yet: at once
-    m.snapshot(7, {"x": 1})
-    assert queued[0][3] <= time.perf_counter()
-    m, queued, written, sent = tier_with([], 0.054)  # no partner: a small blob written here
-    m.snapshot(8, {"x": 1})
-    assert written and not queued and not sent
-
-
-def test_a_received_replica_is_written_in_the_steps_gap_and_its_failed_write_is_not_the_ranks(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """_received (the replica streams' thread): the partner's blob goes to the writer thread for
-    half an iteration later (at most DEFER_MAX_S), held here once flushed; a replica's write that
-    fails is counted for the memory_tier event, never raised on the training thread."""
-    import shutil
-    import time
-
-    from hetrun.runtime import memory_tier
-    from hetrun.runtime.ckpt import memory
-    from hetrun.runtime.memory_tier import DEFER_FRACTION, MemorySnapshots
-    from hetrun.runtime.memory_writer import TierWriter
-
-    # A gap of 50 s (a 100 s iteration, the cap raised): the blob is still queued when looked at,
-    # however slow the machine (at the real 25 ms cap the writer could take it first).
-    monkeypatch.setattr(memory_tier, "DEFER_MAX_S", 60.0)
-    m = MemorySnapshots.__new__(MemorySnapshots)
-    m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
-    m.writer, m._iter_s = TierWriter(m.tier, owners=2), 100.0
-    t = time.perf_counter()
-    m._received(memory.encode(7, 1, _tree(7, 1)))
-    with m.writer._cv:  # queued, not written: it waits for the step's gap
-        queued = list(m.writer._queue)
-    assert m.tier.steps(1) == [] and len(queued) == 1, "the replica was written at once, on the receiving thread"
-    ((owner, step, _, not_before, replica),) = queued
-    assert (owner, step, replica) == (1, 7, True)
-    assert t + DEFER_FRACTION * 100.0 <= not_before <= time.perf_counter() + DEFER_FRACTION * 100.0
-    assert m.writer.flush(timeout=30) and m.tier.steps(1) == [7]  # a flush writes it at once
-    assert memory.verify(m.tier.read(1, 7))["owner"] == 1
-    # The owners' directories made unwritable: the replica's failed write is counted and kept ...
-    shutil.rmtree(m.tier.dir)
-    m.tier.dir.parent.mkdir(parents=True, exist_ok=True)
-    m.tier.dir.write_text("not a directory")
-    m._received(memory.encode(8, 1, _tree(8, 1)))
-    assert m.writer.flush(timeout=30)  # ... not raised on the training thread's flush ...
-    m.writer.submit(0, 8, memory.encode(8, 0, _tree(8, 0)))  # ... nor at its next submit
-    with pytest.raises(OSError):  # (the rank's own write failing is still the rank's failure)
-        m.writer.flush(timeout=30)
-    assert m.writer.replica_failures == 1 and isinstance(m.writer.replica_error, OSError)
-    m.writer.close()
-
-
-def test_inline_writes_run_where_the_blob_is_and_fail_as_the_thread_would(tmp_path: Path) -> None:
-    """HETRUN_MEMORY_WRITES=inline (WRITES_ENV): the rank's own blob written on the calling thread,
-    a received replica on the receiving thread, no writer thread started; the own write's failure
-    raised there, a replica's counted; their CPU left to the calling threads (not ``cpu_s``)."""
-    import shutil
+def test_a_full_tmpfs_is_an_error_at_the_write_not_a_sigbus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot's pages are allocated when it is made or grown (``posix_fallocate``): a tmpfs that
+    cannot back them is an OSError from ``write`` (the rank's own: raised on its training thread),
+    never a SIGBUS at the copy's first touch; the slots already whole stay readable."""
+    import errno
 
     from hetrun.runtime.ckpt import memory
-    from hetrun.runtime.memory_tier import MemorySnapshots
-    from hetrun.runtime.memory_writer import TierWriter
+
+    tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=2)
+    small = memory.encode(1, 0, {"x": torch.ones(4)})
+    tier.write(0, 1, small)
+
+    def full(fd: int, offset: int, size: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(memory.os, "posix_fallocate", full)
+    with pytest.raises(OSError, match="No space"):
+        tier.write(0, 2, memory.encode(2, 0, {"x": torch.ones(1 << 16)}))  # a new slot: allocated
+    assert tier.held() == {0: [1]} and tier.read(0, 1) == bytes(small)
+
+
+def test_a_snapshot_is_copied_on_the_training_thread_and_a_replica_where_it_arrives(tmp_path: Path) -> None:
+    """snapshot(): the blob copied into this node's slot, then handed to the streams for the
+    partners; _received (the streams' thread): the partner's blob copied at once (its buffer is
+    reused after), a copy that fails counted and kept for the event, not raised."""
+    from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.memory_tier import PHASES, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)
-    m.inline = True
+    m._cost, m._off_thread, m._idle, m.charged_s = None, 0.0, None, 0.0
+    m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
+    m.seconds, m.partners, m.rank, m._iter_s = 0.0, [1], 0, 0.05
+    m.adaptive, m.every_max, m._window = False, 1, [0.0, 0]
+    m.replica_failures, m.replica_error = 0, None
     m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
-    m.writer, m._iter_s = TierWriter(m.tier, owners=2), 0.02
-    m._received(memory.encode(7, 1, _tree(7, 1)))
-    assert m.tier.steps(1) == [7] and m.writer._thread is None and m.writer.cpu_s == 0.0
-    m.writer.write_now(0, 7, memory.encode(7, 0, _tree(7, 0)))
-    assert m.tier.steps(0) == [7] and m.writer._thread is None
+    sent: list = []
+    m.transport = type("X", (), {"thread_cpu_s": 0.0, "skipped": 0, "send": lambda self, d, b: sent.append((d, bytes(b)))})()
+    from hetrun.runtime.ckpt.memory_encode import Encoder
+
+    m._encoder = Encoder()
+    m.snapshot(5, _tree(5, 0))
+    assert m.tier.steps(0) == [5] and sent == [([1], m.tier.read(0, 5))]
+    assert m.phases["write"] > 0 and m.bytes == len(sent[0][1])
+    buf = bytearray(memory.encode(7, 1, _tree(7, 1)))
+    m._received(memoryview(buf))
+    want = bytes(buf)
+    buf[:] = bytes(len(buf))  # the streams reuse the buffer for the next blob
+    assert m.tier.steps(1) == [7] and m.tier.read(1, 7) == want
+    m.tier.close()
     shutil.rmtree(m.tier.dir)
     m.tier.dir.parent.mkdir(parents=True, exist_ok=True)
     m.tier.dir.write_text("not a directory")
     m._received(memory.encode(8, 1, _tree(8, 1)))  # counted, not raised
-    assert m.writer.replica_failures == 1 and isinstance(m.writer.replica_error, OSError)
-    with pytest.raises(OSError):  # the rank's own: raised at once
-        m.writer.write_now(0, 8, memory.encode(8, 0, _tree(8, 0)))
+    assert m.replica_failures == 1 and isinstance(m.replica_error, OSError)
+    assert m.summary()["replica_write_failures"] == 1
+    with pytest.raises(OSError):  # the rank's own: raised on its thread
+        m.snapshot(9, _tree(9, 0))
 
 
 def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
@@ -350,6 +245,32 @@ def test_adaptive_every_is_a_power_of_two_within_budget() -> None:
     assert m.every == 1 and m.wanted_most == 8 and m._agreeing is None
 
 
+def test_a_measurement_pause_skips_every_other_block_and_a_bad_value_is_refused(monkeypatch) -> None:
+    """HETRUN_MEMORY_PAUSE_BLOCKS=B (PAUSE_ENV, benchmarks only): no snapshot in steps B..2B-1,
+    3B..4B-1, ...; the same steps on every rank (a step number's rule, no clock). Anything but a
+    positive integer stops the rank with the variable named."""
+    from hetrun.runtime import memory_tier
+    from hetrun.runtime.memory_tier import MemorySnapshots
+
+    from hetrun.errors import RuntimeFailure
+
+    m = MemorySnapshots.__new__(MemorySnapshots)
+    m.adaptive, m.every, m._iter_s, m._last, m._first, m.by_every = False, 1, None, None, None, {}
+    assert all(m.due(s) for s in range(12))  # unset: every step
+    m.pause_blocks = 3
+    assert [s for s in range(12) if m.due(s)] == [0, 1, 2, 6, 7, 8]
+    m.pause_blocks, m.every = 3, 2
+    assert [s for s in range(14) if m.due(s)] == [0, 2, 6, 8, 12]
+    monkeypatch.setenv(memory_tier.PAUSE_ENV, "20")
+    assert memory_tier._pause_blocks() == 20
+    for bad in ("0", "-3", "x", "2.5"):
+        monkeypatch.setenv(memory_tier.PAUSE_ENV, bad)
+        with pytest.raises(RuntimeFailure, match=memory_tier.PAUSE_ENV):
+            memory_tier._pause_blocks()
+    monkeypatch.delenv(memory_tier.PAUSE_ENV)
+    assert memory_tier._pause_blocks() == 0
+
+
 def test_memory_every_max_is_the_plans_power_of_two() -> None:
     """checkpoint.memory_every_max: default 1, a power of two, else a clear error naming the key."""
     from types import SimpleNamespace
@@ -372,41 +293,35 @@ def test_memory_every_max_is_the_plans_power_of_two() -> None:
         assert fix in str(exc.value)
 
 
-def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
-    """snapshot() charges a snapshot its own seconds on the training thread and the CPU its writer
-    and replica threads spent since the last one (on a busy node they take a core from
-    training); the first snapshot is left out, the next few give their cheapest, then an EWMA."""
+def test_the_adaptive_cost_counts_the_replica_threads() -> None:
+    """snapshot() charges a snapshot its own seconds on the training thread and the CPU its
+    replica threads spent since the last one (on a busy node they take a core from training);
+    the first snapshot is left out, the next few give their cheapest, then an EWMA."""
     from hetrun.runtime.memory_tier import PHASES, WARM_SNAPSHOTS, MemorySnapshots
 
     assert WARM_SNAPSHOTS == 4  # the sequence below
 
-    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a writer and transport that do nothing
-    m._cost, m._off_thread, m._idle, m.charged_s, m._threaded = None, 0.0, None, 0.0, True
+    m = MemorySnapshots.__new__(MemorySnapshots)  # the rule alone: a tier and transport that do nothing
+    m._cost, m._off_thread, m._idle, m.charged_s = None, 0.0, None, 0.0
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 4, 0
     m.seconds, m.partners, m.rank = 0.0, [], 0
     m.adaptive, m.every_max, m._window = True, 8, [0.0, 0]  # N free to change: the model at every snapshot
 
-    class _Writer:
-        cpu_s = 0.0
-
-        def submit(self, owner: int, step: int, blob: object, not_before: float = 0.0) -> None:
-            pass
-
     class _Transport:
         thread_cpu_s = 0.0
 
-    m.writer, m.transport = _Writer(), _Transport()
+    m.tier = type("T", (), {"write": lambda self, *a: None})()
+    m.transport = _Transport()
     m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
-    m.writer.cpu_s, m.transport.thread_cpu_s = 0.004, 0.002
+    m.transport.thread_cpu_s = 0.006
     m.snapshot(4, {"x": 1}, started=None)
     # A process's first snapshot pays once for what the next do not: not in the model.
     assert m._cost is None and m._off_thread == pytest.approx(0.006)
-    m.writer.cpu_s += 0.001
+    m.transport.thread_cpu_s += 0.001
     m.snapshot(8, {"x": 1}, started=None)
-    assert m._cost == pytest.approx(0.001, abs=5e-4)  # the writer's 1 ms and the snapshot's microseconds
+    assert m._cost == pytest.approx(0.001, abs=5e-4)  # the streams' 1 ms and the snapshot's microseconds
     # The next WARM_SNAPSHOTS - 1: the cheapest so far (a slow one does not raise it) ...
-    for step, writer, streams in ((12, 0.009, 0.0), (16, 0.0002, 0.0002), (20, 0.003, 0.002)):
-        m.writer.cpu_s += writer
+    for step, streams in ((12, 0.009), (16, 0.0004), (20, 0.005)):
         m.transport.thread_cpu_s += streams
         m.snapshot(step, {"x": 1}, started=None)
     assert m._cost == pytest.approx(0.0004, abs=5e-4)
@@ -420,11 +335,11 @@ def test_the_adaptive_cost_counts_the_writer_and_replica_threads() -> None:
     # CPU: the rest is charged.
     before, charged = m._cost, m.charged_s
     m._idle = type("Idle", (), {"idle_s": lambda self: 0.020})()
-    m.writer.cpu_s += 0.010
+    m.transport.thread_cpu_s += 0.010
     m.snapshot(28, {"x": 1}, started=None)
     assert m.charged_s == charged and m._cost == pytest.approx(0.8 * before, abs=2e-4)
     m._idle = type("Idle", (), {"idle_s": lambda self: 0.004})()
-    m.writer.cpu_s += 0.010
+    m.transport.thread_cpu_s += 0.010
     m.snapshot(32, {"x": 1}, started=None)
     assert m.charged_s == pytest.approx(charged + 0.006)
 
@@ -436,7 +351,7 @@ def test_a_pinned_n_updates_the_cost_model_once_per_window() -> None:
     from hetrun.runtime.memory_tier import AGREE_EVERY, PHASES, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)
-    m._cost, m._off_thread, m.charged_s, m._threaded = None, 0.0, 0.0, True
+    m._cost, m._off_thread, m.charged_s = None, 0.0, 0.0
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
     m.seconds, m.partners, m.rank = 0.0, [], 0
     m.adaptive, m.every_max, m._window = True, 1, [0.0, 0]
@@ -448,13 +363,13 @@ def test_a_pinned_n_updates_the_cost_model_once_per_window() -> None:
             return 0.0
 
     m._idle = _Idle()
-    m.writer = type("W", (), {"cpu_s": 0.0, "submit": lambda self, *a: None})()
+    m.tier = type("W", (), {"write": lambda self, *a: None})()
     m.transport = type("T", (), {"thread_cpu_s": 0.0})()
     m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
     m.snapshot(1, {"x": 1})
     assert reads == [1] and m._cost is None  # the first: the baseline, left out of the model
     for step in range(2, 2 + 2 * AGREE_EVERY):
-        m.writer.cpu_s += 0.004  # 4 ms of writer CPU per snapshot, all of it charged (no idle)
+        m.transport.thread_cpu_s += 0.004  # 4 ms of the streams' CPU per snapshot, all charged (no idle)
         m.snapshot(step, {"x": 1})
     assert reads == [1, 1 + AGREE_EVERY, 1 + 2 * AGREE_EVERY]
     # each update: the window's mean own seconds (microseconds here) plus its helpers' CPU / count
@@ -637,9 +552,9 @@ def _scenario(comm: Any, rank: int, base: Path) -> dict:
 
     phase("intact")
     if rank == 0:
-        p = mem.tier.path(1, 3)
+        p, at, n = mem.tier.locate(1, 3)
         data = bytearray(p.read_bytes())
-        data[-3] ^= 0xFF
+        data[at + n - 3] ^= 0xFF
         p.write_bytes(bytes(data))
     barrier()
     phase("flipped")
@@ -651,9 +566,9 @@ def _scenario(comm: Any, rank: int, base: Path) -> dict:
     phase("node_lost")
     if rank == 0:
         for s in mem.tier.steps(0):
-            p = mem.tier.path(0, s)
+            p, at, n = mem.tier.locate(0, s)
             data = bytearray(p.read_bytes())
-            data[-1] ^= 1
+            data[at + n - 1] ^= 1
             p.write_bytes(bytes(data))
     barrier()
     phase("none")
