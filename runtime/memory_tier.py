@@ -62,7 +62,7 @@ AGREE_EVERY = 4
 FIRST_AGREE_AFTER = 2
 # snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
 # blob, copying it into this node's slot (runtime/ckpt/memory.py ``MemoryTier``), handing it to
-# the replica streams (their threads' CPU: ``replica_thread_cpu_s``).
+# the rank's replica keeper (its CPU: ``replica_thread_cpu_s``; runtime/replica_keeper.py).
 PHASES = ("capture", "encode", "write", "send")
 # A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
 # cost estimate before the running average takes over (snapshot()).
@@ -169,14 +169,12 @@ class MemorySnapshots:
         self.sources = [r for r in range(self.size) if r != self.rank
                         and self.rank in partners(self.nodes, r, max(0, int(replicas)))]
         self.pause_blocks = _pause_blocks()
-        # Replicas whose copy here failed (the tmpfs full): not this rank's failure (the owner and
-        # the store hold the step; a restore verifies what this node holds), said in the event.
-        self.replica_failures = 0
-        self.replica_error: BaseException | None = None
         # memory.encode's blob for less of the training thread (a snapshot can come every step):
         # it keeps the header's parts that did not change since the last (runtime/ckpt/memory_encode.py).
         self._encoder = Encoder()
-        self.transport.bind(self.sources, self.partners, self._received)
+        # The replicas move in a process of the rank's own (runtime/replica_keeper.py), which copies
+        # its sources' into this node's slots; none starts where no rank has a partner (one node).
+        self.transport.bind(self.sources, self.partners, self.tier, anyone=len(set(self.nodes)) > 1)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
         # snapshot()'s seconds by phase (PHASES), so a run's cost can be split without a profiler.
@@ -243,10 +241,10 @@ class MemorySnapshots:
         t1 = time.perf_counter()
         blob = self._encoder.encode(step, self.rank, tree)
         t2 = time.perf_counter()
-        self.tier.write(self.rank, step, blob)
+        slot = self.tier.write(self.rank, step, blob)
         t3 = time.perf_counter()
         if self.partners:
-            self.transport.send(self.partners, blob)
+            self.transport.send(step, slot)
         self.taken += 1
         self.bytes = len(blob)
         spent = time.perf_counter() - t0
@@ -297,25 +295,9 @@ class MemorySnapshots:
             return
         self._cost = cost if self._cost is None else 0.8 * self._cost + 0.2 * cost
 
-    def _received(self, blob: Any) -> None:
-        """A replica from a partner, copied into this node's slot for the owner and step its
-        prefix names, on the replica streams' receiving thread (which hands over whole blobs only
-        and reuses ``blob``'s memory after this returns). Not verified here: every copy is
-        verified when a restore reads it, and one that fails is named and the next holder's used
-        (a full check here cost each replica about as much as writing it). A copy that fails is
-        counted, not raised: the stream goes on."""
-        try:
-            owner, step = memory.peek(blob, "received replica")
-        except CheckpointError:
-            return
-        try:
-            self.tier.write(owner, step, blob)
-        except OSError as exc:
-            self.replica_failures += 1
-            self.replica_error = self.replica_error or exc
-
     def summary(self) -> dict[str, Any]:
         """The ``memory_tier`` event's fields: what the tier did and cost this rank."""
+        failed, why = self.transport.replica_failures
         return {"snapshots": self.taken, "seconds": round(self.seconds, 4), "bytes": self.bytes,
                 "phase_s": {k: round(v, 4) for k, v in self.phases.items()},
                 "phase_cpu_s": round(self.phases_cpu, 4),
@@ -327,8 +309,7 @@ class MemorySnapshots:
                 "by_every": {str(n): {"seconds": round(t, 4), "wall_s": round(w, 3), "iterations": k}
                              for n, (t, w, k) in sorted(self.by_every.items())},
                 **({"replication_error": str(err)} if (err := getattr(self.transport, "error", None)) else {}),
-                **({"replica_write_failures": self.replica_failures,
-                    "replica_write_error": str(self.replica_error)} if self.replica_failures else {})}
+                **({"replica_write_failures": failed, "replica_write_error": why} if failed else {})}
 
     def close(self, remove: bool = False) -> None:
         """Collective: every send delivered and written before any rank leaves.
@@ -341,6 +322,7 @@ class MemorySnapshots:
             self._idle.close()
             self._idle = None
         if remove:
+            self.transport.close()  # the keeper ends (else with the process: its socket closes)
             self.transport.barrier()  # every rank is past its last write
             if min(r for r, n in enumerate(self.nodes) if n == self.node) == self.rank:
                 import shutil

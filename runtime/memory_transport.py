@@ -9,28 +9,32 @@ bytes and small values:
   rank's in rank order. Lists and dicts with string keys only (the gloo one sends JSON).
 - ``start_max(value)``: a non-blocking MAX all-reduce of one int (the adaptive N's agreement);
   its handle's ``wait()`` returns the maximum.
-- ``bind(sources, dests, deliver)``, ``send(dests, blob)``, ``drain()``: replicas. ``bind`` is
-  collective; ``send`` never waits for a partner; every replica that arrives is handed to
-  ``deliver`` (which files it; a restore verifies it) on the streams' receiving thread;
-  ``drain`` is collective: every replica sent has been delivered before any rank returns.
+- ``bind(sources, dests, tier)``, ``send(step, slot)``, ``drain()``, ``close()``: replicas, moved
+  by the rank's replica keeper (runtime/replica_keeper.py), a process of its own: ``bind`` is
+  collective and starts it; ``send`` tells it the rank's blob of ``step`` is in its ``slot`` of
+  ``tier`` and never waits for a partner; the keeper copies every replica that arrives into
+  this node's slots of ``tier`` (a restore verifies it); ``drain`` is collective: every replica
+  sent has been copied before any rank returns.
 - ``exchange(sends, source)``: a restore's transfers, blocking: ``sends`` {owner rank: blob} go
   out, the one blob from ``source`` (None: none) comes back.
 - ``barrier()``.
-- ``thread_cpu_s``: CPU seconds of the replica streams' threads, which the adaptive N counts as
-  the tier's cost.
+- ``thread_cpu_s``: CPU seconds of the replica keeper, which the adaptive N counts as the
+  tier's cost (on the node's cores).
 - ``skipped``: replicas not sent because a newer one of the same rank was ready before they
   left (behind a slow partner).
 
-Replicas travel on plain TCP streams between each rank and its partners, with a sending and a
-receiving thread (runtime/replica_sockets.py), whichever library the small collectives use. Gloo
+Replicas travel on plain TCP streams between each rank's keeper and its partners', with a
+sending and a receiving thread (runtime/replica_sockets.py), whichever library the small
+collectives use. Gloo
 can neither test a receive without blocking nor receive from "any source", and gloo sends on a
 thread cost the DDP example 2.9 ms a step where the tier's code took 1.0 ms. MPI can, and the MPI
 transport once received on the training thread whenever the tier was polled (an improbe and a
 few Tests between actions, the receive, the replica's write): for the PPO learner, on the
 critical path, that was 0.3-0.4 ms of an iteration of ~45 ms, a tenth of the 2 % budget, spent
-in front of training rather than beside it (benchmarks/node_death.md, session 28). On the streams
-the training thread only queues a blob; the threads spend their time in ``sendmsg`` and
-``recv_into``, which release the GIL, and their CPU is counted. The small collectives and the
+in front of training rather than beside it (benchmarks/node_death.md, session 28). The streams
+then ran on two threads of the rank's process, and their wake-ups and GIL hand-backs still cost
+the PPO example's whole iteration 6-7 % (session 43); in the keeper the rank sends a 17-byte
+frame per snapshot and nothing else of replication runs in its process. The small collectives and the
 restore's transfers stay on the communicator (MPI) or two gloo groups of the tier's own, so they
 never interleave with the script's collectives or with each other.
 """
@@ -38,12 +42,10 @@ never interleave with the script's collectives or with each other.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import Any
 
 from hetrun.runtime import mpi_wait
 
-Deliver = Callable[[Any], None]
 DRAIN_TIMEOUT_S = 300.0  # close(): a partner that never drains its replica stream is reported, not waited on forever
 
 
@@ -56,7 +58,7 @@ def wrap(comm: Any) -> Any:
 class _Streams(ABC):
     """The replica half of a transport: the streams ``bind`` opens (runtime/replica_sockets.py)."""
 
-    _streams: Any = None  # runtime.replica_sockets.ReplicaSockets, from bind()
+    _streams: Any = None  # runtime.replica_keeper.Keeper, from bind() (None: no partner anywhere)
     rank: int
 
     @property
@@ -66,9 +68,16 @@ class _Streams(ABC):
 
     @property
     def thread_cpu_s(self) -> float:
-        """CPU seconds of the replica streams' threads (sending, receiving): off the training
-        thread, but on the node's cores and under the same GIL, so the adaptive N counts it."""
-        return 0.0 if self._streams is None else self._streams.thread_cpu_s
+        """CPU seconds of the replica keeper (sending, receiving, copying replicas into this
+        node's slots): off the rank's process, but on the node's cores, so the adaptive N counts it."""
+        return 0.0 if self._streams is None else self._streams.cpu_s
+
+    @property
+    def replica_failures(self) -> tuple[int, str]:
+        """Received replicas the keeper could not copy here (the tmpfs full), and why."""
+        if self._streams is None:
+            return 0, ""
+        return self._streams.failed, str(self._streams.error or "")
 
     @property
     def skipped(self) -> int:
@@ -81,20 +90,30 @@ class _Streams(ABC):
     @abstractmethod
     def barrier(self) -> None: ...
 
-    def bind(self, sources: list[int], dests: list[int], deliver: Deliver) -> None:
-        from hetrun.runtime.replica_sockets import ReplicaSockets
+    def bind(self, sources: list[int], dests: list[int], tier: Any, anyone: bool = True) -> None:
+        """Collective. ``anyone``: some rank has a partner (the same on every rank); without,
+        no keeper starts anywhere."""
+        if not anyone:
+            return
+        from hetrun.runtime.replica_keeper import Keeper
 
-        self._streams = ReplicaSockets(self.rank, self.allgather, sources, dests, deliver)
+        self._streams = Keeper(self.rank, self.allgather, sources, dests, tier.dir, tier.keep)
 
-    def send(self, dests: list[int], blob: Any) -> None:
-        """To the partners ``bind`` connected (``dests`` are the same ranks)."""
-        self._streams.send(blob)
+    def send(self, step: int, slot: int) -> None:
+        """The rank's blob of ``step``, in its ``slot``, to the partners ``bind`` connected."""
+        self._streams.send(step, slot)
 
     def drain(self) -> None:
         if self._streams is not None:
             self._streams.drain(DRAIN_TIMEOUT_S)
         if self.error is None:
             self.barrier()
+
+    def close(self) -> None:
+        """The keeper ends (after ``drain``: nothing in flight)."""
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
 
 
 class MPITransport(_Streams):

@@ -162,7 +162,7 @@ def test_a_full_tmpfs_is_an_error_at_the_write_not_a_sigbus(tmp_path: Path, monk
     never a SIGBUS at the copy's first touch; the slots already whole stay readable."""
     import errno
 
-    from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.ckpt import memory, memory_slots
 
     tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=2)
     small = memory.encode(1, 0, {"x": torch.ones(4)})
@@ -171,17 +171,18 @@ def test_a_full_tmpfs_is_an_error_at_the_write_not_a_sigbus(tmp_path: Path, monk
     def full(fd: int, offset: int, size: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(memory.os, "posix_fallocate", full)
+    monkeypatch.setattr(memory_slots.os, "posix_fallocate", full)
     with pytest.raises(OSError, match="No space"):
         tier.write(0, 2, memory.encode(2, 0, {"x": torch.ones(1 << 16)}))  # a new slot: allocated
     assert tier.held() == {0: [1]} and tier.read(0, 1) == bytes(small)
 
 
-def test_a_snapshot_is_copied_on_the_training_thread_and_a_replica_where_it_arrives(tmp_path: Path) -> None:
-    """snapshot(): the blob copied into this node's slot, then handed to the streams for the
-    partners; _received (the streams' thread): the partner's blob copied at once (its buffer is
-    reused after), a copy that fails counted and kept for the event, not raised."""
+def test_a_snapshot_is_copied_into_its_slot_and_its_slot_handed_to_the_keeper(tmp_path: Path) -> None:
+    """snapshot(): the blob copied into this node's slot on the training thread, then only its
+    step and slot handed to the transport (the keeper reads the slot: runtime/replica_keeper.py);
+    a copy that fails is the rank's own failure, raised where it happens."""
     from hetrun.runtime.ckpt import memory
+    from hetrun.runtime.ckpt.memory_encode import Encoder
     from hetrun.runtime.memory_tier import PHASES, MemorySnapshots
 
     m = MemorySnapshots.__new__(MemorySnapshots)
@@ -189,28 +190,21 @@ def test_a_snapshot_is_copied_on_the_training_thread_and_a_replica_where_it_arri
     m.phases, m.phases_cpu, m.by_every, m.every, m.taken = dict.fromkeys(PHASES, 0.0), 0.0, {}, 1, 0
     m.seconds, m.partners, m.rank, m._iter_s = 0.0, [1], 0, 0.05
     m.adaptive, m.every_max, m._window = False, 1, [0.0, 0]
-    m.replica_failures, m.replica_error = 0, None
     m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
     sent: list = []
-    m.transport = type("X", (), {"thread_cpu_s": 0.0, "skipped": 0, "send": lambda self, d, b: sent.append((d, bytes(b)))})()
-    from hetrun.runtime.ckpt.memory_encode import Encoder
-
+    m.transport = type("X", (), {"thread_cpu_s": 0.0, "skipped": 0, "replica_failures": (0, ""),
+                                 "send": lambda self, step, slot: sent.append((step, slot))})()
     m._encoder = Encoder()
-    m.snapshot(5, _tree(5, 0))
-    assert m.tier.steps(0) == [5] and sent == [([1], m.tier.read(0, 5))]
-    assert m.phases["write"] > 0 and m.bytes == len(sent[0][1])
-    buf = bytearray(memory.encode(7, 1, _tree(7, 1)))
-    m._received(memoryview(buf))
-    want = bytes(buf)
-    buf[:] = bytes(len(buf))  # the streams reuse the buffer for the next blob
-    assert m.tier.steps(1) == [7] and m.tier.read(1, 7) == want
+    for step in (5, 6):
+        m.snapshot(step, _tree(step, 0))
+    assert m.tier.steps(0) == [5, 6] and sent == [(5, 0), (6, 1)]
+    assert m.tier.read_slot(0, 1, 6) == m.tier.read(0, 6) and m.tier.read_slot(0, 0, 6) is None
+    assert m.phases["write"] > 0 and m.bytes == len(m.tier.read(0, 6))
+    assert "replica_write_failures" not in m.summary()
     m.tier.close()
     shutil.rmtree(m.tier.dir)
     m.tier.dir.parent.mkdir(parents=True, exist_ok=True)
     m.tier.dir.write_text("not a directory")
-    m._received(memory.encode(8, 1, _tree(8, 1)))  # counted, not raised
-    assert m.replica_failures == 1 and isinstance(m.replica_error, OSError)
-    assert m.summary()["replica_write_failures"] == 1
     with pytest.raises(OSError):  # the rank's own: raised on its thread
         m.snapshot(9, _tree(9, 0))
 
