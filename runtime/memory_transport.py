@@ -21,7 +21,7 @@ bytes and small values:
 - ``thread_cpu_s``: CPU seconds of the replica keeper, which the adaptive N counts as the
   tier's cost (on the node's cores).
 - ``skipped``: replicas not sent because a newer one of the same rank was ready before they
-  left (behind a slow partner).
+  left (behind a slow partner, or a keeper behind its rank's slots).
 
 Replicas travel on plain TCP streams between each rank's keeper and its partners', with a
 sending and a receiving thread (runtime/replica_sockets.py), whichever library the small
@@ -56,7 +56,7 @@ def wrap(comm: Any) -> Any:
 
 
 class _Streams(ABC):
-    """The replica half of a transport: the streams ``bind`` opens (runtime/replica_sockets.py)."""
+    """The replica half of a transport: the keeper ``bind`` starts (runtime/replica_keeper.py)."""
 
     _streams: Any = None  # runtime.replica_keeper.Keeper, from bind() (None: no partner anywhere)
     rank: int
@@ -81,7 +81,8 @@ class _Streams(ABC):
 
     @property
     def skipped(self) -> int:
-        """Replicas never sent because a newer one of the same rank was ready first."""
+        """Replicas never sent: a newer one of the same rank was ready first, or the rank wrote
+        over the slot before its keeper read it (a keeper behind)."""
         return 0 if self._streams is None else self._streams.skipped
 
     @abstractmethod
@@ -110,10 +111,9 @@ class _Streams(ABC):
             self.barrier()
 
     def close(self) -> None:
-        """The keeper ends (after ``drain``: nothing in flight)."""
+        """The keeper ends (after ``drain``: nothing in flight); its last counters stay readable."""
         if self._streams is not None:
             self._streams.close()
-            self._streams = None
 
 
 class MPITransport(_Streams):

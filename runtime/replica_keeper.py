@@ -49,6 +49,7 @@ START_TIMEOUT_S = 60.0  # the keeper's start and its first answer (an interprete
 SETUP_TIMEOUT_S = 180.0  # its streams' set-up (replica_sockets.CONNECT_TIMEOUT_S and margin)
 EXIT_TIMEOUT_S = 5.0
 ORPHAN_CHECK_S = 1.0
+KEEPER_NICE = 10  # _yield_to_the_rank
 
 
 def _send(sock: socket.socket, kind: bytes, payload: bytes) -> None:
@@ -98,6 +99,13 @@ class _Stats:
         self.map[_STATS.size:_STATS.size + len(err)] = err
         _STATS.pack_into(self.map, 0, time.process_time(), self.skipped, self.failed, len(err))
 
+    def keep(self) -> None:
+        """The counters as they are now, kept in memory (the file is about to go)."""
+        if not isinstance(self.map, bytes):
+            frozen = bytes(self.map)
+            self.map.close()
+            self.map = frozen  # type: ignore[assignment]
+
     def get(self) -> tuple[float, int, int, str]:
         cpu, skipped, failed, n = _STATS.unpack_from(self.map, 0)
         return cpu, skipped, failed, bytes(self.map[_STATS.size:_STATS.size + n]).decode(errors="replace")
@@ -116,6 +124,8 @@ class Keeper:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._ctrl = mine
         self._error: BaseException | None = None
+        self._closed = False
+        self._stats: _Stats | None = None
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "hetrun.runtime.replica_keeper", str(theirs.fileno())],
@@ -134,7 +144,10 @@ class Keeper:
         else:
             allgather(None)
         if msg.get("op") != "bound":
-            self.close()
+            self._closed = True
+            self._ctrl.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(EXIT_TIMEOUT_S)
             raise ConnectionError(f"rank {rank}'s replica keeper: {msg.get('error') or msg}")
         self._stats = _Stats(self._stats_path, create=False)
 
@@ -152,7 +165,7 @@ class Keeper:
 
     @property
     def error(self) -> BaseException | None:
-        if self._error is None and (text := self._stats.get()[3]):
+        if self._error is None and self._stats is not None and (text := self._stats.get()[3]):
             self._error = ConnectionError(text)
         return self._error
 
@@ -171,7 +184,7 @@ class Keeper:
     def send(self, step: int, slot: int) -> None:
         """The rank's blob of ``step`` is in its slot ``slot``: to the partners. Never waits for
         them (a frame of 17 bytes; a keeper gone sets ``error``)."""
-        if self._error is not None:
+        if self._error is not None or self._closed:
             return
         try:
             _send(self._ctrl, b"S", _SNAP.pack(int(step), int(slot)))
@@ -181,7 +194,7 @@ class Keeper:
     def drain(self, timeout_s: float) -> None:
         """Collective, as ``ReplicaSockets.drain``: every blob sent so far is on the partners'
         nodes and every replica the sources sent before their drain is in this node's slots."""
-        if self._error is not None:
+        if self._error is not None or self._closed:
             return
         try:
             _send_json(self._ctrl, {"op": "drain", "timeout": timeout_s})
@@ -193,7 +206,10 @@ class Keeper:
             self._error = ConnectionError(f"rank {self.rank}'s replica keeper: {msg.get('error') or msg}")
 
     def close(self) -> None:
-        """The keeper ends (its streams closed); waits for it briefly, then kills it."""
+        """The keeper ends (its streams closed); waits for it briefly, then kills it. Its last
+        counters stay readable (``cpu_s``, ``skipped``, ``failed``, ``error``); ``send`` does nothing."""
+        self._error = self._error or self.error  # read before the counters' file goes
+        self._closed = True
         with contextlib.suppress(OSError):
             self._ctrl.close()
         try:
@@ -201,6 +217,7 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        self._stats.keep()
         with contextlib.suppress(OSError):
             self._stats_path.unlink()
 
@@ -219,7 +236,22 @@ def _end_with_parent() -> None:
     threading.Thread(target=watch, name="hetrun-keeper-orphan", daemon=True).start()
 
 
+def _yield_to_the_rank() -> None:
+    """``SCHED_BATCH`` at nice ``KEEPER_NICE``, before any thread starts (both are per thread on
+    Linux, and inherited): the rank's frame wakes this process at every snapshot, and a woken
+    process at the rank's own priority preempted the rank's training thread on its core to read
+    and send the blob (the snapshot's "send" phase 0.12-0.40 ms where the frame's write is a few
+    microseconds: benchmarks/node_death.md, session 43). A batch process never preempts at its
+    wake-up; at nice 10 it still gets a tenth of a core the rank keeps busy (its work is ~2 %:
+    ~0.5 ms a PPO iteration), and any core idle at once."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    with contextlib.suppress(OSError):
+        os.nice(KEEPER_NICE)
+
+
 def main(fd: int) -> int:
+    _yield_to_the_rank()
     _end_with_parent()
     ctrl = socket.socket(fileno=fd)
     got = _recv(ctrl)
