@@ -71,6 +71,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
+def _read_frame(f: Any) -> tuple[bytes, bytes] | None:
+    """``_recv`` from a buffered reader of the socket (the keeper's loop)."""
+    head = f.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    n = _LEN.unpack(head)[0]
+    body = f.read(n)
+    return None if len(body) < n else (body[:1], body[1:])
+
+
 def _recv(sock: socket.socket) -> tuple[bytes, bytes] | None:
     """(kind, payload) of the next frame; None at the end of the stream."""
     head = _recv_exact(sock, _LEN.size)
@@ -295,8 +305,9 @@ def main(fd: int) -> int:
         return 1
     _send_json(ctrl, {"op": "bound"})
     behind = 0  # the rank's blobs written over in their slot before this keeper read them
+    frames = ctrl.makefile("rb")  # buffered: the frames that queued up, in one system call
     try:
-        while (got := _recv(ctrl)) is not None:
+        while (got := _read_frame(frames)) is not None:
             kind, payload = got
             if kind == b"S":
                 step, slot = _SNAP.unpack(payload)

@@ -94,6 +94,7 @@ class MemoryTier:
         self._steps: dict[int, list[int | None]] = {}
         self._seq: dict[int, list[int]] = {}
         self._dirs: dict[int, str] = {}
+        self._ro: dict[tuple[int, int], mmap.mmap] = {}  # read_slot's maps
 
     def owner_dir(self, owner: int) -> Path:
         return self.dir / f"rank-{int(owner):06d}"
@@ -183,6 +184,8 @@ class MemoryTier:
                     m.close()
             self._steps.pop(o, None)
             self._seq.pop(o, None)
+        for key in [key for key in self._ro if owner is None or key[0] == owner]:
+            self._ro.pop(key).close()
 
     def locate(self, owner: int, step: int) -> tuple[Path, int, int]:
         """(slot file, the blob's offset in it, its length) of ``owner``'s copy of ``step``."""
@@ -194,8 +197,34 @@ class MemoryTier:
 
     def read_slot(self, owner: int, k: int, step: int) -> bytes | None:
         """Slot ``k``'s blob when it still holds ``owner``'s ``step`` whole; else None (written
-        over since, or under way)."""
-        return _read_whole(self.owner_dir(owner) / f"slot-{int(k)}", step)
+        over since, or under way). For a process that reads another's slots at every snapshot
+        (the replica keeper): the slot stays mapped read-only, a read is a copy between two
+        looks at its header (an open and two reads of the file cost it ~0.2 ms a blob)."""
+        key = (owner, k)
+        for fresh in (False, True):  # a cached map, then the file mapped afresh
+            m = self._ro.pop(key, None) if not fresh else None
+            if m is None:
+                try:
+                    fd = os.open(os.path.join(str(self.dir), f"rank-{int(owner):06d}", f"slot-{int(k)}"), os.O_RDONLY)
+                except FileNotFoundError:
+                    return None
+                try:
+                    m = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                finally:
+                    os.close(fd)
+                fresh = True
+            head = _parse_head(m[:SLOT_HEAD])
+            if head is not None and not head[0] & 1 and head[1] == step and SLOT_HEAD + head[2] <= len(m):
+                blob = m[SLOT_HEAD:SLOT_HEAD + head[2]]
+                if _parse_head(m[:SLOT_HEAD]) == head:
+                    self._ro[key] = m
+                    return blob
+            # Not this step in this map: written over or under way, or the slot grown or made
+            # again (a new file) since it was mapped: once more from the file as it is now.
+            m.close()
+            if fresh:
+                return None
+        return None
 
     def read(self, owner: int, step: int) -> bytes:
         """The blob of ``owner`` at ``step`` as held here (not verified: ``verify`` that)."""
