@@ -61,8 +61,9 @@ AGREE_EVERY = 4
 # iteration costs 5-8 % (benchmarks/node_death.md), the warm-up most of a short run's share.
 FIRST_AGREE_AFTER = 2
 # snapshot()'s phases, in order: the caller's capture of the tree (``started=``), encoding the
-# blob, copying it into this node's slot (runtime/ckpt/memory.py ``MemoryTier``), handing it to
-# the rank's replica keeper (its CPU: ``replica_thread_cpu_s``; runtime/replica_keeper.py).
+# blob's header and digests, framing the blob into this node's slot (its tensors' bytes copied
+# there once: runtime/ckpt/memory_slots.py), the frame to the rank's replica keeper (its CPU:
+# ``replica_thread_cpu_s``; runtime/replica_keeper.py).
 PHASES = ("capture", "encode", "write", "send")
 # A process's snapshots after its first (which the cost model leaves out) whose cheapest is the
 # cost estimate before the running average takes over (snapshot()).
@@ -239,14 +240,21 @@ class MemorySnapshots:
         t0 = time.perf_counter() if started is None else started
         c1 = time.thread_time()
         t1 = time.perf_counter()
-        blob = self._encoder.encode(step, self.rank, tree)
+        got = self._encoder.parts(step, self.rank, tree)
         t2 = time.perf_counter()
-        slot = self.tier.write(self.rank, step, blob)
+        if isinstance(got, bytearray):  # outside the encoder's fast path: a blob of its own
+            size = len(got)
+            slot = self.tier.write(self.rank, step, got)
+        else:  # framed straight into the slot: the tensors' bytes copied once
+            head, raws = got
+            size = memory.framed_size(head, raws)
+            slot = self.tier.write_with(self.rank, step, size,
+                                        lambda out: memory.assemble_into(out, step, self.rank, head, raws))
         t3 = time.perf_counter()
         if self.partners:
             self.transport.send(step, slot)
         self.taken += 1
-        self.bytes = len(blob)
+        self.bytes = size
         spent = time.perf_counter() - t0
         for k, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t0 + spent - t3), strict=True):
             self.phases[k] += dt

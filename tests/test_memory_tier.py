@@ -199,6 +199,8 @@ def test_a_snapshot_is_copied_into_its_slot_and_its_slot_handed_to_the_keeper(tm
         m.snapshot(step, _tree(step, 0))
     assert m.tier.steps(0) == [5, 6] and sent == [(5, 0), (6, 1)]
     assert m.tier.read_slot(0, 1, 6) == m.tier.read(0, 6) and m.tier.read_slot(0, 0, 6) is None
+    # Framed straight into the slot by the encoder: the reference encoder's bytes exactly.
+    assert m.tier.read(0, 6) == bytes(memory.encode(6, 0, _tree(6, 0)))
     assert m.phases["write"] > 0 and m.bytes == len(m.tier.read(0, 6))
     assert "replica_write_failures" not in m.summary()
     m.tier.close()
@@ -306,7 +308,7 @@ def test_the_adaptive_cost_counts_the_replica_threads() -> None:
 
     m.tier = type("T", (), {"write": lambda self, *a: None})()
     m.transport = _Transport()
-    m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+    m._encoder = type("E", (), {"parts": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
     m.transport.thread_cpu_s = 0.006
     m.snapshot(4, {"x": 1}, started=None)
     # A process's first snapshot pays once for what the next do not: not in the model.
@@ -359,7 +361,7 @@ def test_a_pinned_n_updates_the_cost_model_once_per_window() -> None:
     m._idle = _Idle()
     m.tier = type("W", (), {"write": lambda self, *a: None})()
     m.transport = type("T", (), {"thread_cpu_s": 0.0})()
-    m._encoder = type("E", (), {"encode": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
+    m._encoder = type("E", (), {"parts": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
     m.snapshot(1, {"x": 1})
     assert reads == [1] and m._cost is None  # the first: the baseline, left out of the model
     for step in range(2, 2 + 2 * AGREE_EVERY):

@@ -88,19 +88,29 @@ def assemble(step: int, owner: int, head: bytes, raws: Sequence[Any]) -> bytearr
     buffers in the header's leaf order): magic, header length, owner and step, the header's
     digest, then the header and the payload. ``encode``'s, and the fast encoder's
     (memory_encode.py), so both write the same bytes."""
-    sizes = [memoryview(r).nbytes for r in raws]
-    out = bytearray(_PREFIX + len(head) + sum(sizes))
+    out = bytearray(framed_size(head, raws))
+    assemble_into(memoryview(out), step, owner, head, raws)
+    return out
+
+
+def framed_size(head: bytes, raws: Sequence[Any]) -> int:
+    """The length of ``assemble``'s blob."""
+    return _PREFIX + len(head) + sum(memoryview(r).nbytes for r in raws)
+
+
+def assemble_into(out: memoryview, step: int, owner: int, head: bytes, raws: Sequence[Any]) -> None:
+    """``assemble``'s bytes written into ``out`` (exactly ``framed_size`` bytes): a node's slot,
+    with no blob of its own in between (runtime/ckpt/memory_slots.py ``write_with``)."""
     out[:len(MAGIC)] = MAGIC
     struct.pack_into("<I", out, len(MAGIC), len(head))
     _IDS.pack_into(out, _IDS_AT, int(owner), int(step))
     out[_DIGEST_AT:_PREFIX] = fast_digest(head).encode()
     pos = _PREFIX + len(head)
     out[_PREFIX:pos] = head
-    view = memoryview(out)
-    for r, n in zip(raws, sizes, strict=True):
-        view[pos:pos + n] = r
+    for r in raws:
+        n = memoryview(r).nbytes
+        out[pos:pos + n] = r
         pos += n
-    return out
 
 
 def _header(blob: Any, where: str) -> tuple[dict[str, Any], int]:

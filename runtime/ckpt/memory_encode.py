@@ -75,6 +75,14 @@ class Encoder:
 
     def encode(self, step: int, owner: int, tree: Any, meta: dict[str, Any] | None = None) -> bytearray:
         """``memory.encode(step, owner, tree, meta)``."""
+        got = self.parts(step, owner, tree, meta)
+        return got if isinstance(got, bytearray) else memory.assemble(step, owner, *got)
+
+    def parts(self, step: int, owner: int, tree: Any,
+              meta: dict[str, Any] | None = None) -> tuple[bytes, list[memoryview]] | bytearray:
+        """The blob's header and its tensors' bytes (``memory.assemble``'s ``head`` and ``raws``:
+        the tensors' own memory, to be framed before they change), or, outside the fast path,
+        the whole blob."""
         try:
             text, raws, leaves = self._walk(tree)
         except _Slow:
@@ -90,7 +98,7 @@ class Encoder:
         head = (f'{_HEAD_START}{int(step)},"owner":{int(owner)},"meta":{_JSON.encode(meta or {})},'
                 f'"skeleton":{text},"leaves":{self._leaves_json},'
                 f'"digests":{f"[{_Q}{digests}{_Q}]" if raws else "[]"}}}').encode()
-        return memory.assemble(step, owner, head, raws)
+        return head, raws
 
     def _walk(self, tree: Any) -> tuple[str, list[memoryview], list[tuple[Any, ...]]]:
         """``state.flatten``'s skeleton as its JSON text (written as the walk goes: no skeleton

@@ -111,7 +111,12 @@ class MemoryTier:
     def write(self, owner: int, step: int, blob: Any) -> int:
         """Copy ``blob`` (``owner``'s at ``step``) into a slot; the oldest of ``keep`` goes.
         Returns the slot's number (``read_slot``)."""
-        n = memoryview(blob).nbytes
+        return self.write_with(owner, step, memoryview(blob).nbytes, blob)
+
+    def write_with(self, owner: int, step: int, n: int, fill: Any) -> int:
+        """``write`` of an ``n``-byte blob that ``fill`` puts in place: a bytes-like (copied) or a
+        callable given the slot's ``n`` bytes to write (the encoder frames the blob there: no
+        blob of its own, no second copy)."""
         steps = self._steps.get(owner)
         if steps is None or not os.path.isdir(self._dirs[owner]):  # first write here, or the directory went
             self._open(owner)
@@ -126,7 +131,11 @@ class MemoryTier:
         if m is None or len(m) < SLOT_HEAD + n:
             m = self._map(owner, k, SLOT_HEAD + n)
         self._mark(owner, k, m, 0, 0, valid=False)
-        m[SLOT_HEAD:SLOT_HEAD + n] = blob
+        if callable(fill):
+            with memoryview(m) as view, view[SLOT_HEAD:SLOT_HEAD + n] as payload:
+                fill(payload)  # (released before the map may be closed or grown)
+        else:
+            m[SLOT_HEAD:SLOT_HEAD + n] = fill
         self._mark(owner, k, m, int(step), n, valid=True)
         return k
 
