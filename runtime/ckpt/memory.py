@@ -19,11 +19,10 @@ header's; ``decode`` checks them too, so a flipped byte anywhere is a
 prefix: a partner receiving a replica files it by owner and step without
 parsing the header (the restore verifies every copy it reads before use).
 
-Where blobs live (``MemoryTier``): ``<root>/hetrun-mem/<run key>/rank-<owner>/
-slot-<k>`` (``keep`` slots an owner, each a header and one blob), ``root`` a node-local tmpfs (``$HETRUN_MEMORY_DIR``, default
-``/dev/shm``): it outlives the rank's process (a new job step restarts every
-rank) but not the node. A node holds its own ranks' snapshots and the replicas
-its ranks received from partners on other nodes (runtime/memory_tier.py).
+Where blobs live (``MemoryTier``, runtime/ckpt/memory_slots.py, re-exported here): ``keep``
+mapped slots per owner on a node-local tmpfs (``$HETRUN_MEMORY_DIR``, default ``/dev/shm``),
+which outlive the rank's process but not the node. A node holds its own ranks' snapshots and
+the replicas its ranks' keepers received from partners on other nodes (runtime/memory_tier.py).
 """
 
 from __future__ import annotations
