@@ -175,6 +175,7 @@ class MemorySnapshots:
         self._encoder = Encoder()
         # The replicas move in a process of the rank's own (runtime/replica_keeper.py), which copies
         # its sources' into this node's slots; none starts where no rank has a partner (one node).
+        # Started now, met at the first snapshot (the restore reads the slots without it).
         self.transport.bind(self.sources, self.partners, self.tier, anyone=len(set(self.nodes)) > 1)
         self.taken = 0
         self.seconds = 0.0  # time spent in snapshot(): the tier's cost to training
@@ -237,6 +238,8 @@ class MemorySnapshots:
         snapshot's cost after the sleep of the DDP example's step), counted as the tier's
         time: without it the adaptive N saw two thirds of the cost and kept N = 1 where that
         cost the job more than its 2 % (benchmarks/node_death.md, session 21)."""
+        if not self.taken:  # every rank's first snapshot is at the same step: meet the keepers there
+            self.transport.ready()
         t0 = time.perf_counter() if started is None else started
         c1 = time.thread_time()
         t1 = time.perf_counter()

@@ -92,13 +92,18 @@ class _Streams(ABC):
     def barrier(self) -> None: ...
 
     def bind(self, sources: list[int], dests: list[int], tier: Any, anyone: bool = True) -> None:
-        """Collective. ``anyone``: some rank has a partner (the same on every rank); without,
-        no keeper starts anywhere."""
+        """Starts the rank's keeper (not waiting for it; ``ready`` meets it). ``anyone``: some
+        rank has a partner (the same on every rank); without, no keeper starts anywhere."""
         if not anyone:
             return
         from hetrun.runtime.replica_keeper import Keeper
 
-        self._streams = Keeper(self.rank, self.allgather, sources, dests, tier.dir, tier.keep)
+        self._streams = Keeper(self.rank, sources, dests, tier.dir, tier.keep)
+
+    def ready(self) -> None:
+        """Collective, once: the keepers' streams set up (at the first snapshot or the drain)."""
+        if self._streams is not None:
+            self._streams.ready(self.allgather)
 
     def send(self, step: int, slot: int) -> None:
         """The rank's blob of ``step``, in its ``slot``, to the partners ``bind`` connected."""
@@ -106,6 +111,7 @@ class _Streams(ABC):
 
     def drain(self) -> None:
         if self._streams is not None:
+            self.ready()
             self._streams.drain(DRAIN_TIMEOUT_S)
         if self.error is None:
             self.barrier()

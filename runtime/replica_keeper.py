@@ -122,13 +122,19 @@ class _Stats:
 
 
 class Keeper:
-    """The rank's end: starts the keeper and sets up its streams (collective: every rank at the
-    same point, ``allgather`` the transport's), then ``send`` a blob the rank put in its slot,
-    ``drain``, ``close``. Raises ConnectionError when the keeper cannot start or set up."""
+    """The rank's end: starts the keeper (at once, not waiting for it), ``ready`` sets up its
+    streams (collective: every rank at the same point, ``allgather`` the transport's), then
+    ``send`` a blob the rank put in its slot, ``drain``, ``close``. ``ready`` raises
+    ConnectionError when the keeper cannot start or set up.
 
-    def __init__(self, rank: int, allgather: Callable[[Any], list[Any]], sources: list[int],
-                 dests: list[int], tier_dir: Path, keep: int) -> None:
+    Why apart: a new interpreter takes ~0.1-0.25 s to start on a loaded node; waited for at the
+    tier's start it delayed a restarted job's restore by that much (benchmarks/node_death.md,
+    session 43). The restore needs no keeper (it reads the slots), so the ranks meet for the
+    streams at their first snapshot, the keeper long up by then."""
+
+    def __init__(self, rank: int, sources: list[int], dests: list[int], tier_dir: Path, keep: int) -> None:
         self.rank = rank
+        self._bound = False
         tier_dir.mkdir(parents=True, exist_ok=True)
         self._stats_path = tier_dir / f"keeper-{rank:06d}.stats"
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,12 +150,18 @@ class Keeper:
             theirs.close()
         _send_json(mine, {"op": "bind", "rank": rank, "sources": sources, "dests": dests,
                           "dir": str(tier_dir), "keep": keep, "stats": str(self._stats_path)})
+
+    def ready(self, allgather: Callable[[Any], list[Any]]) -> None:
+        """Collective, once (later calls return at once): the keeper's streams set up."""
+        if self._bound:
+            return
+        self._bound = True
         # Its streams' set-up asks for one allgather (their addresses). A keeper that fails first
         # still gets this rank's part in it: the other ranks' keepers wait in the same allgather.
         msg = self._answer(START_TIMEOUT_S)
         if msg.get("op") == "allgather":
             got = allgather(msg["value"])
-            _send_json(mine, {"op": "allgathered", "value": got})
+            _send_json(self._ctrl, {"op": "allgathered", "value": got})
             msg = self._answer(SETUP_TIMEOUT_S)
         else:
             allgather(None)
@@ -158,7 +170,7 @@ class Keeper:
             self._ctrl.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(EXIT_TIMEOUT_S)
-            raise ConnectionError(f"rank {rank}'s replica keeper: {msg.get('error') or msg}")
+            raise ConnectionError(f"rank {self.rank}'s replica keeper: {msg.get('error') or msg}")
         self._stats = _Stats(self._stats_path, create=False)
 
     def _answer(self, timeout_s: float) -> dict[str, Any]:
@@ -181,20 +193,20 @@ class Keeper:
 
     @property
     def cpu_s(self) -> float:
-        return self._stats.get()[0]
+        return self._stats.get()[0] if self._stats is not None else 0.0
 
     @property
     def skipped(self) -> int:
-        return self._stats.get()[1]
+        return self._stats.get()[1] if self._stats is not None else 0
 
     @property
     def failed(self) -> int:
-        return self._stats.get()[2]
+        return self._stats.get()[2] if self._stats is not None else 0
 
     def send(self, step: int, slot: int) -> None:
         """The rank's blob of ``step`` is in its slot ``slot``: to the partners. Never waits for
         them (a frame of 17 bytes; a keeper gone sets ``error``)."""
-        if self._error is not None or self._closed:
+        if self._error is not None or self._closed or self._stats is None:
             return
         try:
             _send(self._ctrl, b"S", _SNAP.pack(int(step), int(slot)))
@@ -204,7 +216,7 @@ class Keeper:
     def drain(self, timeout_s: float) -> None:
         """Collective, as ``ReplicaSockets.drain``: every blob sent so far is on the partners'
         nodes and every replica the sources sent before their drain is in this node's slots."""
-        if self._error is not None or self._closed:
+        if self._error is not None or self._closed or self._stats is None:
             return
         try:
             _send_json(self._ctrl, {"op": "drain", "timeout": timeout_s})
@@ -227,7 +239,8 @@ class Keeper:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
-        self._stats.keep()
+        if self._stats is not None:
+            self._stats.keep()
         with contextlib.suppress(OSError):
             self._stats_path.unlink()
 

@@ -192,12 +192,15 @@ def test_a_snapshot_is_copied_into_its_slot_and_its_slot_handed_to_the_keeper(tm
     m.adaptive, m.every_max, m._window = False, 1, [0.0, 0]
     m.tier = memory.MemoryTier(tmp_path / "run", tmp_path / "shm", keep=3)
     sent: list = []
+    met: list = []
     m.transport = type("X", (), {"thread_cpu_s": 0.0, "skipped": 0, "replica_failures": (0, ""),
+                                 "ready": lambda self: met.append(m.taken),
                                  "send": lambda self, step, slot: sent.append((step, slot))})()
     m._encoder = Encoder()
     for step in (5, 6):
         m.snapshot(step, _tree(step, 0))
     assert m.tier.steps(0) == [5, 6] and sent == [(5, 0), (6, 1)]
+    assert met == [0]  # the keepers met once, at the first snapshot (every rank's same step)
     assert m.tier.read_slot(0, 1, 6) == m.tier.read(0, 6) and m.tier.read_slot(0, 0, 6) is None
     # Framed straight into the slot by the encoder: the reference encoder's bytes exactly.
     assert m.tier.read(0, 6) == bytes(memory.encode(6, 0, _tree(6, 0)))
@@ -306,6 +309,9 @@ def test_the_adaptive_cost_counts_the_replica_threads() -> None:
     class _Transport:
         thread_cpu_s = 0.0
 
+        def ready(self) -> None:
+            pass
+
     m.tier = type("T", (), {"write": lambda self, *a: None})()
     m.transport = _Transport()
     m._encoder = type("E", (), {"parts": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
@@ -360,7 +366,7 @@ def test_a_pinned_n_updates_the_cost_model_once_per_window() -> None:
 
     m._idle = _Idle()
     m.tier = type("W", (), {"write": lambda self, *a: None})()
-    m.transport = type("T", (), {"thread_cpu_s": 0.0})()
+    m.transport = type("T", (), {"thread_cpu_s": 0.0, "ready": lambda self: None})()
     m._encoder = type("E", (), {"parts": staticmethod(lambda step, owner, tree: bytearray(b"x"))})()
     m.snapshot(1, {"x": 1})
     assert reads == [1] and m._cost is None  # the first: the baseline, left out of the model

@@ -38,7 +38,8 @@ def _pair(tmp_path: Path, keep: int = 3) -> tuple[list[Any], list[Any]]:
 
     def start(rank: int) -> None:
         try:
-            keepers[rank] = Keeper(rank, allgather(rank), [1 - rank], [1 - rank], tiers[rank].dir, keep)
+            keepers[rank] = Keeper(rank, [1 - rank], [1 - rank], tiers[rank].dir, keep)
+            keepers[rank].ready(allgather(rank))
         except BaseException as exc:
             errors.append(exc)
 
@@ -115,7 +116,8 @@ def test_a_keeper_ends_with_its_rank_even_killed(tmp_path: Path) -> None:
         "import os, sys\n"
         "from pathlib import Path\n"
         "from hetrun.runtime.replica_keeper import Keeper\n"
-        "k = Keeper(0, lambda v: [v], [], [], Path(sys.argv[1]), 2)\n"
+        "k = Keeper(0, [], [], Path(sys.argv[1]), 2)\n"
+        "k.ready(lambda v: [v])\n"
         "print(k._proc.pid, flush=True)\n"
         "os.kill(os.getpid(), 9)\n"
     )
@@ -142,5 +144,9 @@ def test_a_keeper_that_cannot_set_up_is_a_clear_error_not_a_hang(tmp_path: Path)
     ConnectionError with the keeper's reason, after its part in the allgather, and the keeper ends."""
     from hetrun.runtime.replica_keeper import Keeper
 
+    keeper = Keeper(0, [], [3], tmp_path / "tier", 2)  # started: nothing waited for yet
+    assert keeper.cpu_s == 0.0 and keeper.error is None
+    keeper.send(1, 0)  # before the streams are set up: nothing to send them to
     with pytest.raises(ConnectionError, match="replica keeper"):
-        Keeper(0, lambda v: [v], [], [3], tmp_path / "tier", 2)
+        keeper.ready(lambda v: [v])
+    assert keeper._proc.wait(10) == 1
