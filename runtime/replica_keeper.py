@@ -322,6 +322,7 @@ def main(fd: int) -> int:
     try:
         while (got := _read_frame(frames)) is not None:
             kind, payload = got
+            drain = None
             if kind == b"S":
                 step, slot = _SNAP.unpack(payload)
                 blob = tier.read_slot(rank, slot, step)
@@ -329,15 +330,16 @@ def main(fd: int) -> int:
                     behind += 1
                 else:
                     streams.send(blob)
-            else:
-                msg = json.loads(payload)
-                if msg.get("op") == "drain":
-                    streams.drain(float(msg["timeout"]))
-                    _send_json(ctrl, {"op": "drained"})
+            elif (drain := json.loads(payload)).get("op") == "drain":
+                streams.drain(float(drain["timeout"]))
+            # The counters before the drain's answer: once it has it, a partner's rank may end
+            # and close its stream, which is no failure of this run's replication.
             if streams.error is not None and not stats.error:
                 stats.error = str(streams.error)
             stats.skipped = behind + streams.skipped
             stats.put()
+            if drain is not None and drain.get("op") == "drain":
+                _send_json(ctrl, {"op": "drained"})
     except OSError:
         pass  # the rank's end gone
     finally:
