@@ -77,7 +77,7 @@ class _Streams(ABC):
         """Received replicas the keeper could not copy here (the tmpfs full), and why."""
         if self._streams is None:
             return 0, ""
-        return self._streams.failed, str(self._streams.error or "")
+        return self._streams.failed, self._streams.copy_error
 
     @property
     def skipped(self) -> int:

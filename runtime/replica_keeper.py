@@ -42,8 +42,10 @@ from typing import Any
 
 _LEN = struct.Struct("<I")
 _SNAP = struct.Struct("<QI")  # step, slot
-_STATS = struct.Struct("<dqqI")  # CPU seconds, replicas skipped, replica copies failed, error length
-_ERR_MAX = 480
+# CPU seconds, replicas skipped, replica copies failed, the lengths of the streams' first error
+# and of the first failed copy's, whose texts follow (_ERR_MAX bytes each at most)
+_STATS = struct.Struct("<dqqII")
+_ERR_MAX = 240
 STATS_BYTES = 512
 START_TIMEOUT_S = 60.0  # the keeper's start and its first answer (an interpreter, no torch)
 SETUP_TIMEOUT_S = 180.0  # its streams' set-up (replica_sockets.CONNECT_TIMEOUT_S and margin)
@@ -102,12 +104,17 @@ class _Stats:
         finally:
             os.close(fd)
         self.skipped = self.failed = 0
-        self.error = ""
+        self.error = ""  # the streams' (replication stopped)
+        self.copy_error = ""  # a received replica's copy that failed (replication goes on)
+        self._lock = threading.Lock()  # the main and the receiving thread both put
 
     def put(self) -> None:
-        err = self.error.encode()[:_ERR_MAX]
-        self.map[_STATS.size:_STATS.size + len(err)] = err
-        _STATS.pack_into(self.map, 0, time.process_time(), self.skipped, self.failed, len(err))
+        with self._lock:
+            err, copy = self.error.encode()[:_ERR_MAX], self.copy_error.encode()[:_ERR_MAX]
+            at = _STATS.size
+            self.map[at:at + len(err)] = err  # (each text is set once: its bytes before its length)
+            self.map[at + _ERR_MAX:at + _ERR_MAX + len(copy)] = copy
+            _STATS.pack_into(self.map, 0, time.process_time(), self.skipped, self.failed, len(err), len(copy))
 
     def keep(self) -> None:
         """The counters as they are now, kept in memory (the file is about to go)."""
@@ -116,9 +123,11 @@ class _Stats:
             self.map.close()
             self.map = frozen  # type: ignore[assignment]
 
-    def get(self) -> tuple[float, int, int, str]:
-        cpu, skipped, failed, n = _STATS.unpack_from(self.map, 0)
-        return cpu, skipped, failed, bytes(self.map[_STATS.size:_STATS.size + n]).decode(errors="replace")
+    def get(self) -> tuple[float, int, int, str, str]:
+        cpu, skipped, failed, n, m = _STATS.unpack_from(self.map, 0)
+        at = _STATS.size
+        return (cpu, skipped, failed, bytes(self.map[at:at + n]).decode(errors="replace"),
+                bytes(self.map[at + _ERR_MAX:at + _ERR_MAX + m]).decode(errors="replace"))
 
 
 class Keeper:
@@ -201,7 +210,13 @@ class Keeper:
 
     @property
     def failed(self) -> int:
+        """Received replicas the keeper could not copy into this node's slots."""
         return self._stats.get()[2] if self._stats is not None else 0
+
+    @property
+    def copy_error(self) -> str:
+        """Why the first of them failed ("" when none did)."""
+        return self._stats.get()[4] if self._stats is not None else ""
 
     def send(self, step: int, slot: int) -> None:
         """The rank's blob of ``step`` is in its slot ``slot``: to the partners. Never waits for
@@ -299,7 +314,7 @@ def main(fd: int) -> int:
             tier.write(owner, step, view)
         except (CheckpointError, OSError) as exc:
             stats.failed += 1
-            stats.error = stats.error or f"a received replica not kept here: {exc}"
+            stats.copy_error = stats.copy_error or f"a received replica not kept here: {exc}"
         stats.put()
 
     def allgather(value: Any) -> list[Any]:

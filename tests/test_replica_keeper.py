@@ -150,3 +150,27 @@ def test_a_keeper_that_cannot_set_up_is_a_clear_error_not_a_hang(tmp_path: Path)
     with pytest.raises(ConnectionError, match="replica keeper"):
         keeper.ready(lambda v: [v])
     assert keeper._proc.wait(10) == 1
+
+
+def test_a_replica_this_node_cannot_keep_is_counted_and_replication_goes_on(tmp_path: Path) -> None:
+    """A received replica whose copy fails (here the owner's directory is a file) is counted with
+    its reason apart from the streams' error: the rank's memory_tier event says it, and the
+    next replicas (of the other owner, or once the directory is back) still land."""
+    from hetrun.runtime.ckpt import memory
+
+    tiers, keepers = _pair(tmp_path)
+    try:
+        (tiers[1].dir / "rank-000000").write_text("not a directory")
+        keepers[0].send(1, tiers[0].write(0, 1, memory.encode(1, 0, {"w": torch.ones(8)})))
+        keepers[1].send(1, tiers[1].write(1, 1, memory.encode(1, 1, {"w": torch.ones(8)})))
+        _drain(keepers)
+        assert keepers[1].failed == 1 and "not kept here" in keepers[1].copy_error
+        assert keepers[1].error is None and keepers[0].error is None  # the streams go on
+        assert tiers[0].held()[1] == [1]  # the other way round: landed
+        (tiers[1].dir / "rank-000000").unlink()
+        keepers[0].send(2, tiers[0].write(0, 2, memory.encode(2, 0, {"w": torch.ones(8)})))
+        _drain(keepers)
+        assert tiers[1].held()[0] == [2]
+    finally:
+        for k in keepers:
+            k.close()

@@ -79,8 +79,8 @@ class MemoryTier:
     takes a slot whose magic is right and whose sequence is even and the same before and after
     its copy: a write cut short by a death (the magic is cleared first) or under way is no copy
     at all; anything else the blob's own digests catch (every restore verifies what it reads).
-    One process writes an owner's slots on a node at a time (the owner, or its one partner
-    there); a new one (a restart) reads the headers before its first write. The step a write
+    One process writes an owner's slots on a node at a time (the owner, or the replica keeper of
+    its one partner there); a new one (a restart) reads the headers before its first write. The step a write
     goes to: the slot holding that step (a restart that went back writes it again), else an
     empty one, else the oldest; ``keep`` newest stay."""
 
