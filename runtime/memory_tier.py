@@ -13,7 +13,7 @@ replica streams, to ``replicas`` partner ranks on other nodes, which copy it int
 slots. Partners: the rank at the same place on the next node(s) in the sorted node list, so one
 dead node never takes a rank's own copy and its replica together (with at
 least two nodes). Received replicas are copied as they
-arrive, by the streams' receiving thread (the training thread is not involved);
+arrive, by the rank's replica keeper, a process of its own (runtime/replica_keeper.py);
 ``close`` drains every
 stream (no rank leaves while a peer still sends to it).
 
@@ -145,17 +145,17 @@ class MemorySnapshots:
         self.every_max = 1 << (min(MAX_EVERY, max(1, int(every_max))).bit_length() - 1)
         self.wanted_most = 1
         # The adaptive N's cost model: what a snapshot costs (EWMA seconds: its capture, encode,
-        # slot copy and hand-over on the training thread, and the CPU the replica threads spent
+        # slot copy and hand-over on the training thread, and the CPU the replica keeper spent
         # since the last one: this rank's blob sent, the partners' replicas of the same step
         # received and copied here), which N divides. Nothing of the tier runs on the
-        # training thread between snapshots (the replicas arrive on the streams' thread), so
+        # training thread between snapshots (the replicas arrive at the keeper), so
         # there is no per-iteration part (session 26's split of "the looks between actions" went
         # with them: benchmarks/node_death.md, session 28).
         self._cost: float | None = None
         self._iter_s: float | None = None  # EWMA seconds per iteration (between due() calls)
         self._last: float | None = None
         self._first: int | None = None  # the first step due() saw (the same on every rank)
-        self._off_thread = 0.0  # the streams' CPU seconds, as of the last snapshot
+        self._off_thread = 0.0  # the keeper's CPU seconds, as of the last snapshot
         self._window = [0.0, 0]  # N pinned at 1: the snapshots' seconds and count since the model's update
         # ... of which those that ran on cores otherwise idle are not charged (runtime/idle_cores.py):
         # they took no core from training. Read only for the adaptive N (a pread, ~2 us a snapshot).
@@ -279,7 +279,7 @@ class MemorySnapshots:
             window[0], window[1] = 0.0, 0
         else:
             count = 1
-        # One snapshot's cost to this rank: its own seconds here, and the CPU its replica threads
+        # One snapshot's cost to this rank: its own seconds here, and the CPU its replica keeper
         # spent since the last one (its blob sent, the partners' replicas of the same steps
         # received and copied here), less what the rank's cores left idle
         # meanwhile: off the training thread, the helpers take a core from training only where

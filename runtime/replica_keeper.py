@@ -74,7 +74,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
 
 
 def _read_frame(f: Any) -> tuple[bytes, bytes] | None:
-    """``_recv`` from a buffered reader of the socket (the keeper's loop)."""
+    """``_recv`` from a buffered reader of the socket (the keeper's end)."""
     head = f.read(_LEN.size)
     if len(head) < _LEN.size:
         return None
@@ -292,7 +292,8 @@ def main(fd: int) -> int:
     _yield_to_the_rank()
     _end_with_parent()
     ctrl = socket.socket(fileno=fd)
-    got = _recv(ctrl)
+    frames = ctrl.makefile("rb")  # buffered: the frames that queued up, in one system call
+    got = _read_frame(frames)
     if got is None:
         return 0
     bind = json.loads(got[1])
@@ -319,7 +320,7 @@ def main(fd: int) -> int:
 
     def allgather(value: Any) -> list[Any]:
         _send_json(ctrl, {"op": "allgather", "value": value})
-        answer = _recv(ctrl)
+        answer = _read_frame(frames)
         if answer is None:
             raise ConnectionError("the rank ended during the replica streams' set-up")
         return json.loads(answer[1])["value"]
@@ -333,7 +334,6 @@ def main(fd: int) -> int:
         return 1
     _send_json(ctrl, {"op": "bound"})
     behind = 0  # the rank's blobs written over in their slot before this keeper read them
-    frames = ctrl.makefile("rb")  # buffered: the frames that queued up, in one system call
     try:
         while (got := _read_frame(frames)) is not None:
             kind, payload = got

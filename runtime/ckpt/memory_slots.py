@@ -68,7 +68,8 @@ class MemoryTier:
 
     An owner's directory holds ``keep`` slot files, ``slot-<k>``, each mapped once by the process
     that writes it: a write is a copy into memory the tmpfs already holds, between a slot header
-    made invalid and valid again, no system call. Why: a blob written as a file per step (rename
+    made invalid and valid again; its one system call a ``stat`` of the owner's directory (one
+    removed, by a finished run's cleanup, is made again rather than written into unlinked files). Why: a blob written as a file per step (rename
     the oldest out of sight, open, write, truncate, close, rename into place) cost the PPO
     example's whole iteration ~8 % inside one run, on the writer thread as on the training
     thread, where capturing and encoding the same snapshots cost 0.6 % (benchmarks/node_death.md,
@@ -84,9 +85,10 @@ class MemoryTier:
     goes to: the slot holding that step (a restart that went back writes it again), else an
     empty one, else the oldest; ``keep`` newest stay."""
 
-    def __init__(self, run_dir: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
-                 keep: int = 4) -> None:
-        self.dir = Path(root if root is not None else default_root()) / "hetrun-mem" / run_key(run_dir)
+    def __init__(self, run_dir: str | os.PathLike[str] | None, root: str | os.PathLike[str] | None = None,
+                 keep: int = 4, *, directory: str | os.PathLike[str] | None = None) -> None:
+        self.dir = (Path(directory) if directory is not None else
+                    Path(root if root is not None else default_root()) / "hetrun-mem" / run_key(str(run_dir)))
         self.keep = max(1, int(keep))
         # ``write``'s, per owner: its slots' maps (None: not mapped yet) and the step each holds
         # (None: empty or torn), as this process last wrote or read them.
@@ -103,10 +105,7 @@ class MemoryTier:
     def at(cls, directory: str | os.PathLike[str], keep: int) -> MemoryTier:
         """The tier whose run directory on this node is ``directory`` (its ``dir``, as another
         process's tier named it: the replica keeper's)."""
-        tier = cls.__new__(cls)
-        cls.__init__(tier, ".", keep=keep)
-        tier.dir = Path(directory)
-        return tier
+        return cls(None, keep=keep, directory=directory)
 
     def write(self, owner: int, step: int, blob: Any) -> int:
         """Copy ``blob`` (``owner``'s at ``step``) into a slot; the oldest of ``keep`` goes.
@@ -240,8 +239,8 @@ class MemoryTier:
         where = f"memory snapshot of rank {owner} step {step}"
         for path in _slots(self.owner_dir(owner)):
             try:
-                blob = _read_whole(path, step)
-            except OSError as exc:
+                blob = self.read_slot(owner, int(path.name[len("slot-"):]), step)
+            except (OSError, ValueError) as exc:  # ValueError: an empty file (mmap of 0 bytes)
                 raise CheckpointError(f"{where}: {path}: {exc}") from exc
             if blob is not None:
                 return blob
@@ -289,22 +288,6 @@ def _parse_head(raw: bytes) -> tuple[int, int, int] | None:
         return None
     magic, seq, step, n = _SLOT.unpack_from(raw)
     return (seq, step, n) if magic == SLOT_MAGIC else None
-
-
-def _read_whole(path: Path, step: int) -> bytes | None:
-    """The blob in slot file ``path`` if it holds ``step`` whole: its header valid and the same
-    before and after the copy (else it was rewritten while read: not this step's copy any more)."""
-    if not os.path.exists(path):
-        return None
-    with open(path, "rb", buffering=0) as f:
-        head = _parse_head(f.read(SLOT_HEAD))
-        if head is None or head[0] & 1 or head[1] != step:
-            return None
-        blob = f.read(head[2])
-        f.seek(0)
-        if _parse_head(f.read(SLOT_HEAD)) != head or len(blob) != head[2]:
-            return None
-        return blob
 
 
 def _read_head(path: Path) -> tuple[int, int, int] | None:
